@@ -1,0 +1,1 @@
+"""The exchange process: forwards publishers' batches to subscribers, by topic."""

@@ -1,0 +1,180 @@
+"""The forwarding loop: publishers' ROUTER socket in, subscribers' XPUB socket out.
+
+A batch is validated message by message (oversize payloads and bad topics are
+rejected one by one and counted), de-duplicated against the highest sequence
+already forwarded for its publisher (a publisher replaying after a move is
+harmless), grouped into runs of one topic, and sent as [topic, body] so that
+libzmq filters by topic prefix. Then the publisher gets a cumulative ack.
+
+Slow subscribers: XPUB keeps at most `exchange.sub_hwm` frames per subscriber
+and drops beyond that for that subscriber only; the subscriber sees the gap in
+sequence numbers. Nothing a peer sends can raise out of `handle_publisher`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from exchange.stats import ExchangeStats
+from roq import protocol
+from roq.config import ExchangeConfig
+from roq.errors import ProtocolError
+from roq.names import MAX_TOPIC_BYTES
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 100
+
+
+class Forwarder:
+    def __init__(self, context: zmq.Context, config: ExchangeConfig, exchange_id: str,
+                 bind_host: str, advertise_host: str) -> None:
+        self.config = config
+        self.exchange_id = exchange_id
+        self.stats = ExchangeStats()
+        self.last_seq: dict[str, int] = {}
+        self.routes: dict[str, bytes] = {}  # publisher id → routing id, to send control
+        self.front = context.socket(zmq.ROUTER)
+        self.front.linger = 0
+        self.front.rcvhwm = config.pub_hwm
+        # libzmq drops oversize frames before they cost us anything.
+        self.front.setsockopt(zmq.MAXMSGSIZE, config.max_batch_bytes + 4096)
+        self.back = context.socket(zmq.XPUB)
+        self.back.linger = 0
+        self.back.sndhwm = config.sub_hwm
+        # Pass every (un)subscription up, duplicates included, so we can count subscribers.
+        self.back.setsockopt(zmq.XPUB_VERBOSER, 1)
+        pub_port = self.front.bind_to_random_port(f"tcp://{bind_host}")
+        sub_port = self.back.bind_to_random_port(f"tcp://{bind_host}")
+        self.pub_endpoint = f"tcp://{advertise_host}:{pub_port}"
+        self.sub_endpoint = f"tcp://{advertise_host}:{sub_port}"
+
+    def close(self) -> None:
+        self.front.close(linger=0)
+        self.back.close(linger=0)
+
+    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None]) -> None:
+        poller = zmq.Poller()
+        poller.register(self.front, zmq.POLLIN)
+        poller.register(self.back, zmq.POLLIN)
+        while not should_stop():
+            for sock, _ in poller.poll(POLL_MS):
+                if sock is self.front:
+                    self._drain_publishers()
+                else:
+                    self._drain_subscriptions()
+            on_tick()
+
+    def _drain_publishers(self, budget: int = 256) -> None:
+        """Handle queued publisher frames, a bounded number per wake-up."""
+        for _ in range(budget):
+            try:
+                frames = self.front.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self.stats.totals.malformed += 1
+                if frames:
+                    self._reply(frames[0], [protocol.ERROR, protocol.VERSION, "malformed",
+                                            "expected exactly one frame per message"])
+                continue
+            self.handle_publisher(frames[0], frames[1])
+
+    def _drain_subscriptions(self) -> None:
+        while True:
+            try:
+                event = self.back.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event[:1] == b"\x01":
+                self.stats.subscriptions += 1
+            elif event[:1] == b"\x00":
+                self.stats.subscriptions = max(0, self.stats.subscriptions - 1)
+
+    def handle_publisher(self, ident: bytes, payload: bytes) -> None:
+        try:
+            kind, detail = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes)
+        except ProtocolError as err:
+            self.stats.totals.malformed += 1
+            self._reply(ident, [protocol.ERROR, protocol.VERSION, err.code, str(err)])
+            return
+        if kind == protocol.BATCH:
+            self._forward(ident, detail)
+        elif kind == protocol.HELLO:
+            self.routes[detail] = ident
+            self.stats.publishers[detail] = time.monotonic()
+            self._reply(ident, [protocol.WELCOME, protocol.VERSION, self.exchange_id,
+                                self.last_seq.get(detail, 0), self.stats.subscriptions])
+        elif kind == protocol.BYE:
+            self.routes.pop(detail, None)
+            self.stats.publishers.pop(detail, None)
+
+    def _forward(self, ident: bytes, batch: protocol.Batch) -> None:
+        pub = batch.publisher
+        self.routes[pub] = ident
+        self.stats.publishers[pub] = time.monotonic()
+        flat = batch.flat
+        count = len(flat) // 2
+        last = self.last_seq.get(pub, 0)
+        skip = min(max(0, last - batch.first_seq + 1), count)  # already forwarded: a replay
+        totals = self.stats.totals
+        totals.duplicates += skip
+        run_topic: Any = None
+        seqs: list[int] = []
+        payloads: list[bytes] = []
+        max_size = self.config.max_message_bytes
+        for i in range(skip, count):
+            topic, payload = flat[2 * i], flat[2 * i + 1]
+            seq = batch.first_seq + i
+            problem = _check_message(topic, payload, max_size)
+            if problem:
+                totals.rejected += 1
+                self._reply(ident, [protocol.REJECT, protocol.VERSION, seq, problem[0], problem[1]])
+                continue
+            if topic != run_topic and seqs:
+                self._send(run_topic, pub, batch.sent_ns, seqs, payloads)
+                seqs, payloads = [], []
+            run_topic = topic
+            seqs.append(seq)
+            payloads.append(payload)
+            totals.bytes_in += len(payload)
+        if seqs:
+            self._send(run_topic, pub, batch.sent_ns, seqs, payloads)
+        totals.msgs_in += count - skip
+        newest = batch.first_seq + count - 1
+        if newest > last:
+            self.last_seq[pub] = newest
+        self._reply(ident, [protocol.ACK, protocol.VERSION, max(newest, last), self.stats.subscriptions])
+
+    def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes]) -> None:
+        body = protocol.encode_delivery(self.exchange_id, pub, sent_ns, seqs, payloads)
+        self.back.send_multipart([topic, body])
+        self.stats.totals.msgs_out += len(seqs)
+        self.stats.totals.frames_out += 1
+
+    def _reply(self, ident: bytes, message: list[Any]) -> None:
+        try:
+            self.front.send_multipart([ident, protocol.pack(message)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the publisher is gone or not reading; acks are cumulative anyway
+
+    def ask_publishers_to_move(self, reason: str) -> int:
+        """Tell every known publisher to go to another exchange (before shutdown)."""
+        for ident in set(self.routes.values()):
+            self._reply(ident, [protocol.MOVE, protocol.VERSION, reason])
+        return len(self.routes)
+
+
+def _check_message(topic: Any, payload: Any, max_size: int) -> tuple[str, str] | None:
+    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES:
+        return ("invalid_name", f"topic must be 1-{MAX_TOPIC_BYTES} bytes")
+    if not isinstance(payload, bytes):
+        return ("malformed", "payload must be bytes (msgpack bin)")
+    if len(payload) > max_size:
+        return ("too_large", f"payload of {len(payload)} bytes exceeds exchange.max_message_bytes={max_size}")
+    return None

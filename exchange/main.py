@@ -1,0 +1,116 @@
+"""`roq-exchange`: one exchange process, normally spawned by an HCM.
+
+Talks to its parent through stdout, one JSON object per line: first
+{"event": "ready", "pub": ..., "sub": ...} once both sockets are bound, then
+{"event": "stats", ...} every `exchange.stats_interval`. Logs go to stderr.
+It dies with its parent: PR_SET_PDEATHSIG on Linux, and EOF on stdin
+everywhere (the parent holds the other end). On SIGTERM it asks its
+publishers to move, then exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import click
+import zmq
+
+from exchange.forwarder import Forwarder
+from roq.config import config_from_json, load_config
+from roq.errors import RoqError
+from roq.logs import configure
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+MOVE_GRACE = 0.5  # time for "move" notices to leave before the sockets close
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the stdin watch below still applies
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before prctl took effect
+
+
+def watch_stdin(stop: threading.Event) -> None:
+    """Our parent holds stdin open; EOF means it is gone."""
+    def wait_eof() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        log.warning("parent went away (stdin closed); exiting")
+        stop.set()
+    threading.Thread(target=wait_eof, name="stdin-watch", daemon=True).start()
+
+
+def emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+@click.command()
+@click.option("--queue", required=True)
+@click.option("--id", "exchange_id", required=True)
+@click.option("--host", default="", help="host name this exchange runs on (for reports)")
+@click.option("--config-json", default=None, help="the full configuration, as the HCM passes it")
+@click.option("--parent-pid", type=int, default=None)
+@click.option("--watch-stdin/--no-watch-stdin", "watch_parent", default=True)
+def main(queue: str, exchange_id: str, host: str, config_json: str | None, parent_pid: int | None,
+         watch_parent: bool) -> None:
+    """Run one exchange of QUEUE (normally started by roq-hcm)."""
+    die_with_parent(parent_pid)
+    try:
+        config = config_from_json(config_json) if config_json else load_config()
+    except RoqError as exc:
+        click.echo(f"roq-exchange: {exc}", err=True)
+        sys.exit(2)
+    configure(config.log.level, f"exchange {queue}/{exchange_id}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if watch_parent:
+        watch_stdin(stop)
+    context = zmq.Context()
+    advertise = config.hcm.advertise or config.hcm.bind
+    forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise)
+    interval = config.exchange.stats_interval
+    next_report = [time.monotonic() + interval]
+
+    def on_tick() -> None:
+        if time.monotonic() >= next_report[0]:
+            next_report[0] = time.monotonic() + interval
+            emit({"event": "stats", **forwarder.stats.snapshot()})
+
+    try:
+        emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
+              "pid": os.getpid()})
+        log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
+                 forwarder.pub_endpoint, forwarder.sub_endpoint)
+        forwarder.run(stop.is_set, on_tick)
+        moved = forwarder.ask_publishers_to_move("exchange shutting down")
+        if moved:
+            deadline = time.monotonic() + MOVE_GRACE
+            forwarder.run(lambda: time.monotonic() > deadline, lambda: None)
+    except BrokenPipeError:
+        pass  # parent gone
+    finally:
+        forwarder.close()
+        context.term()
+    log.info("exchange %s/%s stopped", queue, exchange_id)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Per-interval statistics of one exchange, reported to its HCM as a JSON line."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Counters:
+    msgs_in: int = 0
+    bytes_in: int = 0
+    msgs_out: int = 0
+    frames_out: int = 0
+    duplicates: int = 0  # replayed messages already forwarded once
+    rejected: int = 0  # single messages refused (too large, bad topic)
+    malformed: int = 0  # whole frames refused
+
+
+@dataclass
+class ExchangeStats:
+    totals: Counters = field(default_factory=Counters)
+    _last: Counters = field(default_factory=Counters)
+    _last_time: float = field(default_factory=time.monotonic)
+    publishers: dict[str, float] = field(default_factory=dict)  # id → last seen (monotonic)
+    subscriptions: int = 0
+
+    def snapshot(self, active_window: float = 10.0) -> dict[str, float | int]:
+        """Totals plus per-second rates since the previous snapshot."""
+        now = time.monotonic()
+        elapsed = max(now - self._last_time, 1e-6)
+        t, last = self.totals, self._last
+        report: dict[str, float | int] = dict(asdict(t))
+        report.update(
+            msgs_in_per_s=round((t.msgs_in - last.msgs_in) / elapsed, 1),
+            bytes_in_per_s=round((t.bytes_in - last.bytes_in) / elapsed, 1),
+            msgs_out_per_s=round((t.msgs_out - last.msgs_out) / elapsed, 1),
+            publishers=sum(1 for seen in self.publishers.values() if now - seen < active_window),
+            subscriptions=self.subscriptions,
+        )
+        self._last = Counters(**asdict(t))
+        self._last_time = now
+        return report

@@ -1,0 +1,1 @@
+"""Global Configuration Manager: leader election, control API, placement."""

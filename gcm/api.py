@@ -1,0 +1,103 @@
+"""The control API: a ZeroMQ ROUTER socket speaking msgpack requests (docs/protocol.md).
+
+Every GCM serves it. A backup answers every operation but `ping` with a
+`not_leader` error naming the leader's endpoint, so clients can follow. A
+malformed frame, an unknown operation or a bad argument gets an error reply;
+nothing a client sends can stop the loop. An unexpected exception in a
+handler is logged and answered with `internal`, and the server keeps going.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from roq.errors import (ProtocolError, RoqError, UnavailableError, UnknownCommandError,
+                        UserError)
+from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], Any]
+POLL_MS = 200  # how often the loop looks at the stop flag
+
+
+class ControlServer:
+    def __init__(self, bind_host: str, port: int, advertise_host: str,
+                 route: Callable[[str], Handler]) -> None:
+        """`route(op)` returns the handler for an operation or raises a RoqError."""
+        self._route = route
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.linger = 0
+        self._socket.setsockopt(zmq.MAXMSGSIZE, 2 << 20)  # oversize frames are dropped by libzmq
+        if port:
+            self._socket.bind(f"tcp://{bind_host}:{port}")
+        else:
+            port = self._socket.bind_to_random_port(f"tcp://{bind_host}")
+        self.endpoint = f"tcp://{advertise_host}:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="control-api", daemon=True)
+        self.requests = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._context.term()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if poller.poll(POLL_MS):
+                    self._handle_one()
+        finally:
+            self._socket.close(linger=0)
+
+    def _handle_one(self) -> None:
+        frames = self._socket.recv_multipart()
+        if len(frames) < 2:
+            return  # no routing id or no payload: nobody to answer
+        ident, payload = frames[0], frames[-1]
+        self.requests += 1
+        reply = self.dispatch(payload if len(frames) == 2 else b"\xc1")  # 0xc1: never valid msgpack
+        try:
+            self._socket.send_multipart([ident, reply], zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("dropped a reply: client not reading")
+
+    def dispatch(self, payload: bytes) -> bytes:
+        """Decode, route, run, encode. Always returns a reply frame."""
+        req_id = None
+        try:
+            request = decode_request(payload)
+            req_id = request.id
+            handler = self._route(request.op)
+            return encode_reply(req_id, handler(request.args))
+        except ProtocolError as err:
+            self.errors += 1
+            return encode_error(req_id if req_id is not None else request_id_of(payload), err)
+        except (UserError, UnavailableError) as err:
+            self.errors += 1
+            return encode_error(req_id, err)
+        except RoqError as err:
+            self.errors += 1
+            log.warning("request failed: %s", err)
+            return encode_error(req_id, err)
+        except Exception as err:  # keep serving whatever a handler does
+            self.errors += 1
+            log.exception("internal error while serving a request")
+            return encode_error(req_id, RoqError(f"internal error: {type(err).__name__}: {err}"))
+
+
+def unknown_op(op: str) -> Handler:
+    raise UnknownCommandError(f"unknown operation {op!r}")

@@ -1,0 +1,197 @@
+"""`roq-gcm`: one Global Configuration Manager.
+
+Starts its control API, then contends for leadership. As leader it runs the
+reconciler on every tick and whenever hosts or queues change; as backup it
+answers `not_leader` with the leader's endpoint. SIGTERM/SIGINT step down
+cleanly (the leader record is removed so a backup takes over at once). An
+unexpected error in the leader loop stops the daemon with exit code 1 rather
+than leaving a leader that does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import click
+
+from gcm.api import ControlServer, Handler, unknown_op
+from gcm.leader import Leadership
+from gcm.queues import QueueManager
+from gcm.reconciler import Reconciler
+from roq.config import Config, load_config
+from roq.errors import NotLeaderError, RoqError, UnavailableError, UserError
+from roq.logs import configure
+from roq.paths import Paths
+from roq.state import read_hosts, read_leader, queue_names
+from roq.zk import ensure_base_paths, start_client, stop_client
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+class Gcm:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.paths = Paths(config.zk.root)
+        self.id = f"gcm-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.write_lock = threading.Lock()
+        self.failed: BaseException | None = None
+        self.reconciler: Reconciler | None = None
+
+    def run(self) -> int:
+        self.client = start_client(self.config)
+        ensure_base_paths(self.client, self.paths)
+        advertise = self.config.gcm.advertise or self.config.gcm.bind
+        if advertise in ("0.0.0.0", "*"):
+            advertise = socket.gethostname()
+        self.api = ControlServer(self.config.gcm.bind, self.config.gcm.port, advertise, self._route)
+        identity = {"id": self.id, "endpoint": self.api.endpoint, "pid": os.getpid(),
+                    "host": socket.gethostname()}
+        self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
+        self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock)
+        self.client.ChildrenWatch(self.paths.hosts, self._on_change)
+        self.client.ChildrenWatch(self.paths.queues, self._on_change)
+        self.api.start()
+        log.info("GCM %s serving the control API on %s", self.id, self.api.endpoint)
+        elector = threading.Thread(target=self._guard, args=(self.leadership.run, self._lead),
+                                   name="election", daemon=True)
+        elector.start()
+        while not self.stopping.wait(0.5):
+            pass
+        self.leadership.cancel()
+        elector.join(timeout=self.config.zk.session_timeout + 5)
+        self.api.stop()
+        stop_client(self.client)
+        if self.failed:
+            log.error("GCM stopped after an unexpected error: %r", self.failed)
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    def _guard(self, target: Any, *args: Any) -> None:
+        """Run a managed thread; an unexpected error stops the daemon loudly."""
+        try:
+            target(*args)
+        except BaseException as exc:
+            log.exception("managed thread %s failed", threading.current_thread().name)
+            self.failed = exc
+            self.stop()
+
+    def _on_change(self, _children: list[str]) -> None:
+        self.wake.set()  # watches only hand work to the leader loop
+
+    # ------------------------------------------------------------ leader loop
+
+    def _lead(self, epoch: int) -> None:
+        self.reconciler = Reconciler(self.client, self.paths, self.leadership.fence, self.queues,
+                                     self.write_lock, self.config.gcm.reassign_grace)
+        while self.leadership.should_lead():
+            if self.leadership.can_write():
+                try:
+                    self.reconciler.tick()
+                except RoqError as exc:
+                    log.warning("reconcile tick failed: %s", exc)
+                except Exception as exc:
+                    if not self.leadership.should_lead():
+                        break
+                    if type(exc).__module__.startswith("kazoo"):
+                        log.warning("reconcile tick interrupted: %r", exc)
+                    else:
+                        raise
+            self.wake.wait(self.config.gcm.tick)
+            self.wake.clear()
+
+    # ------------------------------------------------------------ control API
+
+    def _route(self, op: str) -> Handler:
+        if op == "ping":
+            return self._ping
+        handler = {
+            "cluster.status": self._status,
+            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges"])),
+            "queue.delete": lambda a: self.queues.delete(**_args(a, ["name"])),
+            "queue.scale": lambda a: self.queues.scale(**_args(a, ["name", "exchanges"])),
+            "queue.list": lambda a: self.queues.list(**_args(a, [])),
+            "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
+        }.get(op) or unknown_op(op)
+        if not self.leadership.is_leader:
+            leader = read_leader(self.client, self.paths)
+            endpoint = leader.get("endpoint") if leader else None
+            raise NotLeaderError(f"this GCM is a backup; the leader is {endpoint or 'not elected yet'}",
+                                 endpoint)
+        if not self.leadership.can_write():
+            raise UnavailableError("the leader lost its ZooKeeper connection; retry shortly")
+        return handler
+
+    def _ping(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"id": self.id, "leader": self.leadership.is_leader, "epoch": self.leadership.epoch}
+
+    def _status(self, args: dict[str, Any]) -> dict[str, Any]:
+        _args(args, [])
+        hosts = read_hosts(self.client, self.paths)
+        placements = self.queues.all_placements()
+        assigned: dict[str, int] = {}
+        for host in placements.values():
+            if host:
+                assigned[host] = assigned.get(host, 0) + 1
+        return {
+            "leader": {"id": self.id, "endpoint": self.api.endpoint, "epoch": self.leadership.epoch,
+                       "pid": os.getpid()},
+            "gcms": self.leadership.contenders(),
+            "hosts": [{"name": h.name, "address": h.address, "capacity": h.capacity, "pid": h.pid,
+                       "exchanges": assigned.get(h.name, 0)} for h in hosts.values()],
+            "queues": queue_names(self.client, self.paths),
+            "exchanges": len(placements),
+            "unplaced": sum(1 for h in placements.values() if h is None or h not in hosts),
+            "moves": self.reconciler.moves if self.reconciler else 0,
+            "time": time.time(),
+        }
+
+
+def _args(args: dict[str, Any], required: list[str], optional: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    unknown = set(args) - set(required) - set(optional)
+    missing = [k for k in required if k not in args]
+    if unknown:
+        raise UserError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}")
+    if missing:
+        raise UserError(f"missing argument(s): {', '.join(missing)}")
+    return args
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML configuration file")
+@click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", help="override a setting")
+def main(config_path: str | None, settings: tuple[str, ...]) -> None:
+    """Run a Global Configuration Manager (leader or backup)."""
+    try:
+        config = load_config(config_path, flags=settings)
+    except RoqError as exc:
+        click.echo(f"roq-gcm: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    configure(config.log.level, "gcm")
+    gcm = Gcm(config)
+    signal.signal(signal.SIGTERM, lambda *_: gcm.stop())
+    signal.signal(signal.SIGINT, lambda *_: gcm.stop())
+    try:
+        sys.exit(gcm.run())
+    except RoqError as exc:
+        log.error("%s", exc)
+        sys.exit(EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    main()

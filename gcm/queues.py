@@ -1,0 +1,166 @@
+"""Queue operations of the leader: create, delete, scale, list, describe.
+
+Every change is one fenced transaction that writes the queue, its exchanges'
+placements and the hosts' assignment lists together, so ZooKeeper never holds
+a half-created queue and a deposed leader changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from kazoo.client import KazooClient, TransactionRequest
+
+from gcm.fence import LeaderFence
+from gcm.placement import choose_hosts, host_loads
+from roq.errors import QueueExistsError, QueueNotFoundError, UserError
+from roq.names import check_queue_name
+from roq.paths import Paths
+from roq.state import (ExchangeInfo, read_exchanges, read_hosts, read_live, read_queue,
+                       queue_names, exchange_order)
+from roq.zk import encode
+
+log = logging.getLogger(__name__)
+
+MAX_EXCHANGES = 64  # per queue; a typo like 10000 should not flood the cluster
+
+
+def check_exchange_count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_EXCHANGES:
+        raise UserError(f"exchanges must be an integer from 1 to {MAX_EXCHANGES}, got {value!r}")
+    return value
+
+
+class QueueManager:
+    def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
+                 write_lock: threading.Lock) -> None:
+        self.client = client
+        self.paths = paths
+        self.fence = fence
+        self.write_lock = write_lock
+
+    # ------------------------------------------------------------ reads
+
+    def list(self) -> list[dict[str, Any]]:
+        result = []
+        for name in queue_names(self.client, self.paths):
+            exchanges = read_exchanges(self.client, self.paths, name, live=False)
+            live = read_live(self.client, self.paths, name)
+            result.append({"name": name, "exchanges": len(exchanges),
+                           "placed": sum(1 for x in exchanges if x.host),
+                           "running": sum(1 for x in exchanges if x.id in live)})
+        return result
+
+    def describe(self, name: Any) -> dict[str, Any]:
+        info = read_queue(self.client, self.paths, check_queue_name(name))
+        if info is None:
+            raise QueueNotFoundError(f"queue {name!r} does not exist")
+        return info.to_dict()
+
+    # ------------------------------------------------------------ writes
+
+    def create(self, name: Any, exchanges: Any = 1) -> dict[str, Any]:
+        name, count = check_queue_name(name), check_exchange_count(exchanges)
+        with self.write_lock:
+            if self.client.exists(self.paths.queue(name)):
+                raise QueueExistsError(f"queue {name!r} already exists")
+            ids = [f"x{i}" for i in range(1, count + 1)]
+            picks = self._choose(count, queue=name)
+            settings = {"created": time.time(), "next_exchange": count + 1}
+
+            def build(txn: TransactionRequest) -> None:
+                txn.create(self.paths.queue(name), encode(settings))
+                txn.create(self.paths.exchanges(name), b"")
+                for i, xid in enumerate(ids):
+                    self._add_exchange(txn, name, xid, picks[i] if i < len(picks) else None)
+
+            self._ensure_assignment_dirs(picks)
+            self.fence.write(build)
+        log.info("created queue %s with %d exchanges on %s", name, count, picks)
+        return self.describe(name)
+
+    def delete(self, name: Any) -> dict[str, Any]:
+        name = check_queue_name(name)
+        with self.write_lock:
+            if not self.client.exists(self.paths.queue(name)):
+                raise QueueNotFoundError(f"queue {name!r} does not exist")
+            exchanges = read_exchanges(self.client, self.paths, name, live=False)
+
+            def build(txn: TransactionRequest) -> None:
+                for x in exchanges:
+                    self._remove_exchange(txn, x)
+                txn.delete(self.paths.exchanges(name))
+                txn.delete(self.paths.queue(name))
+
+            self.fence.write(build)
+        log.info("deleted queue %s", name)
+        return {"name": name, "deleted": True}
+
+    def scale(self, name: Any, exchanges: Any) -> dict[str, Any]:
+        """Add exchanges (placed least loaded first) or remove the newest ones."""
+        name, target = check_queue_name(name), check_exchange_count(exchanges)
+        with self.write_lock:
+            raw = self.client.exists(self.paths.queue(name))
+            if not raw:
+                raise QueueNotFoundError(f"queue {name!r} does not exist")
+            info = read_queue(self.client, self.paths, name)
+            assert info is not None
+            current = info.exchanges
+            settings = dict(info.settings)
+            if target > len(current):
+                first = int(settings.get("next_exchange", len(current) + 1))
+                ids = [f"x{first + i}" for i in range(target - len(current))]
+                picks = self._choose(len(ids), queue=name)
+                settings["next_exchange"] = first + len(ids)
+                self._ensure_assignment_dirs(picks)
+
+                def build(txn: TransactionRequest) -> None:
+                    txn.set_data(self.paths.queue(name), encode(settings))
+                    for i, xid in enumerate(ids):
+                        self._add_exchange(txn, name, xid, picks[i] if i < len(picks) else None)
+            else:
+                doomed = sorted(current, key=lambda x: exchange_order(x.id))[target:]
+
+                def build(txn: TransactionRequest) -> None:
+                    for x in doomed:
+                        self._remove_exchange(txn, x)
+
+            self.fence.write(build)
+        log.info("scaled queue %s to %d exchanges", name, target)
+        return self.describe(name)
+
+    # ------------------------------------------------------------ helpers
+
+    def _choose(self, count: int, queue: str) -> list[str]:
+        hosts = read_hosts(self.client, self.paths)
+        placements = self.all_placements()
+        spread: dict[str, int] = {}
+        for (q, _), host in placements.items():
+            if q == queue and host:
+                spread[host] = spread.get(host, 0) + 1
+        loads = host_loads({h.name: h.capacity for h in hosts.values()}, placements.values())
+        return choose_hosts(count, loads, spread)
+
+    def all_placements(self) -> dict[tuple[str, str], str | None]:
+        placements = {}
+        for q in queue_names(self.client, self.paths):
+            for x in read_exchanges(self.client, self.paths, q, live=False):
+                placements[(q, x.id)] = x.host
+        return placements
+
+    def _ensure_assignment_dirs(self, hosts: list[str]) -> None:
+        for host in set(hosts):
+            self.client.ensure_path(self.paths.host_assignments(host))
+
+    def _add_exchange(self, txn: TransactionRequest, queue: str, xid: str, host: str | None) -> None:
+        txn.create(self.paths.exchange(queue, xid), encode({"host": host}))
+        if host:
+            txn.create(self.paths.assignment(host, queue, xid), encode({"queue": queue, "exchange": xid}))
+
+    def _remove_exchange(self, txn: TransactionRequest, x: ExchangeInfo) -> None:
+        if x.host and self.client.exists(self.paths.assignment(x.host, x.queue, x.id)):
+            txn.delete(self.paths.assignment(x.host, x.queue, x.id))
+        txn.delete(self.paths.exchange(x.queue, x.id))

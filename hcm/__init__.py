@@ -1,0 +1,1 @@
+"""Host Configuration Manager: registers a host and supervises its exchanges."""

@@ -1,0 +1,61 @@
+"""The host's ephemeral registration, idempotent across reconnects.
+
+If a node of the same name is held by another session (an HCM of this host
+that was just killed, whose session has not expired yet), we do not steal it:
+`try_register` returns False and the daemon retries on its next tick, so the
+node appears at most one session timeout later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError
+
+from roq.paths import Paths
+from roq.zk import create_ephemeral
+
+log = logging.getLogger(__name__)
+
+
+class HostRegistration:
+    def __init__(self, client: KazooClient, paths: Paths, host: str, address: str, capacity: int) -> None:
+        self.client = client
+        self.paths = paths
+        self.host = host
+        self.data: dict[str, Any] = {"address": address, "capacity": capacity, "pid": os.getpid(),
+                                     "started": time.time()}
+        self.registered = False
+        self._warned = False
+
+    def try_register(self) -> bool:
+        self.client.ensure_path(self.paths.host_assignments(self.host))
+        try:
+            create_ephemeral(self.client, self.paths.host(self.host), self.data)
+        except NodeExistsError:
+            if not self._warned:
+                log.warning("host %s is still registered by an older session; waiting for it to expire",
+                            self.host)
+                self._warned = True
+            return False
+        if not self.registered:
+            log.info("registered host %s (capacity %d)", self.host, self.data["capacity"])
+        self.registered = True
+        self._warned = False
+        return True
+
+    def session_lost(self) -> None:
+        self.registered = False
+
+    def unregister(self) -> None:
+        try:
+            _, stat = self.client.get(self.paths.host(self.host))
+            if stat.ephemeralOwner == self.client.client_id[0]:
+                self.client.delete(self.paths.host(self.host))
+        except Exception as exc:  # closing the session removes it anyway
+            log.debug("unregister: %s", exc)
+        self.registered = False

@@ -1,0 +1,225 @@
+"""Supervision of the exchange processes of one host: desired vs actual, on a tick.
+
+Each tick: reap exited children (their live endpoint is removed at once),
+stop children no longer assigned, start assigned ones whose backoff has
+elapsed, publish endpoints of children that reported ready, kill children
+that never became ready. Restarts back off exponentially up to a cap and the
+backoff resets once a child has stayed up `stable_after` seconds.
+
+Children are started from the thread that runs `tick()` — the daemon's main
+thread — because PR_SET_PDEATHSIG fires when the spawning thread exits.
+Their stdout (ready and stats events) and stderr (logs) are read by one
+thread each; logs go through this process's logging, so lines never interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, IO
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from roq.config import Config
+from roq.paths import Paths
+from roq.zk import create_ephemeral, encode
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (queue, exchange id)
+
+
+@dataclass
+class Child:
+    key: Key
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    ready: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    published: bool = False
+    stats_published: float = 0.0
+    failures: int = 0
+    next_start: float = 0.0
+    stop_deadline: float | None = None
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(self, client: KazooClient, paths: Paths, config: Config, host: str) -> None:
+        self.client = client
+        self.paths = paths
+        self.config = config
+        self.hcm = config.hcm
+        self.host = host
+        self.children: dict[Key, Child] = {}
+        self.desired: set[Key] = set()
+        self._lock = threading.Lock()  # guards `desired` (set from a kazoo watch)
+        self.changed = threading.Event()
+
+    # ------------------------------------------------------------ inputs
+
+    def set_desired(self, keys: set[Key]) -> None:
+        with self._lock:
+            self.desired = set(keys)
+        self.changed.set()
+
+    def session_lost(self) -> None:
+        """Our ephemeral endpoints died with the session: publish them again."""
+        for child in self.children.values():
+            child.published = False
+
+    # ------------------------------------------------------------ tick
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            desired = set(self.desired)
+        for child in list(self.children.values()):
+            self._reap(child, now)
+        for key in desired - set(self.children):
+            self.children[key] = Child(key)
+        for key, child in list(self.children.items()):
+            if key in desired:
+                self._keep_running(child, now)
+            else:
+                self._drive_stop(child, now)
+                if child.process is None:
+                    del self.children[key]
+
+    def _reap(self, child: Child, now: float) -> None:
+        if child.process is None or child.process.poll() is None:
+            return
+        code = child.process.returncode
+        self._unpublish(child)
+        uptime = now - child.started
+        expected = child.stop_deadline is not None
+        child.process, child.ready, child.stop_deadline = None, None, None
+        if expected:
+            log.info("exchange %s/%s stopped", *child.key)
+            return
+        child.failures = 0 if uptime >= self.hcm.stable_after else child.failures + 1
+        delay = min(self.hcm.restart_backoff * 2 ** max(child.failures - 1, 0), self.hcm.restart_backoff_max)
+        child.next_start = now + delay
+        log.warning("exchange %s/%s exited with code %s after %.1fs; restarting in %.1fs",
+                    *child.key, code, uptime, delay)
+
+    def _keep_running(self, child: Child, now: float) -> None:
+        if child.process is None:
+            if now >= child.next_start:
+                self._spawn(child, now)
+            return
+        if child.ready and not child.published:
+            self._publish(child)
+        elif child.ready and now - child.stats_published >= self.config.exchange.stats_interval:
+            self._publish(child)
+        elif not child.ready and now - child.started > self.hcm.ready_timeout:
+            log.error("exchange %s/%s not ready after %.0fs; killing it", *child.key, self.hcm.ready_timeout)
+            child.process.kill()
+
+    def _drive_stop(self, child: Child, now: float) -> None:
+        if child.process is None:
+            return
+        if child.stop_deadline is None:
+            self._unpublish(child)
+            child.stop_deadline = now + self.hcm.stop_grace
+            _signal(child.process, signal.SIGTERM)
+        elif now >= child.stop_deadline:
+            _signal(child.process, signal.SIGKILL)
+        self._reap(child, now)
+
+    # ------------------------------------------------------------ processes
+
+    def _spawn(self, child: Child, now: float) -> None:
+        queue, xid = child.key
+        command = [sys.executable, "-m", "exchange.main", "--queue", queue, "--id", xid,
+                   "--host", self.host, "--config-json", self.config.to_json(),
+                   "--parent-pid", str(os.getpid())]
+        child.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, close_fds=True)
+        child.started, child.ready, child.published = now, None, False
+        if child.next_start:
+            child.restarts += 1
+        log.info("started exchange %s/%s (pid %d)", queue, xid, child.process.pid)
+        threading.Thread(target=self._read_events, args=(child, child.process.stdout),
+                         name=f"events-{queue}-{xid}", daemon=True).start()
+        threading.Thread(target=_forward_logs, args=(child.process.stderr,),
+                         name=f"logs-{queue}-{xid}", daemon=True).start()
+
+    def _read_events(self, child: Child, stream: IO[bytes]) -> None:
+        for line in stream:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "ready":
+                child.ready = {"pub": event["pub"], "sub": event["sub"], "pid": event.get("pid")}
+                self.changed.set()
+            elif event.get("event") == "stats":
+                event.pop("event")
+                child.stats = event
+
+    def stop_all(self) -> None:
+        """SIGTERM every child, wait out the grace period, SIGKILL the rest."""
+        self.set_desired(set())
+        deadline = time.monotonic() + self.hcm.stop_grace + 1
+        while self.children and time.monotonic() < deadline:
+            self.tick()
+            time.sleep(0.05)
+        for child in self.children.values():
+            if child.process and child.process.poll() is None:
+                child.process.kill()
+                child.process.wait()
+
+    # ------------------------------------------------------------ endpoints
+
+    def _publish(self, child: Child) -> None:
+        queue, xid = child.key
+        assert child.ready is not None
+        data = dict(child.ready, host=self.host, stats=child.stats, restarts=child.restarts)
+        path = self.paths.live_exchange(queue, xid)
+        try:
+            if child.published:
+                self.client.set(path, encode(data))
+            else:
+                create_ephemeral(self.client, path, data)
+                log.info("exchange %s/%s live at %s", queue, xid, child.ready["pub"])
+            child.published = True
+            child.stats_published = time.monotonic()
+        except NodeExistsError:
+            pass  # an older session's endpoint, about to expire: retry next tick
+        except NoNodeError:
+            child.published = False
+
+    def _unpublish(self, child: Child) -> None:
+        if not child.published:
+            return
+        child.published = False
+        try:
+            self.client.delete(self.paths.live_exchange(*child.key))
+        except NoNodeError:
+            pass
+        except Exception as exc:  # connection trouble: the session's end removes it
+            log.warning("could not remove endpoint of %s/%s: %s", *child.key, exc)
+
+
+def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _forward_logs(stream: IO[bytes]) -> None:
+    for line in stream:
+        text = line.decode(errors="replace").rstrip()
+        if text:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()

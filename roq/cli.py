@@ -1,0 +1,308 @@
+"""`roq`: the command line. Commands are thin: parse, check, call the library.
+
+A user mistake or an unavailable cluster prints one line on stderr and exits
+with a named code; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from roq.errors import RoqError, UnavailableError, UserError
+
+
+class Exit(enum.IntEnum):
+    OK = 0
+    USER_ERROR = 1  # bad input, unknown queue, ...
+    USAGE = 2  # click's own code for bad flags
+    UNAVAILABLE = 3  # ZooKeeper or the leader cannot be reached
+    INTERNAL = 4
+    INTERRUPTED = 130
+
+
+DEFAULT_LOCAL_CONFIG = Path(".roq/cluster/config.toml")
+
+
+def fail(message: str, code: Exit) -> None:
+    click.echo(f"roq: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except UserError as exc:
+            fail(str(exc), Exit.USER_ERROR)
+        except UnavailableError as exc:
+            fail(str(exc), Exit.UNAVAILABLE)
+        except RoqError as exc:
+            fail(str(exc), Exit.INTERNAL)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(Exit.INTERRUPTED)
+    return wrapper
+
+
+class Context:
+    def __init__(self, config_path: str | None, settings: tuple[str, ...]) -> None:
+        self.config_path = config_path
+        self.settings = settings
+        self._config = None
+
+    @property
+    def source(self) -> str | None:
+        if self.config_path:
+            return self.config_path
+        if os.environ.get("ROQ_CONFIG"):
+            return os.environ["ROQ_CONFIG"]
+        # The local cluster's file, so `roq queue ...` finds `roq cluster up`'s cluster.
+        return str(DEFAULT_LOCAL_CONFIG) if DEFAULT_LOCAL_CONFIG.is_file() else None
+
+    @property
+    def config(self):  # type: ignore[no-untyped-def]
+        if self._config is None:
+            from roq.config import load_config
+            self._config = load_config(self.source, flags=self.settings)
+        return self._config
+
+    def admin(self):  # type: ignore[no-untyped-def]
+        from roq.client.admin import Admin
+        return Admin(self.config)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar=None,
+              help="TOML configuration file (default: $ROQ_CONFIG, else ./.roq/cluster/config.toml if present)")
+@click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", help="override a setting")
+@click.version_option(package_name="roq")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None, settings: tuple[str, ...]) -> None:
+    """RoQ: an elastic publish/subscribe exchange cluster coordinated by ZooKeeper."""
+    ctx.obj = Context(config_path, settings)
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="roq: %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # reconnect chatter is not the user's concern
+
+
+# ---------------------------------------------------------------- config
+
+@main.group()
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command("show")
+@pass_ctx
+@handle_errors
+def config_show(ctx: Context) -> None:
+    """Print the effective configuration (file → environment → flags) as TOML."""
+    click.echo(f"# source: {ctx.source or 'defaults'}")
+    click.echo(ctx.config.to_toml())
+
+
+# ---------------------------------------------------------------- cluster
+
+@main.group()
+def cluster() -> None:
+    """Run a whole cluster on this machine (ZooKeeper + GCMs + HCMs)."""
+
+
+@cluster.command("up")
+@click.option("--gcms", type=click.IntRange(1, 9), default=None, help="number of GCMs (default 2)")
+@click.option("--hcms", type=click.IntRange(1, 32), default=None, help="number of HCMs (default 2)")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None)
+@pass_ctx
+@handle_errors
+def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | None) -> None:
+    """Start ZooKeeper, the GCMs and the HCMs in the background."""
+    from roq.cluster import LocalCluster
+    changes = {k: v for k, v in {"gcms": gcms, "hcms": hcms, "run_dir": run_dir}.items() if v is not None}
+    cfg = _base_config(ctx).replace(cluster=changes)
+    local = LocalCluster(cfg)
+    state = local.up(progress=lambda text: click.echo(f"  {text}", err=True))
+    click.echo(f"cluster up in {state.run_dir}: ZooKeeper at {state.zk_hosts}, "
+               f"{cfg.cluster.gcms} GCMs, {cfg.cluster.hcms} HCMs")
+    click.echo(f"configuration: {local.config_path}")
+
+
+def _base_config(ctx: Context):  # type: ignore[no-untyped-def]
+    """Defaults + environment + flags, ignoring a previous cluster's file."""
+    from roq.config import load_config
+    return load_config(ctx.config_path or os.environ.get("ROQ_CONFIG"), flags=ctx.settings)
+
+
+@cluster.command("down")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None)
+@pass_ctx
+@handle_errors
+def cluster_down(ctx: Context, run_dir: str | None) -> None:
+    """Stop the local cluster."""
+    from roq.cluster import LocalCluster
+    cfg = _base_config(ctx)
+    stopped = LocalCluster(cfg, run_dir).down()
+    click.echo(f"stopped {stopped} processes" if stopped else "no local cluster was running")
+
+
+@cluster.command("status")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_ctx
+@handle_errors
+def cluster_status(ctx: Context, as_json: bool) -> None:
+    """Show the leader, the GCMs, the hosts and the queues."""
+    with ctx.admin() as admin:
+        status = admin.status()
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    from roq.views import print_status
+    print_status(status)
+
+
+# ---------------------------------------------------------------- queues
+
+@main.group()
+def queue() -> None:
+    """Create, delete, list and inspect queues."""
+
+
+@queue.command("create")
+@click.argument("name")
+@click.option("--exchanges", "-x", type=int, default=1, show_default=True)
+@pass_ctx
+@handle_errors
+def queue_create(ctx: Context, name: str, exchanges: int) -> None:
+    """Create queue NAME served by --exchanges exchanges."""
+    with ctx.admin() as admin:
+        info = admin.create_queue(name, exchanges)
+    hosts = ", ".join(f"{x['id']}@{x['host'] or 'unplaced'}" for x in info["exchanges"])
+    click.echo(f"created queue {name}: {hosts}")
+
+
+@queue.command("delete")
+@click.argument("name")
+@pass_ctx
+@handle_errors
+def queue_delete(ctx: Context, name: str) -> None:
+    """Delete queue NAME and stop its exchanges."""
+    with ctx.admin() as admin:
+        admin.delete_queue(name)
+    click.echo(f"deleted queue {name}")
+
+
+@queue.command("scale")
+@click.argument("name")
+@click.argument("exchanges", type=int)
+@pass_ctx
+@handle_errors
+def queue_scale(ctx: Context, name: str, exchanges: int) -> None:
+    """Set the number of exchanges of queue NAME."""
+    with ctx.admin() as admin:
+        info = admin.scale_queue(name, exchanges)
+    click.echo(f"queue {name} now has {len(info['exchanges'])} exchanges")
+
+
+@queue.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def queue_list(ctx: Context, as_json: bool) -> None:
+    """List the queues."""
+    with ctx.admin() as admin:
+        queues = admin.list_queues()
+    if as_json:
+        click.echo(json.dumps(queues, indent=2))
+        return
+    from roq.views import print_queue_list
+    print_queue_list(queues)
+
+
+@queue.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def queue_show(ctx: Context, name: str, as_json: bool) -> None:
+    """Show queue NAME: its exchanges, where they run, their endpoints."""
+    with ctx.admin() as admin:
+        info = admin.describe_queue(name)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    from roq.views import print_queue
+    print_queue(info)
+
+
+# ---------------------------------------------------------------- data
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--topic", "-t", default="default", show_default=True)
+@click.option("--file", "-f", "source", type=click.File("rb"), default="-", help="lines to publish (default stdin)")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="seconds to wait for confirms")
+@pass_ctx
+@handle_errors
+def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: float) -> None:
+    """Publish each line of --file (or stdin) as one message to QUEUE."""
+    from roq.client.publisher import Publisher
+    sent = 0
+    with Publisher(queue_name, ctx.config) as pub:
+        for line in source:
+            pub.publish(topic, line.rstrip(b"\n"))
+            sent += 1
+        pub.flush(timeout)
+    click.echo(f"published {sent} messages to {queue_name}, {sent} confirmed", err=True)
+
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--topic", "-t", "topics", multiple=True, help="topic prefix (repeatable; default: all)")
+@click.option("--count", "-n", type=int, default=0, help="stop after N messages (0 = forever)")
+@click.option("--timeout", type=float, default=0.0, help="stop after N idle seconds (0 = never)")
+@pass_ctx
+@handle_errors
+def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float) -> None:
+    """Print the messages of QUEUE, one per line: topic<TAB>payload."""
+    from roq.client.subscriber import Subscriber
+    received = 0
+    out = click.get_binary_stream("stdout")
+    with Subscriber(queue_name, ctx.config, topics) as sub:
+        while not count or received < count:
+            msg = sub.receive(timeout=timeout or None)
+            if msg is None:
+                break
+            out.write(msg.topic + b"\t" + msg.payload + b"\n")
+            out.flush()
+            received += 1
+    click.echo(f"received {received} messages", err=True)
+
+
+@main.command()
+@click.option("--messages", "-n", type=click.IntRange(1, 10_000_000), default=200_000, show_default=True)
+@click.option("--size", type=click.IntRange(1, 1 << 20), default=100, show_default=True, help="payload bytes")
+@click.option("--keep", is_flag=True, help="leave the cluster running afterwards")
+@pass_ctx
+@handle_errors
+def demo(ctx: Context, messages: int, size: int, keep: bool) -> None:
+    """Start a local cluster, run a publish/subscribe round trip, print the figures."""
+    from roq.demo import run_demo
+    ok = run_demo(_base_config(ctx), messages, size, keep)
+    sys.exit(Exit.OK if ok else Exit.INTERNAL)
+
+
+if __name__ == "__main__":
+    main()

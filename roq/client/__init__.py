@@ -1,0 +1,7 @@
+"""RoQ's client library: Admin (control API), Publisher and Subscriber (data path)."""
+
+from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Message, Subscriber
+
+__all__ = ["Admin", "Message", "Publisher", "Subscriber"]

@@ -1,0 +1,113 @@
+"""Admin: the control API client. Finds the leader through ZooKeeper, follows
+`not_leader` redirects, and retries through a leader change until
+`client.request_timeout` runs out; then raises NoLeaderError or the server's
+own error (QueueNotFoundError, InvalidNameError, ...)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient
+
+from roq.config import Config
+from roq.errors import (NoLeaderError, NotLeaderError, RequestTimeoutError, UnavailableError,
+                        error_from_code)
+from roq.paths import Paths
+from roq.protocol import decode_reply, encode_request
+from roq.state import read_leader
+from roq.zk import start_client, stop_client
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_TIMEOUT = 2.0  # one request to one GCM; a dead GCM costs at most this
+
+
+class Admin:
+    def __init__(self, config: Config, client: KazooClient | None = None) -> None:
+        self.config = config
+        self.paths = Paths(config.zk.root)
+        self._own_client = client is None
+        self.zk = client or start_client(config)
+        self._context = zmq.Context()
+        self._ids = itertools.count(1)
+
+    def close(self) -> None:
+        self._context.destroy(linger=0)
+        if self._own_client:
+            stop_client(self.zk)
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ operations
+
+    def create_queue(self, name: str, exchanges: int = 1) -> dict[str, Any]:
+        return self.call("queue.create", name=name, exchanges=exchanges)
+
+    def delete_queue(self, name: str) -> dict[str, Any]:
+        return self.call("queue.delete", name=name)
+
+    def scale_queue(self, name: str, exchanges: int) -> dict[str, Any]:
+        return self.call("queue.scale", name=name, exchanges=exchanges)
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        return self.call("queue.list")
+
+    def describe_queue(self, name: str) -> dict[str, Any]:
+        return self.call("queue.describe", name=name)
+
+    def status(self) -> dict[str, Any]:
+        return self.call("cluster.status")
+
+    # ------------------------------------------------------------ transport
+
+    def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
+        deadline = time.monotonic() + (timeout or self.config.client.request_timeout)
+        endpoint: str | None = None
+        last_error: Exception = NoLeaderError("no GCM leader is elected (are the GCMs running?)")
+        while time.monotonic() < deadline:
+            endpoint = endpoint or self._leader_endpoint()
+            if endpoint is None:
+                time.sleep(0.1)
+                continue
+            try:
+                return self.request(endpoint, op, args, min(ATTEMPT_TIMEOUT, deadline - time.monotonic()))
+            except NotLeaderError as err:
+                last_error, endpoint = err, err.leader if err.leader != endpoint else None
+            except UnavailableError as err:  # timeout, leader suspended: look again
+                last_error, endpoint = err, None
+                time.sleep(0.1)
+        raise last_error
+
+    def _leader_endpoint(self) -> str | None:
+        leader = read_leader(self.zk, self.paths)
+        return leader.get("endpoint") if leader else None
+
+    def request(self, endpoint: str, op: str, args: dict[str, Any], timeout: float) -> Any:
+        """One round trip to one GCM; a fresh socket each time so a lost reply can't confuse the next."""
+        req_id = next(self._ids)
+        sock = self._context.socket(zmq.DEALER)
+        sock.linger = 0
+        try:
+            sock.connect(endpoint)
+            sock.send(encode_request(req_id, op, args))
+            deadline = time.monotonic() + max(timeout, 0.05)
+            while (remaining := deadline - time.monotonic()) > 0:
+                if not sock.poll(int(remaining * 1000) + 1):
+                    break
+                reply = decode_reply(sock.recv())
+                if reply.id != req_id:
+                    continue
+                if reply.ok:
+                    return reply.result
+                raise error_from_code(reply.code, reply.message, reply.leader)
+            raise RequestTimeoutError(f"no answer from GCM {endpoint} within {timeout:.1f}s")
+        finally:
+            sock.close(linger=0)

@@ -1,0 +1,155 @@
+"""A whole cluster on one machine: ZooKeeper, GCMs and HCMs as background processes.
+
+`roq cluster up` starts it in `cluster.run_dir` (default ./.roq/cluster) and
+writes `config.toml` there, which every later `roq` command run from the
+same directory picks up. Each process gets its own process group and log
+file; `down` stops them all (SIGTERM, grace, SIGKILL). `up` refuses to start
+a second cluster over a running one and tears down what it started if any
+part fails to come up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from roq.config import Config
+from roq.errors import RoqError, UserError
+from roq.paths import Paths
+from roq.state import read_hosts, read_leader
+from roq.zk import start_client, stop_client
+from roq.zookeeper import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
+
+STATE_FILE = "cluster.json"
+CONFIG_FILE = "config.toml"
+
+
+@dataclass
+class ClusterState:
+    run_dir: str
+    zk_hosts: str
+    processes: list[dict[str, Any]] = field(default_factory=list)  # {role, name, pid, log}
+
+    def save(self) -> None:
+        Path(self.run_dir, STATE_FILE).write_text(json.dumps(self.__dict__, indent=2))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> ClusterState | None:
+        try:
+            return cls(**json.loads(Path(run_dir, STATE_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def alive(self) -> list[dict[str, Any]]:
+        return [p for p in self.processes if pid_alive(p["pid"])]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class LocalCluster:
+    def __init__(self, config: Config, run_dir: str | Path | None = None) -> None:
+        self.run_dir = Path(run_dir or config.cluster.run_dir).absolute()
+        self.base_config = config
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / CONFIG_FILE
+
+    def up(self, timeout: float = 60.0, progress: Any = None) -> ClusterState:
+        say = progress or (lambda text: None)
+        existing = ClusterState.load(self.run_dir)
+        if existing and existing.alive():
+            raise UserError(f"a cluster is already running in {self.run_dir} (`roq cluster down` stops it)")
+        find_zookeeper()  # precondition: fail before forking anything
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        c = self.base_config.cluster
+        zk = ZooKeeperServer(self.run_dir / "zookeeper", port=c.zk_port or free_port())
+        state = ClusterState(str(self.run_dir), zk.connect_string)
+        try:
+            say(f"starting ZooKeeper on {zk.connect_string}")
+            zk.start()
+            state.processes.append({"role": "zookeeper", "name": "zookeeper", "pid": zk.pid,
+                                    "log": str(zk.log_path)})
+            state.save()
+            config = self.base_config.replace(zk={"hosts": zk.connect_string})
+            self.config_path.write_text(config.to_toml())
+            for i in range(1, c.gcms + 1):
+                state.processes.append(self._spawn("gcm", f"gcm-{i}", [], state))
+            for i in range(1, c.hcms + 1):
+                state.processes.append(self._spawn("hcm", f"host-{i}", ["--set", f"hcm.host=host-{i}"], state))
+            state.save()
+            say(f"waiting for a leader and {c.hcms} hosts")
+            self._wait_ready(config, state, c.hcms, timeout)
+        except BaseException:
+            self.down(state)
+            raise
+        return state
+
+    def _spawn(self, role: str, name: str, extra: list[str], state: ClusterState) -> dict[str, Any]:
+        log_path = self.run_dir / f"{name}.log"
+        module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon"}[role]
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(self.config_path), *extra],
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        return {"role": role, "name": name, "pid": proc.pid, "log": str(log_path)}
+
+    def _wait_ready(self, config: Config, state: ClusterState, hosts: int, timeout: float) -> None:
+        client = start_client(config)
+        paths = Paths(config.zk.root)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                dead = [p["name"] for p in state.processes if not pid_alive(p["pid"])]
+                if dead:
+                    raise RoqError(f"{', '.join(dead)} exited during start-up; see the logs in {self.run_dir}")
+                if read_leader(client, paths) and len(read_hosts(client, paths)) >= hosts:
+                    return
+                time.sleep(0.1)
+            raise RoqError(f"cluster not ready after {timeout:.0f}s; see the logs in {self.run_dir}")
+        finally:
+            stop_client(client)
+
+    def down(self, state: ClusterState | None = None) -> int:
+        """Stop every process of the cluster; returns how many were running."""
+        state = state or ClusterState.load(self.run_dir)
+        if state is None:
+            return 0
+        running = state.alive()
+        # Daemons first so the HCMs stop their exchanges while ZooKeeper is still there.
+        for proc in sorted(running, key=lambda p: p["role"] == "zookeeper"):
+            stop_process_group(proc["pid"], grace=8.0)
+        try:
+            Path(state.run_dir, STATE_FILE).unlink()
+        except OSError:
+            pass
+        return len(running)
+
+    def status(self) -> ClusterState | None:
+        return ClusterState.load(self.run_dir)

@@ -1,0 +1,267 @@
+"""The one configuration object, built once: defaults → TOML file → environment → flags.
+
+Every layer is validated against the same typed schema; an unknown key or a
+badly typed value is a `ConfigError` before anything starts — never silently
+dropped. The result is a frozen tree passed down explicitly.
+
+Environment variables are `ROQ_<SECTION>_<KEY>` (e.g. `ROQ_ZK_HOSTS`,
+`ROQ_ZK_SESSION_TIMEOUT`); `ROQ_CONFIG` names the TOML file. Flags are
+`section.key=value` strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from roq.errors import ConfigError
+
+ENV_PREFIX = "ROQ_"
+ENV_CONFIG_FILE = "ROQ_CONFIG"
+
+
+@dataclass(frozen=True)
+class ZkConfig:
+    hosts: str = "127.0.0.1:2181"
+    root: str = "/roq"
+    # Bounds how fast a dead GCM or HCM is noticed; the server clamps it to [2, 20] ticks.
+    session_timeout: float = 5.0
+    connect_timeout: float = 15.0
+
+
+@dataclass(frozen=True)
+class GcmConfig:
+    bind: str = "127.0.0.1"
+    advertise: str = ""  # address clients dial; empty = bind address
+    port: int = 0  # 0 = a free port chosen at start
+    tick: float = 1.0  # reconcile interval of the leader
+    reassign_grace: float = 0.0  # wait this long after a host vanishes before moving its exchanges
+
+
+@dataclass(frozen=True)
+class HcmConfig:
+    host: str = ""  # empty = this machine's host name
+    bind: str = "127.0.0.1"  # interface the exchanges bind
+    advertise: str = ""  # address clients dial; empty = bind address
+    capacity: int = 8  # exchanges this host may run
+    tick: float = 0.5
+    restart_backoff: float = 0.5  # first restart delay of a crashed exchange, doubled each time
+    restart_backoff_max: float = 10.0
+    stable_after: float = 10.0  # a child up this long has its backoff reset
+    ready_timeout: float = 15.0
+    stop_grace: float = 5.0  # SIGTERM → SIGKILL delay
+
+
+@dataclass(frozen=True)
+class ExchangeConfig:
+    max_message_bytes: int = 1 << 20
+    max_batch_bytes: int = 16 << 20
+    sub_hwm: int = 10_000  # per-subscriber queued frames before XPUB drops (counted)
+    pub_hwm: int = 10_000
+    stats_interval: float = 1.0
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    request_timeout: float = 10.0  # control API round trip, leader lookup included
+    max_unconfirmed: int = 50_000  # messages in flight before publish() blocks
+    max_batch: int = 2_000  # messages per batch frame
+    publish_timeout: float = 30.0  # how long publish() blocks under backpressure
+    confirm_timeout: float = 5.0  # no confirm this long → move to another exchange
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    run_dir: str = ".roq/cluster"
+    gcms: int = 2
+    hcms: int = 2
+    zk_port: int = 0  # 0 = a free port
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class Config:
+    zk: ZkConfig = field(default_factory=ZkConfig)
+    gcm: GcmConfig = field(default_factory=GcmConfig)
+    hcm: HcmConfig = field(default_factory=HcmConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_toml(self) -> str:
+        lines = []
+        for section, values in self.to_dict().items():
+            lines.append(f"[{section}]")
+            for key, value in values.items():
+                lines.append(f"{key} = {json.dumps(value)}")
+            lines.append("")
+        return "\n".join(lines)
+
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
+        """A copy with some keys changed, validated like any other layer."""
+        return _apply(self, {s: dict(v) for s, v in sections.items()}, "override")
+
+    @property
+    def host_name(self) -> str:
+        return self.hcm.host or socket.gethostname()
+
+
+_SECTIONS = {f.name: f.type for f in fields(Config)}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Iterable[str] = (),
+) -> Config:
+    """Build and validate the configuration from every layer, in order."""
+    env = os.environ if env is None else env
+    config = Config()
+    path = path or env.get(ENV_CONFIG_FILE)
+    if path:
+        config = _apply(config, _read_file(Path(path)), f"file {path}")
+    config = _apply(config, _from_env(env), "environment")
+    config = _apply(config, _from_flags(flags), "flags")
+    return config
+
+
+def config_from_json(text: str) -> Config:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"configuration JSON is invalid: {exc}") from None
+    return _apply(Config(), data, "JSON")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"configuration file {path} is invalid: {exc}") from None
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    layer: dict[str, dict[str, str]] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
+        if section not in _SECTIONS or not key:
+            raise ConfigError(f"unknown configuration variable {name}")
+        layer.setdefault(section, {})[key] = value
+    return layer
+
+
+def _from_flags(flags: Iterable[str]) -> dict[str, dict[str, str]]:
+    layer: dict[str, dict[str, str]] = {}
+    for flag in flags:
+        dotted, eq, value = flag.partition("=")
+        section, dot, key = dotted.partition(".")
+        if not eq or not dot:
+            raise ConfigError(f"bad setting {flag!r}: expected section.key=value")
+        layer.setdefault(section, {})[key] = value
+    return layer
+
+
+def _apply(config: Config, layer: Mapping[str, Any], origin: str) -> Config:
+    if not isinstance(layer, Mapping):
+        raise ConfigError(f"{origin}: expected a table of sections")
+    changes = {}
+    for section, values in layer.items():
+        if section not in _SECTIONS:
+            raise ConfigError(f"{origin}: unknown section {section!r}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{origin}: section {section!r} must be a table")
+        current = getattr(config, section)
+        types = {f.name: f.type for f in fields(current)}
+        updates = {}
+        for key, value in values.items():
+            if key not in types:
+                raise ConfigError(f"{origin}: unknown key {section}.{key}")
+            updates[key] = _coerce(value, types[key], f"{origin}: {section}.{key}")
+        changes[section] = dataclasses.replace(current, **updates)
+    result = dataclasses.replace(config, **changes)
+    _validate(result)
+    return result
+
+
+def _coerce(value: Any, type_name: Any, where: str) -> Any:
+    kind = {"str": str, "int": int, "float": float, "bool": bool}[str(type_name)]
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if kind is bool:
+                if text.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if text.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(text)
+            return kind(text)
+        except ValueError:
+            pass
+    raise ConfigError(f"{where} must be {kind.__name__}, got {value!r}")
+
+
+def _validate(c: Config) -> None:
+    def positive(where: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{where} must be positive, got {value}")
+
+    if not c.zk.hosts.strip():
+        raise ConfigError("zk.hosts must name at least one server")
+    if not c.zk.root.startswith("/") or c.zk.root.endswith("/") or "//" in c.zk.root:
+        raise ConfigError(f"zk.root must be an absolute ZooKeeper path, got {c.zk.root!r}")
+    for where, value in (
+        ("zk.session_timeout", c.zk.session_timeout), ("zk.connect_timeout", c.zk.connect_timeout),
+        ("gcm.tick", c.gcm.tick), ("hcm.tick", c.hcm.tick), ("hcm.capacity", c.hcm.capacity),
+        ("hcm.restart_backoff", c.hcm.restart_backoff), ("hcm.ready_timeout", c.hcm.ready_timeout),
+        ("hcm.stop_grace", c.hcm.stop_grace), ("exchange.max_message_bytes", c.exchange.max_message_bytes),
+        ("exchange.sub_hwm", c.exchange.sub_hwm), ("exchange.stats_interval", c.exchange.stats_interval),
+        ("client.request_timeout", c.client.request_timeout), ("client.max_unconfirmed", c.client.max_unconfirmed),
+        ("client.max_batch", c.client.max_batch), ("client.publish_timeout", c.client.publish_timeout),
+        ("client.confirm_timeout", c.client.confirm_timeout),
+        ("cluster.gcms", c.cluster.gcms), ("cluster.hcms", c.cluster.hcms),
+    ):
+        positive(where, value)
+    if c.hcm.restart_backoff_max < c.hcm.restart_backoff:
+        raise ConfigError("hcm.restart_backoff_max must be >= hcm.restart_backoff")
+    if c.exchange.max_batch_bytes < c.exchange.max_message_bytes:
+        raise ConfigError("exchange.max_batch_bytes must be >= exchange.max_message_bytes")
+    for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port)):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{where} must be a TCP port (0 = any free one), got {port}")
+    if c.gcm.reassign_grace < 0:
+        raise ConfigError("gcm.reassign_grace must be >= 0")
+    if c.log.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {c.log.level!r}")
+    if c.hcm.host:
+        from roq.names import check_host_name
+        try:
+            check_host_name(c.hcm.host)
+        except Exception as exc:
+            raise ConfigError(f"hcm.host: {exc}") from None

@@ -1,0 +1,116 @@
+"""One root exception for RoQ, split by what the caller can do about it.
+
+`UserError` subclasses are the caller's mistake (fix the input and retry);
+`UnavailableError` subclasses are transient conditions of the cluster (retry
+later); `FencedError` means this process lost leadership and must stop acting.
+Every error that crosses the control API has a stable string `code`.
+"""
+
+from __future__ import annotations
+
+
+class RoqError(Exception):
+    """Root of every error RoQ raises on purpose."""
+
+    code = "internal"
+
+
+class UserError(RoqError):
+    """The request is wrong; retrying it unchanged will fail again."""
+
+    code = "bad_request"
+
+
+class ConfigError(UserError):
+    code = "bad_config"
+
+
+class InvalidNameError(UserError):
+    code = "invalid_name"
+
+
+class QueueNotFoundError(UserError):
+    code = "queue_not_found"
+
+
+class QueueExistsError(UserError):
+    code = "queue_exists"
+
+
+class UnknownCommandError(UserError):
+    code = "unknown_command"
+
+
+class ProtocolError(UserError):
+    """A frame could not be decoded or does not follow the protocol."""
+
+    code = "malformed"
+
+
+class MessageTooLargeError(UserError):
+    code = "too_large"
+
+
+class UnavailableError(RoqError):
+    """The cluster cannot serve the request right now; retry later."""
+
+    code = "unavailable"
+
+
+class ZooKeeperUnavailableError(UnavailableError):
+    code = "zookeeper_unavailable"
+
+
+class NoLeaderError(UnavailableError):
+    code = "no_leader"
+
+
+class NotLeaderError(UnavailableError):
+    """Sent by a backup GCM; `leader` holds the current leader's endpoint if known."""
+
+    code = "not_leader"
+
+    def __init__(self, message: str, leader: str | None = None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class NoCapacityError(UnavailableError):
+    code = "no_capacity"
+
+
+class RequestTimeoutError(UnavailableError):
+    code = "timeout"
+
+
+class BackpressureError(UnavailableError):
+    """Too many unconfirmed messages for too long: the publisher refuses more."""
+
+    code = "backpressure"
+
+
+class FencedError(RoqError):
+    """A write was refused because another GCM was elected since ours."""
+
+    code = "fenced"
+
+
+ERRORS_BY_CODE: dict[str, type[RoqError]] = {
+    cls.code: cls
+    for cls in (
+        RoqError, UserError, ConfigError, InvalidNameError, QueueNotFoundError,
+        QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError,
+        UnavailableError, ZooKeeperUnavailableError, NoLeaderError, NotLeaderError,
+        NoCapacityError, RequestTimeoutError, BackpressureError, FencedError,
+    )
+}
+
+
+def error_from_code(code: str, message: str, leader: str | None = None) -> RoqError:
+    """Rebuild the exception a server reported, for the client side."""
+    cls = ERRORS_BY_CODE.get(code, RoqError)
+    if cls is NotLeaderError:
+        return NotLeaderError(message, leader)
+    err = cls(message)
+    err.code = code
+    return err

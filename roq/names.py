@@ -1,0 +1,37 @@
+"""Validation of the names users choose: queues, hosts, topics."""
+
+from __future__ import annotations
+
+import re
+
+from roq.errors import InvalidNameError
+
+# ZooKeeper-safe, shell-safe, and short enough to show in a table.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+MAX_TOPIC_BYTES = 255
+
+
+def check_queue_name(name: object) -> str:
+    return _check("queue", name)
+
+
+def check_host_name(name: object) -> str:
+    return _check("host", name)
+
+
+def _check(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+        raise InvalidNameError(
+            f"invalid {kind} name {name!r}: use 1-63 letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def check_topic(topic: object) -> bytes:
+    """Topics are byte strings (str is UTF-8 encoded), 1-255 bytes."""
+    if isinstance(topic, str):
+        topic = topic.encode()
+    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES:
+        raise InvalidNameError(f"invalid topic {topic!r}: must be 1-{MAX_TOPIC_BYTES} bytes")
+    return topic

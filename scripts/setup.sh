@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything RoQ needs on a Debian machine, idempotently:
+# Debian's zookeeper (and its Java), a virtualenv in .venv with RoQ and its extras.
+# Usage: scripts/setup.sh [extras]   (default extras: dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_updated=""
+apt_install() {
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+if [ -z "${ZOOKEEPER_HOME:-}" ] && [ ! -x /usr/share/zookeeper/bin/zkServer.sh ]; then
+  echo "setup: installing Debian's zookeeper package"
+  apt_install zookeeper
+  # The package's service is not wanted: RoQ starts its own servers on free ports.
+  (as_root service zookeeper stop >/dev/null 2>&1 || true)
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$python" -m venv .venv
+fi
+stamp=".venv/.roq-installed-$extras"
+if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+  echo "setup: installing RoQ into .venv (extras: $extras)"
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".[$extras]"
+  touch "$stamp"
+fi

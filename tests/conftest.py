@@ -1,0 +1,75 @@
+"""Shared fixtures: one real ZooKeeper per session, a fresh root per test,
+daemon processes that are always cleaned up, logs printed when a test fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from roq.config import Config
+from roq.paths import Paths
+from roq.testing import Processes, fast_config
+from roq.zk import start_client, stop_client
+from roq.zookeeper import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    return any(getattr(getattr(request.node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    try:
+        find_zookeeper()
+    except ZooKeeperNotInstalledError as exc:
+        if IN_CI:
+            pytest.fail(f"ZooKeeper is required in CI: {exc}")
+        pytest.skip(str(exc))
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def config(zookeeper: ZooKeeperServer) -> Config:
+    """A configuration of our own: a fresh ZooKeeper root and short timing knobs."""
+    return fast_config(zookeeper.connect_string)
+
+
+@pytest.fixture
+def zk(config: Config, request: pytest.FixtureRequest, zookeeper: ZooKeeperServer):  # type: ignore[no-untyped-def]
+    client = start_client(config)
+    yield client
+    if failed(request):
+        print("----- zookeeper log tail -----\n" + zookeeper.log_tail())
+    stop_client(client)
+
+
+@pytest.fixture
+def paths(config: Config) -> Paths:
+    return Paths(config.zk.root)
+
+
+@pytest.fixture
+def procs(config: Config, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Processes]:
+    processes = Processes(config, tmp_path / "daemons")
+    yield processes
+    processes.stop_all()
+    if failed(request):
+        print(processes.dump_logs())
+
+

@@ -1,0 +1,207 @@
+"""GCM election, failover, fencing and the control API against a real ZooKeeper."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from gcm.fence import LeaderFence
+from roq.client.admin import Admin
+from roq.errors import (FencedError, InvalidNameError, NotLeaderError, QueueExistsError,
+                        QueueNotFoundError, UnknownCommandError, UserError)
+from roq.protocol import decode_reply, encode_request
+from roq.state import read_exchanges, read_hosts, read_leader
+from roq.testing import wait_until
+from roq.zk import start_client, stop_client
+
+pytestmark = pytest.mark.integration
+
+
+def leader(zk, paths):  # type: ignore[no-untyped-def]
+    return read_leader(zk, paths)
+
+
+def test_leader_failover_keeps_every_queue(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    procs.gcm("gcm-b")
+    procs.hcm("host-1")
+    procs.hcm("host-2")
+    wait_until(lambda: leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="leader and hosts")
+    names = [f"q{i}" for i in range(6)]
+    with Admin(config, zk) as admin:
+        for i, name in enumerate(names):
+            admin.create_queue(name, exchanges=1 + i % 3)
+        before = {n: admin.describe_queue(n)["exchanges"] for n in names}
+        old = leader(zk, paths)
+        victim = next(n for n, p in procs.procs.items() if p.pid == old["pid"])
+        killed_at = time.monotonic()
+        procs.kill(victim, signal.SIGKILL)
+        new = wait_until(lambda: (l := leader(zk, paths)) and l["id"] != old["id"] and l,
+                         timeout=15, message="a backup to take over")
+        listed = wait_until(lambda: admin.list_queues(), timeout=10, message="queue list from the new leader")
+        took = time.monotonic() - killed_at
+        print(f"leader failover: {took:.2f}s from SIGKILL to a served queue list")
+        assert new["epoch"] > old["epoch"]
+        assert sorted(q["name"] for q in listed) == names
+        for name in names:
+            after = admin.describe_queue(name)["exchanges"]
+            assert [(x["id"], x["host"]) for x in after] == [(x["id"], x["host"]) for x in before[name]]
+
+
+def test_backup_answers_not_leader_with_the_leader_endpoint(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    procs.gcm("gcm-b")
+    current = wait_until(lambda: leader(zk, paths), message="a leader")
+    contenders = wait_until(lambda: len(zk.get_children(paths.election)) == 2 and zk.get_children(paths.election),
+                            message="both GCMs contending")
+    assert contenders
+    with Admin(config, zk) as admin:
+        election = zk.Election(paths.election)
+        import json
+        endpoints = [json.loads(c)["endpoint"] for c in election.contenders()]
+        backup = next(e for e in endpoints if e != current["endpoint"])
+        with pytest.raises(NotLeaderError) as info:
+            admin.request(backup, "queue.list", {}, timeout=5)
+        assert info.value.leader == current["endpoint"]
+        assert admin.request(backup, "ping", {}, timeout=5)["leader"] is False
+
+
+def test_fenced_leader_cannot_write(config, zk, paths):  # type: ignore[no-untyped-def]
+    from roq.zk import ensure_base_paths
+    ensure_base_paths(zk, paths)
+    other = start_client(config)
+    try:
+        old, new = LeaderFence(zk, paths), LeaderFence(other, paths)
+        old_epoch = old.claim({"id": "old"})
+        old.write(lambda t: t.create(paths.queue("by-old-while-leader"), b"{}"))
+        assert zk.exists(paths.queue("by-old-while-leader"))
+        new_epoch = new.claim({"id": "new"})
+        assert new_epoch == old_epoch + 1
+        with pytest.raises(FencedError):
+            old.write(lambda t: t.create(paths.queue("must-not-exist"), b"{}"))
+        assert not zk.exists(paths.queue("must-not-exist"))
+        assert read_leader(zk, paths)["id"] == "new"
+        new.write(lambda t: t.create(paths.queue("by-new"), b"{}"))
+        assert zk.exists(paths.queue("by-new"))
+    finally:
+        stop_client(other)
+
+
+def test_expired_leader_session_cannot_write(config, zk, paths):  # type: ignore[no-untyped-def]
+    from roq.zk import ensure_base_paths
+    ensure_base_paths(zk, paths)
+    victim = start_client(config)
+    fence = LeaderFence(victim, paths)
+    fence.claim({"id": "victim"})
+    # Expire the victim's session the way the kazoo test harness does: a second
+    # connection with the same session id and password, closed.
+    session_id, password = victim.client_id
+    from kazoo.client import KazooClient
+    twin = KazooClient(hosts=config.zk.hosts, client_id=(session_id, password))
+    twin.start()
+    twin.stop()
+    twin.close()
+    wait_until(lambda: read_leader(zk, paths) is None, message="the expired leader record to vanish")
+    successor = LeaderFence(zk, paths)
+    successor.claim({"id": "successor"})
+    with pytest.raises(Exception) as info:
+        fence.write(lambda t: t.create(paths.queue("from-the-grave"), b"{}"))
+    assert isinstance(info.value, (FencedError,)) or "Session" in type(info.value).__name__ \
+        or "Connection" in type(info.value).__name__
+    assert not zk.exists(paths.queue("from-the-grave"))
+    stop_client(victim)
+
+
+def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    procs.gcm("gcm-b")
+    old = wait_until(lambda: leader(zk, paths), message="a leader")
+    wait_until(lambda: len(zk.get_children(paths.election)) == 2, message="both contending")
+    victim = next(n for n, p in procs.procs.items() if p.pid == old["pid"])
+    procs.kill(victim, signal.SIGSTOP)  # like `docker pause`
+    new = wait_until(lambda: (l := leader(zk, paths)) and l["id"] != old["id"] and l, timeout=15,
+                     message="a backup to take over from the paused leader")
+    with Admin(config, zk) as admin:
+        admin.create_queue("after-pause")
+    procs.kill(victim, signal.SIGCONT)
+    with Admin(config, zk) as admin:
+        wait_until(lambda: admin.request(old["endpoint"], "ping", {}, timeout=2)["leader"] is False,
+                   timeout=15, message="the old leader to step down")
+        with pytest.raises(NotLeaderError):
+            admin.request(old["endpoint"], "queue.create", {"name": "by-old"}, timeout=5)
+        assert leader(zk, paths)["id"] == new["id"]
+        assert int(zk.get(paths.epoch)[0]) == new["epoch"]
+        assert [q["name"] for q in admin.list_queues()] == ["after-pause"]
+        wait_until(lambda: len(zk.get_children(paths.election)) == 2, timeout=15,
+                   message="the old leader to contend again")
+
+
+def test_control_api_survives_bad_input(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    endpoint = wait_until(lambda: leader(zk, paths), message="a leader")["endpoint"]
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+
+    def ask(*frames: bytes):  # type: ignore[no-untyped-def]
+        sock.send_multipart(list(frames))
+        assert sock.poll(5000), "no reply: the GCM went silent"
+        return decode_reply(sock.recv())
+
+    try:
+        garbage = [b"", b"\xc1\xc1", b"not msgpack at all", msgpack.packb([1, 2, 3]),
+                   msgpack.packb({"v": 99, "id": 1, "op": "queue.list"}),
+                   msgpack.packb({"v": 1, "id": "x", "op": "queue.list"}),
+                   msgpack.packb({"v": 1, "id": 2, "op": 42}),
+                   msgpack.packb({"v": 1, "id": 3, "op": "queue.list", "args": []})]
+        for frame in garbage:
+            reply = ask(frame)
+            assert not reply.ok and reply.code == "malformed", (frame, reply)
+        assert ask(b"a", b"b").code == "malformed"  # two frames in one message
+        cases = [("no.such.op", {}, UnknownCommandError.code),
+                 ("queue.create", {"name": "bad name!"}, InvalidNameError.code),
+                 ("queue.create", {"name": "../etc"}, InvalidNameError.code),
+                 ("queue.create", {"name": "ok", "exchanges": 0}, UserError.code),
+                 ("queue.create", {"name": "ok", "exchanges": "many"}, UserError.code),
+                 ("queue.create", {"name": "ok", "colour": "red"}, UserError.code),
+                 ("queue.create", {}, UserError.code),
+                 ("queue.describe", {"name": "missing"}, QueueNotFoundError.code),
+                 ("queue.delete", {"name": "missing"}, QueueNotFoundError.code)]
+        for i, (op, args, code) in enumerate(cases):
+            reply = ask(encode_request(100 + i, op, args))
+            assert not reply.ok and reply.code == code and reply.id == 100 + i, (op, args, reply)
+        ok = ask(encode_request(7, "queue.create", {"name": "good"}))
+        assert ok.ok and ok.result["name"] == "good"
+        dup = ask(encode_request(8, "queue.create", {"name": "good"}))
+        assert dup.code == QueueExistsError.code
+        assert procs.procs["gcm-a"].poll() is None
+    finally:
+        sock.close()
+        context.term()
+
+
+def test_queue_lifecycle_and_scaling(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    procs.hcm("host-1")
+    procs.hcm("host-2")
+    wait_until(lambda: leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="leader and hosts")
+    with Admin(config, zk) as admin:
+        info = admin.create_queue("orders", exchanges=2)
+        assert sorted(x["host"] for x in info["exchanges"]) == ["host-1", "host-2"]  # spread over hosts
+        wait_until(lambda: all(x.live for x in read_exchanges(zk, paths, "orders")), message="exchanges live")
+        admin.scale_queue("orders", 3)
+        wait_until(lambda: len([x for x in read_exchanges(zk, paths, "orders") if x.live]) == 3,
+                   message="the third exchange live")
+        admin.scale_queue("orders", 1)
+        wait_until(lambda: [x.id for x in read_exchanges(zk, paths, "orders")] == ["x1"], message="scaled in")
+        admin.delete_queue("orders")
+        assert admin.list_queues() == []
+        wait_until(lambda: not zk.exists(paths.live_queue("orders")) or not zk.get_children(paths.live_queue("orders")),
+                   message="exchanges stopped")
+        for host in ("host-1", "host-2"):
+            assert zk.get_children(paths.host_assignments(host)) == []
