@@ -45,8 +45,10 @@ BATCH_BYTES = 4 << 20  # a batch frame stays well under exchange.max_batch_bytes
 
 class Publisher:
     def __init__(self, queue: str, config: Config, zk: KazooClient | None = None,
-                 publisher_id: str | None = None) -> None:
+                 publisher_id: str | None = None, prefer: str | None = None) -> None:
+        """`prefer` names an exchange id to use while it runs (default: least loaded)."""
         self.config = config
+        self.prefer = prefer
         self.queue = queue
         self.id = publisher_id or f"p-{uuid.uuid4().hex[:12]}"
         self._own_zk = zk is None
@@ -240,6 +242,8 @@ class Publisher:
         live = self.topology.snapshot()
         if not live:
             return None
+        if self.prefer in live:
+            return self.prefer, live[self.prefer]["pub"]
 
         def load(item: tuple[str, dict[str, Any]]) -> tuple[float, float]:
             stats = item[1].get("stats") or {}

@@ -1,0 +1,99 @@
+"""The `roq` command as a user meets it: clear one-line errors, the local cluster, failover."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roq.testing import wait_until
+from roq.zookeeper import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def roq(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+        timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "roq.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("roq: error:"), result.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def config_file(tmp_path: Path, config) -> Path:  # type: ignore[no-untyped-def]
+    path = tmp_path / "roq.toml"
+    path.write_text(config.replace(client={"request_timeout": 2.0}).to_toml())
+    return path
+
+
+def test_zookeeper_unreachable(tmp_path):  # type: ignore[no-untyped-def]
+    result = roq("--set", f"zk.hosts=127.0.0.1:{free_port()}", "--set", "zk.connect_timeout=1",
+                 "queue", "list", cwd=tmp_path)
+    assert_one_line_error(result, 3, "cannot reach ZooKeeper")
+
+
+def test_no_leader_yet(tmp_path, config, zk):  # type: ignore[no-untyped-def]
+    result = roq("--config", str(config_file(tmp_path, config)), "queue", "list", cwd=tmp_path)
+    assert_one_line_error(result, 3, "no GCM leader")
+
+
+def test_user_mistakes(tmp_path, config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    from roq.state import read_leader
+    procs.gcm("gcm-0")
+    wait_until(lambda: read_leader(zk, paths), message="a leader")
+    cfg = str(config_file(tmp_path, config))
+    assert_one_line_error(roq("--config", cfg, "queue", "create", "bad name!", cwd=tmp_path), 1, "invalid queue name")
+    assert_one_line_error(roq("--config", cfg, "queue", "show", "nope", cwd=tmp_path), 1, "does not exist")
+    assert_one_line_error(roq("--config", cfg, "queue", "delete", "nope", cwd=tmp_path), 1, "does not exist")
+    assert_one_line_error(roq("--config", cfg, "queue", "create", "q", "-x", "0", cwd=tmp_path), 1, "exchanges")
+    assert_one_line_error(roq("--set", "zk.nonsense=1", "config", "show", cwd=tmp_path), 1, "unknown key zk.nonsense")
+    assert_one_line_error(roq("--set", "zk.session_timeout=soon", "config", "show", cwd=tmp_path), 1, "must be float")
+    assert roq("--config", cfg, "queue", "create", "q", cwd=tmp_path).returncode == 0
+    assert_one_line_error(roq("--config", cfg, "queue", "create", "q", cwd=tmp_path), 1, "already exists")
+    assert json.loads(roq("--config", cfg, "queue", "list", "--json", cwd=tmp_path).stdout)[0]["name"] == "q"
+
+
+def test_config_show_layers(tmp_path):  # type: ignore[no-untyped-def]
+    (tmp_path / "c.toml").write_text('[zk]\nhosts = "zk1:2181"\n[hcm]\ncapacity = 3\n')
+    result = roq("--config", str(tmp_path / "c.toml"), "--set", "hcm.capacity=5", "config", "show",
+                 cwd=tmp_path, env={"ROQ_GCM_TICK": "0.5"})
+    assert result.returncode == 0, result.stderr
+    assert 'hosts = "zk1:2181"' in result.stdout and "capacity = 5" in result.stdout and "tick = 0.5" in result.stdout
+
+
+def test_local_cluster_survives_killing_the_leader(tmp_path):  # type: ignore[no-untyped-def]
+    """The issue's acceptance path: cluster up, queue create, SIGKILL the leader, queue list."""
+    env = {"ROQ_ZK_SESSION_TIMEOUT": "2"}
+    try:
+        up = roq("cluster", "up", cwd=tmp_path, env=env)
+        assert up.returncode == 0, up.stderr
+        assert roq("queue", "create", "q1", cwd=tmp_path, env=env).returncode == 0
+        status = json.loads(roq("cluster", "status", "--json", cwd=tmp_path, env=env).stdout)
+        assert len(status["gcms"]) == 2 and len(status["hosts"]) == 2
+        os.kill(status["leader"]["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        listed = roq("queue", "list", "--json", cwd=tmp_path, env=env)
+        took = time.monotonic() - killed
+        assert listed.returncode == 0, listed.stderr
+        assert [q["name"] for q in json.loads(listed.stdout)] == ["q1"]
+        new = json.loads(roq("cluster", "status", "--json", cwd=tmp_path, env=env).stdout)
+        assert new["leader"]["pid"] != status["leader"]["pid"]
+        print(f"`roq queue list` answered by the backup {took:.2f}s after SIGKILL of the leader")
+        assert_one_line_error(roq("cluster", "up", cwd=tmp_path, env=env), 1, "already running")
+    finally:
+        down = roq("cluster", "down", cwd=tmp_path)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    state = tmp_path / ".roq" / "cluster" / "cluster.json"
+    assert not state.exists()

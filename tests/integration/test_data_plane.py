@@ -1,0 +1,238 @@
+"""Publishers → exchanges → subscribers through a real cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from roq import protocol
+from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.state import read_hosts, read_leader, read_live
+from roq.testing import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-0")
+    procs.hcm("host-1")
+    procs.hcm("host-2")
+    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="cluster")
+    return procs
+
+
+def create(config, zk, paths, name, exchanges):  # type: ignore[no-untyped-def]
+    with Admin(config, zk) as admin:
+        admin.create_queue(name, exchanges=exchanges)
+    wait_until(lambda: len(read_live(zk, paths, name)) == exchanges, timeout=15, message="exchanges live")
+
+
+def test_two_publishers_two_subscribers_exactly_once_in_order(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "q", 2)
+    per_publisher = 50_000
+    subs = [Subscriber("q", config, zk=zk) for _ in range(2)]
+    pubs = [Publisher("q", config, zk=zk, prefer=x) for x in ("x1", "x2")]
+    try:
+        for sub in subs:
+            sub.wait_connected(2)
+        for pub in pubs:
+            pub.wait_for_subscribers(2)
+
+        def run(pub: Publisher) -> None:
+            for i in range(per_publisher):
+                pub.publish("t", i.to_bytes(4, "big"))
+            pub.flush(60)
+
+        threads = [threading.Thread(target=run, args=(p,)) for p in pubs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for sub in subs:
+            got: dict[str, list[int]] = {p.id: [] for p in pubs}
+            while sum(map(len, got.values())) < 2 * per_publisher:
+                msg = sub.receive(timeout=10)
+                assert msg is not None, f"stalled at {sum(map(len, got.values()))} messages"
+                got[msg.publisher].append(int.from_bytes(msg.payload, "big"))
+            for ids in got.values():
+                assert ids == list(range(per_publisher))  # each once, in publisher order
+            assert sub.receive(timeout=0.3) is None
+        assert all(p.confirmed == per_publisher for p in pubs)
+    finally:
+        for p in pubs:
+            p.close(timeout=0)
+        for s in subs:
+            s.close()
+
+
+def test_running_subscriber_joins_a_new_exchange(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "grow", 1)
+    with Subscriber("grow", config, zk=zk) as sub:
+        sub.wait_connected(1)
+        with Admin(config, zk) as admin:
+            admin.scale_queue("grow", 2)
+        wait_until(lambda: len(read_live(zk, paths, "grow")) == 2, timeout=15, message="x2 live")
+        sub.wait_connected(2)
+        with Publisher("grow", config, zk=zk, prefer="x2") as pub:
+            pub.wait_for_subscribers(1)
+            assert pub.exchange == "x2"
+            pub.publish("t", b"via-x2")
+            pub.flush(10)
+        msg = sub.receive(timeout=10)
+        assert msg is not None and msg.payload == b"via-x2" and msg.exchange == "x2"
+
+
+def test_topic_prefix_filtering(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "topics", 1)
+    with Subscriber("topics", config, zk=zk, topics=["eu."]) as sub, Publisher("topics", config, zk=zk) as pub:
+        sub.wait_connected(1)
+        pub.wait_for_subscribers(1)
+        for topic in ("us.ny", "eu.fr", "asia", "eu.de"):
+            pub.publish(topic, topic.encode())
+        pub.flush(10)
+        got = [sub.receive(timeout=5), sub.receive(timeout=5)]
+        assert [m.topic for m in got if m] == [b"eu.fr", b"eu.de"]
+        assert sub.receive(timeout=0.3) is None
+
+
+def test_publisher_moves_when_its_exchange_dies(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    import os
+    import signal
+    create(config, zk, paths, "move", 2)
+    with Subscriber("move", config, zk=zk) as sub, Publisher("move", config, zk=zk, prefer="x1") as pub:
+        sub.wait_connected(2)
+        pub.wait_for_subscribers(1)
+        for i in range(1000):
+            pub.publish("t", str(i).encode())
+        pub.flush(10)
+        pub.prefer = None
+        os.kill(read_live(zk, paths, "move")["x1"]["pid"], signal.SIGKILL)
+        wait_until(lambda: pub.exchange == "x2", timeout=10, message="the publisher to move to x2")
+        for i in range(1000, 2000):
+            pub.publish("t", str(i).encode())
+        pub.flush(10)
+        got = []
+        while len(got) < 2000:
+            msg = sub.receive(timeout=10)
+            assert msg is not None, f"stalled after {len(got)}"
+            got.append(int(msg.payload))
+        assert got == list(range(2000))
+        assert pub.moves >= 1
+
+
+# ------------------------------------------------------------------ hostile input
+
+
+@pytest.fixture(scope="module")
+def lone_exchange(zookeeper):  # type: ignore[no-untyped-def]
+    """An exchange process on its own (no HCM), with a small message limit."""
+    from roq.testing import fast_config
+    cfg = fast_config(zookeeper.connect_string).replace(exchange={"max_message_bytes": 1024,
+                                                                  "max_batch_bytes": 65536})
+    proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", "fuzz", "--id", "x1",
+                             "--config-json", cfg.to_json(), "--no-watch-stdin"],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    assert ready["event"] == "ready"
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    yield proc, ready
+    proc.kill()
+    proc.wait()
+
+
+def _round_trip(ready, context, tag: bytes) -> None:  # type: ignore[no-untyped-def]
+    """A well-behaved publisher and subscriber still work."""
+    sub = context.socket(zmq.SUB)
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"ok")
+    sub.connect(ready["sub"])
+    pub = context.socket(zmq.DEALER)
+    pub.linger = 0
+    pub.connect(ready["pub"])
+    try:
+        pid = "probe-" + tag.hex()
+        seq = 1
+        deadline_tries = 200
+        while deadline_tries:
+            pub.send(protocol.encode_batch(pid, seq, 0, [b"ok", tag]))
+            assert pub.poll(5000), "exchange stopped answering"
+            reply = msgpack.unpackb(pub.recv())
+            assert reply[0] == "ack" and reply[2] == seq
+            if sub.poll(50):
+                topic, body = sub.recv_multipart()
+                assert topic == b"ok" and protocol.decode_delivery(body)[4] == [tag]
+                return
+            seq += 1
+            deadline_tries -= 1
+        raise AssertionError("subscriber never got a message")
+    finally:
+        pub.close()
+        sub.close()
+
+
+ints = st.integers(min_value=-2**63, max_value=2**64 - 1)  # what msgpack can encode
+frames = st.one_of(
+    st.binary(max_size=300),
+    st.builds(msgpack.packb, st.recursive(
+        st.none() | st.booleans() | ints | st.text(max_size=20) | st.binary(max_size=50),
+        lambda kids: st.lists(kids, max_size=6) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+        max_leaves=20)),
+    st.builds(lambda kind, pid, seq, flat: msgpack.packb([kind, 1, pid, seq, 0, flat]),
+              st.sampled_from(["batch", "hello", "bye", "nope"]), st.text(max_size=10),
+              st.integers(min_value=-5, max_value=2**64 - 1),
+              st.lists(st.one_of(st.binary(max_size=2000), st.text(max_size=5), ints), max_size=8)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(st.lists(frames, min_size=1, max_size=3), min_size=1, max_size=5))
+def test_random_frames_never_break_an_exchange(lone_exchange, batch):  # type: ignore[no-untyped-def]
+    proc, ready = lone_exchange
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(ready["pub"])
+    try:
+        for message in batch:
+            sock.send_multipart(message)
+    finally:
+        sock.close()
+    assert proc.poll() is None
+
+
+def test_exchange_forwards_after_the_fuzzing(lone_exchange):  # type: ignore[no-untyped-def]
+    proc, ready = lone_exchange
+    _round_trip(ready, zmq.Context.instance(), b"after-fuzz")
+    assert proc.poll() is None
+
+
+def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type: ignore[no-untyped-def]
+    proc, ready = lone_exchange
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(ready["pub"])
+    try:
+        sock.send(protocol.encode_batch("rejects", 1, 0, [b"ok", b"small", b"ok", b"x" * 2000, b"", b"no-topic"]))
+        replies = []
+        while len(replies) < 3 and sock.poll(5000):
+            replies.append(msgpack.unpackb(sock.recv()))
+        kinds = [(r[0], r[2]) for r in replies]
+        assert ("reject", 2) in kinds and ("reject", 3) in kinds and ("ack", 3) in kinds
+        codes = {r[2]: r[3] for r in replies if r[0] == "reject"}
+        assert codes == {2: "too_large", 3: "invalid_name"}
+    finally:
+        sock.close()
+    _round_trip(ready, context, b"after-rejects")

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gcm.placement import HostLoad, choose_hosts, host_loads
+
+
+def test_least_loaded_first() -> None:
+    hosts = [HostLoad("a", 4, 3), HostLoad("b", 4, 1), HostLoad("c", 4, 2)]
+    assert choose_hosts(2, hosts) == ["b", "b"] or choose_hosts(2, hosts) == ["b", "c"]
+    assert choose_hosts(1, hosts) == ["b"]
+
+
+def test_spreads_a_queue_before_loading() -> None:
+    hosts = [HostLoad("a", 8, 0), HostLoad("b", 8, 5)]
+    assert choose_hosts(2, hosts) == ["a", "b"]  # distinct hosts first, for availability
+    assert choose_hosts(1, hosts, {"a": 1}) == ["b"]
+
+
+def test_capacity_is_honoured() -> None:
+    hosts = [HostLoad("a", 1, 1), HostLoad("b", 2, 0)]
+    assert choose_hosts(5, hosts) == ["b", "b"]
+    assert choose_hosts(1, [HostLoad("a", 1, 1)]) == []
+
+
+def test_host_loads_counts_only_live_hosts() -> None:
+    loads = host_loads({"a": 2, "b": 3}, ["a", "a", "gone", None, "b"])
+    assert loads == [HostLoad("a", 2, 2), HostLoad("b", 3, 1)]
+
+
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 5)), min_size=0, max_size=6), st.integers(0, 30))
+def test_never_over_capacity(specs, count) -> None:  # type: ignore[no-untyped-def]
+    hosts = [HostLoad(f"h{i}", cap, min(used, cap)) for i, (cap, used) in enumerate(specs)]
+    picks = choose_hosts(count, hosts)
+    free = sum(h.capacity - h.assigned for h in hosts)
+    assert len(picks) == min(count, free)
+    for h in hosts:
+        assert h.assigned + picks.count(h.name) <= h.capacity

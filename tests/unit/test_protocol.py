@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gcm.api import ControlServer
+from roq import protocol
+from roq.errors import InvalidNameError, ProtocolError, QueueNotFoundError, error_from_code
+from roq.names import check_queue_name, check_topic
+
+
+def test_request_round_trip() -> None:
+    req = protocol.decode_request(protocol.encode_request(5, "queue.create", {"name": "q"}))
+    assert (req.id, req.op, req.args) == (5, "queue.create", {"name": "q"})
+
+
+@pytest.mark.parametrize("frame", [b"", b"\xc1", msgpack.packb([]), msgpack.packb({"v": 2, "id": 1, "op": "x"}),
+                                   msgpack.packb({"v": 1, "id": True, "op": "x"}),
+                                   msgpack.packb({"v": 1, "id": 1, "op": "x", "args": 3})])
+def test_bad_requests(frame: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        protocol.decode_request(frame)
+
+
+def test_errors_keep_their_code_across_the_wire() -> None:
+    reply = protocol.decode_reply(protocol.encode_error(3, QueueNotFoundError("queue 'x' does not exist")))
+    err = error_from_code(reply.code, reply.message, reply.leader)
+    assert isinstance(err, QueueNotFoundError) and reply.id == 3 and "does not exist" in str(err)
+
+
+def test_batch_round_trip_and_validation() -> None:
+    kind, batch = protocol.decode_publisher_frame(protocol.encode_batch("p", 7, 1, [b"t", b"x"]), 1 << 20)
+    assert kind == "batch" and batch.first_seq == 7 and batch.flat == [b"t", b"x"]
+    for bad in ([1], ["batch", 1, "p", 0, 1, []], ["batch", 1, "p", 1, 1, [b"odd"]], ["zzz", 1, "p"],
+                ["hello", 9, "p"], ["hello", 1, ""]):
+        with pytest.raises(ProtocolError):
+            protocol.decode_publisher_frame(msgpack.packb(bad), 1 << 20)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        protocol.decode_publisher_frame(b"x" * 100, 10)
+
+
+def test_names() -> None:
+    assert check_queue_name("orders-eu.1") == "orders-eu.1"
+    for bad in ("", "-x", "a/b", "a~b", "..", "x" * 64, 3, None):
+        with pytest.raises(InvalidNameError):
+            check_queue_name(bad)
+    assert check_topic("t") == b"t"
+    for bad in ("", b"x" * 256, 5):
+        with pytest.raises(InvalidNameError):
+            check_topic(bad)
+
+
+def _route(op: str):  # type: ignore[no-untyped-def]
+    if op == "boom":
+        return lambda args: 1 / 0
+    if op == "echo":
+        return lambda args: args
+    raise InvalidNameError("nope")
+
+
+@given(st.binary(max_size=200))
+def test_dispatch_always_answers(frame: bytes) -> None:
+    server = ControlServer.__new__(ControlServer)  # dispatch needs no socket
+    server._route, server.errors = _route, 0
+    reply = protocol.decode_reply(server.dispatch(frame))
+    assert isinstance(reply.ok, bool)
+
+
+def test_dispatch_reports_internal_errors_and_keeps_ids() -> None:
+    server = ControlServer.__new__(ControlServer)
+    server._route, server.errors = _route, 0
+    reply = protocol.decode_reply(server.dispatch(protocol.encode_request(9, "boom")))
+    assert not reply.ok and reply.code == "internal" and reply.id == 9
+    reply = protocol.decode_reply(server.dispatch(protocol.encode_request(10, "echo", {"a": 1})))
+    assert reply.ok and reply.result == {"a": 1}
