@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from roq.names import MAX_TOPIC_BYTES
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+TOPIC_TRACK_LIMIT = 100_000  # (publisher, topic) pairs remembered for prev_seq; oldest forgotten first
 
 
 class Forwarder:
@@ -39,6 +41,7 @@ class Forwarder:
         self.stats = ExchangeStats()
         self.last_seq: dict[str, int] = {}
         self.routes: dict[str, bytes] = {}  # publisher id → routing id, to send control
+        self.topic_last: OrderedDict[tuple[str, bytes], int] = OrderedDict()  # for prev_seq
         self.front = context.socket(zmq.ROUTER)
         self.front.linger = 0
         self.front.rcvhwm = config.pub_hwm
@@ -152,7 +155,12 @@ class Forwarder:
         self._reply(ident, [protocol.ACK, protocol.VERSION, max(newest, last), self.stats.subscriptions])
 
     def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes]) -> None:
-        body = protocol.encode_delivery(self.exchange_id, pub, sent_ns, seqs, payloads)
+        key = (pub, topic)
+        prev = self.topic_last.pop(key, 0)
+        self.topic_last[key] = seqs[-1]
+        if len(self.topic_last) > TOPIC_TRACK_LIMIT:
+            self.topic_last.popitem(last=False)
+        body = protocol.encode_delivery(self.exchange_id, pub, sent_ns, prev, seqs, payloads)
         self.back.send_multipart([topic, body])
         self.stats.totals.msgs_out += len(seqs)
         self.stats.totals.frames_out += 1

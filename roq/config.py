@@ -63,7 +63,7 @@ class HcmConfig:
 class ExchangeConfig:
     max_message_bytes: int = 1 << 20
     max_batch_bytes: int = 16 << 20
-    sub_hwm: int = 10_000  # per-subscriber queued frames before XPUB drops (counted)
+    sub_hwm: int = 1_000  # frames queued per subscriber before XPUB drops for it (seen as gaps)
     pub_hwm: int = 10_000
     stats_interval: float = 1.0
 
@@ -73,6 +73,7 @@ class ClientConfig:
     request_timeout: float = 10.0  # control API round trip, leader lookup included
     max_unconfirmed: int = 50_000  # messages in flight before publish() blocks
     max_batch: int = 2_000  # messages per batch frame
+    max_batch_bytes: int = 256 << 10  # bytes per batch frame; bounds what a slow subscriber can pin
     publish_timeout: float = 30.0  # how long publish() blocks under backpressure
     confirm_timeout: float = 5.0  # no confirm this long → move to another exchange
 
@@ -243,7 +244,7 @@ def _validate(c: Config) -> None:
         ("hcm.stop_grace", c.hcm.stop_grace), ("exchange.max_message_bytes", c.exchange.max_message_bytes),
         ("exchange.sub_hwm", c.exchange.sub_hwm), ("exchange.stats_interval", c.exchange.stats_interval),
         ("client.request_timeout", c.client.request_timeout), ("client.max_unconfirmed", c.client.max_unconfirmed),
-        ("client.max_batch", c.client.max_batch), ("client.publish_timeout", c.client.publish_timeout),
+        ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes), ("client.publish_timeout", c.client.publish_timeout),
         ("client.confirm_timeout", c.client.confirm_timeout),
         ("cluster.gcms", c.cluster.gcms), ("cluster.hcms", c.cluster.hcms),
     ):

@@ -120,7 +120,9 @@ def decode_reply(frame: bytes) -> Reply:
 #   ["error", v, code, message]         the frame was refused as a whole
 #   ["move", v, reason]                 please publish to another exchange of the queue
 # Exchange → subscriber (XPUB → SUB), two frames:
-#   topic, [v, exchange_id, publisher_id, sent_ns, [seq, ...], [payload, ...]]
+#   topic, [v, exchange_id, publisher_id, sent_ns, prev_seq, [seq, ...], [payload, ...]]
+#   prev_seq: the publisher's previous seq on this topic through this exchange (0 = unknown),
+#   so a subscriber can tell that frames of a topic it follows were dropped.
 
 HELLO, BATCH, BYE = "hello", "batch", "bye"
 WELCOME, ACK, REJECT, ERROR, MOVE = "welcome", "ack", "reject", "error", "move"
@@ -170,19 +172,32 @@ def encode_bye(publisher: str) -> bytes:
     return pack([BYE, VERSION, publisher])
 
 
-def encode_delivery(exchange_id: str, publisher: str, sent_ns: int,
+@dataclass(frozen=True)
+class Delivery:
+    exchange: str
+    publisher: str
+    sent_ns: int
+    prev_seq: int
+    seqs: list[int]
+    payloads: list[bytes]
+
+
+def encode_delivery(exchange_id: str, publisher: str, sent_ns: int, prev_seq: int,
                     seqs: list[int], payloads: list[bytes]) -> bytes:
-    return pack([VERSION, exchange_id, publisher, sent_ns, seqs, payloads])
+    return pack([VERSION, exchange_id, publisher, sent_ns, prev_seq, seqs, payloads])
 
 
-def decode_delivery(frame: bytes) -> tuple[str, str, int, list[int], list[bytes]]:
-    msg = msgpack.unpackb(frame, raw=False)
-    if not isinstance(msg, list) or len(msg) != 6 or msg[0] != VERSION:
-        raise ProtocolError("delivery must be [v, exchange, publisher, sent_ns, seqs, payloads]")
-    _, exchange_id, publisher, sent_ns, seqs, payloads = msg
+def decode_delivery(frame: bytes) -> Delivery:
+    try:
+        msg = msgpack.unpackb(frame, raw=False)
+    except Exception:
+        raise ProtocolError("delivery is not valid msgpack") from None
+    if not isinstance(msg, list) or len(msg) != 7 or msg[0] != VERSION:
+        raise ProtocolError("delivery must be [v, exchange, publisher, sent_ns, prev_seq, seqs, payloads]")
+    _, exchange_id, publisher, sent_ns, prev_seq, seqs, payloads = msg
     if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length")
-    return exchange_id, publisher, sent_ns, seqs, payloads
+    return Delivery(exchange_id, publisher, sent_ns, prev_seq, seqs, payloads)
 
 
 def decode_exchange_reply(frame: bytes) -> list[Any]:

@@ -40,7 +40,6 @@ from roq.zk import start_client, stop_client
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 2  # batches sent but not yet acked; 2 overlaps one round trip
-BATCH_BYTES = 4 << 20  # a batch frame stays well under exchange.max_batch_bytes
 
 
 class Publisher:
@@ -267,7 +266,7 @@ class Publisher:
                     flat.append(topic)
                     flat.append(payload)
                     size += len(payload) + len(topic)
-                    if size >= BATCH_BYTES:
+                    if size >= self.config.client.max_batch_bytes:
                         end = i + 1
                         break
                 last_seq = first_seq + (end - start) - 1

@@ -58,10 +58,11 @@ class Subscriber:
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         self._inbox: queue_module.Queue[Message] = queue_module.Queue(HANDOFF_LIMIT)
-        self._last_seq: dict[str, int] = {}
+        self._last_seq: dict[str, int] = {}  # publisher → highest seq delivered (dedup)
+        self._topic_last: dict[tuple[str, bytes], int] = {}  # (publisher, topic) → last seq seen
         self.received = 0
         self.duplicates = 0
-        self.gaps = 0  # sequence jumps seen; with topic filters these are expected
+        self.gaps = 0  # deliveries of a followed topic that never arrived (dropped for slowness)
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
@@ -181,23 +182,24 @@ class Subscriber:
             except ValueError:
                 continue  # not two frames: not from an exchange
             try:
-                exchange, publisher, sent_ns, seqs, payloads = protocol.decode_delivery(body)
-            except (ProtocolError, ValueError, TypeError) as exc:
+                delivery = protocol.decode_delivery(body)
+            except ProtocolError as exc:
                 log.warning("dropping an undecodable delivery: %s", exc)
                 continue
-            self._deliver(topic, exchange, publisher, sent_ns, seqs, payloads)
+            self._deliver(topic, delivery)
 
-    def _deliver(self, topic: bytes, exchange: str, publisher: str, sent_ns: int,
-                 seqs: list[int], payloads: list[bytes]) -> None:
+    def _deliver(self, topic: bytes, d: protocol.Delivery) -> None:
+        publisher = d.publisher
         last = self._last_seq.get(publisher, 0)
-        for seq, payload in zip(seqs, payloads):
+        topic_last = self._topic_last.get((publisher, topic))
+        if d.prev_seq and topic_last is not None and topic_last < d.prev_seq:
+            self.gaps += 1  # frames of this topic never reached us (slow-subscriber drop)
+        for seq, payload in zip(d.seqs, d.payloads):
             if seq <= last:
                 self.duplicates += 1
                 continue
-            if seq != last + 1 and last:
-                self.gaps += 1
             last = seq
-            msg = Message(topic, payload, publisher, seq, exchange, sent_ns)
+            msg = Message(topic, payload, publisher, seq, d.exchange, d.sent_ns)
             self.received += 1
             if self.callback:
                 self.callback(msg)
@@ -209,3 +211,5 @@ class Subscriber:
                     except queue_module.Full:
                         continue
         self._last_seq[publisher] = last
+        if d.seqs:
+            self._topic_last[(publisher, topic)] = max(d.seqs[-1], topic_last or 0)

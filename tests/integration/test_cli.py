@@ -97,3 +97,30 @@ def test_local_cluster_survives_killing_the_leader(tmp_path):  # type: ignore[no
     assert down.returncode == 0 and "stopped" in down.stdout
     state = tmp_path / ".roq" / "cluster" / "cluster.json"
     assert not state.exists()
+
+
+def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    from roq.client.admin import Admin
+    from roq.state import read_hosts, read_leader, read_live
+    procs.gcm("gcm-0")
+    procs.hcm("host-1")
+    wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="cluster")
+    with Admin(config, zk) as admin:
+        admin.create_queue("lines")
+    wait_until(lambda: read_live(zk, paths, "lines"), message="exchange live")
+    cfg = str(config_file(tmp_path, config))
+    sub = subprocess.Popen([sys.executable, "-m", "roq.cli", "--config", cfg, "subscribe", "lines",
+                            "-t", "greetings", "--count", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # Wait until the subscriber's subscription reached the exchange (its stats count it).
+        wait_until(lambda: read_live(zk, paths, "lines")["x1"]["stats"].get("subscriptions", 0) >= 1,
+                   message="the subscription to arrive")
+        (tmp_path / "in.txt").write_text("hello\nbonjour\nhallo\n")
+        pub = roq("--config", cfg, "publish", "lines", "-t", "greetings", "-f", str(tmp_path / "in.txt"))
+        assert pub.returncode == 0 and "published 3 messages" in pub.stderr, pub.stderr
+        out, err = sub.communicate(timeout=30)
+    finally:
+        sub.kill()
+    assert out.decode().splitlines() == ["greetings\thello", "greetings\tbonjour", "greetings\thallo"]
+    assert "received 3 messages" in err.decode()
+    assert_one_line_error(roq("--config", cfg, "publish", "nope", cwd=tmp_path), 1, "does not exist")

@@ -172,7 +172,7 @@ def _round_trip(ready, context, tag: bytes) -> None:  # type: ignore[no-untyped-
             assert reply[0] == "ack" and reply[2] == seq
             if sub.poll(50):
                 topic, body = sub.recv_multipart()
-                assert topic == b"ok" and protocol.decode_delivery(body)[4] == [tag]
+                assert topic == b"ok" and protocol.decode_delivery(body).payloads == [tag]
                 return
             seq += 1
             deadline_tries -= 1
@@ -236,3 +236,46 @@ def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type
     finally:
         sock.close()
     _round_trip(ready, context, b"after-rejects")
+
+
+def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path):  # type: ignore[no-untyped-def]
+    import psutil
+    from roq.testing import Processes
+    small = config.replace(exchange={"sub_hwm": 50})
+    procs = Processes(small, tmp_path / "slow")
+    try:
+        procs.gcm("gcm-0")
+        procs.hcm("host-1")
+        wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="cluster")
+        create(small, zk, paths, "slow", 1)
+        live = read_live(zk, paths, "slow")["x1"]
+        exchange = psutil.Process(live["pid"])
+        context = zmq.Context.instance()
+        stuck = context.socket(zmq.SUB)  # subscribes, then never reads
+        stuck.linger = 0
+        stuck.rcvhwm = 10
+        stuck.setsockopt(zmq.RCVBUF, 4096)
+        stuck.setsockopt(zmq.SUBSCRIBE, b"")
+        stuck.connect(live["sub"])
+        total, payload = 100_000, b"x" * 1000
+        with Subscriber("slow", small, zk=zk) as fast, Publisher("slow", small, zk=zk) as pub:
+            fast.wait_connected(1)
+            pub.wait_for_subscribers(2)
+            rss_before = exchange.memory_info().rss
+            peak = rss_before
+            for i in range(total):
+                pub.publish("t", payload)
+                if i % 5000 == 0:
+                    peak = max(peak, exchange.memory_info().rss)
+            pub.flush(60)
+            got = 0
+            while got < total:
+                assert fast.receive(timeout=10) is not None, f"fast subscriber stalled at {got}"
+                got += 1
+            peak = max(peak, exchange.memory_info().rss)
+        growth = (peak - rss_before) / 1e6
+        print(f"exchange RSS growth with a stuck subscriber: {growth:.1f} MB for {total * len(payload) / 1e6:.0f} MB sent")
+        assert growth < 60, f"exchange grew by {growth:.1f} MB"
+        stuck.close()
+    finally:
+        procs.stop_all()
