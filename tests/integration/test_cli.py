@@ -124,3 +124,11 @@ def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):  # 
     assert out.decode().splitlines() == ["greetings\thello", "greetings\tbonjour", "greetings\thallo"]
     assert "received 3 messages" in err.decode()
     assert_one_line_error(roq("--config", cfg, "publish", "nope", cwd=tmp_path), 1, "does not exist")
+
+
+def test_demo_round_trip(tmp_path):  # type: ignore[no-untyped-def]
+    """The README's main job, small: starts its own cluster, delivers everything, stops it."""
+    result = roq("demo", "-n", "3000", cwd=tmp_path, env={"ROQ_ZK_SESSION_TIMEOUT": "2"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "delivered 3000" in result.stderr and "lost 0" in result.stderr
+    assert not (tmp_path / ".roq" / "cluster" / "cluster.json").exists()
