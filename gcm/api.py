@@ -15,9 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from roq.errors import (ProtocolError, RoqError, UnavailableError, UnknownCommandError,
-                        UserError)
+                        UserError, ZooKeeperUnavailableError)
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,10 @@ class ControlServer:
             self.errors += 1
             log.warning("request failed: %s", err)
             return encode_error(req_id, err)
+        except (KazooException, KazooTimeoutError) as err:
+            self.errors += 1
+            return encode_error(req_id, ZooKeeperUnavailableError(
+                f"ZooKeeper is unavailable ({type(err).__name__}); retry when it has a quorum"))
         except Exception as err:  # keep serving whatever a handler does
             self.errors += 1
             log.exception("internal error while serving a request")

@@ -76,6 +76,10 @@ class ClientConfig:
     max_batch_bytes: int = 256 << 10  # bytes per batch frame; bounds what a slow subscriber can pin
     publish_timeout: float = 30.0  # how long publish() blocks under backpressure
     confirm_timeout: float = 5.0  # no confirm this long → move to another exchange
+    # Confirmed messages kept for resending after a move: an exchange that dies may have
+    # confirmed messages its subscribers never got. Must outlast failure detection.
+    replay_seconds: float = 15.0
+    replay_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,7 @@ def _validate(c: Config) -> None:
         ("exchange.sub_hwm", c.exchange.sub_hwm), ("exchange.stats_interval", c.exchange.stats_interval),
         ("client.request_timeout", c.client.request_timeout), ("client.max_unconfirmed", c.client.max_unconfirmed),
         ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes), ("client.publish_timeout", c.client.publish_timeout),
-        ("client.confirm_timeout", c.client.confirm_timeout),
+        ("client.confirm_timeout", c.client.confirm_timeout), ("client.replay_bytes", c.client.replay_bytes),
         ("cluster.gcms", c.cluster.gcms), ("cluster.hcms", c.cluster.hcms),
     ):
         positive(where, value)
@@ -256,6 +260,8 @@ def _validate(c: Config) -> None:
     for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port)):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where} must be a TCP port (0 = any free one), got {port}")
+    if c.client.replay_seconds < 0:
+        raise ConfigError("client.replay_seconds must be >= 0")
     if c.gcm.reassign_grace < 0:
         raise ConfigError("gcm.reassign_grace must be >= 0")
     if c.log.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -108,3 +108,97 @@ class Processes:
             text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
             parts.append(f"----- {name} ({path}) -----\n" + "\n".join(text))
         return "\n".join(parts)
+
+
+class SteadyTraffic:
+    """A publisher at a steady rate and a subscriber, with exact accounting.
+
+    Payloads are the publisher's message numbers, so the report can say which
+    confirmed messages never arrived (lost) and which arrived twice at the
+    application (duplicated). Bounded: at most `max_messages`.
+    """
+
+    def __init__(self, queue: str, config: Config, zk: object, rate: float = 1000.0,
+                 max_messages: int = 1_000_000) -> None:
+        import threading
+        from collections import Counter
+
+        from roq.client.publisher import Publisher
+        from roq.client.subscriber import Subscriber
+
+        self.rate = rate
+        self.max_messages = max_messages
+        self.counts: Counter[int] = Counter()
+        self._lock = threading.Lock()
+        self.sub = Subscriber(queue, config, zk=zk, callback=self._on_message)  # type: ignore[arg-type]
+        self.pub = Publisher(queue, config, zk=zk)  # type: ignore[arg-type]
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._publish, name="steady-traffic", daemon=True)
+        self.longest_pause = 0.0
+        self._last_arrival = time.monotonic()
+
+    def _on_message(self, msg: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.counts[int(msg.payload)] += 1  # type: ignore[attr-defined]
+            self.longest_pause = max(self.longest_pause, now - self._last_arrival)
+            self._last_arrival = now
+
+    def _publish(self) -> None:
+        start = time.monotonic()
+        while not self._stop.is_set() and self.sent < self.max_messages:
+            due = start + self.sent / self.rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)  # pacing the rate, not synchronising
+                continue
+            self.pub.publish("load", str(self.sent).encode(), timeout=60)
+            self.sent += 1
+
+    def start(self, subscriptions: int = 1, timeout: float = 30.0) -> None:
+        self.sub.wait_connected(timeout=timeout)
+        self.pub.wait_for_subscribers(subscriptions, timeout=timeout)
+        self._last_arrival = time.monotonic()
+        self._thread.start()
+
+    def received(self) -> int:
+        with self._lock:
+            return len(self.counts)
+
+    def wait_for_more(self, count: int, timeout: float) -> float:
+        """Wait until `count` more distinct messages arrived; returns the seconds it took."""
+        started = time.monotonic()
+        target = self.received() + count
+        wait_until(lambda: self.received() >= target, timeout=timeout,
+                   message=f"{count} more messages to arrive")
+        return time.monotonic() - started
+
+    def stop(self, flush_timeout: float = 30.0) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(timeout=70)
+        self.pub.flush(flush_timeout)
+        confirmed = self.pub.confirmed
+        wait_until(lambda: all(i in self.counts for i in range(confirmed)), timeout=flush_timeout,
+                   message="every confirmed message to arrive") if confirmed else None
+        return self.report()
+
+    def report(self) -> dict[str, float]:
+        with self._lock:
+            confirmed = self.pub.confirmed
+            return {
+                "sent": self.sent,
+                "confirmed": confirmed,
+                "received": len(self.counts),
+                "lost": sum(1 for i in range(confirmed) if i not in self.counts),
+                "duplicated": sum(1 for c in self.counts.values() if c > 1),
+                "publisher_moves": self.pub.moves,
+                "replayed": self.pub.replayed,
+                "dropped_duplicates": self.sub.duplicates,
+                "longest_pause_s": round(self.longest_pause, 2),
+            }
+
+    def close(self) -> None:
+        self._stop.set()
+        self.pub.close(timeout=0)
+        self.sub.close()

@@ -12,10 +12,12 @@ from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from roq.config import Config
 from roq.errors import (NoLeaderError, NotLeaderError, RequestTimeoutError, UnavailableError,
-                        error_from_code)
+                        ZooKeeperUnavailableError, error_from_code)
 from roq.paths import Paths
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_leader
@@ -34,6 +36,7 @@ class Admin:
         self.zk = client or start_client(config)
         self._context = zmq.Context()
         self._ids = itertools.count(1)
+        self._last_leader: str | None = None
 
     def close(self) -> None:
         self._context.destroy(linger=0)
@@ -73,7 +76,12 @@ class Admin:
         endpoint: str | None = None
         last_error: Exception = NoLeaderError("no GCM leader is elected (are the GCMs running?)")
         while time.monotonic() < deadline:
-            endpoint = endpoint or self._leader_endpoint()
+            try:
+                endpoint = endpoint or self._leader_endpoint()
+            except ZooKeeperUnavailableError as err:
+                last_error = err
+                time.sleep(0.2)
+                continue
             if endpoint is None:
                 time.sleep(0.1)
                 continue
@@ -87,8 +95,16 @@ class Admin:
         raise last_error
 
     def _leader_endpoint(self) -> str | None:
-        leader = read_leader(self.zk, self.paths)
-        return leader.get("endpoint") if leader else None
+        try:
+            leader = read_leader(self.zk, self.paths)
+        except (KazooException, KazooTimeoutError):
+            # ZooKeeper unreachable or without quorum: try the last leader we knew.
+            if self._last_leader:
+                return self._last_leader
+            raise ZooKeeperUnavailableError(
+                f"cannot read the leader from ZooKeeper at {self.config.zk.hosts}") from None
+        self._last_leader = leader.get("endpoint") if leader else None
+        return self._last_leader
 
     def request(self, endpoint: str, op: str, args: dict[str, Any], timeout: float) -> Any:
         """One round trip to one GCM; a fresh socket each time so a lost reply can't confuse the next."""

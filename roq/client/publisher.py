@@ -10,8 +10,11 @@ When more than `client.max_unconfirmed` messages wait, `publish()` blocks, and
 raises BackpressureError after `client.publish_timeout` — nothing is dropped.
 When the exchange asks us to move, disappears from ZooKeeper, or confirms
 nothing for `client.confirm_timeout`, we connect to another exchange of the
-queue (least loaded first) and resend every unconfirmed message; the exchange
-and the subscribers drop what they already had, by sequence number.
+queue (least loaded first) and resend every unconfirmed message, preceded by
+the replay window: the messages confirmed in the last `client.replay_seconds`
+(at most `client.replay_bytes`), which a dying exchange may have confirmed
+without its subscribers getting them. Exchanges and subscribers drop what they
+already had, by sequence number, so the application sees each message once.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class Publisher:
         self.zk = zk or start_client(config)
         self._cond = threading.Condition()
         self._log: deque[tuple[int, bytes, bytes]] = deque()  # unconfirmed: (seq, topic, payload)
+        self._replay: deque[tuple[float, int, bytes, bytes]] = deque()  # confirmed: (time, seq, topic, payload)
+        self._replay_size = 0
+        self._resend: list[tuple[int, bytes, bytes]] = []  # replay window, queued for the new exchange
         self._next_seq = 1
         self._sent_upto = 0  # highest seq sent to the current exchange
         self._acked = 0
@@ -63,6 +69,7 @@ class Publisher:
         self.exchange: str | None = None  # id of the exchange we publish to
         self.subscriptions = 0  # as last reported by our exchange
         self.moves = 0
+        self.replayed = 0  # confirmed messages resent after moves
         self.rejected: list[tuple[int, str, str]] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -234,6 +241,10 @@ class Publisher:
             self.exchange = xid
             self._sent_upto = self._acked  # resend everything unconfirmed
             self._in_flight.clear()
+            if self.moves:
+                self._trim_replay(time.monotonic())
+                self._resend = [(seq, topic, payload) for _, seq, topic, payload in self._replay]
+                self.replayed += len(self._resend)
         log.info("publisher %s publishing to %s/%s at %s", self.id, self.queue, xid, endpoint)
         return sock
 
@@ -252,6 +263,20 @@ class Publisher:
         return xid, data["pub"]
 
     def _send_batches(self, sock: zmq.Socket) -> None:
+        # The replay window goes first; its seqs are consecutive and end where the log starts.
+        resend, self._resend = self._resend, []
+        start = 0
+        while start < len(resend):
+            flat: list[bytes] = []
+            size, end = 0, start
+            while end < len(resend) and end - start < self.config.client.max_batch \
+                    and size < self.config.client.max_batch_bytes:
+                _, topic, payload = resend[end]
+                flat += (topic, payload)
+                size += len(topic) + len(payload)
+                end += 1
+            sock.send(protocol.encode_batch(self.id, resend[start][0], time.time_ns(), flat))
+            start = end
         while len(self._in_flight) < MAX_IN_FLIGHT:
             with self._cond:
                 start = self._sent_upto - self._acked  # index in the log of the first unsent
@@ -273,6 +298,14 @@ class Publisher:
                 self._sent_upto = last_seq
                 self._in_flight.append(last_seq)
             sock.send(protocol.encode_batch(self.id, first_seq, time.time_ns(), flat))
+
+    def _trim_replay(self, now: float) -> None:
+        """Keep the replay window within its age and byte limits (caller holds the lock)."""
+        horizon = now - self.config.client.replay_seconds
+        limit = self.config.client.replay_bytes
+        while self._replay and (self._replay[0][0] < horizon or self._replay_size > limit):
+            _, _, topic, payload = self._replay.popleft()
+            self._replay_size -= len(payload) + len(topic)
 
     def _handle_reply(self, frame: bytes) -> None:
         try:
@@ -300,8 +333,14 @@ class Publisher:
             if seq > self._acked:
                 # A fresh exchange says 0 (or an old position): only ever move forward.
                 seq = min(seq, self._next_seq - 1)
+                now = time.monotonic()
+                keep = self.config.client.replay_seconds > 0
                 while self._log and self._log[0][0] <= seq:
-                    self._log.popleft()
+                    confirmed_seq, topic, payload = self._log.popleft()
+                    if keep:
+                        self._replay.append((now, confirmed_seq, topic, payload))
+                        self._replay_size += len(payload) + len(topic)
+                self._trim_replay(now)
                 self._acked = seq
                 self._sent_upto = max(self._sent_upto, seq)
             while self._in_flight and self._in_flight[0] <= self._acked:

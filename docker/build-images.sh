@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build roq:test from the local base and a wheelhouse of this checkout. No registry.
+# Skips the build when an image of the same sources exists (tag roq:src-<hash>).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-.venv/bin/python}
+bash docker/build-base.sh
+hash=$(cat setup.cfg docker/Dockerfile docker/entrypoint.sh $(git ls-files roq gcm hcm exchange 2>/dev/null || find roq gcm hcm exchange -name '*.py') \
+       | sha256sum | cut -c1-16)
+if docker image inspect "roq:src-$hash" >/dev/null 2>&1; then
+  docker tag "roq:src-$hash" roq:test
+  exit 0
+fi
+context=$(mktemp -d /tmp/roq-image.XXXXXX)
+trap 'rm -rf "$context"' EXIT
+echo "build-images: wheelhouse"
+"$python" -m pip wheel -q --wheel-dir "$context/wheelhouse" . >"$context/pip.log" 2>&1 || {
+  cat "$context/pip.log" >&2; exit 1; }
+cp docker/Dockerfile docker/entrypoint.sh "$context/"
+chmod +x "$context/entrypoint.sh"
+echo "build-images: docker build roq:test"
+docker build -q -t "roq:src-$hash" -t roq:test "$context" >"$context/build.log" 2>&1 || {
+  cat "$context/build.log" >&2; exit 1; }
+echo "build-images: roq:test ready"

@@ -1,0 +1,191 @@
+"""Failover scenarios on a containerised cluster: kill, pause, partition, restart.
+
+Each scenario asserts what survived and prints its measured figures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from roq.client.admin import Admin
+from roq.errors import NotLeaderError, UnavailableError
+from roq.state import read_exchanges, read_hosts, read_leader, read_live
+from roq.testing import SteadyTraffic, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+
+def leader_node(lab):  # type: ignore[no-untyped-def]
+    info = read_leader(lab.zk, lab.paths)
+    ip = info["endpoint"].split("//")[1].split(":")[0]
+    return info, lab.launcher.node_by_ip(ip)
+
+
+def new_leader(lab, old, timeout=30.0):  # type: ignore[no-untyped-def]
+    return wait_until(lambda: (l := read_leader(lab.zk, lab.paths)) and l["id"] != old["id"] and l,
+                      timeout=timeout, message="a backup GCM to take over")
+
+
+def placements(lab, queues):  # type: ignore[no-untyped-def]
+    return {q: [(x.id, x.host) for x in read_exchanges(lab.zk, lab.paths, q, live=False)] for q in queues}
+
+
+def assignments(lab):  # type: ignore[no-untyped-def]
+    result = {}
+    for host in lab.zk.get_children(lab.paths.assignments):
+        result[host] = sorted(lab.zk.get_children(lab.paths.host_assignments(host)))
+    return result
+
+
+def all_live(lab, queue, count):  # type: ignore[no-untyped-def]
+    return len(read_live(lab.zk, lab.paths, queue)) == count
+
+
+def figures(name: str, **values: object) -> None:
+    print(f"\n[{name}] " + json.dumps(values))
+
+
+def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):  # type: ignore[no-untyped-def]
+    lab.start(gcms=3, hcms=2)
+    names = [f"q{i}" for i in range(8)]
+    with Admin(lab.config, lab.zk) as admin:
+        for i, name in enumerate(names):
+            admin.create_queue(name, exchanges=1 + i % 3)
+    before, before_assignments = placements(lab, names), assignments(lab)
+    old, node = leader_node(lab)
+    killed = time.monotonic()
+    lab.launcher.kill(node.name)
+    new = new_leader(lab, old)
+    with Admin(lab.config, lab.zk) as admin:
+        listed = wait_until(lambda: admin.list_queues(), timeout=30, message="the new leader to serve")
+        recovered = time.monotonic() - killed
+        assert sorted(q["name"] for q in listed) == names
+        for name in names:
+            assert [(x["id"], x["host"]) for x in admin.describe_queue(name)["exchanges"]] == before[name]
+    assert placements(lab, names) == before and assignments(lab) == before_assignments
+    assert new["epoch"] > old["epoch"]
+    figures("gcm failover", queues=len(names), recovery_s=round(recovered, 2), old=node.name)
+
+
+def test_b_complete_slave_failover_under_load(lab):  # type: ignore[no-untyped-def]
+    lab.start(gcms=2, hcms=2)
+    with Admin(lab.config, lab.zk) as admin:
+        admin.create_queue("load", exchanges=2)
+    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
+    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=1000)
+    try:
+        traffic.start()
+        traffic.wait_for_more(1000, timeout=30)
+        victim = read_live(lab.zk, lab.paths, "load")[traffic.pub.exchange]["host"]
+        survivor = next(h for h in ("host1", "host2") if h != victim)
+        killed = time.monotonic()
+        lab.launcher.kill(victim)
+        resumed = traffic.wait_for_more(2000, timeout=60)
+        wait_until(lambda: {x.host for x in read_exchanges(lab.zk, lab.paths, "load")} == {survivor}
+                   and all_live(lab, "load", 2), timeout=60, message="exchanges moved to the survivor")
+        moved = time.monotonic() - killed
+        traffic.wait_for_more(1000, timeout=30)
+        report = traffic.stop()
+    finally:
+        traffic.close()
+    figures("slave failover", killed=victim, exchanges_moved_s=round(moved, 2),
+            traffic_resumed_within_s=round(resumed, 2), **report)
+    assert report["publisher_moves"] >= 1
+    assert report["lost"] == 0 and report["duplicated"] == 0
+
+
+@pytest.mark.parametrize("fault", ["pause", "disconnect"])
+def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):  # type: ignore[no-untyped-def]
+    """c: `docker pause` the leader; d: disconnect it from the network. Same assertions."""
+    lab.start(gcms=2, hcms=1)
+    with Admin(lab.config, lab.zk) as admin:
+        admin.create_queue("before")
+    old, node = leader_node(lab)
+    isolated = time.monotonic()
+    getattr(lab.launcher, fault)(node.name)
+    new = new_leader(lab, old)
+    took_over = time.monotonic() - isolated
+    with Admin(lab.config, lab.zk) as admin:
+        admin.create_queue("during")
+        epoch_stat = lab.zk.get(lab.paths.epoch)
+        leader_stat = lab.zk.get(lab.paths.leader)
+        queues_stat = lab.zk.get_children(lab.paths.queues)
+        (lab.launcher.unpause if fault == "pause" else lab.launcher.reconnect)(node.name)
+        # The old leader comes back as a backup: it answers, says it is not leader, refuses writes.
+        wait_until(lambda: admin.request(old["endpoint"], "ping", {}, timeout=2)["leader"] is False,
+                   timeout=60, message="the old leader to answer as a backup")
+        with pytest.raises(NotLeaderError):
+            admin.request(old["endpoint"], "queue.create", {"name": "by-old-leader"}, timeout=5)
+        wait_until(lambda: len(lab.zk.get_children(lab.paths.election)) == 2, timeout=60,
+                   message="the old leader to contend again")
+        assert lab.zk.get(lab.paths.epoch) == epoch_stat  # no epoch bump, no write by the old leader
+        assert lab.zk.get(lab.paths.leader) == leader_stat
+        assert lab.zk.get_children(lab.paths.queues) == queues_stat
+        assert sorted(q["name"] for q in admin.list_queues()) == ["before", "during"]
+    assert read_leader(lab.zk, lab.paths)["id"] == new["id"]
+    figures(f"{fault}d leader", takeover_s=round(took_over, 2), old=node.name, new_epoch=new["epoch"])
+
+
+def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no-untyped-def]
+    lab.start(zookeepers=3, gcms=2, hcms=2)
+    with Admin(lab.config, lab.zk) as admin:
+        admin.create_queue("load", exchanges=2)
+    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
+    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=500)
+    try:
+        traffic.start()
+        traffic.wait_for_more(500, timeout=30)
+        lab.launcher.kill("zk1")
+        traffic.wait_for_more(1000, timeout=30)
+        with Admin(lab.config, lab.zk) as admin:
+            wait_until(lambda: admin.create_queue("with-two-zk"), timeout=30, message="control with 2 of 3 nodes")
+        lab.launcher.kill("zk2")
+        started = time.monotonic()
+        quick = lab.config.replace(client={"request_timeout": 6.0})
+        with Admin(quick, lab.zk) as admin:
+            with pytest.raises(UnavailableError) as refused:
+                admin.create_queue("without-quorum")
+        refusal_s = time.monotonic() - started
+        traffic.wait_for_more(1000, timeout=30)  # the data path does not need ZooKeeper
+        lab.launcher.start("zk1")
+        lab.launcher.start("zk2")
+        restored = time.monotonic()
+        with Admin(lab.config, lab.zk) as admin:
+            wait_until(lambda: admin.create_queue("after-quorum"), timeout=90, interval=0.5,
+                       message="control operations once the quorum is back")
+            recovered = time.monotonic() - restored
+            names = sorted(q["name"] for q in admin.list_queues())
+        assert names == ["after-quorum", "load", "with-two-zk"]
+        traffic.wait_for_more(500, timeout=30)
+        report = traffic.stop()
+    finally:
+        traffic.close()
+    figures("zookeeper ensemble", refused_with=str(refused.value), refusal_s=round(refusal_s, 2),
+            control_recovered_s=round(recovered, 2), **report)
+    assert report["lost"] == 0 and report["duplicated"] == 0
+
+
+def test_f_restarted_host_comes_back_and_clients_follow(lab):  # type: ignore[no-untyped-def]
+    lab.start(gcms=2, hcms=2)
+    with Admin(lab.config, lab.zk) as admin:
+        admin.create_queue("load", exchanges=2)
+    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
+    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=1000)
+    try:
+        traffic.start()
+        traffic.wait_for_more(1000, timeout=30)
+        victim = read_live(lab.zk, lab.paths, "load")[traffic.pub.exchange]["host"]
+        restarted = time.monotonic()
+        lab.launcher.restart(victim)
+        wait_until(lambda: victim in read_hosts(lab.zk, lab.paths), timeout=60, message="the host to register again")
+        wait_until(lambda: all_live(lab, "load", 2), timeout=60, message="both exchanges running")
+        back = time.monotonic() - restarted
+        traffic.wait_for_more(2000, timeout=60)
+        report = traffic.stop()
+    finally:
+        traffic.close()
+    figures("host restart", host=victim, exchanges_running_again_s=round(back, 2), **report)
+    assert report["lost"] == 0 and report["duplicated"] == 0
