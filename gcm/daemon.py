@@ -27,7 +27,8 @@ from gcm.leader import Leadership
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
 from roq.config import Config, load_config
-from roq.errors import NotLeaderError, RoqError, UnavailableError, UserError
+from roq.errors import (NotLeaderError, RoqError, UnavailableError, UserError,
+                        ZooKeeperUnavailableError)
 from roq.logs import configure
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader, queue_names
@@ -128,6 +129,9 @@ class Gcm:
             "queue.list": lambda a: self.queues.list(**_args(a, [])),
             "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
         }.get(op) or unknown_op(op)
+        if not self.client.connected:
+            # Reads would block until ZooKeeper is back; answer now instead.
+            raise ZooKeeperUnavailableError("this GCM has lost its ZooKeeper connection; retry shortly")
         if not self.leadership.is_leader:
             leader = read_leader(self.client, self.paths)
             endpoint = leader.get("endpoint") if leader else None

@@ -95,6 +95,12 @@ class Admin:
         raise last_error
 
     def _leader_endpoint(self) -> str | None:
+        if not self.zk.connected:
+            # kazoo's reads would block until reconnected; without a quorum that is forever.
+            if self._last_leader:
+                return self._last_leader
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper at {self.config.zk.hosts} is unreachable or has lost its quorum")
         try:
             leader = read_leader(self.zk, self.paths)
         except (KazooException, KazooTimeoutError):
