@@ -117,16 +117,20 @@ def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):  # type: ignore[
         # The old leader comes back as a backup: it answers, says it is not leader, refuses writes.
         wait_until(lambda: admin.request(old["endpoint"], "ping", {}, timeout=2)["leader"] is False,
                    timeout=60, message="the old leader to answer as a backup")
-        with pytest.raises(NotLeaderError):
+        # Until it has reconnected it refuses writes as "unavailable"; then as "not leader".
+        with pytest.raises(UnavailableError):
             admin.request(old["endpoint"], "queue.create", {"name": "by-old-leader"}, timeout=5)
         wait_until(lambda: len(lab.zk.get_children(lab.paths.election)) == 2, timeout=60,
                    message="the old leader to contend again")
+        with pytest.raises(NotLeaderError) as redirect:
+            admin.request(old["endpoint"], "queue.create", {"name": "by-old-leader"}, timeout=5)
+        assert redirect.value.leader == new["endpoint"]
         assert lab.zk.get(lab.paths.epoch) == epoch_stat  # no epoch bump, no write by the old leader
         assert lab.zk.get(lab.paths.leader) == leader_stat
         assert lab.zk.get_children(lab.paths.queues) == queues_stat
         assert sorted(q["name"] for q in admin.list_queues()) == ["before", "during"]
     assert read_leader(lab.zk, lab.paths)["id"] == new["id"]
-    figures(f"{fault}d leader", takeover_s=round(took_over, 2), old=node.name, new_epoch=new["epoch"])
+    figures({"pause": "paused leader", "disconnect": "partitioned leader"}[fault], takeover_s=round(took_over, 2), old=node.name, new_epoch=new["epoch"])
 
 
 def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no-untyped-def]

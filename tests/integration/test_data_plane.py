@@ -279,3 +279,26 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
         stuck.close()
     finally:
         procs.stop_all()
+
+
+def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    import os
+    import signal
+    import time
+    from roq.testing import SteadyTraffic
+    create(config, zk, paths, "stream", 2)
+    traffic = SteadyTraffic("stream", config, zk, rate=10_000, max_messages=200_000)
+    try:
+        traffic.start()
+        traffic.wait_for_more(10_000, timeout=30)
+        victim = traffic.pub.exchange
+        os.kill(read_live(zk, paths, "stream")[victim]["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        resumed = traffic.wait_for_more(20_000, timeout=60)
+        report = traffic.stop()
+    finally:
+        traffic.close()
+    print(f"\n[exchange SIGKILL at 10k msg/s] resumed within {resumed:.2f}s; "
+          f"{time.monotonic() - killed:.1f}s after the kill: {report}")
+    assert report["publisher_moves"] >= 1
+    assert report["lost"] == 0 and report["duplicated"] == 0
