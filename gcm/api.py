@@ -18,6 +18,7 @@ import zmq
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from gcm.fence import request_deadline
 from roq.errors import (ProtocolError, RoqError, UnavailableError, UnknownCommandError,
                         UserError, ZooKeeperUnavailableError)
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Any]
 POLL_MS = 200  # how often the loop looks at the stop flag
+# A request's writes must leave within this, below the client's per-attempt timeout
+# (roq.client.admin.ATTEMPT_TIMEOUT), so nothing a client gave up on is applied later.
+REQUEST_DEADLINE = 1.5
 
 
 class ControlServer:
@@ -84,7 +88,8 @@ class ControlServer:
             request = decode_request(payload)
             req_id = request.id
             handler = self._route(request.op)
-            return encode_reply(req_id, handler(request.args))
+            with request_deadline(REQUEST_DEADLINE):
+                return encode_reply(req_id, handler(request.args))
         except ProtocolError as err:
             self.errors += 1
             return encode_error(req_id if req_id is not None else request_id_of(payload), err)

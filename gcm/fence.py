@@ -11,7 +11,10 @@ change anything, even if its own session is still alive.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -19,11 +22,27 @@ from kazoo.client import TransactionRequest
 from kazoo.exceptions import (BadVersionError, NodeExistsError, NoNodeError,
                               RolledBackError)
 
-from roq.errors import FencedError
+from roq.errors import FencedError, UnavailableError, ZooKeeperUnavailableError
 from roq.paths import Paths
 from roq.zk import encode
 
 log = logging.getLogger(__name__)
+
+_request = threading.local()
+
+
+@contextmanager
+def request_deadline(seconds: float) -> Iterator[None]:
+    """Writes made inside must be sent within `seconds`, or not at all.
+
+    kazoo queues requests while it reconnects; without this, a request the
+    client already gave up on would be applied whenever ZooKeeper came back.
+    """
+    _request.deadline = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _request.deadline = None
 
 
 class LeaderFence:
@@ -57,6 +76,11 @@ class LeaderFence:
         """Commit the operations `build` adds, only if our epoch is still current."""
         if self._version is None:
             raise FencedError("this GCM is not the leader")
+        deadline = getattr(_request, "deadline", None)
+        if deadline is not None and time.monotonic() > deadline:
+            raise UnavailableError("ZooKeeper was too slow to answer; the request expired and changed nothing")
+        if not self.client.connected:
+            raise ZooKeeperUnavailableError("the leader lost its ZooKeeper connection; nothing was changed")
         txn = self.client.transaction()
         txn.check(self.paths.epoch, self._version)
         build(txn)
