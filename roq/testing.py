@@ -202,3 +202,12 @@ class SteadyTraffic:
         self._stop.set()
         self.pub.close(timeout=0)
         self.sub.close()
+
+
+FIGURES: list[tuple[str, dict[str, object]]] = []  # printed at the end of the test session
+
+
+def record_figures(name: str, **values: object) -> None:
+    """Keep a scenario's measured figures for the session's summary (and print them now)."""
+    FIGURES.append((name, values))
+    print(f"\n[{name}] {values}")

@@ -26,6 +26,14 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     setattr(item, f"rep_{report.when}", report)
 
 
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
+    from roq.testing import FIGURES
+    if FIGURES:
+        terminalreporter.section("measured figures")
+        for name, values in FIGURES:
+            terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
 def failed(request: pytest.FixtureRequest) -> bool:
     return any(getattr(getattr(request.node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
 

@@ -5,7 +5,6 @@ Each scenario asserts what survived and prints its measured figures.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from roq.client.admin import Admin
 from roq.errors import NotLeaderError, UnavailableError
 from roq.state import read_exchanges, read_hosts, read_leader, read_live
-from roq.testing import SteadyTraffic, wait_until
+from roq.testing import SteadyTraffic, record_figures, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -45,7 +44,7 @@ def all_live(lab, queue, count):  # type: ignore[no-untyped-def]
 
 
 def figures(name: str, **values: object) -> None:
-    print(f"\n[{name}] " + json.dumps(values))
+    record_figures(name, **values)
 
 
 def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roq.testing import wait_until
+from roq.testing import record_figures, wait_until
 from roq.zookeeper import free_port
 
 pytestmark = pytest.mark.integration
@@ -90,7 +90,7 @@ def test_local_cluster_survives_killing_the_leader(tmp_path):  # type: ignore[no
         assert [q["name"] for q in json.loads(listed.stdout)] == ["q1"]
         new = json.loads(roq("cluster", "status", "--json", cwd=tmp_path, env=env).stdout)
         assert new["leader"]["pid"] != status["leader"]["pid"]
-        print(f"`roq queue list` answered by the backup {took:.2f}s after SIGKILL of the leader")
+        record_figures("roq cluster: leader SIGKILL → queue list", seconds=round(took, 2))
         assert_one_line_error(roq("cluster", "up", cwd=tmp_path, env=env), 1, "already running")
     finally:
         down = roq("cluster", "down", cwd=tmp_path)

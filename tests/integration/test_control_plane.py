@@ -16,7 +16,7 @@ from roq.errors import (FencedError, InvalidNameError, NotLeaderError, QueueExis
                         ZooKeeperUnavailableError)
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_exchanges, read_hosts, read_leader
-from roq.testing import wait_until
+from roq.testing import record_figures, wait_until
 from roq.zk import start_client, stop_client
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ def test_leader_failover_keeps_every_queue(config, zk, paths, procs):  # type: i
                          timeout=15, message="a backup to take over")
         listed = wait_until(lambda: admin.list_queues(), timeout=10, message="queue list from the new leader")
         took = time.monotonic() - killed_at
-        print(f"leader failover: {took:.2f}s from SIGKILL to a served queue list")
+        record_figures("leader SIGKILL (processes)", to_served_queue_list_s=round(took, 2))
         assert new["epoch"] > old["epoch"]
         assert sorted(q["name"] for q in listed) == names
         for name in names:

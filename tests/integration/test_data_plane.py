@@ -274,7 +274,8 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
                 got += 1
             peak = max(peak, exchange.memory_info().rss)
         growth = (peak - rss_before) / 1e6
-        print(f"exchange RSS growth with a stuck subscriber: {growth:.1f} MB for {total * len(payload) / 1e6:.0f} MB sent")
+        from roq.testing import record_figures
+        record_figures("stuck subscriber", exchange_rss_growth_mb=round(growth, 1), sent_mb=total * len(payload) / 1e6)
         assert growth < 60, f"exchange grew by {growth:.1f} MB"
         stuck.close()
     finally:
@@ -298,7 +299,7 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
         report = traffic.stop()
     finally:
         traffic.close()
-    print(f"\n[exchange SIGKILL at 10k msg/s] resumed within {resumed:.2f}s; "
-          f"{time.monotonic() - killed:.1f}s after the kill: {report}")
+    from roq.testing import record_figures
+    record_figures("exchange SIGKILL at 10k msg/s", resumed_within_s=round(resumed, 2), **report)
     assert report["publisher_moves"] >= 1
     assert report["lost"] == 0 and report["duplicated"] == 0

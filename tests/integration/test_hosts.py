@@ -11,7 +11,7 @@ import pytest
 
 from roq.client.admin import Admin
 from roq.state import read_exchanges, read_hosts, read_leader, read_live
-from roq.testing import wait_until
+from roq.testing import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def test_repeated_crashes_back_off(config, zk, paths, procs):  # type: ignore[no
         pid = wait_until(lambda old=pid: (p := live_pids(zk, paths, "q").get("x1")) and p != old and p,
                          timeout=15, message="restart")
         gaps.append(time.monotonic() - killed)
-    print("restart delays:", [f"{g:.2f}s" for g in gaps])
+    record_figures("exchange restart backoff", delays_s=[round(g, 2) for g in gaps])
     assert gaps[2] > gaps[0]  # 0.2s, 0.4s, 0.8s backoff (plus start-up)
 
 
@@ -95,8 +95,8 @@ def test_lost_host_exchanges_move_to_survivors(config, zk, paths, procs):  # typ
     wait_until(lambda: {d["host"] for d in read_live(zk, paths, "q").values()} == {survivor}
                and len(read_live(zk, paths, "q")) == 2, timeout=15, message="both running on the survivor")
     took = time.monotonic() - killed
-    print(f"host loss → exchanges running elsewhere: {took:.2f}s "
-          f"(zk.session_timeout={config.zk.session_timeout}s)")
+    record_figures("host loss (processes)", exchanges_running_elsewhere_s=round(took, 2),
+                   session_timeout_s=config.zk.session_timeout)
     assert zk.get_children(paths.host_assignments(lost)) == []
 
 
