@@ -21,4 +21,6 @@ chmod +x "$context/entrypoint.sh"
 echo "build-images: docker build roq:test"
 docker build -q -t "roq:src-$hash" -t roq:test "$context" >"$context/build.log" 2>&1 || {
   cat "$context/build.log" >&2; exit 1; }
+# Older builds of this checkout are of no further use.
+docker images roq --format '{{.Tag}}' | grep '^src-' | grep -v "^src-$hash$" | sed 's/^/roq:/' | xargs -r docker rmi -f >/dev/null 2>&1 || true
 echo "build-images: roq:test ready"
