@@ -163,6 +163,7 @@ class Forwarder:
         body = protocol.encode_delivery(self.exchange_id, pub, sent_ns, prev, seqs, payloads)
         self.back.send_multipart([topic, body])
         self.stats.totals.msgs_out += len(seqs)
+        self.stats.totals.bytes_out += sum(map(len, payloads))
         self.stats.totals.frames_out += 1
 
     def _reply(self, ident: bytes, message: list[Any]) -> None:

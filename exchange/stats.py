@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 class Counters:
     msgs_in: int = 0
     bytes_in: int = 0
-    msgs_out: int = 0
+    msgs_out: int = 0  # forwarded into XPUB, once whatever the number of subscribers
+    bytes_out: int = 0
     frames_out: int = 0
     duplicates: int = 0  # replayed messages already forwarded once
     rejected: int = 0  # single messages refused (too large, bad topic)
@@ -35,6 +36,8 @@ class ExchangeStats:
             msgs_in_per_s=round((t.msgs_in - last.msgs_in) / elapsed, 1),
             bytes_in_per_s=round((t.bytes_in - last.bytes_in) / elapsed, 1),
             msgs_out_per_s=round((t.msgs_out - last.msgs_out) / elapsed, 1),
+            bytes_out_per_s=round((t.bytes_out - last.bytes_out) / elapsed, 1),
+            drops=t.rejected + t.malformed,
             publishers=sum(1 for seen in self.publishers.values() if now - seen < active_window),
             subscriptions=self.subscriptions,
         )

@@ -303,3 +303,17 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
     record_figures("exchange SIGKILL at 10k msg/s", resumed_within_s=round(resumed, 2), **report)
     assert report["publisher_moves"] >= 1
     assert report["lost"] == 0 and report["duplicated"] == 0
+
+
+def test_exchange_reports_statistics(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "stats", 1)
+    with Subscriber("stats", config, zk=zk) as sub, Publisher("stats", config, zk=zk) as pub:
+        sub.wait_connected(1)
+        pub.wait_for_subscribers(1)
+        for _ in range(500):
+            pub.publish("t", b"12345")
+        pub.flush(10)
+        stats = wait_until(lambda: (s := read_live(zk, paths, "stats")["x1"]["stats"]).get("msgs_in") == 500 and s,
+                           timeout=10, message="statistics to report the 500 messages")
+    assert stats["bytes_in"] == stats["bytes_out"] == 2500 and stats["msgs_out"] == 500
+    assert stats["publishers"] == 1 and stats["subscriptions"] == 1 and stats["drops"] == 0
