@@ -19,10 +19,12 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.client import TransactionRequest
-from kazoo.exceptions import (BadVersionError, NodeExistsError, NoNodeError,
-                              RolledBackError)
+from kazoo.exceptions import (BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError,
+                              OperationTimeoutError, RolledBackError, SessionExpiredError)
+from kazoo.handlers.threading import KazooTimeoutError
 
-from roq.errors import FencedError, UnavailableError, ZooKeeperUnavailableError
+from roq.errors import (FencedError, RequestTimeoutError, UnavailableError,
+                        ZooKeeperUnavailableError)
 from roq.paths import Paths
 from roq.zk import encode
 
@@ -84,7 +86,12 @@ class LeaderFence:
         txn = self.client.transaction()
         txn.check(self.paths.epoch, self._version)
         build(txn)
-        results = txn.commit()
+        try:
+            results = txn.commit()
+        except (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError) as exc:
+            # Sent, but no answer: ZooKeeper may still commit it when its quorum returns.
+            raise RequestTimeoutError(f"ZooKeeper connection lost during the write ({type(exc).__name__}); "
+                                      "the outcome is unknown") from None
         if results and isinstance(results[0], (BadVersionError, NoNodeError)):
             raise FencedError(f"epoch {self.epoch} is no longer current: a newer leader was elected")
         for result in results[1:]:

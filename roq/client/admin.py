@@ -26,6 +26,7 @@ from roq.zk import start_client, stop_client
 log = logging.getLogger(__name__)
 
 ATTEMPT_TIMEOUT = 2.0  # one request to one GCM; a dead GCM costs at most this
+READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status"})
 
 
 class Admin:
@@ -75,6 +76,7 @@ class Admin:
         deadline = time.monotonic() + (timeout or self.config.client.request_timeout)
         endpoint: str | None = None
         last_error: Exception = NoLeaderError("no GCM leader is elected (are the GCMs running?)")
+        unanswered = False  # an attempt may have been applied without our hearing of it
         while time.monotonic() < deadline:
             try:
                 endpoint = endpoint or self._leader_endpoint()
@@ -90,8 +92,12 @@ class Admin:
             except NotLeaderError as err:
                 last_error, endpoint = err, err.leader if err.leader != endpoint else None
             except UnavailableError as err:  # timeout, leader suspended: look again
+                unanswered = unanswered or isinstance(err, RequestTimeoutError)
                 last_error, endpoint = err, None
                 time.sleep(0.1)
+        if unanswered and op not in READ_ONLY:
+            raise RequestTimeoutError(f"{last_error}; an earlier attempt got no answer, so the outcome "
+                                      "is unknown: it may still be applied (check before retrying)")
         raise last_error
 
     def _leader_endpoint(self) -> str | None:

@@ -161,7 +161,12 @@ def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no
                        message="control operations once the quorum is back")
             recovered = time.monotonic() - restored
             names = sorted(q["name"] for q in admin.list_queues())
-        assert names == ["after-quorum", "load", "with-two-zk"]
+        # A refusal before anything was sent changed nothing. A request that got no answer
+        # may have reached ZooKeeper and be committed with the returning quorum; then the
+        # error must say the outcome is unknown.
+        indeterminate = "outcome is unknown" in str(refused.value)
+        expected = {"after-quorum", "load", "with-two-zk"}
+        assert set(names) in ((expected, expected | {"without-quorum"}) if indeterminate else (expected,))
         traffic.wait_for_more(500, timeout=30)
         report = traffic.stop()
     finally:
