@@ -43,6 +43,22 @@ def all_live(lab, queue, count):  # type: ignore[no-untyped-def]
     return len(read_live(lab.zk, lab.paths, queue)) == count
 
 
+def loaded_queue(lab, rate: float, zookeepers: int = 1) -> SteadyTraffic:  # type: ignore[no-untyped-def]
+    """A cluster with queue "load" (2 exchanges on 2 hosts) and traffic already flowing."""
+    lab.start(zookeepers=zookeepers, gcms=2, hcms=2)
+    with Admin(lab.config, lab.zk) as admin:
+        admin.create_queue("load", exchanges=2)
+    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
+    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=rate)
+    try:
+        traffic.start()
+        traffic.wait_for_more(int(rate), timeout=30)
+    except BaseException:
+        traffic.close()
+        raise
+    return traffic
+
+
 def figures(name: str, **values: object) -> None:
     record_figures(name, **values)
 
@@ -70,14 +86,8 @@ def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):  # type: ignore[n
 
 
 def test_b_complete_slave_failover_under_load(lab):  # type: ignore[no-untyped-def]
-    lab.start(gcms=2, hcms=2)
-    with Admin(lab.config, lab.zk) as admin:
-        admin.create_queue("load", exchanges=2)
-    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
-    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=1000)
+    traffic = loaded_queue(lab, rate=1000)
     try:
-        traffic.start()
-        traffic.wait_for_more(1000, timeout=30)
         victim = read_live(lab.zk, lab.paths, "load")[traffic.pub.exchange]["host"]
         survivor = next(h for h in ("host1", "host2") if h != victim)
         killed = time.monotonic()
@@ -133,14 +143,8 @@ def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):  # type: ignore[
 
 
 def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no-untyped-def]
-    lab.start(zookeepers=3, gcms=2, hcms=2)
-    with Admin(lab.config, lab.zk) as admin:
-        admin.create_queue("load", exchanges=2)
-    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
-    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=500)
+    traffic = loaded_queue(lab, rate=500, zookeepers=3)
     try:
-        traffic.start()
-        traffic.wait_for_more(500, timeout=30)
         lab.launcher.kill("zk1")
         traffic.wait_for_more(1000, timeout=30)
         with Admin(lab.config, lab.zk) as admin:
@@ -177,14 +181,8 @@ def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no
 
 
 def test_f_restarted_host_comes_back_and_clients_follow(lab):  # type: ignore[no-untyped-def]
-    lab.start(gcms=2, hcms=2)
-    with Admin(lab.config, lab.zk) as admin:
-        admin.create_queue("load", exchanges=2)
-    wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
-    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=1000)
+    traffic = loaded_queue(lab, rate=1000)
     try:
-        traffic.start()
-        traffic.wait_for_more(1000, timeout=30)
         victim = read_live(lab.zk, lab.paths, "load")[traffic.pub.exchange]["host"]
         restarted = time.monotonic()
         lab.launcher.restart(victim)

@@ -152,6 +152,14 @@ def lone_exchange(zookeeper):  # type: ignore[no-untyped-def]
     proc.wait()
 
 
+def publisher_socket(context, ready):  # type: ignore[no-untyped-def]
+    """A raw DEALER on the lone exchange's publisher endpoint."""
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(ready["pub"])
+    return sock
+
+
 def _round_trip(ready, context, tag: bytes) -> None:  # type: ignore[no-untyped-def]
     """A well-behaved publisher and subscriber still work."""
     sub = context.socket(zmq.SUB)
@@ -201,9 +209,7 @@ frames = st.one_of(
 def test_random_frames_never_break_an_exchange(lone_exchange, batch):  # type: ignore[no-untyped-def]
     proc, ready = lone_exchange
     context = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(ready["pub"])
+    sock = publisher_socket(context, ready)
     try:
         for message in batch:
             sock.send_multipart(message)
@@ -221,9 +227,7 @@ def test_exchange_forwards_after_the_fuzzing(lone_exchange):  # type: ignore[no-
 def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type: ignore[no-untyped-def]
     proc, ready = lone_exchange
     context = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(ready["pub"])
+    sock = publisher_socket(context, ready)
     try:
         sock.send(protocol.encode_batch("rejects", 1, 0, [b"ok", b"small", b"ok", b"x" * 2000, b"", b"no-topic"]))
         replies = []
