@@ -179,8 +179,9 @@ class SteadyTraffic:
         self._thread.join(timeout=70)
         self.pub.flush(flush_timeout)
         confirmed = self.pub.confirmed
-        wait_until(lambda: all(i in self.counts for i in range(confirmed)), timeout=flush_timeout,
-                   message="every confirmed message to arrive") if confirmed else None
+        if confirmed:
+            wait_until(lambda: all(i in self.counts for i in range(confirmed)), timeout=flush_timeout,
+                       message="every confirmed message to arrive")
         return self.report()
 
     def report(self) -> dict[str, float]:

@@ -185,11 +185,14 @@ class Publisher:
     def _run(self) -> None:
         context = zmq.Context()
         sock: zmq.Socket | None = None
+        poller = zmq.Poller()  # one for the thread's life; the socket is swapped in and out
+        poller.register(self._wake_r, zmq.POLLIN)
         last_ack_time = time.monotonic()
         try:
             while not self._closed:
                 if self._move_reason and sock is not None:
                     log.info("publisher %s moving: %s", self.id, self._move_reason)
+                    poller.unregister(sock)
                     sock.close(linger=0)
                     sock, self.exchange = None, None
                     self.moves += 1
@@ -198,13 +201,14 @@ class Publisher:
                     sock = self._connect(context)
                     last_ack_time = time.monotonic()
                     if sock is None:
-                        self._idle(None, 100)
+                        self._idle(poller, 100)
                         continue
+                    poller.register(sock, zmq.POLLIN)
                 self._send_batches(sock)
                 if self._want_hello:
                     self._want_hello = False
                     sock.send(protocol.encode_hello(self.id))
-                self._idle(sock, 100)
+                self._idle(poller, 100)
                 while sock.poll(0):
                     self._handle_reply(sock.recv())
                     last_ack_time = time.monotonic()
@@ -217,11 +221,8 @@ class Publisher:
                 sock.close(linger=100)
             context.term()
 
-    def _idle(self, sock: zmq.Socket | None, timeout_ms: int) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_r, zmq.POLLIN)
-        if sock is not None:
-            poller.register(sock, zmq.POLLIN)
+    def _idle(self, poller: zmq.Poller, timeout_ms: int) -> None:
+        """Wait for a reply, a wake-up from publish(), or the timeout."""
         if dict(poller.poll(timeout_ms)).get(self._wake_r):
             try:
                 os.read(self._wake_r, 4096)
