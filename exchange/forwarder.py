@@ -6,14 +6,22 @@ already forwarded for its publisher (a publisher replaying after a move is
 harmless), grouped into runs of one topic, and sent as [topic, body] so that
 libzmq filters by topic prefix. Then the publisher gets a cumulative ack.
 
-Slow subscribers: XPUB keeps at most `exchange.sub_hwm` frames per subscriber
-and drops beyond that for that subscriber only; the subscriber sees the gap in
-sequence numbers. Nothing a peer sends can raise out of `handle_publisher`.
+Every frame sent to subscribers gets the next position of this incarnation's
+stream, names the position of the previous frame of its topic, and is kept in
+the retention buffer. Slow subscribers: XPUB keeps at most `exchange.sub_hwm`
+frames per subscriber and drops beyond that for that subscriber only; the
+subscriber sees the broken chain of positions and fetches the missing frames
+from retention through the replay socket (ROUTER), as does a subscriber that
+reconnects. A subscription to a sync marker topic is answered with the next
+position, so a subscriber knows from where on its subscription is live.
+
+Nothing a peer sends can raise out of `handle_publisher` or `handle_fetch`.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,6 +29,7 @@ from typing import Any
 
 import zmq
 
+from exchange.retention import Retention
 from exchange.stats import ExchangeStats
 from roq import protocol
 from roq.config import ExchangeConfig
@@ -30,7 +39,7 @@ from roq.names import MAX_TOPIC_BYTES
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
-TOPIC_TRACK_LIMIT = 100_000  # (publisher, topic) pairs remembered for prev_seq; oldest forgotten first
+TOPIC_TRACK_LIMIT = 100_000  # topics remembered for prev_pos; least recently used forgotten first
 
 
 class Forwarder:
@@ -38,10 +47,13 @@ class Forwarder:
                  bind_host: str, advertise_host: str) -> None:
         self.config = config
         self.exchange_id = exchange_id
+        # A restarted exchange keeps its id but starts a new stream of positions.
+        self.incarnation = f"{exchange_id}.{secrets.token_hex(4)}"
         self.stats = ExchangeStats()
+        self.retention = Retention(config.retention_seconds, config.retention_bytes)
         self.last_seq: dict[str, int] = {}
         self.routes: dict[str, bytes] = {}  # publisher id → routing id, to send control
-        self.topic_last: OrderedDict[tuple[str, bytes], int] = OrderedDict()  # for prev_seq
+        self.topic_pos: OrderedDict[bytes, int] = OrderedDict()  # topic → position of its last frame
         self.front = context.socket(zmq.ROUTER)
         self.front.linger = 0
         self.front.rcvhwm = config.pub_hwm
@@ -52,26 +64,45 @@ class Forwarder:
         self.back.sndhwm = config.sub_hwm
         # Pass every (un)subscription up, duplicates included, so we can count subscribers.
         self.back.setsockopt(zmq.XPUB_VERBOSER, 1)
+        self.replay = context.socket(zmq.ROUTER)
+        self.replay.linger = 0
+        self.replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
         pub_port = self.front.bind_to_random_port(f"tcp://{bind_host}")
         sub_port = self.back.bind_to_random_port(f"tcp://{bind_host}")
+        replay_port = self.replay.bind_to_random_port(f"tcp://{bind_host}")
         self.pub_endpoint = f"tcp://{advertise_host}:{pub_port}"
         self.sub_endpoint = f"tcp://{advertise_host}:{sub_port}"
+        self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
 
     def close(self) -> None:
-        self.front.close(linger=0)
-        self.back.close(linger=0)
+        for sock in (self.front, self.back, self.replay):
+            sock.close(linger=0)
 
     def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None]) -> None:
         poller = zmq.Poller()
-        poller.register(self.front, zmq.POLLIN)
-        poller.register(self.back, zmq.POLLIN)
+        for sock in (self.front, self.back, self.replay):
+            poller.register(sock, zmq.POLLIN)
+        next_beat = 0.0
         while not should_stop():
             for sock, _ in poller.poll(POLL_MS):
                 if sock is self.front:
                     self._drain_publishers()
-                else:
+                elif sock is self.back:
                     self._drain_subscriptions()
+                else:
+                    self._drain_fetches()
+            self.retention.trim()
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.config.beat_interval
+                self._beat()
             on_tick()
+
+    def _beat(self) -> None:
+        body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos, protocol.BEAT)
+        try:
+            self.back.send_multipart([protocol.BEAT_TOPIC, body], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     def _drain_publishers(self, budget: int = 256) -> None:
         """Handle queued publisher frames, a bounded number per wake-up."""
@@ -94,10 +125,59 @@ class Forwarder:
                 event = self.back.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event[:1] == b"\x01":
+            kind, topic = event[:1], event[1:]
+            if topic[:1] == b"\x00":  # our own marker topics, not a user's subscription
+                if kind == b"\x01" and topic.startswith(protocol.SYNC_PREFIX):
+                    self._answer_sync(topic)
+            elif kind == b"\x01":
                 self.stats.subscriptions += 1
-            elif event[:1] == b"\x00":
+            elif kind == b"\x00":
                 self.stats.subscriptions = max(0, self.stats.subscriptions - 1)
+
+    def _answer_sync(self, marker: bytes) -> None:
+        """The subscriber's subscriptions arrived together with its marker, so they are
+        active now: every frame from the next position on reaches it live."""
+        body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos)
+        try:
+            self.back.send_multipart([marker, body], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the subscriber falls back to its sync timeout
+
+    def _drain_fetches(self, budget: int = 16) -> None:
+        for _ in range(budget):
+            try:
+                frames = self.replay.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 2:
+                self.handle_fetch(frames[0], frames[1])
+            else:
+                self.stats.totals.malformed += 1
+
+    def handle_fetch(self, ident: bytes, payload: bytes) -> None:
+        try:
+            req = protocol.decode_fetch(payload)
+        except ProtocolError as err:
+            self.stats.totals.malformed += 1
+            self._send_replay(ident, [protocol.ERROR, protocol.VERSION, protocol.request_id_of(payload),
+                                      err.code, str(err)])
+            return
+        if req.incarnation and req.incarnation != self.incarnation:
+            self._send_replay(ident, [protocol.ERROR, protocol.VERSION, req.request_id, "unknown_incarnation",
+                                      f"this exchange is incarnation {self.incarnation}"])
+            return
+        limit = min(req.max_bytes or self.config.fetch_max_bytes, self.config.fetch_max_bytes)
+        found, scanned_to, done = self.retention.read(req.after, req.before, req.prefixes, limit, req.known)
+        self.stats.totals.fetches += 1
+        self.stats.totals.fetched_frames += len(found)
+        self._send_replay(ident, [protocol.FRAMES, protocol.VERSION, req.request_id, self.incarnation,
+                                  self.retention.oldest, found, scanned_to, done])
+
+    def _send_replay(self, ident: bytes, message: list[Any]) -> None:
+        try:
+            self.replay.send_multipart([ident, protocol.pack(message)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the subscriber is gone; it will ask again
 
     def handle_publisher(self, ident: bytes, payload: bytes) -> None:
         try:
@@ -155,12 +235,14 @@ class Forwarder:
         self._reply(ident, [protocol.ACK, protocol.VERSION, max(newest, last), self.stats.subscriptions])
 
     def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes]) -> None:
-        key = (pub, topic)
-        prev = self.topic_last.pop(key, 0)
-        self.topic_last[key] = seqs[-1]
-        if len(self.topic_last) > TOPIC_TRACK_LIMIT:
-            self.topic_last.popitem(last=False)
-        body = protocol.encode_delivery(self.exchange_id, pub, sent_ns, prev, seqs, payloads)
+        pos = self.retention.next_pos
+        prev_pos = self.topic_pos.pop(topic, 0)
+        self.topic_pos[topic] = pos
+        if len(self.topic_pos) > TOPIC_TRACK_LIMIT:
+            self.topic_pos.popitem(last=False)
+        body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, prev_pos, pub, sent_ns,
+                                        seqs, payloads)
+        self.retention.add(topic, body)
         self.back.send_multipart([topic, body])
         self.stats.totals.msgs_out += len(seqs)
         self.stats.totals.bytes_out += sum(map(len, payloads))
@@ -180,8 +262,8 @@ class Forwarder:
 
 
 def _check_message(topic: Any, payload: Any, max_size: int) -> tuple[str, str] | None:
-    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES:
-        return ("invalid_name", f"topic must be 1-{MAX_TOPIC_BYTES} bytes")
+    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES or topic[:1] == b"\x00":
+        return ("invalid_name", f"topic must be 1-{MAX_TOPIC_BYTES} bytes, not starting with NUL")
     if not isinstance(payload, bytes):
         return ("malformed", "payload must be bytes (msgpack bin)")
     if len(payload) > max_size:

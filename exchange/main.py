@@ -1,7 +1,7 @@
 """`roq-exchange`: one exchange process, normally spawned by an HCM.
 
 Talks to its parent through stdout, one JSON object per line: first
-{"event": "ready", "pub": ..., "sub": ...} once both sockets are bound, then
+{"event": "ready", "pub": ..., "sub": ..., "replay": ...} once its sockets are bound, then
 {"event": "stats", ...} every `exchange.stats_interval`. Logs go to stderr.
 It dies with its parent: PR_SET_PDEATHSIG on Linux, and EOF on stdin
 everywhere (the parent holds the other end). On SIGTERM it asks its
@@ -92,11 +92,13 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, paren
     def on_tick() -> None:
         if time.monotonic() >= next_report[0]:
             next_report[0] = time.monotonic() + interval
-            emit({"event": "stats", **forwarder.stats.snapshot()})
+            retention = forwarder.retention
+            emit({"event": "stats", **forwarder.stats.snapshot(), "retained_frames": len(retention),
+                  "retained_bytes": retention.bytes, "evicted_frames": retention.evicted})
 
     try:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
-              "pid": os.getpid()})
+              "replay": forwarder.replay_endpoint, "incarnation": forwarder.incarnation, "pid": os.getpid()})
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)

@@ -16,6 +16,8 @@ class Counters:
     duplicates: int = 0  # replayed messages already forwarded once
     rejected: int = 0  # single messages refused (too large, bad topic)
     malformed: int = 0  # whole frames refused
+    fetches: int = 0  # retention fetches answered
+    fetched_frames: int = 0
 
 
 @dataclass

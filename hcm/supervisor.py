@@ -159,8 +159,8 @@ class Supervisor:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("event") == "ready":
-                child.ready = {"pub": event["pub"], "sub": event["sub"], "pid": event.get("pid")}
+            if event.get("event") == "ready" and event.get("pub") and event.get("sub"):
+                child.ready = {key: event.get(key) for key in ("pub", "sub", "replay", "incarnation", "pid")}
                 self.changed.set()
             elif event.get("event") == "stats":
                 event.pop("event")

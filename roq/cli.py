@@ -10,8 +10,8 @@ import enum
 import functools
 import json
 import os
+import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -273,22 +273,32 @@ def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: flo
 @click.option("--topic", "-t", "topics", multiple=True, help="topic prefix (repeatable; default: all)")
 @click.option("--count", "-n", type=int, default=0, help="stop after N messages (0 = forever)")
 @click.option("--timeout", type=float, default=0.0, help="stop after N idle seconds (0 = never)")
+@click.option("--durable", metavar="NAME", default=None,
+              help="resume where the subscriber of this name stopped (position under client.state_dir)")
 @pass_ctx
 @handle_errors
-def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float) -> None:
+def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float,
+              durable: str | None) -> None:
     """Print the messages of QUEUE, one per line: topic<TAB>payload."""
     from roq.client.subscriber import Subscriber
     received = 0
     out = click.get_binary_stream("stdout")
-    with Subscriber(queue_name, ctx.config, topics) as sub:
-        while not count or received < count:
-            msg = sub.receive(timeout=timeout or None)
-            if msg is None:
-                break
-            out.write(msg.topic + b"\t" + msg.payload + b"\n")
-            out.flush()
-            received += 1
-    click.echo(f"received {received} messages", err=True)
+    # SIGTERM leaves through the with-block, so a durable position is saved.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))
+    with Subscriber(queue_name, ctx.config, topics, durable=durable) as sub:
+        try:
+            while not count or received < count:
+                msg = sub.receive(timeout=timeout or None)
+                if msg is None:
+                    break
+                out.write(msg.topic + b"\t" + msg.payload + b"\n")
+                out.flush()
+                received += 1
+        except KeyboardInterrupt:
+            pass
+        stats = sub.stats()
+    click.echo(f"received {received} messages (duplicates dropped {stats['duplicates']}, "
+               f"recovered frames {stats['recovered_frames']}, unrecoverable gaps {stats['gaps']})", err=True)
 
 
 @main.command()

@@ -63,9 +63,14 @@ class HcmConfig:
 class ExchangeConfig:
     max_message_bytes: int = 1 << 20
     max_batch_bytes: int = 16 << 20
-    sub_hwm: int = 1_000  # frames queued per subscriber before XPUB drops for it (seen as gaps)
+    sub_hwm: int = 1_000  # frames queued per subscriber before XPUB drops for it (then fetched back)
     pub_hwm: int = 10_000
     stats_interval: float = 1.0
+    # Frames kept for subscribers that come back or fell behind (whichever bound is hit first).
+    retention_seconds: float = 60.0
+    retention_bytes: int = 64 << 20
+    fetch_max_bytes: int = 4 << 20  # per fetch reply; a subscriber pages through the rest
+    beat_interval: float = 1.0  # heartbeat with the stream position, for subscribers whose tail was dropped
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,11 @@ class ClientConfig:
     # confirmed messages its subscribers never got. Must outlast failure detection.
     replay_seconds: float = 15.0
     replay_bytes: int = 64 << 20
+    # Durable subscribers save their position under this directory, one file per queue and name.
+    state_dir: str = ".roq/subscribers"
+    position_save_interval: float = 1.0
+    fetch_timeout: float = 3.0  # one retention fetch round trip before the exchange counts as unreachable
+    receive_hwm: int = 100_000  # frames a subscriber's socket queues before the exchange holds (then drops) them
 
 
 @dataclass(frozen=True)
@@ -247,6 +257,11 @@ def _validate(c: Config) -> None:
         ("hcm.restart_backoff", c.hcm.restart_backoff), ("hcm.ready_timeout", c.hcm.ready_timeout),
         ("hcm.stop_grace", c.hcm.stop_grace), ("exchange.max_message_bytes", c.exchange.max_message_bytes),
         ("exchange.sub_hwm", c.exchange.sub_hwm), ("exchange.stats_interval", c.exchange.stats_interval),
+        ("exchange.retention_bytes", c.exchange.retention_bytes),
+        ("exchange.fetch_max_bytes", c.exchange.fetch_max_bytes),
+        ("exchange.beat_interval", c.exchange.beat_interval),
+        ("client.position_save_interval", c.client.position_save_interval),
+        ("client.fetch_timeout", c.client.fetch_timeout), ("client.receive_hwm", c.client.receive_hwm),
         ("client.request_timeout", c.client.request_timeout), ("client.max_unconfirmed", c.client.max_unconfirmed),
         ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes), ("client.publish_timeout", c.client.publish_timeout),
         ("client.confirm_timeout", c.client.confirm_timeout), ("client.replay_bytes", c.client.replay_bytes),
@@ -262,6 +277,8 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"{where} must be a TCP port (0 = any free one), got {port}")
     if c.client.replay_seconds < 0:
         raise ConfigError("client.replay_seconds must be >= 0")
+    if c.exchange.retention_seconds < 0:
+        raise ConfigError("exchange.retention_seconds must be >= 0 (0 keeps nothing)")
     if c.gcm.reassign_grace < 0:
         raise ConfigError("gcm.reassign_grace must be >= 0")
     if c.log.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -19,6 +19,10 @@ def check_host_name(name: object) -> str:
     return _check("host", name)
 
 
+def check_subscriber_name(name: object) -> str:
+    return _check("durable subscriber", name)
+
+
 def _check(kind: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
         raise InvalidNameError(
@@ -29,9 +33,12 @@ def _check(kind: str, name: object) -> str:
 
 
 def check_topic(topic: object) -> bytes:
-    """Topics are byte strings (str is UTF-8 encoded), 1-255 bytes."""
+    """Topics are byte strings (str is UTF-8 encoded), 1-255 bytes, not starting with NUL.
+
+    A leading NUL is reserved for the exchange's own marker topics."""
     if isinstance(topic, str):
         topic = topic.encode()
-    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES:
-        raise InvalidNameError(f"invalid topic {topic!r}: must be 1-{MAX_TOPIC_BYTES} bytes")
+    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES or topic[:1] == b"\x00":
+        raise InvalidNameError(f"invalid topic {topic!r}: must be 1-{MAX_TOPIC_BYTES} bytes, "
+                               "not starting with a NUL byte")
     return topic

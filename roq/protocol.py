@@ -120,12 +120,27 @@ def decode_reply(frame: bytes) -> Reply:
 #   ["error", v, code, message]         the frame was refused as a whole
 #   ["move", v, reason]                 please publish to another exchange of the queue
 # Exchange → subscriber (XPUB → SUB), two frames:
-#   topic, [v, exchange_id, publisher_id, sent_ns, prev_seq, [seq, ...], [payload, ...]]
-#   prev_seq: the publisher's previous seq on this topic through this exchange (0 = unknown),
-#   so a subscriber can tell that frames of a topic it follows were dropped.
+#   topic, [v, exchange_id, incarnation, pos, prev_pos, publisher_id, sent_ns, [seq, ...], [payload, ...]]
+#   pos: this frame's position in the exchange incarnation's stream (1, 2, ...);
+#   prev_pos: position of the previous frame of the same topic (0 = unknown), so a
+#   subscriber can tell that frames of a topic it follows never reached it.
+#   SYNC_PREFIX + subscriber id, [v, "sync", exchange_id, incarnation, next_pos]
+#   answers a subscription to that marker topic: every frame from next_pos on is live.
+#   BEAT_TOPIC, [v, "beat", exchange_id, incarnation, next_pos]   every exchange.beat_interval,
+#   so a subscriber whose last frames were dropped learns that it missed something.
+# Subscriber → exchange replay socket (DEALER → ROUTER):
+#   ["fetch", v, request_id, incarnation, after, before, [topic prefix, ...], max_bytes, [[topic, pos], ...]]
+#   the last list names topics the subscriber already has up to pos: older frames of them are skipped.
+#   ["frames", v, request_id, incarnation, oldest, [[topic, body], ...], scanned_to, done]
+#   ["error", v, request_id, code, message]
 
 HELLO, BATCH, BYE = "hello", "batch", "bye"
 WELCOME, ACK, REJECT, ERROR, MOVE = "welcome", "ack", "reject", "error", "move"
+SYNC, FETCH, FRAMES = "sync", "fetch", "frames"
+SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
+BEAT_TOPIC = b"\x00roq.beat"
+BEAT = "beat"
+MAX_FETCH_PREFIXES = 1024
 
 
 @dataclass(frozen=True)
@@ -175,16 +190,18 @@ def encode_bye(publisher: str) -> bytes:
 @dataclass(frozen=True)
 class Delivery:
     exchange: str
+    incarnation: str
+    pos: int
+    prev_pos: int
     publisher: str
     sent_ns: int
-    prev_seq: int
     seqs: list[int]
     payloads: list[bytes]
 
 
-def encode_delivery(exchange_id: str, publisher: str, sent_ns: int, prev_seq: int,
-                    seqs: list[int], payloads: list[bytes]) -> bytes:
-    return pack([VERSION, exchange_id, publisher, sent_ns, prev_seq, seqs, payloads])
+def encode_delivery(exchange_id: str, incarnation: str, pos: int, prev_pos: int, publisher: str,
+                    sent_ns: int, seqs: list[int], payloads: list[bytes]) -> bytes:
+    return pack([VERSION, exchange_id, incarnation, pos, prev_pos, publisher, sent_ns, seqs, payloads])
 
 
 def decode_delivery(frame: bytes) -> Delivery:
@@ -192,12 +209,105 @@ def decode_delivery(frame: bytes) -> Delivery:
         msg = msgpack.unpackb(frame, raw=False)
     except Exception:
         raise ProtocolError("delivery is not valid msgpack") from None
-    if not isinstance(msg, list) or len(msg) != 7 or msg[0] != VERSION:
-        raise ProtocolError("delivery must be [v, exchange, publisher, sent_ns, prev_seq, seqs, payloads]")
-    _, exchange_id, publisher, sent_ns, prev_seq, seqs, payloads = msg
+    if not isinstance(msg, list) or len(msg) != 9 or msg[0] != VERSION:
+        raise ProtocolError("delivery must be [v, exchange, incarnation, pos, prev_pos, publisher, "
+                            "sent_ns, seqs, payloads]")
+    _, exchange_id, incarnation, pos, prev_pos, publisher, sent_ns, seqs, payloads = msg
+    if not _is_int(pos) or not _is_int(prev_pos) or not isinstance(incarnation, str):
+        raise ProtocolError("delivery pos and prev_pos must be integers, incarnation a string")
     if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length")
-    return Delivery(exchange_id, publisher, sent_ns, prev_seq, seqs, payloads)
+    return Delivery(exchange_id, incarnation, pos, prev_pos, publisher, sent_ns, seqs, payloads)
+
+
+@dataclass(frozen=True)
+class Sync:
+    exchange: str
+    incarnation: str
+    next_pos: int
+
+
+def sync_topic(subscriber_id: str) -> bytes:
+    return SYNC_PREFIX + subscriber_id.encode()
+
+
+def encode_sync(exchange_id: str, incarnation: str, next_pos: int, kind: str = SYNC) -> bytes:
+    return pack([VERSION, kind, exchange_id, incarnation, next_pos])
+
+
+def decode_sync(frame: bytes, kind: str = SYNC) -> Sync:
+    """A sync answer, or (kind=BEAT) a heartbeat: both tell the next position."""
+    msg = unpack(frame, MAX_CONTROL_FRAME)
+    if not isinstance(msg, list) or len(msg) != 5 or msg[:2] != [VERSION, kind] \
+            or not isinstance(msg[2], str) or not isinstance(msg[3], str) or not _is_int(msg[4]):
+        raise ProtocolError(f"{kind} must be [v, \"{kind}\", exchange, incarnation, next_pos]")
+    return Sync(msg[2], msg[3], msg[4])
+
+
+@dataclass(frozen=True)
+class Fetch:
+    request_id: int
+    incarnation: str
+    after: int
+    before: int
+    prefixes: list[bytes]
+    max_bytes: int
+    known: dict[bytes, int]
+
+
+def encode_fetch(request_id: int, incarnation: str, after: int, before: int,
+                 prefixes: list[bytes], max_bytes: int, known: list[list[Any]] | None = None) -> bytes:
+    return pack([FETCH, VERSION, request_id, incarnation, after, before, prefixes, max_bytes, known or []])
+
+
+def decode_fetch(frame: bytes) -> Fetch:
+    msg = unpack(frame, MAX_CONTROL_FRAME)
+    if not isinstance(msg, list) or len(msg) != 9 or msg[0] != FETCH:
+        raise ProtocolError("fetch must be [\"fetch\", v, request_id, incarnation, after, before, "
+                            "[prefix, ...], max_bytes, [[topic, pos], ...]]")
+    _, version, request_id, incarnation, after, before, prefixes, max_bytes, known = msg
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version!r}, this exchange speaks {VERSION}")
+    if not all(_is_int(v) and v >= 0 for v in (request_id, after, before, max_bytes)):
+        raise ProtocolError("fetch request_id, after, before and max_bytes must be integers >= 0")
+    if not isinstance(incarnation, str):
+        raise ProtocolError("fetch incarnation must be a string")
+    if not isinstance(prefixes, list) or len(prefixes) > MAX_FETCH_PREFIXES \
+            or not all(isinstance(p, bytes) for p in prefixes):
+        raise ProtocolError(f"fetch prefixes must be a list of at most {MAX_FETCH_PREFIXES} byte strings")
+    if not isinstance(known, list) or len(known) > MAX_FETCH_PREFIXES or not all(
+            isinstance(k, list) and len(k) == 2 and isinstance(k[0], bytes) and _is_int(k[1]) for k in known):
+        raise ProtocolError(f"fetch known topics must be at most {MAX_FETCH_PREFIXES} [topic, pos] pairs")
+    return Fetch(request_id, incarnation, after, before, prefixes, max_bytes, {k[0]: k[1] for k in known})
+
+
+@dataclass(frozen=True)
+class Frames:
+    request_id: int
+    incarnation: str
+    oldest: int  # oldest position still retained
+    frames: list[tuple[bytes, bytes]]  # (topic, delivery body), in position order
+    scanned_to: int  # every position <= this was looked at
+    done: bool
+
+
+def encode_frames(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, bytes]],
+                  scanned_to: int, done: bool) -> bytes:
+    return pack([FRAMES, VERSION, request_id, incarnation, oldest, frames, scanned_to, done])
+
+
+def decode_fetch_reply(frame: bytes, max_size: int) -> Frames:
+    msg = unpack(frame, max_size)
+    if isinstance(msg, list) and len(msg) == 5 and msg[0] == ERROR:
+        raise ProtocolError(f"exchange refused the fetch: {msg[3]}: {msg[4]}")
+    if not isinstance(msg, list) or len(msg) != 8 or msg[0] != FRAMES or msg[1] != VERSION:
+        raise ProtocolError("fetch reply must be [\"frames\", v, request_id, incarnation, oldest, "
+                            "frames, scanned_to, done]")
+    _, _, request_id, incarnation, oldest, frames, scanned_to, done = msg
+    if not isinstance(frames, list) or not all(
+            isinstance(f, list) and len(f) == 2 and all(isinstance(x, bytes) for x in f) for f in frames):
+        raise ProtocolError("fetch reply frames must be [topic, body] pairs")
+    return Frames(request_id, incarnation, oldest, [(f[0], f[1]) for f in frames], scanned_to, bool(done))
 
 
 def decode_exchange_reply(frame: bytes) -> list[Any]:

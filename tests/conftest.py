@@ -4,7 +4,6 @@ daemon processes that are always cleaned up, logs printed when a test fails."""
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 

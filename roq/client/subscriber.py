@@ -2,14 +2,38 @@
 
 One SUB socket, owned by the I/O thread, is connected to every running
 exchange; ZooKeeper watches add new exchanges and drop removed ones while it
-runs. Topic filtering is by prefix, inside libzmq. Each publisher's sequence
-numbers are tracked so a replayed message (after a publisher moved) reaches
-the application once; `duplicates` counts what was dropped.
+runs. Topic filtering is by prefix, inside libzmq.
+
+Nothing is lost between the exchanges and the application while the
+exchanges' retention lasts:
+* Each exchange incarnation numbers its frames. With its topics the subscriber
+  subscribes to a private sync marker; the exchange answers with the next
+  position once the subscriptions are active. Frames before it are fetched from
+  the exchange's retention (replay socket) when the subscriber knows where it
+  left off: a reconnect, a restart with a saved position, an exchange that
+  appeared after the subscriber started.
+* Every frame names the position of the previous frame of its topic. A broken
+  chain means frames were dropped on the way (a full XPUB queue, a network
+  cut): they are fetched before the frame that revealed the hole is handed over.
+  When the dropped frames were the last ones, the exchange's heartbeat (its
+  next position) reveals them: a stream that brought nothing between two beats
+  while its position moved is caught up by a fetch.
+* What was handed over is tracked per publisher as runs of sequence numbers, so
+  a message arriving twice (a publisher replayed it elsewhere after a move, or a
+  fetch overlapped the live stream) reaches the application once.
+`gaps` counts holes that could not be filled (evicted from retention, or the
+exchange was unreachable); `stats()` has the rest.
+
+Durable subscribers (`durable="name"`) save what the application has taken to
+`client.state_dir/<queue>/<name>.json` every `client.position_save_interval`
+and on close, and resume from it. `position()` returns the same thing for
+applications that store it themselves (pass it back as `position=`).
 
 Iterator style: `for msg in sub` / `sub.receive(timeout)`. Callback style:
 `Subscriber(..., callback=fn)`; `fn` runs on the I/O thread, keep it short.
 The hand-off queue is bounded: a slow application slows the socket, and the
-exchange's high-water mark (not this process's memory) absorbs the rest.
+exchange's high-water mark and retention (not this process's memory) absorb
+the rest.
 """
 
 from __future__ import annotations
@@ -19,23 +43,31 @@ import os
 import queue as queue_module
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
+from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
+from roq.client.position import Position, load_position, position_file, save_position
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import ProtocolError
-from roq.names import check_topic
+from roq.names import check_subscriber_name, check_topic
 from roq.paths import Paths
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
 
 HANDOFF_LIMIT = 100_000  # messages buffered between the I/O thread and the application
+SYNC_TIMEOUT = 2.0  # no sync answer this long: catch up from the first live frame instead
+TOPIC_TRACK_LIMIT = 100_000  # topics whose last position is remembered, per exchange incarnation
+MAX_FETCH_REPLY = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -46,23 +78,57 @@ class Message:
     seq: int
     exchange: str
     sent_ns: int
+    incarnation: str = ""
+    pos: int = 0
+
+
+@dataclass
+class _Stream:
+    """What the I/O thread knows of one exchange incarnation's stream."""
+    exchange: str
+    high: int = 0  # highest position handled
+    known: bool = False  # we have followed it before (or resume from a saved position on it)
+    floor: int = 0  # every wanted frame at or below this position was handled (or is lost)
+    synced: bool = False  # our subscriptions are live on it and older frames were caught up
+    live_since_beat: bool = False
+    pending: list[tuple[bytes, protocol.Delivery]] = field(default_factory=list)  # live, before the sync
+    unsynced_since: float = field(default_factory=time.monotonic)
+    topic_pos: dict[bytes, int] = field(default_factory=dict)  # topic → position of its last frame
 
 
 class Subscriber:
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
-                 zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None) -> None:
+                 zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
+                 durable: str | None = None, position: dict[str, Any] | None = None) -> None:
         self.config = config
         self.queue = queue
         self.topics = [check_topic(t) for t in topics] or [b""]
         self.callback = callback
+        self.id = uuid.uuid4().hex
+        self._position_path: Path | None = None
+        saved = Position.from_json(position) if position is not None else None
+        if durable is not None:
+            self._position_path = position_file(config.client.state_dir, queue, check_subscriber_name(durable))
+            if saved is None:
+                saved = load_position(self._position_path)
+        self.resumed = saved is not None
+        self._taken = saved or Position()  # what the application has taken (saved, returned by position())
+        self._taken_lock = threading.Lock()
+        self._recovered_waiting: dict[str, list[int]] = {}  # incarnation → positions of fetched frames in the inbox
+        self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
+        self._streams: dict[str, _Stream] = {
+            inc: _Stream(exchange=inc.rsplit(".", 1)[0], high=pos, floor=pos, known=True)
+            for inc, pos in self._taken.streams.items()}
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         self._inbox: queue_module.Queue[Message] = queue_module.Queue(HANDOFF_LIMIT)
-        self._last_seq: dict[str, int] = {}  # publisher → highest seq delivered (dedup)
-        self._topic_last: dict[tuple[str, bytes], int] = {}  # (publisher, topic) → last seq seen
         self.received = 0
         self.duplicates = 0
-        self.gaps = 0  # deliveries of a followed topic that never arrived (dropped for slowness)
+        self.gaps = 0  # holes in a followed topic that retention could not fill
+        self.recovered = 0  # frames fetched from retention and handed over
+        self.fetches = 0
+        self.fetch_failures = 0
+        self.resyncs = 0  # reconnections to an exchange we had been following
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
@@ -75,6 +141,9 @@ class Subscriber:
             if self._own_zk:
                 stop_client(self.zk)
             raise
+        # A new subscriber starts at the sync point of the exchanges running now; an
+        # exchange that appears later is read from the start of its retention.
+        self._start_at_sync: set[str] = set() if self.resumed else set(self.topology.snapshot())
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
         self._thread.start()
@@ -84,9 +153,11 @@ class Subscriber:
 
     def receive(self, timeout: float | None = None) -> Message | None:
         try:
-            return self._inbox.get(timeout=timeout)
+            msg = self._inbox.get(timeout=timeout)
         except queue_module.Empty:
             return None
+        self._note_taken(msg)
+        return msg
 
     def __iter__(self) -> Iterator[Message]:
         while not self._closed:
@@ -94,15 +165,31 @@ class Subscriber:
             if msg is not None:
                 yield msg
 
+    def position(self) -> dict[str, Any]:
+        """Where this subscriber would resume: pass it back as `position=`."""
+        with self._taken_lock:
+            data = self._taken.to_json()
+            for inc, waiting in self._recovered_waiting.items():
+                if waiting and inc in data["streams"]:
+                    data["streams"][inc] = min(data["streams"][inc], min(waiting) - 1)
+        return data
+
+    def stats(self) -> dict[str, int]:
+        return {"received": self.received, "duplicates": self.duplicates, "gaps": self.gaps,
+                "recovered_frames": self.recovered, "fetches": self.fetches,
+                "fetch_failures": self.fetch_failures, "resyncs": self.resyncs,
+                "exchanges": len(self.connected)}
+
     def wait_connected(self, count: int | None = None, timeout: float = 10.0) -> None:
-        """Wait until connected to `count` exchanges (default: all running ones)."""
+        """Wait until the subscriptions are live on `count` exchanges (default: all running ones)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            want = count if count is not None else len(self.topology.snapshot())
-            if want and len(self.connected) >= want:
+            live = self.topology.snapshot()
+            want = count if count is not None else len(live)
+            if want and sum(1 for xid, data in live.items() if self._is_synced(xid, data)) >= want:
                 return
             time.sleep(0.02)
-        raise TimeoutError(f"connected to {sorted(self.connected)} after {timeout:.1f}s")
+        raise TimeoutError(f"subscriptions live on {sorted(self.connected)} after {timeout:.1f}s")
 
     def close(self) -> None:
         self._closed = True
@@ -113,6 +200,7 @@ class Subscriber:
                 os.close(fd)
             except OSError:
                 pass
+        self._save_position()
         if self._own_zk:
             stop_client(self.zk)
 
@@ -121,6 +209,33 @@ class Subscriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------ application side
+
+    def _note_taken(self, msg: Message) -> None:
+        with self._taken_lock:
+            self._taken.seen(msg.publisher).add(msg.seq)
+            if msg.incarnation:
+                # Re-read that frame on resume: the application may not have taken all of it.
+                self._taken.advance(msg.incarnation, msg.pos - 1)
+                waiting = self._recovered_waiting.get(msg.incarnation)
+                if waiting and msg.pos in waiting:
+                    waiting.remove(msg.pos)
+
+    def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
+        inc = live.get("incarnation")
+        if not inc:
+            return xid in self.connected
+        stream = self._streams.get(inc)
+        return stream is not None and stream.synced
+
+    def _save_position(self) -> None:
+        if self._position_path is None:
+            return
+        try:
+            save_position(self._position_path, Position.from_json(self.position()))
+        except OSError as exc:
+            log.warning("could not save the subscriber position to %s: %s", self._position_path, exc)
 
     # ------------------------------------------------------------ I/O thread
 
@@ -134,14 +249,23 @@ class Subscriber:
         context = zmq.Context()
         sock = context.socket(zmq.SUB)
         sock.linger = 0
-        sock.rcvhwm = 100_000
+        sock.rcvhwm = self.config.client.receive_hwm
         for topic in self.topics:
             sock.setsockopt(zmq.SUBSCRIBE, topic)
+        sock.setsockopt(zmq.SUBSCRIBE, protocol.BEAT_TOPIC)
+        # Last, so the exchange sees it together with (after) the topics.
+        sock.setsockopt(zmq.SUBSCRIBE, protocol.sync_topic(self.id))
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._fetchers: dict[str, zmq.Socket] = {}
+        self._context = context
+        self._request_id = 0
         endpoints: dict[str, str] = {}
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         seen_version = -1
+        next_save = time.monotonic() + self.config.client.position_save_interval
         self._ready.set()
         try:
             while not self._closed:
@@ -151,20 +275,34 @@ class Subscriber:
                 events = dict(poller.poll(200))
                 if events.get(self._wake_r):
                     os.read(self._wake_r, 4096)
+                if events.get(monitor):
+                    self._on_disconnects(monitor, endpoints)
                 if events.get(sock):
                     self._drain(sock)
+                self._expire_syncs()
+                if self._position_path and time.monotonic() >= next_save:
+                    next_save = time.monotonic() + self.config.client.position_save_interval
+                    self._save_position()
         finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            for fetcher in self._fetchers.values():
+                fetcher.close(linger=0)
             sock.close(linger=0)
             context.term()
 
     def _follow(self, sock: zmq.Socket, current: dict[str, str]) -> dict[str, str]:
-        wanted = {xid: data["sub"] for xid, data in self.topology.snapshot().items() if data.get("sub")}
+        live = self.topology.snapshot()
+        wanted = {xid: data["sub"] for xid, data in live.items() if data.get("sub")}
         for xid, endpoint in current.items():
             if wanted.get(xid) != endpoint:
                 try:
                     sock.disconnect(endpoint)
                 except zmq.ZMQError:
                     pass
+                fetcher = self._fetchers.pop(xid, None)
+                if fetcher is not None:
+                    fetcher.close(linger=0)
                 log.info("subscriber left %s/%s", self.queue, xid)
         for xid, endpoint in wanted.items():
             if current.get(xid) != endpoint:
@@ -172,6 +310,20 @@ class Subscriber:
                 log.info("subscriber joined %s/%s at %s", self.queue, xid, endpoint)
         self.connected = set(wanted)
         return wanted
+
+    def _on_disconnects(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:
+        """A dropped connection loses whatever was in flight: catch up at the next sync."""
+        by_endpoint = {endpoint: xid for xid, endpoint in endpoints.items()}
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            xid = by_endpoint.get(event.get("endpoint", b"").decode(errors="replace"))
+            for stream in self._streams.values():
+                if stream.exchange == xid and stream.synced:
+                    stream.synced = False
+                    stream.unsynced_since = time.monotonic()
 
     def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:
         for _ in range(budget):
@@ -182,27 +334,117 @@ class Subscriber:
             except ValueError:
                 continue  # not two frames: not from an exchange
             try:
+                if topic[:1] == b"\x00":
+                    if topic == protocol.BEAT_TOPIC:
+                        self._on_beat(protocol.decode_sync(body, protocol.BEAT))
+                    elif topic == protocol.sync_topic(self.id):
+                        self._on_sync(protocol.decode_sync(body))
+                    continue  # another subscriber's marker (we follow every topic)
                 delivery = protocol.decode_delivery(body)
             except ProtocolError as exc:
-                log.warning("dropping an undecodable delivery: %s", exc)
+                log.warning("dropping an undecodable frame: %s", exc)
                 continue
-            self._deliver(topic, delivery)
+            self._on_live(topic, delivery)
 
-    def _deliver(self, topic: bytes, d: protocol.Delivery) -> None:
-        publisher = d.publisher
-        last = self._last_seq.get(publisher, 0)
-        topic_last = self._topic_last.get((publisher, topic))
-        if d.prev_seq and topic_last is not None and topic_last < d.prev_seq:
-            self.gaps += 1  # frames of this topic never reached us (slow-subscriber drop)
-        for seq, payload in zip(d.seqs, d.payloads):
-            if seq <= last:
-                self.duplicates += 1
-                continue
-            last = seq
-            msg = Message(topic, payload, publisher, seq, d.exchange, d.sent_ns)
+    def _stream(self, incarnation: str, exchange: str) -> _Stream:
+        stream = self._streams.get(incarnation)
+        if stream is None:
+            stream = self._streams[incarnation] = _Stream(exchange)
+        return stream
+
+    def _on_live(self, topic: bytes, d: protocol.Delivery) -> None:
+        stream = self._stream(d.incarnation, d.exchange)
+        stream.live_since_beat = True
+        if not stream.synced:
+            stream.pending.append((topic, d))
+            return
+        self._accept(stream, topic, d)
+
+    def _on_sync(self, sync: protocol.Sync) -> None:
+        stream = self._stream(sync.incarnation, sync.exchange)
+        if stream.synced:
+            return  # a duplicate answer
+        self._catch_up(stream, sync.incarnation, sync.next_pos)
+
+    def _on_beat(self, beat: protocol.Sync) -> None:
+        stream = self._streams.get(beat.incarnation)
+        if stream is None or not stream.synced:
+            return
+        if stream.live_since_beat:
+            stream.live_since_beat = False  # still flowing: broken chains show holes
+        elif beat.next_pos - 1 > stream.floor:
+            # Quiet since the last beat, yet the stream moved on: were our last frames dropped?
+            if self._fetch(stream, beat.incarnation, stream.floor, beat.next_pos, self.topics):
+                stream.floor = max(stream.floor, beat.next_pos - 1)
+                stream.high = max(stream.high, stream.floor)
+
+    def _expire_syncs(self) -> None:
+        """No sync answer (it was dropped): the first live frame shows where live begins."""
+        now = time.monotonic()
+        for incarnation, stream in list(self._streams.items()):
+            if not stream.synced and stream.pending and now - stream.unsynced_since > SYNC_TIMEOUT:
+                log.info("no sync from %s; catching up to its first live frame", incarnation)
+                self._catch_up(stream, incarnation, stream.pending[0][1].pos)
+
+    def _catch_up(self, stream: _Stream, incarnation: str, live_from: int) -> None:
+        """Fetch what came before `live_from`, then hand over the frames held meanwhile."""
+        strict = stream.known
+        if stream.known:
+            after = stream.high  # we were here before: continue where we left off
+            self.resyncs += 1
+        elif stream.exchange in self._start_at_sync:
+            self._start_at_sync.discard(stream.exchange)
+            after = min([live_from] + [d.pos for _, d in stream.pending]) - 1
+        else:
+            after = 0  # an exchange new to us: all it retains may be ours
+        if after < live_from - 1 and not self._fetch(stream, incarnation, after, live_from, self.topics, strict):
+            self.gaps += 1  # the exchange did not answer: what it retained for us is lost to us
+        stream.floor = max(stream.floor, live_from - 1, after)
+        stream.high = max(stream.high, stream.floor)
+        stream.synced = stream.known = True
+        pending, stream.pending = stream.pending, []
+        for topic, d in pending:
+            self._accept(stream, topic, d)
+
+    def _accept(self, stream: _Stream, topic: bytes, d: protocol.Delivery) -> None:
+        """A live frame: fill the hole before it, if its topic's chain is broken, then hand it over."""
+        if d.pos <= stream.floor or d.pos <= stream.topic_pos.get(topic, 0):
+            return  # already fetched
+        known = max(stream.topic_pos.get(topic, 0), stream.floor)
+        if d.prev_pos > known:
+            self._fetch(stream, d.incarnation, known, d.pos, [topic])
+            if d.prev_pos > max(stream.topic_pos.get(topic, 0), stream.floor):
+                self.gaps += 1  # not retained any more, or the exchange did not answer
+                log.warning("%s: frames %d..%d of topic %r are lost", d.incarnation, known + 1, d.prev_pos, topic)
+        self._hand_over(stream, topic, d, recovered=False)
+
+    def _hand_over(self, stream: _Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
+        if d.pos > stream.high:
+            stream.high = d.pos
+        if d.pos > stream.topic_pos.get(topic, 0):
+            stream.topic_pos[topic] = d.pos
+            if len(stream.topic_pos) > TOPIC_TRACK_LIMIT:
+                stream.topic_pos.clear()  # forget chains: nothing before here counts as missing
+                stream.floor = stream.high
+        seqs = d.seqs
+        if not seqs:
+            return
+        seen = self._handed.seen(d.publisher)
+        if seen.add_run(seqs[0], seqs[-1]):
+            fresh = range(len(seqs))
+        else:
+            fresh = [i for i, seq in enumerate(seqs) if seen.add(seq)]
+        self.duplicates += len(seqs) - len(fresh)
+        if recovered and fresh:
+            self.recovered += 1
+            with self._taken_lock:
+                self._recovered_waiting.setdefault(d.incarnation, []).append(d.pos)
+        for i in fresh:
+            msg = Message(topic, d.payloads[i], d.publisher, seqs[i], d.exchange, d.sent_ns, d.incarnation, d.pos)
             self.received += 1
             if self.callback:
                 self.callback(msg)
+                self._note_taken(msg)
             else:
                 while not self._closed:
                     try:
@@ -210,6 +452,78 @@ class Subscriber:
                         break
                     except queue_module.Full:
                         continue
-        self._last_seq[publisher] = last
-        if d.seqs:
-            self._topic_last[(publisher, topic)] = max(d.seqs[-1], topic_last or 0)
+
+    # ------------------------------------------------------------ retention fetches
+
+    def _fetch(self, stream: _Stream, incarnation: str, after: int, before: int, prefixes: list[bytes],
+               strict: bool = True) -> bool:
+        """Hand over the retained frames after < pos < before of `prefixes`, page by page,
+        except those of topics already handed over up to a later position.
+        `strict`: every wanted frame after `after` is ours, so one evicted is a gap.
+        False if the exchange could not be asked or did not answer."""
+        fetcher = self._fetcher(stream.exchange)
+        if fetcher is None:
+            self.fetch_failures += 1
+            return False
+        max_bytes = self.config.exchange.fetch_max_bytes
+        while after < before - 1 and not self._closed:
+            self._request_id += 1
+            self.fetches += 1
+            known = _recent_topics(stream.topic_pos, after)
+            fetcher.send(protocol.encode_fetch(self._request_id, incarnation, after, before, prefixes, max_bytes,
+                                               known))
+            page = self._await_page(fetcher, self._request_id)
+            if page is None:
+                self.fetch_failures += 1
+                self._drop_fetcher(stream.exchange)
+                return False
+            if strict and page.oldest > after + 1:
+                self.gaps += 1
+                log.warning("%s: positions %d..%d were evicted from retention before we fetched them",
+                            incarnation, after + 1, page.oldest - 1)
+            for topic, body in page.frames:
+                try:
+                    d = protocol.decode_delivery(body)
+                except ProtocolError:
+                    continue
+                self._hand_over(stream, topic, d, recovered=True)
+            after = max(after + 1, page.scanned_to) if not page.done else before - 1
+        return True
+
+    def _await_page(self, fetcher: zmq.Socket, request_id: int) -> protocol.Frames | None:
+        deadline = time.monotonic() + self.config.client.fetch_timeout
+        while not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not fetcher.poll(int(remaining * 1000)):
+                return None
+            try:
+                page = protocol.decode_fetch_reply(fetcher.recv(), MAX_FETCH_REPLY)
+            except ProtocolError as exc:
+                log.warning("fetch refused: %s", exc)
+                return None
+            if page.request_id == request_id:
+                return page  # older answers (after a timeout) are skipped
+        return None
+
+    def _fetcher(self, xid: str) -> zmq.Socket | None:
+        fetcher = self._fetchers.get(xid)
+        if fetcher is None:
+            endpoint = (self.topology.snapshot().get(xid) or {}).get("replay")
+            if not endpoint:
+                return None
+            fetcher = self._context.socket(zmq.DEALER)
+            fetcher.linger = 0
+            fetcher.connect(endpoint)
+            self._fetchers[xid] = fetcher
+        return fetcher
+
+    def _drop_fetcher(self, xid: str) -> None:
+        fetcher = self._fetchers.pop(xid, None)
+        if fetcher is not None:
+            fetcher.close(linger=0)
+
+
+def _recent_topics(topic_pos: dict[bytes, int], after: int) -> list[list[Any]]:
+    """[topic, position] of topics handed over after `after`: the exchange skips their older frames."""
+    recent = [[topic, pos] for topic, pos in topic_pos.items() if pos > after]
+    return recent[-protocol.MAX_FETCH_PREFIXES:]

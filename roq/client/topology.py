@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class QueueTopology:
-    """`exchanges` maps exchange id → {pub, sub, host, stats}; `changed` fires on every change."""
+    """`exchanges` maps exchange id → {pub, sub, replay, host, stats}; `on_change` fires when endpoints change."""
 
     def __init__(self, zk: KazooClient, paths: Paths, queue: str,
                  on_change: Callable[[], None] | None = None) -> None:
@@ -42,8 +42,8 @@ class QueueTopology:
         """Re-read endpoints and statistics (watches call this; callers may too)."""
         live = read_live(self.zk, self.paths, self.queue)
         with self._lock:
-            changed = {k: (v.get("pub"), v.get("sub")) for k, v in live.items()} != \
-                      {k: (v.get("pub"), v.get("sub")) for k, v in self.exchanges.items()}
+            changed = {k: _endpoints(v) for k, v in live.items()} != \
+                      {k: _endpoints(v) for k, v in self.exchanges.items()}
             self.exchanges = live
             if changed:
                 self.version += 1
@@ -56,3 +56,7 @@ class QueueTopology:
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return dict(self.exchanges)
+
+
+def _endpoints(live: dict[str, Any]) -> tuple[Any, ...]:
+    return live.get("pub"), live.get("sub"), live.get("replay")

@@ -1,0 +1,80 @@
+"""The retention buffer: recent delivery frames, kept for subscribers that come back.
+
+Every frame the exchange sends to its subscribers gets the next position of
+this incarnation's stream and is kept here, already encoded, until it is older
+than `retention_seconds` or the buffer holds more than `retention_bytes`.
+A subscriber that reconnects, restarts from a saved position, or finds that
+frames of a topic it follows never reached it (dropped by the XPUB high-water
+mark), fetches the missing positions from here. Positions are consecutive, so
+a lookup is an index computation, not a search.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from itertools import islice
+
+
+class Retention:
+    def __init__(self, seconds: float, max_bytes: int) -> None:
+        self.seconds = seconds
+        self.max_bytes = max_bytes
+        self._frames: deque[tuple[float, bytes, bytes]] = deque()  # (stored at, topic, body)
+        self._first_pos = 1  # position of _frames[0]
+        self.bytes = 0
+        self.evicted = 0
+
+    @property
+    def next_pos(self) -> int:
+        return self._first_pos + len(self._frames)
+
+    @property
+    def oldest(self) -> int:
+        """Oldest position still retained (== next_pos when empty)."""
+        return self._first_pos
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def add(self, topic: bytes, body: bytes, now: float | None = None) -> int:
+        """Keep one frame; returns its position."""
+        pos = self.next_pos
+        self._frames.append((now if now is not None else time.monotonic(), topic, body))
+        self.bytes += len(topic) + len(body)
+        if self.bytes > self.max_bytes:
+            self.trim()
+        return pos
+
+    def trim(self, now: float | None = None) -> None:
+        """Forget frames beyond the byte bound or older than the time bound."""
+        horizon = (now if now is not None else time.monotonic()) - self.seconds
+        frames = self._frames
+        while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon):
+            _, topic, body = frames.popleft()
+            self.bytes -= len(topic) + len(body)
+            self._first_pos += 1
+            self.evicted += 1
+
+    def read(self, after: int, before: int, prefixes: list[bytes], max_bytes: int,
+             known: dict[bytes, int] | None = None) -> tuple[list[tuple[bytes, bytes]], int, bool]:
+        """Frames with after < pos < before whose topic starts with one of `prefixes`,
+        leaving out those of a topic in `known` at or below the position given there.
+
+        Returns (frames, scanned_to, done): every position up to `scanned_to`
+        was looked at; `done` is False when `max_bytes` cut the page short (at
+        least one frame is always returned, so paging makes progress)."""
+        before = min(before, self.next_pos)
+        start = max(after + 1, self._first_pos)
+        found: list[tuple[bytes, bytes]] = []
+        size = 0
+        wanted = tuple(prefixes)
+        match_all = not prefixes or b"" in prefixes
+        window = islice(self._frames, start - self._first_pos, max(start, before) - self._first_pos)
+        for pos, (_, topic, body) in enumerate(window, start):
+            if (match_all or topic.startswith(wanted)) and (not known or pos > known.get(topic, 0)):
+                if found and size + len(body) > max_bytes:
+                    return found, pos - 1, False
+                found.append((topic, body))
+                size += len(body)
+        return found, max(after, before - 1), True

@@ -1,0 +1,179 @@
+"""What a subscriber has already handed to its application, and how it is saved.
+
+`SeenSequences` holds one publisher's sequence numbers as sorted, disjoint
+runs, so a message that arrives twice (a publisher replayed it through another
+exchange, or a fetch from retention overlapped the live stream) is recognised
+whatever the order of arrival. `Position` adds, per exchange incarnation, the
+stream position handled so far; saved to a file it lets a durable subscriber
+resume after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from bisect import bisect_right
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from roq.errors import ConfigError
+
+RUN_LIMIT = 10_000  # runs kept per publisher; older ones fold into the floor
+SAVED_RUNS = 1_000  # runs written per publisher when a position is saved
+PUBLISHER_LIMIT = 10_000  # publishers remembered; the least recently seen is forgotten first
+STREAM_LIMIT = 1_000  # exchange incarnations remembered
+FORMAT_VERSION = 1
+
+
+class SeenSequences:
+    """Sequence numbers already handed over, as runs [starts[i], ends[i]] (inclusive).
+
+    Everything below `floor` counts as seen: runs beyond RUN_LIMIT are folded
+    into it, oldest first."""
+
+    def __init__(self, floor: int = 0, runs: list[list[int]] | None = None) -> None:
+        self.floor = floor
+        self.starts = [r[0] for r in runs or ()]
+        self.ends = [r[1] for r in runs or ()]
+
+    def add_run(self, first: int, last: int) -> bool:
+        """Record first..last when all of it lies above everything seen (the common case).
+        Returns False, recording nothing, when the run needs the per-message path."""
+        ends = self.ends
+        if ends and first <= ends[-1] or first < self.floor:
+            return False
+        if ends and first == ends[-1] + 1:
+            ends[-1] = last
+        else:
+            self.starts.append(first)
+            ends.append(last)
+            self._bound()
+        return True
+
+    def add(self, seq: int) -> bool:
+        """Record one sequence number; False if it was already seen."""
+        if self.add_run(seq, seq):
+            return True
+        if seq < self.floor:
+            return False
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, seq) - 1  # the run starting at or before seq
+        if i >= 0 and seq <= ends[i]:
+            return False
+        joins_left = i >= 0 and ends[i] + 1 == seq
+        joins_right = i + 1 < len(starts) and starts[i + 1] == seq + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = seq
+        elif joins_right:
+            starts[i + 1] = seq
+        else:
+            starts.insert(i + 1, seq)
+            ends.insert(i + 1, seq)
+            self._bound()
+        return True
+
+    def _bound(self) -> None:
+        while len(self.starts) > RUN_LIMIT:
+            self.floor = self.ends[0] + 1
+            del self.starts[0], self.ends[0]
+
+    def to_json(self, runs: int = SAVED_RUNS) -> dict[str, Any]:
+        cut = max(0, len(self.starts) - runs)
+        floor = self.ends[cut - 1] + 1 if cut else self.floor
+        return {"floor": floor, "runs": [[s, e] for s, e in zip(self.starts[cut:], self.ends[cut:])]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> SeenSequences:
+        floor, runs = data["floor"], data["runs"]
+        if not isinstance(floor, int) or not all(
+                isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) for r in runs):
+            raise ValueError("bad runs")
+        runs = sorted(runs)
+        if any(a[1] >= b[0] for a, b in zip(runs, runs[1:])):
+            raise ValueError("overlapping runs")
+        return cls(floor, runs)
+
+
+class Position:
+    """Per publisher: sequences seen. Per exchange incarnation: position handled."""
+
+    def __init__(self) -> None:
+        self.publishers: OrderedDict[str, SeenSequences] = OrderedDict()
+        self.streams: OrderedDict[str, int] = OrderedDict()
+
+    def seen(self, publisher: str) -> SeenSequences:
+        seqs = self.publishers.get(publisher)
+        if seqs is None:
+            seqs = self.publishers[publisher] = SeenSequences()
+            if len(self.publishers) > PUBLISHER_LIMIT:
+                self.publishers.popitem(last=False)
+        return seqs
+
+    def advance(self, incarnation: str, pos: int) -> None:
+        if pos > self.streams.get(incarnation, -1):
+            self.streams[incarnation] = pos
+            if len(self.streams) > STREAM_LIMIT:
+                self.streams.popitem(last=False)
+
+    def copy(self) -> Position:
+        return Position.from_json(self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": FORMAT_VERSION,
+                "publishers": {p: s.to_json() for p, s in self.publishers.items()},
+                "streams": dict(self.streams)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Position:
+        position = cls()
+        try:
+            if data.get("version") != FORMAT_VERSION:
+                raise ValueError(f"format version {data.get('version')!r}, expected {FORMAT_VERSION}")
+            for publisher, seqs in data["publishers"].items():
+                position.publishers[str(publisher)] = SeenSequences.from_json(seqs)
+            for incarnation, pos in data["streams"].items():
+                if not isinstance(pos, int) or pos < 0:
+                    raise ValueError(f"bad position {pos!r}")
+                position.streams[str(incarnation)] = pos
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"not a subscriber position: {exc}") from None
+        return position
+
+
+def position_file(state_dir: str, queue: str, name: str) -> Path:
+    return Path(state_dir) / queue / f"{name}.json"
+
+
+def load_position(path: Path) -> Position | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not a subscriber position ({exc})") from None
+    return Position.from_json(data)
+
+
+def save_position(path: Path, position: Position) -> None:
+    """Write atomically: a crash leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(position.to_json(), out, separators=(",", ":"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,30 @@
+"""A two-host cluster of real processes, and queues on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from roq.client.admin import Admin
+from roq.state import read_hosts, read_leader, read_live
+from roq.testing import wait_until
+
+
+@pytest.fixture
+def cluster(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    return start_cluster(procs, zk, paths)
+
+
+def start_cluster(procs, zk, paths, *host_settings: str):  # type: ignore[no-untyped-def]
+    """One GCM and two HCMs; `host_settings` ("exchange.sub_hwm=5") reach the exchanges."""
+    procs.gcm("gcm-0")
+    for host in ("host-1", "host-2"):
+        procs.start("hcm", host, f"hcm.host={host}", *host_settings)
+    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="cluster")
+    return procs
+
+
+def create(config, zk, paths, name, exchanges):  # type: ignore[no-untyped-def]
+    """Create a queue and wait until all its exchanges run."""
+    with Admin(config, zk) as admin:
+        admin.create_queue(name, exchanges=exchanges)
+    wait_until(lambda: len(read_live(zk, paths, name)) == exchanges, timeout=15, message="exchanges live")

@@ -1,0 +1,61 @@
+"""What a subscriber has handed over: sequence runs, and its saved position."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from roq.client.position import Position, SeenSequences, load_position, save_position
+from roq.errors import ConfigError
+
+
+@given(st.lists(st.integers(min_value=1, max_value=300), max_size=400))
+def test_runs_remember_exactly_the_numbers_added_in_any_order(seqs: list[int]) -> None:
+    seen, model = SeenSequences(), set()
+    for seq in seqs:
+        assert seen.add(seq) == (seq not in model)
+        model.add(seq)
+    covered = {s for a, b in zip(seen.starts, seen.ends) for s in range(a, b + 1)}
+    assert covered == model
+    assert all(b + 1 < a for b, a in zip(seen.ends, seen.starts[1:]))  # disjoint, not adjacent
+
+
+def test_a_replayed_frame_after_a_move_is_recognised() -> None:
+    seen = SeenSequences()
+    assert seen.add_run(1, 3)
+    assert not seen.add_run(2, 4)  # overlaps: the per-message path decides
+    assert [seen.add(s) for s in (2, 3, 4)] == [False, False, True]
+
+
+def test_older_messages_recovered_late_are_still_new() -> None:
+    seen = SeenSequences()
+    seen.add_run(11, 20)  # a later frame arrived first
+    assert [seen.add(s) for s in range(1, 11)] == [True] * 10  # the fetched hole
+    assert (seen.starts, seen.ends) == ([1], [20])
+
+
+def test_position_round_trips_through_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    position = Position()
+    for seq in (1, 2, 3, 7):
+        position.seen("pub-a").add(seq)
+    position.advance("x1.abcd", 41)
+    path = tmp_path / "q" / "billing.json"
+    save_position(path, position)
+    loaded = load_position(path)
+    assert loaded is not None and loaded.to_json() == position.to_json()
+    assert not loaded.seen("pub-a").add(7) and loaded.seen("pub-a").add(4)
+
+
+def test_a_damaged_position_file_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not a subscriber position"):
+        load_position(path)
+    path.write_text(json.dumps({"version": 1, "publishers": {"p": {"floor": 0, "runs": [[5, 9], [7, 12]]}},
+                                "streams": {}}))
+    with pytest.raises(ConfigError, match="overlapping"):
+        load_position(path)
+    assert load_position(tmp_path / "missing.json") is None
