@@ -302,6 +302,30 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
 
 
 @main.command()
+@click.option("--queue", "queue_name", default="bench", show_default=True,
+              help="queue to use; created (and deleted afterwards) if it does not exist")
+@click.option("--exchanges", "-x", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="exchanges of the queue when it is created")
+@click.option("--size", type=click.IntRange(9, 1 << 20), default=100, show_default=True, help="payload bytes")
+@click.option("--messages", "-n", type=click.IntRange(1, 100_000_000), default=100_000, show_default=True,
+              help="messages per publisher")
+@click.option("--publishers", "-p", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--subscribers", "-s", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="each subscriber gets every message (fan-out)")
+@click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="total messages per second (0 = as fast as possible)")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="also write the result as JSON to this file (- for stdout)")
+@pass_ctx
+@handle_errors
+def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: int, publishers: int,
+          subscribers: int, rate: float, json_out: str | None) -> None:
+    """Measure throughput and latency percentiles of the running cluster."""
+    from roq.bench_cli import run_bench
+    run_bench(ctx.config, queue_name, exchanges, size, messages, publishers, subscribers, rate, json_out)
+
+
+@main.command()
 @click.option("--messages", "-n", type=click.IntRange(1, 10_000_000), default=200_000, show_default=True)
 @click.option("--size", type=click.IntRange(1, 1 << 20), default=100, show_default=True, help="payload bytes")
 @click.option("--keep", is_flag=True, help="leave the cluster running afterwards")

@@ -1,0 +1,132 @@
+"""Peer servers for the comparison, from Debian's packages: installed if missing, started on
+free loopback ports in a scratch directory, stopped afterwards (nothing is left running)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+PACKAGES = {"nats": "nats-server", "redis": "redis-server", "rabbitmq": "rabbitmq-server"}
+BINARIES = {"nats": "/usr/sbin/nats-server", "redis": "/usr/bin/redis-server",
+            "rabbitmq": "/usr/lib/rabbitmq/bin/rabbitmq-server"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ensure_installed(systems: list[str]) -> None:
+    missing = [PACKAGES[s] for s in systems if s in PACKAGES and not Path(BINARIES[s]).exists()]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise RuntimeError(f"missing {' '.join(missing)}: install them (apt-get install) or run as root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # Debian's scripts would start system-wide services: forbid that while installing.
+    policy = Path("/usr/sbin/policy-rc.d")
+    had_policy = policy.exists()
+    if not had_policy:
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        subprocess.run(["apt-get", "install", "-y", "-q", *missing], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+    finally:
+        if not had_policy:
+            policy.unlink()
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not open port {port} in {timeout:.0f}s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _spawn(args: list[str], workdir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    log = (workdir / "server.log").open("ab")
+    return subprocess.Popen(args, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+
+
+@contextlib.contextmanager
+def nats(workdir: Path) -> Iterator[dict[str, Any]]:
+    port = free_port()
+    proc = _spawn([BINARIES["nats"], "-a", "127.0.0.1", "-p", str(port)], workdir)
+    try:
+        wait_port(port, proc, "nats-server")
+        yield {"url": f"nats://127.0.0.1:{port}"}
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def redis(workdir: Path) -> Iterator[dict[str, Any]]:
+    port = free_port()
+    # No persistence; no output-buffer limit for pub/sub clients (default would disconnect a slow one).
+    proc = _spawn([BINARIES["redis"], "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0",
+                   "--dir", str(workdir)], workdir)
+    try:
+        wait_port(port, proc, "redis-server")
+        yield {"port": port}
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def rabbitmq(workdir: Path) -> Iterator[dict[str, Any]]:
+    port, dist_port = free_port(), free_port()
+    node = f"roqbench{port}@localhost"
+    (workdir / "plugins").write_text("[].\n")
+    epmd_before = _epmd_running()
+    env = dict(os.environ, HOME=str(workdir), RABBITMQ_NODENAME=node, RABBITMQ_NODE_PORT=str(port),
+               RABBITMQ_DIST_PORT=str(dist_port), RABBITMQ_MNESIA_BASE=str(workdir / "mnesia"),
+               RABBITMQ_LOG_BASE=str(workdir / "log"), RABBITMQ_ENABLED_PLUGINS_FILE=str(workdir / "plugins"),
+               RABBITMQ_PID_FILE=str(workdir / "pid"), RABBITMQ_CONFIG_FILE=str(workdir / "rabbitmq"))
+    proc = _spawn([BINARIES["rabbitmq"]], workdir, env)
+    try:
+        wait_port(port, proc, "rabbitmq-server", timeout=90)
+        yield {"port": port}
+    finally:
+        subprocess.run(["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", node, "stop"], env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+        _stop(proc)
+        if not epmd_before:
+            subprocess.run(["pkill", "-x", "epmd"], check=False)
+
+
+def _epmd_running() -> bool:
+    return subprocess.run(["pgrep", "-x", "epmd"], stdout=subprocess.DEVNULL).returncode == 0
+
+
+def scratch(base: Path, name: str) -> Path:
+    path = base / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path

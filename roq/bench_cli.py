@@ -1,0 +1,76 @@
+"""`roq bench` against a running cluster: a queue, the harness of roq.bench, a table and JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from roq.bench import RunResult, run
+from roq.client.admin import Admin
+from roq.config import Config
+from roq.errors import QueueNotFoundError
+
+console = Console(stderr=True)
+
+
+def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: int, publishers: int,
+              subscribers: int, rate: float, json_out: str | None) -> RunResult:
+    created = _ensure_queue(config, queue, exchanges)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console) as progress:
+            task = progress.add_task("deliveries", total=messages * publishers * subscribers)
+            result = run("roq.bench.RoqAdapter", {"config": config.to_json(), "queue": queue}, size, messages,
+                         publishers, subscribers, rate,
+                         on_progress=lambda done, total: progress.update(task, completed=done))
+    finally:
+        if created:
+            with Admin(config) as admin:
+                admin.delete_queue(queue)
+    console.print(result_table([result]))
+    if json_out:
+        text = json.dumps(result.to_json(), indent=2)
+        if json_out == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            with open(json_out, "w") as out:
+                out.write(text + "\n")
+    return result
+
+
+def _ensure_queue(config: Config, queue: str, exchanges: int) -> bool:
+    """Create the queue if needed and wait for its exchanges; True if we created it."""
+    import time
+    with Admin(config) as admin:
+        try:
+            admin.describe_queue(queue)
+            return False
+        except QueueNotFoundError:
+            admin.create_queue(queue, exchanges=exchanges)
+        deadline = time.monotonic() + 30
+        while sum(1 for x in admin.describe_queue(queue)["exchanges"] if x.get("live")) < exchanges:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the exchanges of {queue} were not running after 30s")
+            time.sleep(0.1)
+    return True
+
+
+def result_table(results: list[RunResult], baseline: RunResult | None = None) -> Table:
+    table = Table(title="benchmark")
+    for column in ("system", "size", "pub×sub", "rate", "msgs/s", "MB/s", "p50 µs", "p99 µs", "p99.9 µs",
+                   "lost"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    if baseline:
+        table.add_column("× raw", justify="right")
+    for r in results:
+        row = [r.system, str(r.size), f"{r.publishers}×{r.subscribers}", f"{r.rate:,.0f}" if r.rate else "max",
+               f"{r.msgs_per_s:,.0f}", f"{r.mb_per_s:,.1f}", f"{r.p50_us:,.0f}", f"{r.p99_us:,.0f}",
+               f"{r.p999_us:,.0f}", str(r.lost)]
+        if baseline:
+            row.append(f"{r.msgs_per_s / baseline.msgs_per_s:.2f}" if baseline.msgs_per_s else "-")
+        table.add_row(*row)
+    return table
