@@ -43,6 +43,7 @@ from roq.zk import start_client, stop_client
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 2  # batches sent but not yet acked; 2 overlaps one round trip
+TOPIC_CACHE = 10_000
 
 
 class Publisher:
@@ -61,6 +62,9 @@ class Publisher:
         self._replay_size = 0
         self._resend: list[tuple[int, bytes, bytes]] = []  # replay window, queued for the new exchange
         self._next_seq = 1
+        self._topics: dict[str | bytes, bytes] = {}  # validated topics, so publish() checks each once
+        self._max_message = config.exchange.max_message_bytes
+        self._max_unconfirmed = config.client.max_unconfirmed
         self._sent_upto = 0  # highest seq sent to the current exchange
         self._acked = 0
         self._in_flight: deque[int] = deque()  # last seq of each batch in flight
@@ -87,14 +91,21 @@ class Publisher:
 
     def publish(self, topic: str | bytes, payload: bytes, timeout: float | None = None) -> int:
         """Queue one message; returns its sequence number. Blocks under backpressure."""
-        topic = check_topic(topic)
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise TypeError("payload must be bytes")
-        payload = bytes(payload)
-        if len(payload) > self.config.exchange.max_message_bytes:
+        try:
+            checked = self._topics.get(topic)
+        except TypeError:  # unhashable: check_topic explains
+            checked = None
+        if checked is None:
+            checked = self._remember_topic(topic)
+        if type(payload) is not bytes:
+            if not isinstance(payload, (bytes, bytearray, memoryview)):
+                raise TypeError("payload must be bytes")
+            payload = bytes(payload)
+        if len(payload) > self._max_message:
             raise MessageTooLargeError(f"payload of {len(payload)} bytes exceeds "
-                                       f"exchange.max_message_bytes={self.config.exchange.max_message_bytes}")
-        limit = self.config.client.max_unconfirmed
+                                       f"exchange.max_message_bytes={self._max_message}")
+        limit = self._max_unconfirmed
+        topic = checked
         with self._cond:
             if self._closed:
                 raise RoqError("publisher is closed")
@@ -106,8 +117,17 @@ class Publisher:
             seq = self._next_seq
             self._next_seq += 1
             self._log.append((seq, topic, payload))
-        self._wake()
+        if not self._wake_pending:  # one wake-up per batch, not one system call per message
+            self._wake_pending = True
+            self._wake()
         return seq
+
+    def _remember_topic(self, topic: str | bytes) -> bytes:
+        checked = check_topic(topic)
+        if len(self._topics) >= TOPIC_CACHE:
+            self._topics.clear()
+        self._topics[topic] = checked
+        return checked
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every message published so far is confirmed."""
@@ -162,6 +182,9 @@ class Publisher:
     # ------------------------------------------------------------ I/O thread
 
     _want_hello = False
+    # Set by publish() when it wakes the I/O thread; cleared by the I/O thread when it can take
+    # more messages, so while batches are in flight publish() costs no system call.
+    _wake_pending = False
 
     def _wake(self) -> None:
         try:
@@ -205,6 +228,9 @@ class Publisher:
                         continue
                     poller.register(sock, zmq.POLLIN)
                 self._send_batches(sock)
+                if len(self._in_flight) < MAX_IN_FLIGHT:
+                    self._wake_pending = False  # from here on publish() must wake us ...
+                    self._send_batches(sock)  # ... and what came before is taken now
                 if self._want_hello:
                     self._want_hello = False
                     sock.send(protocol.encode_hello(self.id))

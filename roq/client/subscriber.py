@@ -47,7 +47,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 from kazoo.client import KazooClient
@@ -70,8 +70,7 @@ TOPIC_TRACK_LIMIT = 100_000  # topics whose last position is remembered, per exc
 MAX_FETCH_REPLY = 1 << 30
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):  # a tuple: cheap to build, once per message
     topic: bytes
     payload: bytes
     publisher: str
@@ -129,6 +128,7 @@ class Subscriber:
         self.fetches = 0
         self.fetch_failures = 0
         self.resyncs = 0  # reconnections to an exchange we had been following
+        self.callback_errors = 0
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
@@ -178,6 +178,7 @@ class Subscriber:
         return {"received": self.received, "duplicates": self.duplicates, "gaps": self.gaps,
                 "recovered_frames": self.recovered, "fetches": self.fetches,
                 "fetch_failures": self.fetch_failures, "resyncs": self.resyncs,
+                "callback_errors": self.callback_errors,
                 "exchanges": len(self.connected)}
 
     def wait_connected(self, count: int | None = None, timeout: float = 10.0) -> None:
@@ -221,6 +222,16 @@ class Subscriber:
                 waiting = self._recovered_waiting.get(msg.incarnation)
                 if waiting and msg.pos in waiting:
                     waiting.remove(msg.pos)
+
+    def _note_frame_taken(self, d: protocol.Delivery, fresh: range | list[int]) -> None:
+        """Callback style: the application took these messages of one frame."""
+        with self._taken_lock:
+            seen = self._taken.seen(d.publisher)
+            seqs = d.seqs
+            if not (isinstance(fresh, range) and seen.add_run(seqs[0], seqs[-1])):
+                for i in fresh:
+                    seen.add(seqs[i])
+            self._taken.advance(d.incarnation, d.pos - 1)
 
     def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
         inc = live.get("incarnation")
@@ -435,23 +446,35 @@ class Subscriber:
         else:
             fresh = [i for i, seq in enumerate(seqs) if seen.add(seq)]
         self.duplicates += len(seqs) - len(fresh)
-        if recovered and fresh:
+        if not fresh:
+            return
+        if recovered:
             self.recovered += 1
+        self.received += len(fresh)
+        payloads, publisher, exchange, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
+            d.incarnation, d.pos
+        if self.callback:
+            callback = self.callback
+            for i in fresh:
+                try:
+                    callback(Message(topic, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos))
+                except Exception:
+                    self.callback_errors += 1
+                    log.exception("subscriber callback failed on %s/%d (the message counts as taken)",
+                                  publisher, seqs[i])
+            self._note_frame_taken(d, fresh)
+            return
+        if recovered:
             with self._taken_lock:
-                self._recovered_waiting.setdefault(d.incarnation, []).append(d.pos)
+                self._recovered_waiting.setdefault(inc, []).append(pos)
         for i in fresh:
-            msg = Message(topic, d.payloads[i], d.publisher, seqs[i], d.exchange, d.sent_ns, d.incarnation, d.pos)
-            self.received += 1
-            if self.callback:
-                self.callback(msg)
-                self._note_taken(msg)
-            else:
-                while not self._closed:
-                    try:
-                        self._inbox.put(msg, timeout=0.2)
-                        break
-                    except queue_module.Full:
-                        continue
+            msg = Message(topic, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos)
+            while not self._closed:
+                try:
+                    self._inbox.put(msg, timeout=0.2)
+                    break
+                except queue_module.Full:
+                    continue
 
     # ------------------------------------------------------------ retention fetches
 
