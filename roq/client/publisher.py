@@ -56,7 +56,9 @@ class Publisher:
         self.id = publisher_id or f"p-{uuid.uuid4().hex[:12]}"
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
-        self._cond = threading.Condition()
+        # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._log: deque[tuple[int, bytes, bytes]] = deque()  # unconfirmed: (seq, topic, payload)
         self._replay: deque[tuple[float, int, bytes, bytes]] = deque()  # confirmed: (time, seq, topic, payload)
         self._replay_size = 0
@@ -106,7 +108,7 @@ class Publisher:
                                        f"exchange.max_message_bytes={self._max_message}")
         limit = self._max_unconfirmed
         topic = checked
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise RoqError("publisher is closed")
             if len(self._log) >= limit:
