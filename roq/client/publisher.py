@@ -25,7 +25,9 @@ import random
 import threading
 import time
 import uuid
+from bisect import bisect_left
 from collections import deque
+from itertools import accumulate
 from typing import Any
 
 import zmq
@@ -46,6 +48,35 @@ MAX_IN_FLIGHT = 2  # batches sent but not yet acked; 2 overlaps one round trip
 TOPIC_CACHE = 10_000
 
 
+class _Chunk:
+    """Consecutive messages first..last as one flat [topic, payload, ...] list: a batch's worth.
+    Messages move between the publisher's queues a chunk at a time, never one by one."""
+
+    __slots__ = ("first", "flat", "size", "confirmed_at")
+
+    def __init__(self, first: int, flat: list[bytes]) -> None:
+        self.first = first
+        self.flat = flat
+        self.size = sum(map(len, flat))
+        self.confirmed_at = 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self.flat) // 2
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.flat) // 2 - 1
+
+    def split(self, count: int) -> _Chunk:
+        """Cut off and return the first `count` messages."""
+        head = _Chunk(self.first, self.flat[:2 * count])
+        self.flat = self.flat[2 * count:]
+        self.first += count
+        self.size -= head.size
+        return head
+
+
 class Publisher:
     def __init__(self, queue: str, config: Config, zk: KazooClient | None = None,
                  publisher_id: str | None = None, prefer: str | None = None) -> None:
@@ -59,15 +90,19 @@ class Publisher:
         # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._log: deque[tuple[int, bytes, bytes]] = deque()  # unconfirmed: (seq, topic, payload)
-        self._replay: deque[tuple[float, int, bytes, bytes]] = deque()  # confirmed: (time, seq, topic, payload)
+        # Unconfirmed messages, oldest first: sent (awaiting an ack), sealed but unsent, and the
+        # newest in `_open` as [topic, payload, ...] starting at `_open_first`.
+        self._sent: deque[_Chunk] = deque()
+        self._unsent: deque[_Chunk] = deque()
+        self._open: list[bytes] = []
+        self._open_first = 1
+        self._replay: deque[_Chunk] = deque()  # confirmed, kept for resending after a move
         self._replay_size = 0
-        self._resend: list[tuple[int, bytes, bytes]] = []  # replay window, queued for the new exchange
+        self._resend: list[_Chunk] = []  # replay window, queued for the new exchange
         self._next_seq = 1
         self._topics: dict[str | bytes, bytes] = {}  # validated topics, so publish() checks each once
         self._max_message = config.exchange.max_message_bytes
         self._max_unconfirmed = config.client.max_unconfirmed
-        self._sent_upto = 0  # highest seq sent to the current exchange
         self._acked = 0
         self._in_flight: deque[int] = deque()  # last seq of each batch in flight
         self._closed = False
@@ -111,14 +146,16 @@ class Publisher:
         with self._lock:
             if self._closed:
                 raise RoqError("publisher is closed")
-            if len(self._log) >= limit:
-                wait = self.config.client.publish_timeout if timeout is None else timeout
-                if not self._cond.wait_for(lambda: len(self._log) < limit or self._closed, wait):
-                    raise BackpressureError(f"{len(self._log)} messages unconfirmed for {wait:.1f}s; "
-                                            "is the queue's exchange reachable?")
             seq = self._next_seq
-            self._next_seq += 1
-            self._log.append((seq, topic, payload))
+            if seq - 1 - self._acked >= limit:
+                wait = self.config.client.publish_timeout if timeout is None else timeout
+                if not self._cond.wait_for(lambda: self._next_seq - 1 - self._acked < limit or self._closed, wait):
+                    raise BackpressureError(f"{self._next_seq - 1 - self._acked} messages unconfirmed for "
+                                            f"{wait:.1f}s; is the queue's exchange reachable?")
+                seq = self._next_seq
+            self._next_seq = seq + 1
+            self._open.append(topic)
+            self._open.append(payload)
         if not self._wake_pending:  # one wake-up per batch, not one system call per message
             self._wake_pending = True
             self._wake()
@@ -154,7 +191,7 @@ class Publisher:
     @property
     def unconfirmed(self) -> int:
         with self._cond:
-            return len(self._log)
+            return self._next_seq - 1 - self._acked
 
     @property
     def confirmed(self) -> int:
@@ -268,12 +305,13 @@ class Publisher:
         sock.send(protocol.encode_hello(self.id))
         with self._cond:
             self.exchange = xid
-            self._sent_upto = self._acked  # resend everything unconfirmed
+            self._unsent.extendleft(reversed(self._sent))  # resend everything unconfirmed
+            self._sent.clear()
             self._in_flight.clear()
             if self.moves:
                 self._trim_replay(time.monotonic())
-                self._resend = [(seq, topic, payload) for _, seq, topic, payload in self._replay]
-                self.replayed += len(self._resend)
+                self._resend = list(self._replay)
+                self.replayed += sum(chunk.count for chunk in self._resend)
         log.info("publisher %s publishing to %s/%s at %s", self.id, self.queue, xid, endpoint)
         return sock
 
@@ -294,47 +332,53 @@ class Publisher:
     def _send_batches(self, sock: zmq.Socket) -> None:
         # The replay window goes first; its seqs are consecutive and end where the log starts.
         resend, self._resend = self._resend, []
-        start = 0
-        while start < len(resend):
-            flat: list[bytes] = []
-            size, end = 0, start
-            while end < len(resend) and end - start < self.config.client.max_batch \
-                    and size < self.config.client.max_batch_bytes:
-                _, topic, payload = resend[end]
-                flat += (topic, payload)
-                size += len(topic) + len(payload)
-                end += 1
-            sock.send(protocol.encode_batch(self.id, resend[start][0], time.time_ns(), flat))
-            start = end
+        for chunk in resend:
+            sock.send(protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat))
         while len(self._in_flight) < MAX_IN_FLIGHT:
             with self._cond:
-                start = self._sent_upto - self._acked  # index in the log of the first unsent
-                if start >= len(self._log):
+                if not self._unsent:
+                    self._seal()
+                if not self._unsent:
                     return
-                flat: list[bytes] = []
-                size = 0
-                end = min(len(self._log), start + self.config.client.max_batch)
-                first_seq = self._log[start][0]
-                for i in range(start, end):
-                    _, topic, payload = self._log[i]
-                    flat.append(topic)
-                    flat.append(payload)
-                    size += len(payload) + len(topic)
-                    if size >= self.config.client.max_batch_bytes:
-                        end = i + 1
-                        break
-                last_seq = first_seq + (end - start) - 1
-                self._sent_upto = last_seq
-                self._in_flight.append(last_seq)
-            sock.send(protocol.encode_batch(self.id, first_seq, time.time_ns(), flat))
+                chunk = self._unsent.popleft()
+                self._sent.append(chunk)
+                self._in_flight.append(chunk.last)
+            sock.send(protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat))
+
+    def _seal(self) -> None:
+        """Turn the oldest open messages into a chunk of at most one batch (caller holds the lock)."""
+        items = min(len(self._open), 2 * self.config.client.max_batch)
+        if not items:
+            return
+        limit = self.config.client.max_batch_bytes
+        ends = list(accumulate(map(len, self._open[:items])))
+        if ends[-1] > limit:
+            items = max(2, (bisect_left(ends, limit) // 2 + 1) * 2)  # the message that crosses the limit goes too
+        chunk = _Chunk(self._open_first, self._open[:items])
+        del self._open[:items]
+        self._open_first += items // 2
+        self._unsent.append(chunk)
+
+    def _confirm(self, chunks: deque[_Chunk], seq: int, now: float) -> None:
+        """Move the messages up to `seq` from `chunks` to the replay window (caller holds the lock)."""
+        keep = self.config.client.replay_seconds > 0
+        while chunks and chunks[0].first <= seq:
+            chunk = chunks[0]
+            if chunk.last <= seq:
+                chunks.popleft()
+            else:
+                chunk = chunk.split(seq - chunk.first + 1)
+            if keep:
+                chunk.confirmed_at = now
+                self._replay.append(chunk)
+                self._replay_size += chunk.size
 
     def _trim_replay(self, now: float) -> None:
         """Keep the replay window within its age and byte limits (caller holds the lock)."""
         horizon = now - self.config.client.replay_seconds
         limit = self.config.client.replay_bytes
-        while self._replay and (self._replay[0][0] < horizon or self._replay_size > limit):
-            _, _, topic, payload = self._replay.popleft()
-            self._replay_size -= len(payload) + len(topic)
+        while self._replay and (self._replay[0].confirmed_at < horizon or self._replay_size > limit):
+            self._replay_size -= self._replay.popleft().size
 
     def _handle_reply(self, frame: bytes) -> None:
         try:
@@ -363,15 +407,13 @@ class Publisher:
                 # A fresh exchange says 0 (or an old position): only ever move forward.
                 seq = min(seq, self._next_seq - 1)
                 now = time.monotonic()
-                keep = self.config.client.replay_seconds > 0
-                while self._log and self._log[0][0] <= seq:
-                    confirmed_seq, topic, payload = self._log.popleft()
-                    if keep:
-                        self._replay.append((now, confirmed_seq, topic, payload))
-                        self._replay_size += len(payload) + len(topic)
+                self._confirm(self._sent, seq, now)
+                self._confirm(self._unsent, seq, now)
+                while self._open and self._open_first <= seq:  # a welcome can cover messages not yet sent
+                    self._seal()
+                    self._confirm(self._unsent, seq, now)
                 self._trim_replay(now)
                 self._acked = seq
-                self._sent_upto = max(self._sent_upto, seq)
             while self._in_flight and self._in_flight[0] <= self._acked:
                 self._in_flight.popleft()
             self._cond.notify_all()
