@@ -1,16 +1,20 @@
 # The two commands of the README. Each sets up what it needs first.
-.PHONY: demo test setup docker-images clean
+.PHONY: demo test setup docker-images bench-servers clean
 
 demo: setup
 	.venv/bin/roq demo
 
-test: setup docker-images
+test: setup docker-images bench-servers
 	.venv/bin/python -m pytest
 
 # The failover suite needs a Docker engine and the roq:test image, both made here.
 docker-images: setup
 	bash docker/ensure-engine.sh
 	bash docker/build-images.sh
+
+# Debian's nats-server, redis-server and rabbitmq-server, for the benchmark comparison (and its smoke test).
+bench-servers: setup
+	.venv/bin/python bench/servers.py
 
 setup:
 	bash scripts/setup.sh dev

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -166,6 +167,8 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     if unknown:
         raise click.BadParameter(f"unknown systems {sorted(unknown)}; choose from {ALL}", param_hint="--systems")
     size_list = [int(s) for s in sizes.split(",")]
+    # SIGTERM unwinds like Ctrl-C, so every server started here is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if smoke:
         messages, latency_messages, rate = 2_000, 500, 2_000
     servers.ensure_installed(chosen)

@@ -39,6 +39,7 @@ def ensure_installed(systems: list[str]) -> None:
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
     try:
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, stdout=subprocess.DEVNULL)
         subprocess.run(["apt-get", "install", "-y", "-q", *missing], env=env, check=True,
                        stdout=subprocess.DEVNULL)
     finally:
@@ -130,3 +131,8 @@ def scratch(base: Path, name: str) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+if __name__ == "__main__":
+    ensure_installed(list(PACKAGES))
+    print("bench servers installed: " + ", ".join(PACKAGES.values()))

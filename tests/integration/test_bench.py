@@ -1,0 +1,58 @@
+"""Smoke runs of the benchmark tools (they measure nothing here; they must keep working)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.servers import BINARIES
+from tests.conftest import IN_CI
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(120)
+def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path):  # type: ignore[no-untyped-def]
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "-n", "3000", "-s", "2", "--json", str(out)],
+                          env=env, capture_output=True, timeout=100)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    result = json.loads(out.read_text())
+    assert result["system"] == "roq" and result["subscribers"] == 2
+    assert result["sent"] == result["confirmed"] == 3000
+    assert result["received"] == 6000 and result["lost"] == 0  # fan-out: each subscriber got all
+    assert result["msgs_per_s"] > 0 and 0 < result["p50_us"] <= result["p99_us"] <= result["p999_us"]
+    assert "deliveries" in done.stderr.decode()  # the progress bar
+
+
+def test_roq_bench_refuses_bad_input_clearly(config, cluster):  # type: ignore[no-untyped-def]
+    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "--size", "4"], env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"--size" in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_comparison_script_runs_every_system(tmp_path):  # type: ignore[no-untyped-def]
+    missing = [path for path in BINARIES.values() if not Path(path).exists()]
+    if missing:
+        if IN_CI:
+            pytest.fail(f"the benchmark servers must be installed in CI (make bench-servers): {missing}")
+        pytest.skip(f"not installed: {missing} (make bench-servers)")
+    done = subprocess.run([sys.executable, "bench/compare.py", "--smoke", "--sizes", "100", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, timeout=280)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    report = json.loads((tmp_path / "compare.json").read_text())
+    rows = {r["system"]: r for r in report["results"]}
+    assert set(rows) == {"zeromq", "roq", "nats", "redis", "rabbitmq"}
+    for row in rows.values():
+        assert row["msgs_per_s"] > 0 and row["p99_us"] > 0 and row["lost"] == 0, row
+    assert rows["zeromq"]["vs_zeromq"] == 1.0
+    assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
