@@ -216,6 +216,8 @@ class Forwarder:
         else:
             self._forward_one_by_one(ident, batch, skip)
         totals.msgs_in += count - skip
+        by_publisher = self.stats.interval_by_publisher
+        by_publisher[pub] = by_publisher.get(pub, 0) + count - skip
         newest = batch.first_seq + count - 1
         if newest > last:
             self.last_seq[pub] = newest

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+TOP_PUBLISHERS = 5
 
 
 @dataclass
@@ -27,13 +31,14 @@ class ExchangeStats:
     _last_time: float = field(default_factory=time.monotonic)
     publishers: dict[str, float] = field(default_factory=dict)  # id → last seen (monotonic)
     subscriptions: int = 0
+    interval_by_publisher: dict[str, int] = field(default_factory=dict)  # messages since the last snapshot
 
-    def snapshot(self, active_window: float = 10.0) -> dict[str, float | int]:
+    def snapshot(self, active_window: float = 10.0) -> dict[str, Any]:
         """Totals plus per-second rates since the previous snapshot."""
         now = time.monotonic()
         elapsed = max(now - self._last_time, 1e-6)
         t, last = self.totals, self._last
-        report: dict[str, float | int] = dict(asdict(t))
+        report: dict[str, Any] = dict(asdict(t))
         report.update(
             msgs_in_per_s=round((t.msgs_in - last.msgs_in) / elapsed, 1),
             bytes_in_per_s=round((t.bytes_in - last.bytes_in) / elapsed, 1),
@@ -42,7 +47,11 @@ class ExchangeStats:
             drops=t.rejected + t.malformed,
             publishers=sum(1 for seen in self.publishers.values() if now - seen < active_window),
             subscriptions=self.subscriptions,
+            # The heaviest publishers: the leader relocates one of them off an overloaded exchange.
+            top_publishers=[[pub, round(count / elapsed, 1)] for pub, count in
+                            sorted(self.interval_by_publisher.items(), key=lambda item: -item[1])[:TOP_PUBLISHERS]],
         )
+        self.interval_by_publisher = {}
         self._last = Counters(**asdict(t))
         self._last_time = now
         return report

@@ -18,11 +18,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from gcm.api import ControlServer, Handler, unknown_op
+from gcm.autoscaler import Autoscaler
 from gcm.leader import Leadership
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
@@ -30,6 +32,7 @@ from roq.config import Config, load_config
 from roq.errors import (NotLeaderError, RoqError, UnavailableError, UserError,
                         ZooKeeperUnavailableError)
 from roq.logs import configure
+from roq.metrics import Sample, exchange_samples, serve_metrics
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader, queue_names
 from roq.zk import ensure_base_paths, start_client, stop_client
@@ -59,8 +62,13 @@ class Gcm:
         self.api = ControlServer(self.config.gcm.bind, self.config.gcm.port, advertise, self._route)
         identity = {"id": self.id, "endpoint": self.api.endpoint, "pid": os.getpid(),
                     "host": socket.gethostname()}
+        metrics = serve_metrics(self.config.gcm.metrics_port, self.config.gcm.bind, advertise, self._samples)
+        if metrics:
+            identity["metrics"] = metrics
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
         self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock)
+        self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
+                                     self.write_lock, self.config.autoscale)
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
         self.client.ChildrenWatch(self.paths.queues, self._on_change)
         self.api.start()
@@ -100,10 +108,12 @@ class Gcm:
     def _lead(self, epoch: int) -> None:
         self.reconciler = Reconciler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.gcm.reassign_grace)
+        self.autoscaler.states.clear()  # a new term starts with fresh timers
         while self.leadership.should_lead():
             if self.leadership.can_write():
                 try:
                     self.reconciler.tick()
+                    self.autoscaler.tick()
                 except RoqError as exc:
                     log.warning("reconcile tick failed: %s", exc)
                 except Exception as exc:
@@ -128,6 +138,8 @@ class Gcm:
             "queue.scale": lambda a: self.queues.scale(**_args(a, ["name", "exchanges"])),
             "queue.list": lambda a: self.queues.list(**_args(a, [])),
             "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
+            "queue.rules": lambda a: self.autoscaler.set_rules(**_args(a, ["name"], ["rules", "clear"])),
+            "cluster.stats": lambda a: (_args(a, []), self.autoscaler.snapshot)[1],
         }.get(op) or unknown_op(op)
         if not self.client.connected:
             # Reads would block until ZooKeeper is back; answer now instead.
@@ -140,6 +152,25 @@ class Gcm:
         if not self.leadership.can_write():
             raise UnavailableError("the leader lost its ZooKeeper connection; retry shortly")
         return handler
+
+    def _samples(self) -> Iterator[Sample]:
+        """Prometheus: whether this GCM leads; the leader adds its per-queue and per-host aggregates."""
+        leading = self.leadership.is_leader
+        yield "roq_gcm_leader", "1 on the leader GCM", {"gcm": self.id}, 1 if leading else 0
+        if not leading:
+            return
+        snapshot = self.autoscaler.snapshot
+        for name, q in snapshot["queues"].items():
+            labels = {"queue": name}
+            for key in ("exchanges", "running", "msgs_in_per_s", "msgs_out_per_s", "bytes_in_per_s",
+                        "bytes_out_per_s", "publishers", "subscriptions", "drops", "retained_bytes"):
+                yield f"roq_queue_{key}", f"queue {key.replace('_', ' ')}, summed over its exchanges", labels, q[key]
+            for x in q["by_exchange"]:
+                yield from exchange_samples(name, x["id"], x["host"] or "", x)
+        for host, stats in snapshot["hosts"].items():
+            for key in ("cpu_percent", "memory_percent", "capacity", "exchanges"):
+                if isinstance(stats.get(key), (int, float)):
+                    yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", {"host": host}, stats[key]
 
     def _ping(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "leader": self.leadership.is_leader, "epoch": self.leadership.epoch}

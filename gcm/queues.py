@@ -88,12 +88,15 @@ class QueueManager:
             if not self.client.exists(self.paths.queue(name)):
                 raise QueueNotFoundError(f"queue {name!r} does not exist")
             exchanges = read_exchanges(self.client, self.paths, name, live=False)
+            relocations = self.client.exists(self.paths.relocations(name))
 
             def build(txn: TransactionRequest) -> None:
                 for x in exchanges:
                     self._remove_exchange(txn, x)
                 txn.delete(self.paths.exchanges(name))
                 txn.delete(self.paths.queue(name))
+                if relocations:
+                    txn.delete(self.paths.relocations(name))
 
             self.fence.write(build)
         log.info("deleted queue %s", name)

@@ -17,11 +17,16 @@ import threading
 import click
 from kazoo.protocol.states import KazooState
 
+import time
+from collections.abc import Iterator
+
+from hcm.hoststats import host_figures
 from hcm.registration import HostRegistration
 from hcm.supervisor import Supervisor
 from roq.config import Config, load_config
 from roq.errors import RoqError
 from roq.logs import configure
+from roq.metrics import Sample, exchange_samples, serve_metrics
 from roq.paths import Paths, split_assignment
 from roq.zk import start_client, stop_client
 
@@ -44,6 +49,11 @@ class Hcm:
         self.registration = HostRegistration(self.client, self.paths, self.host, address,
                                              self.config.hcm.capacity)
         self.supervisor = Supervisor(self.client, self.paths, self.config, self.host)
+        self.figures = host_figures()
+        self._next_report = 0.0
+        metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._samples)
+        if metrics:
+            self.registration.data["metrics"] = metrics
         self.client.add_listener(self._on_state)
         self.registration.try_register()
         self.client.ChildrenWatch(self.paths.host_assignments(self.host), self._on_assignments)
@@ -74,12 +84,26 @@ class Hcm:
             if self.client.connected and not self.registration.registered:
                 self.registration.try_register()
             self.supervisor.tick()
+            if time.monotonic() >= self._next_report:
+                self._next_report = time.monotonic() + self.config.hcm.stats_interval
+                self.figures = dict(host_figures(), exchanges=len(self.supervisor.children))
+                self.registration.report(self.figures)
         except RoqError as exc:
             log.warning("tick failed: %s", exc)
         except Exception as exc:
             if not type(exc).__module__.startswith("kazoo"):
                 raise
             log.warning("ZooKeeper trouble during tick: %r", exc)
+
+    def _samples(self) -> Iterator[Sample]:
+        labels = {"host": self.host}
+        for key in ("cpu_percent", "memory_percent", "memory_used_bytes", "load1", "exchanges"):
+            if isinstance(self.figures.get(key), (int, float)):
+                yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", labels, self.figures[key]
+        for (queue, xid), child in list(self.supervisor.children.items()):
+            yield "roq_exchange_restarts", "restarts of the exchange process", \
+                {"queue": queue, "exchange": xid, "host": self.host}, child.restarts
+            yield from exchange_samples(queue, xid, self.host, child.stats or {})
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:

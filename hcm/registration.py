@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from roq.paths import Paths
-from roq.zk import create_ephemeral
+from roq.zk import create_ephemeral, encode
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,16 @@ class HostRegistration:
         self.registered = True
         self._warned = False
         return True
+
+    def report(self, stats: dict[str, Any]) -> None:
+        """Publish the host's figures in its registration (the HCM's own ephemeral node)."""
+        if not self.registered:
+            return
+        self.data["stats"] = stats
+        try:
+            self.client.set(self.paths.host(self.host), encode(self.data))
+        except NoNodeError:
+            self.registered = False  # our session's node is gone; register again next tick
 
     def session_lost(self) -> None:
         self.registered = False

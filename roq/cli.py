@@ -247,6 +247,51 @@ def queue_show(ctx: Context, name: str, as_json: bool) -> None:
     print_queue(info)
 
 
+@queue.command("rules")
+@click.argument("name")
+@click.option("--max-rate", type=float, help="msg/s one exchange may receive before the queue scales out (0 = off)")
+@click.option("--max-publishers", type=int, help="publishers per exchange before it scales out (0 = off)")
+@click.option("--max-cpu", type=float, help="CPU percent of a host running the queue before it scales out (0 = off)")
+@click.option("--max-memory", type=float, help="memory percent of such a host before it scales out (0 = off)")
+@click.option("--min", "min_exchanges", type=int, help="fewest exchanges")
+@click.option("--max", "max_exchanges", type=int, help="most exchanges")
+@click.option("--scale-in-below", type=float,
+              help="scale in when one exchange fewer would run below this fraction of the limits")
+@click.option("--clear", is_flag=True, help="remove all rules first (back to a fixed size)")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: Any) -> None:
+    """Show or set the autoscaling rules of queue NAME."""
+    changes = {k: v for k, v in values.items() if v is not None}
+    with ctx.admin() as admin:
+        rules = admin.queue_rules(name, changes if changes or clear else None, clear)
+    if as_json:
+        click.echo(json.dumps(rules, indent=2))
+        return
+    from roq.views import print_rules
+    print_rules(name, rules)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="print one view and exit")
+@click.option("--json", "as_json", is_flag=True, help="print the leader's aggregates as JSON and exit")
+@click.option("--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True)
+@pass_ctx
+@handle_errors
+def stats(ctx: Context, once: bool, as_json: bool, interval: float) -> None:
+    """Live view of queues, exchanges and hosts (Ctrl-C to leave)."""
+    from roq.views import live_stats, stats_view
+    with ctx.admin() as admin:
+        if as_json:
+            click.echo(json.dumps(admin.cluster_stats(), indent=2))
+        elif once:
+            from roq.views import console
+            console.print(stats_view(admin.cluster_stats()))
+        else:
+            live_stats(admin.cluster_stats, interval)
+
+
 # ---------------------------------------------------------------- data
 
 @main.command()

@@ -43,6 +43,7 @@ class GcmConfig:
     port: int = 0  # 0 = a free port chosen at start
     tick: float = 1.0  # reconcile interval of the leader
     reassign_grace: float = 0.0  # wait this long after a host vanishes before moving its exchanges
+    metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class HcmConfig:
     stable_after: float = 10.0  # a child up this long has its backoff reset
     ready_timeout: float = 15.0
     stop_grace: float = 5.0  # SIGTERM → SIGKILL delay
+    stats_interval: float = 1.0  # host CPU and memory reported to ZooKeeper
+    metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,17 @@ class ClientConfig:
 
 
 @dataclass(frozen=True)
+class AutoscaleConfig:
+    """How the leader applies each queue's rules (`roq queue rules`); the limits are per queue."""
+    enabled: bool = True
+    scale_out_after: float = 2.0  # a rule must keep firing this long
+    scale_in_after: float = 15.0  # load must stay low this long
+    cooldown: float = 5.0  # between two scaling actions of a queue
+    relocate_after: float = 2.0  # an exchange overloaded this long sheds its heaviest publisher
+    relocate_cooldown: float = 3.0  # between two relocations of a queue
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     run_dir: str = ".roq/cluster"
     gcms: int = 2
@@ -111,6 +125,7 @@ class Config:
     gcm: GcmConfig = field(default_factory=GcmConfig)
     hcm: HcmConfig = field(default_factory=HcmConfig)
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -262,6 +277,10 @@ def _validate(c: Config) -> None:
         ("exchange.beat_interval", c.exchange.beat_interval),
         ("client.position_save_interval", c.client.position_save_interval),
         ("client.fetch_timeout", c.client.fetch_timeout), ("client.receive_hwm", c.client.receive_hwm),
+        ("hcm.stats_interval", c.hcm.stats_interval), ("autoscale.scale_out_after", c.autoscale.scale_out_after),
+        ("autoscale.scale_in_after", c.autoscale.scale_in_after), ("autoscale.cooldown", c.autoscale.cooldown),
+        ("autoscale.relocate_after", c.autoscale.relocate_after),
+        ("autoscale.relocate_cooldown", c.autoscale.relocate_cooldown),
         ("client.request_timeout", c.client.request_timeout), ("client.max_unconfirmed", c.client.max_unconfirmed),
         ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes), ("client.publish_timeout", c.client.publish_timeout),
         ("client.confirm_timeout", c.client.confirm_timeout), ("client.replay_bytes", c.client.replay_bytes),
@@ -275,6 +294,9 @@ def _validate(c: Config) -> None:
     for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port)):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where} must be a TCP port (0 = any free one), got {port}")
+    for where, port in (("gcm.metrics_port", c.gcm.metrics_port), ("hcm.metrics_port", c.hcm.metrics_port)):
+        if not -1 <= port <= 65535:
+            raise ConfigError(f"{where} must be a TCP port (0 = any free one, -1 = off), got {port}")
     if c.client.replay_seconds < 0:
         raise ConfigError("client.replay_seconds must be >= 0")
     if c.exchange.retention_seconds < 0:

@@ -8,6 +8,7 @@
     <root>/queues/<queue>/exchanges/<x> persistent: placement {host}, written by the leader
     <root>/assignments/<host>/<q>~<x>   persistent: the HCM's work list, written with the placement
     <root>/live/<queue>/<x>             ephemeral (HCM session): endpoints of a running exchange
+    <root>/relocations/<queue>          persistent: {publisher: {to, from, at}}, written by the leader
 """
 
 from __future__ import annotations
@@ -71,8 +72,16 @@ class Paths:
     def live_exchange(self, queue: str, xid: str) -> str:
         return f"{self.root}/live/{queue}/{xid}"
 
+    @property
+    def relocations_root(self) -> str:
+        return f"{self.root}/relocations"
+
+    def relocations(self, queue: str) -> str:
+        return f"{self.root}/relocations/{queue}"
+
     def base_paths(self) -> list[str]:
-        return [f"{self.root}/gcm", self.election, self.hosts, self.queues, self.assignments, self.live]
+        return [f"{self.root}/gcm", self.election, self.hosts, self.queues, self.assignments, self.live,
+                self.relocations_root]
 
 
 def assignment_name(queue: str, xid: str) -> str:

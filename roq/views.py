@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
 console = Console()
@@ -45,3 +48,61 @@ def print_queue(info: dict[str, Any]) -> None:
         table.add_row(x["id"], x["host"] or "(unplaced)", live.get("pub", "(not running)"),
                       live.get("sub", ""), str(stats.get("msgs_in_per_s", "")))
     console.print(table)
+
+
+def print_rules(name: str, rules: dict[str, Any]) -> None:
+    table = Table("rule", "value", title=f"autoscaling rules of {name}")
+    for key, value in rules.items():
+        off = key.startswith("max_") and key != "max_exchanges" and not value
+        table.add_row(key, "off" if off else f"{value:g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def stats_view(snapshot: dict[str, Any]) -> Group:
+    """Queues (with their exchanges), hosts and recent scaling events, as one renderable."""
+    queues = Table("queue / exchange", "host", "msgs/s in", "msgs/s out", "MB/s in", "publishers",
+                   "subscriptions", "drops", "retained MB", title="queues")
+    events = Table("queue", "when", "what", title="recent scaling and relocation")
+    for name, q in sorted(snapshot.get("queues", {}).items()):
+        size = f"{q['running']}/{q['exchanges']} running"
+        queues.add_row(f"[bold]{name}[/] ({size})", "", *_figures(q), style="bold")
+        for x in q["by_exchange"]:
+            queues.add_row(f"  {x['id']}" + ("" if x["running"] else " (down)"), x["host"] or "-", *_figures(x))
+        for e in q.get("events", [])[-5:]:
+            when = time.strftime("%H:%M:%S", time.localtime(e["at"]))
+            if "relocated" in e:
+                what = f"publisher {e['relocated']} {e['from']} → {e['to']} ({e['rate']:,.0f} msg/s)"
+            else:
+                what = f"{e['from']} → {e['to']} exchanges: {e['reason']}"
+                if "carrying_traffic_after_s" in e:
+                    what += f" (carrying traffic after {e['carrying_traffic_after_s']} s)"
+            events.add_row(name, when, what)
+    hosts = Table("host", "CPU %", "memory %", "exchanges", "capacity", title="hosts")
+    for name, h in sorted(snapshot.get("hosts", {}).items()):
+        hosts.add_row(name, _num(h.get("cpu_percent")), _num(h.get("memory_percent")),
+                      str(h.get("exchanges", "-")), str(h.get("capacity", "-")))
+    parts: list[Any] = [queues, hosts]
+    if events.row_count:
+        parts.append(events)
+    parts.append(f"as of {time.strftime('%H:%M:%S', time.localtime(snapshot.get('time') or time.time()))}")
+    return Group(*parts)
+
+
+def live_stats(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
+    with Live(stats_view(fetch()), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(stats_view(fetch()))
+        except KeyboardInterrupt:
+            pass
+
+
+def _figures(row: dict[str, Any]) -> list[str]:
+    return [f"{row['msgs_in_per_s']:,.0f}", f"{row['msgs_out_per_s']:,.0f}", f"{row['bytes_in_per_s'] / 1e6:,.1f}",
+            str(row["publishers"]), str(row["subscriptions"]), str(row["drops"]),
+            f"{row['retained_bytes'] / 1e6:,.1f}"]
+
+
+def _num(value: Any) -> str:
+    return f"{value:.0f}" if isinstance(value, (int, float)) else "-"

@@ -70,6 +70,19 @@ class Admin:
     def status(self) -> dict[str, Any]:
         return self.call("cluster.status")
 
+    def queue_rules(self, name: str, rules: dict[str, Any] | None = None, clear: bool = False) -> dict[str, Any]:
+        """The queue's autoscaling rules, after applying `rules` (and `clear`ing first) if given."""
+        args: dict[str, Any] = {"name": name}
+        if rules is not None:
+            args["rules"] = rules
+        if clear:
+            args["clear"] = True
+        return self.call("queue.rules", **args)
+
+    def cluster_stats(self) -> dict[str, Any]:
+        """The leader's aggregates: per queue (with per-exchange rows and scaling events) and per host."""
+        return self.call("cluster.stats")
+
     # ------------------------------------------------------------ transport
 
     def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:

@@ -19,6 +19,7 @@ already had, by sequence number, so the application sees each message once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -121,6 +122,10 @@ class Publisher:
             if self._own_zk:
                 stop_client(self.zk)
             raise
+        self._relocated_to: str | None = None  # where the leader asked us to publish
+        self._relocation_seen = 0.0
+        self.relocations = 0
+        self.zk.DataWatch(Paths(config.zk.root).relocations(queue), self._on_relocations)
         self._thread = threading.Thread(target=self._run, name=f"publisher-{self.id}", daemon=True)
         self._thread.start()
 
@@ -238,6 +243,25 @@ class Publisher:
             except OSError:
                 pass
 
+    def _on_relocations(self, data: bytes | None, _stat: object) -> bool | None:
+        """The leader moves a heavy publisher off an overloaded exchange by naming it here."""
+        if self._closed:
+            return False  # ends the watch
+        try:
+            entry = json.loads(data or b"{}").get(self.id)
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) \
+                or entry["at"] <= self._relocation_seen or not isinstance(entry.get("to"), str):
+            return None
+        self._relocation_seen = entry["at"]
+        self._relocated_to = entry["to"]
+        if self.prefer is None and self.exchange != entry["to"]:
+            self.relocations += 1
+            self._move_reason = f"relocated by the leader to {entry['to']}"
+            self._wake()
+        return None
+
     def _topology_changed(self) -> None:
         live = self.topology.snapshot()
         if self.exchange is not None and self.exchange not in live:
@@ -321,6 +345,8 @@ class Publisher:
             return None
         if self.prefer in live:
             return self.prefer, live[self.prefer]["pub"]
+        if self._relocated_to in live:
+            return self._relocated_to, live[self._relocated_to]["pub"]  # type: ignore[index]
 
         def load(item: tuple[str, dict[str, Any]]) -> tuple[float, float]:
             stats = item[1].get("stats") or {}

@@ -14,9 +14,9 @@ def cluster(config, zk, paths, procs):  # type: ignore[no-untyped-def]
     return start_cluster(procs, zk, paths)
 
 
-def start_cluster(procs, zk, paths, *host_settings: str):  # type: ignore[no-untyped-def]
+def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
     """One GCM and two HCMs; `host_settings` ("exchange.sub_hwm=5") reach the exchanges."""
-    procs.gcm("gcm-0")
+    procs.start("gcm", "gcm-0", *gcm_settings)
     for host in ("host-1", "host-2"):
         procs.start("hcm", host, f"hcm.host={host}", *host_settings)
     wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="cluster")

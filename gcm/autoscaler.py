@@ -1,0 +1,294 @@
+"""The leader's elasticity: per-queue rules, scaling out and in, relocating publishers.
+
+Every leader tick:
+* `aggregate` sums what the exchanges and HCMs report (per queue and per
+  host); `cluster.stats`, `roq stats` and the leader's /metrics serve it.
+* A queue's rules (`roq queue rules`, stored with the queue) fire when one
+  of its exchanges receives more than `max_rate` msg/s or has more than
+  `max_publishers` publishers, or a host running one of them is above
+  `max_cpu` / `max_memory` percent. A rule that keeps firing for
+  `autoscale.scale_out_after` adds an exchange (placed on the least loaded
+  host).
+* Load that stays below `scale_in_below` × the limits of one exchange fewer
+  for `autoscale.scale_in_after` removes the newest exchange. Its publishers
+  are told to move before it stops, and they resend their replay window, so
+  nothing is lost.
+* After any scaling action, a queue is left alone for `autoscale.cooldown`.
+  That, and the gap between the scale-out and scale-in thresholds, keeps it
+  from flapping.
+* An exchange above its rate limit for `autoscale.relocate_after` sheds its
+  heaviest publisher to the lightest exchange of the queue, if that makes
+  the two more even. The leader writes `<root>/relocations/<queue>` and the
+  publisher moves itself, with its replay window.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient, TransactionRequest
+
+from gcm.fence import LeaderFence
+from gcm.queues import MAX_EXCHANGES, QueueManager
+from roq.config import AutoscaleConfig
+from roq.errors import QueueNotFoundError, UserError
+from roq.names import check_queue_name
+from roq.paths import Paths
+from roq.state import exchange_order, queue_names, read_hosts, read_live, read_queue
+from roq.zk import encode, read_json
+
+log = logging.getLogger(__name__)
+
+RULE_LIMITS: dict[str, tuple[type, float, float]] = {  # name → (type, lowest, highest); 0 = off
+    "max_rate": (float, 0, 1e9),
+    "max_publishers": (int, 0, 1_000_000),
+    "max_cpu": (float, 0, 100),
+    "max_memory": (float, 0, 100),
+    "min_exchanges": (int, 1, MAX_EXCHANGES),
+    "max_exchanges": (int, 1, MAX_EXCHANGES),
+    "scale_in_below": (float, 0, 1),
+}
+DEFAULT_RULES = {"max_rate": 0.0, "max_publishers": 0, "max_cpu": 0.0, "max_memory": 0.0,
+                 "min_exchanges": 1, "max_exchanges": 8, "scale_in_below": 0.5}
+RELOCATION_TTL = 60.0  # seconds a relocation entry stays for its publisher to see
+EVENT_LIMIT = 20  # scaling events kept per queue, for `roq stats`
+
+
+def check_rules(current: dict[str, Any], changes: Any) -> dict[str, Any]:
+    """`current` updated with `changes`, validated; raises UserError and changes nothing on bad input."""
+    if not isinstance(changes, dict):
+        raise UserError("rules must be a map of rule name to value")
+    rules = dict(DEFAULT_RULES, **current)
+    for name, value in changes.items():
+        if name not in RULE_LIMITS:
+            raise UserError(f"unknown rule {name!r}; rules are {', '.join(RULE_LIMITS)}")
+        kind, low, high = RULE_LIMITS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise UserError(f"rule {name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        if not low <= value <= high:
+            raise UserError(f"rule {name} must be from {low:g} to {high:g}, got {value!r}")
+        rules[name] = kind(value)
+    if rules["min_exchanges"] > rules["max_exchanges"]:
+        raise UserError(f"min_exchanges ({rules['min_exchanges']}) is above max_exchanges ({rules['max_exchanges']})")
+    return rules
+
+
+@dataclass
+class QueueState:
+    """What the leader remembers between ticks about one queue."""
+    firing_since: float | None = None
+    low_since: float | None = None
+    overloaded_since: float | None = None
+    last_action: float = 0.0
+    last_relocation: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    waiting_for: dict[str, Any] | None = None  # a scale-out whose new exchange has not carried traffic yet
+
+
+class Autoscaler:
+    def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence, queues: QueueManager,
+                 write_lock: threading.Lock, config: AutoscaleConfig) -> None:
+        self.client = client
+        self.paths = paths
+        self.fence = fence
+        self.queues = queues
+        self.write_lock = write_lock
+        self.config = config
+        self.states: dict[str, QueueState] = {}
+        self.snapshot: dict[str, Any] = {"queues": {}, "hosts": {}, "time": 0.0}
+
+    # ------------------------------------------------------------ rules (control API)
+
+    def set_rules(self, name: Any, rules: Any = None, clear: Any = False) -> dict[str, Any]:
+        name = check_queue_name(name)
+        with self.write_lock:
+            info = read_queue(self.client, self.paths, name)
+            if info is None:
+                raise QueueNotFoundError(f"queue {name!r} does not exist")
+            settings = dict(info.settings)
+            current = {} if clear is True else dict(settings.get("rules") or {})
+            if rules is None and clear is not True:
+                return dict(DEFAULT_RULES, **current)
+            merged = check_rules(current, rules or {})
+            settings["rules"] = merged
+
+            def build(txn: TransactionRequest) -> None:
+                txn.set_data(self.paths.queue(name), encode(settings))
+
+            self.fence.write(build)
+        log.info("rules of queue %s: %s", name, merged)
+        return merged
+
+    # ------------------------------------------------------------ the tick
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        hosts = read_hosts(self.client, self.paths)
+        queues: dict[str, Any] = {}
+        for name in queue_names(self.client, self.paths):
+            info = read_queue(self.client, self.paths, name)
+            if info is None:
+                continue
+            live = read_live(self.client, self.paths, name)
+            rules = info.settings.get("rules")
+            state = self.states.setdefault(name, QueueState())
+            queues[name] = summary = summarise_queue(name, info.exchanges, live, rules, state)
+            if rules and self.config.enabled:
+                self._note_traffic_on_new(state, live, now)
+                self._apply(name, state, summary, rules, hosts, now)
+        for gone in set(self.states) - set(queues):
+            del self.states[gone]
+        self.snapshot = {"queues": queues, "hosts": {h.name: dict(h.stats, capacity=h.capacity)
+                                                     for h in hosts.values()}, "time": time.time()}
+
+    def _apply(self, name: str, state: QueueState, summary: dict[str, Any], rules: dict[str, Any],
+               hosts: dict[str, Any], now: float) -> None:
+        count = summary["exchanges"]
+        if count < rules["min_exchanges"] or count > rules["max_exchanges"]:
+            target = min(max(count, rules["min_exchanges"]), rules["max_exchanges"])
+            self._scale(name, state, count, target, "outside min/max exchanges", now)
+            return
+        reasons = firing_rules(summary, rules, hosts)
+        if reasons:
+            state.low_since = None
+            state.firing_since = state.firing_since or now
+            if now - state.firing_since >= self.config.scale_out_after and count < rules["max_exchanges"] \
+                    and summary["running"] == count and self._cooled(state, now):
+                self._scale(name, state, count, count + 1, "; ".join(reasons), now)
+        else:
+            state.firing_since = None
+            if count > rules["min_exchanges"] and is_low(summary, rules, count):
+                state.low_since = state.low_since or now
+                if now - state.low_since >= self.config.scale_in_after and self._cooled(state, now):
+                    self._scale(name, state, count, count - 1, "load low", now)
+            else:
+                state.low_since = None
+        self._maybe_relocate(name, state, summary, rules, now)
+
+    def _cooled(self, state: QueueState, now: float) -> bool:
+        return now - state.last_action >= self.config.cooldown
+
+    def _scale(self, name: str, state: QueueState, count: int, target: int, reason: str, now: float) -> None:
+        log.info("autoscaling queue %s from %d to %d exchanges: %s", name, count, target, reason)
+        self.queues.scale(name, target)
+        event = {"at": time.time(), "from": count, "to": target, "reason": reason}
+        if state.firing_since is not None:
+            event["rule_firing_for_s"] = round(now - state.firing_since, 2)
+        state.last_action = now
+        state.firing_since = state.low_since = None
+        if target > count:
+            # The new exchange is the one with the highest id; remember it to time the scale-out.
+            info = read_queue(self.client, self.paths, name)
+            newest = max((x.id for x in info.exchanges), key=exchange_order) if info else None
+            state.waiting_for = {"exchange": newest, "since": now, "event": event}
+        state.events = (state.events + [event])[-EVENT_LIMIT:]
+
+    def _note_traffic_on_new(self, state: QueueState, live: dict[str, Any], now: float) -> None:
+        """Time from the scale-out decision to the new exchange carrying traffic."""
+        waiting = state.waiting_for
+        if not waiting:
+            return
+        stats = (live.get(waiting["exchange"]) or {}).get("stats") or {}
+        if stats.get("msgs_in_per_s", 0) > 0:
+            waiting["event"]["carrying_traffic_after_s"] = round(now - waiting["since"], 2)
+            state.waiting_for = None
+        elif now - waiting["since"] > 120:
+            state.waiting_for = None
+
+    def _maybe_relocate(self, name: str, state: QueueState, summary: dict[str, Any], rules: dict[str, Any],
+                        now: float) -> None:
+        limit = rules["max_rate"]
+        exchanges = [x for x in summary["by_exchange"] if x["running"]]
+        if not limit or len(exchanges) < 2:
+            state.overloaded_since = None
+            return
+        heavy = max(exchanges, key=lambda x: x["msgs_in_per_s"])
+        light = min(exchanges, key=lambda x: x["msgs_in_per_s"])
+        if heavy["msgs_in_per_s"] <= limit:
+            state.overloaded_since = None
+            return
+        state.overloaded_since = state.overloaded_since or now
+        if now - state.overloaded_since < self.config.relocate_after or \
+                now - state.last_relocation < self.config.relocate_cooldown:
+            return
+        gap = heavy["msgs_in_per_s"] - light["msgs_in_per_s"]
+        movable = [(pub, rate) for pub, rate in heavy["top_publishers"] if 0 < rate < gap]
+        if not movable:
+            return  # moving any publisher would only move the overload
+        publisher, rate = max(movable, key=lambda item: item[1])
+        self._relocate(name, publisher, heavy["id"], light["id"])
+        state.last_relocation = now
+        state.overloaded_since = None
+        state.events = (state.events + [{"at": time.time(), "relocated": publisher, "from": heavy["id"],
+                                         "to": light["id"], "rate": rate}])[-EVENT_LIMIT:]
+
+    def _relocate(self, queue: str, publisher: str, source: str, target: str) -> None:
+        path = self.paths.relocations(queue)
+        entries = {p: e for p, e in (read_json(self.client, path) or {}).items()
+                   if isinstance(e, dict) and time.time() - e.get("at", 0) < RELOCATION_TTL}
+        entries[publisher] = {"to": target, "from": source, "at": time.time()}
+        exists = self.client.exists(path) is not None
+
+        def build(txn: TransactionRequest) -> None:
+            if exists:
+                txn.set_data(path, encode(entries))
+            else:
+                txn.create(path, encode(entries))
+
+        with self.write_lock:
+            self.fence.write(build)
+        log.info("relocating publisher %s of queue %s from %s to %s", publisher, queue, source, target)
+
+
+# ---------------------------------------------------------------- pure functions (unit-tested)
+
+
+def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules: dict[str, Any] | None,
+                    state: QueueState) -> dict[str, Any]:
+    by_exchange = []
+    totals = {"msgs_in_per_s": 0.0, "msgs_out_per_s": 0.0, "bytes_in_per_s": 0.0, "bytes_out_per_s": 0.0,
+              "publishers": 0, "subscriptions": 0, "drops": 0, "retained_bytes": 0}
+    for x in sorted(exchanges, key=lambda x: exchange_order(x.id)):
+        data = live.get(x.id) or {}
+        stats = data.get("stats") or {}
+        row = {"id": x.id, "host": x.host, "running": x.id in live, "restarts": data.get("restarts", 0),
+               "top_publishers": stats.get("top_publishers") or []}
+        for key in totals:
+            value = stats.get(key, 0)
+            row[key] = value if isinstance(value, (int, float)) else 0
+            totals[key] += row[key]
+        by_exchange.append(row)
+    return dict(totals, name=name, exchanges=len(exchanges), running=sum(1 for x in by_exchange if x["running"]),
+                by_exchange=by_exchange, rules=rules, events=list(state.events))
+
+
+def firing_rules(summary: dict[str, Any], rules: dict[str, Any], hosts: dict[str, Any]) -> list[str]:
+    """Which scale-out rules fire now, in words."""
+    reasons = []
+    for x in summary["by_exchange"]:
+        if rules["max_rate"] and x["msgs_in_per_s"] > rules["max_rate"]:
+            reasons.append(f"{x['id']} receives {x['msgs_in_per_s']:,.0f} msg/s > {rules['max_rate']:,.0f}")
+        if rules["max_publishers"] and x["publishers"] > rules["max_publishers"]:
+            reasons.append(f"{x['id']} has {x['publishers']} publishers > {rules['max_publishers']}")
+        host = hosts.get(x["host"]) if x["host"] else None
+        stats = host.stats if host is not None else {}
+        if rules["max_cpu"] and stats.get("cpu_percent", 0) > rules["max_cpu"]:
+            reasons.append(f"host {x['host']} CPU {stats['cpu_percent']:.0f}% > {rules['max_cpu']:.0f}%")
+        if rules["max_memory"] and stats.get("memory_percent", 0) > rules["max_memory"]:
+            reasons.append(f"host {x['host']} memory {stats['memory_percent']:.0f}% > {rules['max_memory']:.0f}%")
+    return sorted(set(reasons))
+
+
+def is_low(summary: dict[str, Any], rules: dict[str, Any], count: int) -> bool:
+    """Would one exchange fewer still be comfortably below the limits? Needs a rate or publisher rule."""
+    fewer = count - 1
+    checks = []
+    if rules["max_rate"]:
+        checks.append(summary["msgs_in_per_s"] < rules["scale_in_below"] * rules["max_rate"] * fewer)
+    if rules["max_publishers"]:
+        checks.append(summary["publishers"] <= rules["scale_in_below"] * rules["max_publishers"] * fewer)
+    return bool(checks) and all(checks)

@@ -1,0 +1,160 @@
+"""Elasticity: rules scale a queue out and in under a real load, relocation, no flapping."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.state import read_live
+from roq.testing import record_figures, wait_until
+from tests.integration.conftest import create, start_cluster
+
+pytestmark = pytest.mark.integration
+
+FAST_HOSTS = ("exchange.stats_interval=0.5", "hcm.stats_interval=0.5")
+FAST_LEADER = ("gcm.tick=0.5", "autoscale.scale_out_after=1", "autoscale.scale_in_after=4", "autoscale.cooldown=2",
+               "autoscale.relocate_after=1", "autoscale.relocate_cooldown=1")
+
+
+class PacedPublisher:
+    """One publisher sending numbered messages at a steady rate on its own thread."""
+
+    def __init__(self, queue: str, config, zk, rate: float) -> None:  # type: ignore[no-untyped-def]
+        self.pub = Publisher(queue, config, zk=zk)
+        self.rate = rate
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - start) * self.rate)
+            while self.sent < due:
+                self.pub.publish("load", self.sent.to_bytes(8, "big"))
+                self.sent += 1
+            self._stop.wait(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.pub.flush(30)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.pub.close(timeout=0)
+
+
+class Counting:
+    """A subscriber that records every (publisher, number) it gets."""
+
+    def __init__(self, queue: str, config, zk) -> None:  # type: ignore[no-untyped-def]
+        self.got: dict[str, list[int]] = {}
+        self.sub = Subscriber(queue, config, zk=zk, callback=self._on)
+        self.sub.wait_connected()
+
+    def _on(self, msg) -> None:  # type: ignore[no-untyped-def]
+        self.got.setdefault(msg.publisher, []).append(int.from_bytes(msg.payload, "big"))
+
+    def assert_everything_once(self, publishers: list[PacedPublisher]) -> int:
+        for p in publishers:
+            wait_until(lambda p=p: len(self.got.get(p.pub.id, [])) >= p.sent, timeout=30,
+                       message=f"all {p.sent} messages of {p.pub.id}")
+            assert p.pub.confirmed == p.sent
+            assert sorted(self.got[p.pub.id]) == list(range(p.sent)), "lost or repeated messages"
+        return sum(p.sent for p in publishers)
+
+
+def exchange_count(config, zk) -> int:  # type: ignore[no-untyped-def]
+    with Admin(config, zk) as admin:
+        return len(admin.describe_queue("elastic")["exchanges"])
+
+
+@pytest.mark.timeout(150)
+def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
+    create(config, zk, paths, "elastic", 1)
+    with Admin(config, zk) as admin:
+        admin.queue_rules("elastic", {"max_rate": 1500, "min_exchanges": 1, "max_exchanges": 3,
+                                      "scale_in_below": 0.5})
+    sink = Counting("elastic", config, zk)
+    publishers: list[PacedPublisher] = []
+    try:
+        for _ in range(4):  # 1,000 msg/s more every 2 s, up to 4,000 msg/s
+            publishers.append(PacedPublisher("elastic", config, zk, rate=1000))
+            time.sleep(2)  # the ramp's pace (load shape), not synchronisation
+        wait_until(lambda: len([x for x in read_live(zk, paths, "elastic").values()
+                                if (x.get("stats") or {}).get("msgs_in_per_s", 0) > 0]) >= 3,
+                   timeout=40, message="three exchanges carrying traffic")
+        with Admin(config, zk) as admin:
+            events = [e for e in admin.cluster_stats()["queues"]["elastic"]["events"] if "reason" in e]
+        for p in publishers:
+            p.stop()
+        total = sink.assert_everything_once(publishers)
+        wait_until(lambda: exchange_count(config, zk) == 1, timeout=60, message="scaled back in to 1")
+    finally:
+        for p in publishers:
+            p.close()
+        sink.sub.close()
+    outs = [e for e in events if e["to"] > e["from"]]
+    assert len(outs) >= 2 and all(e["to"] <= 3 for e in events)
+    times = [round(e["rule_firing_for_s"] + e["carrying_traffic_after_s"], 2)
+             for e in outs if "carrying_traffic_after_s" in e]
+    record_figures("autoscale ramp", messages=total, lost=0, scale_outs=len(outs),
+                   rule_fired_to_new_exchange_carrying_traffic_s=times,
+                   decision_to_traffic_s=[e.get("carrying_traffic_after_s") for e in outs])
+    assert times and max(times) <= 5.0
+
+
+@pytest.mark.timeout(90)
+def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
+    create(config, zk, paths, "elastic", 1)
+    sink = Counting("elastic", config, zk)
+    heavy = PacedPublisher("elastic", config, zk, rate=1200)
+    light = PacedPublisher("elastic", config, zk, rate=500)
+    try:
+        wait_until(lambda: heavy.pub.exchange == light.pub.exchange == "x1", message="both on x1")
+        with Admin(config, zk) as admin:  # a second exchange, and x1 is now over its limit
+            admin.queue_rules("elastic", {"max_rate": 1500, "min_exchanges": 2, "max_exchanges": 2})
+        wait_until(lambda: heavy.pub.exchange == "x2", timeout=30, message="the heavy publisher relocated")
+        time.sleep(1)  # traffic keeps flowing across the move (load shape)
+        heavy.stop()
+        light.stop()
+        total = sink.assert_everything_once([heavy, light])
+    finally:
+        heavy.close()
+        light.close()
+        sink.sub.close()
+    assert heavy.pub.relocations == 1 and light.pub.exchange == "x1" and light.pub.relocations == 0
+    record_figures("relocation", messages=total, lost=0, moved="heavy (1,200 msg/s) x1 → x2")
+
+
+@pytest.mark.timeout(90)
+def test_a_steady_load_between_the_thresholds_never_flaps(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
+    create(config, zk, paths, "elastic", 2)
+    with Admin(config, zk) as admin:
+        # Out above 1,000 msg/s on an exchange; in only below 0.5 × 1,000 in total. 700 msg/s is neither.
+        admin.queue_rules("elastic", {"max_rate": 1000, "min_exchanges": 1, "max_exchanges": 4,
+                                      "scale_in_below": 0.5})
+    sink = Counting("elastic", config, zk)
+    load = PacedPublisher("elastic", config, zk, rate=700)
+    try:
+        deadline = time.monotonic() + 12  # three times scale_in_after plus the cooldown
+        while time.monotonic() < deadline:
+            assert exchange_count(config, zk) == 2
+            time.sleep(0.5)  # sampling the size over the window
+        with Admin(config, zk) as admin:
+            assert admin.cluster_stats()["queues"]["elastic"]["events"] == []
+        load.stop()
+        sink.assert_everything_once([load])
+    finally:
+        load.close()
+        sink.sub.close()
