@@ -150,7 +150,7 @@ class Autoscaler:
         count = summary["exchanges"]
         if count < rules["min_exchanges"] or count > rules["max_exchanges"]:
             target = min(max(count, rules["min_exchanges"]), rules["max_exchanges"])
-            self._scale(name, state, count, target, "outside min/max exchanges", now)
+            self._scale(name, state, summary, count, target, "outside min/max exchanges", now)
             return
         reasons = firing_rules(summary, rules, hosts)
         if reasons:
@@ -158,13 +158,13 @@ class Autoscaler:
             state.firing_since = state.firing_since or now
             if now - state.firing_since >= self.config.scale_out_after and count < rules["max_exchanges"] \
                     and summary["running"] == count and self._cooled(state, now):
-                self._scale(name, state, count, count + 1, "; ".join(reasons), now)
+                self._scale(name, state, summary, count, count + 1, "; ".join(reasons), now)
         else:
             state.firing_since = None
             if count > rules["min_exchanges"] and is_low(summary, rules, count):
                 state.low_since = state.low_since or now
                 if now - state.low_since >= self.config.scale_in_after and self._cooled(state, now):
-                    self._scale(name, state, count, count - 1, "load low", now)
+                    self._scale(name, state, summary, count, count - 1, "load low", now)
             else:
                 state.low_since = None
         self._maybe_relocate(name, state, summary, rules, now)
@@ -172,7 +172,8 @@ class Autoscaler:
     def _cooled(self, state: QueueState, now: float) -> bool:
         return now - state.last_action >= self.config.cooldown
 
-    def _scale(self, name: str, state: QueueState, count: int, target: int, reason: str, now: float) -> None:
+    def _scale(self, name: str, state: QueueState, summary: dict[str, Any], count: int, target: int, reason: str,
+               now: float) -> None:
         log.info("autoscaling queue %s from %d to %d exchanges: %s", name, count, target, reason)
         self.queues.scale(name, target)
         event = {"at": time.time(), "from": count, "to": target, "reason": reason}
@@ -181,10 +182,14 @@ class Autoscaler:
         state.last_action = now
         state.firing_since = state.low_since = None
         if target > count:
-            # The new exchange is the one with the highest id; remember it to time the scale-out.
+            # The new exchange is the one with the highest id; remember it to time the scale-out,
+            # and send it the busiest exchange's heaviest publisher, which moves the moment it runs.
             info = read_queue(self.client, self.paths, name)
             newest = max((x.id for x in info.exchanges), key=exchange_order) if info else None
             state.waiting_for = {"exchange": newest, "since": now, "event": event}
+            busiest = max(summary["by_exchange"], key=lambda x: x["msgs_in_per_s"], default=None)
+            if newest and busiest and self._shed(name, state, busiest, newest, 0.0, now):
+                event["relocated_ahead"] = True
         state.events = (state.events + [event])[-EVENT_LIMIT:]
 
     def _note_traffic_on_new(self, state: QueueState, live: dict[str, Any], now: float) -> None:
@@ -215,16 +220,22 @@ class Autoscaler:
         if now - state.overloaded_since < self.config.relocate_after or \
                 now - state.last_relocation < self.config.relocate_cooldown:
             return
-        gap = heavy["msgs_in_per_s"] - light["msgs_in_per_s"]
+        self._shed(name, state, heavy, light["id"], light["msgs_in_per_s"], now)
+
+    def _shed(self, name: str, state: QueueState, heavy: dict[str, Any], target: str, target_rate: float,
+              now: float) -> bool:
+        """Relocate the heaviest publisher of `heavy` whose move makes the two exchanges more even."""
+        gap = heavy["msgs_in_per_s"] - target_rate
         movable = [(pub, rate) for pub, rate in heavy["top_publishers"] if 0 < rate < gap]
         if not movable:
-            return  # moving any publisher would only move the overload
+            return False  # moving any publisher would only move the overload
         publisher, rate = max(movable, key=lambda item: item[1])
-        self._relocate(name, publisher, heavy["id"], light["id"])
+        self._relocate(name, publisher, heavy["id"], target)
         state.last_relocation = now
         state.overloaded_since = None
         state.events = (state.events + [{"at": time.time(), "relocated": publisher, "from": heavy["id"],
-                                         "to": light["id"], "rate": rate}])[-EVENT_LIMIT:]
+                                         "to": target, "rate": rate}])[-EVENT_LIMIT:]
+        return True
 
     def _relocate(self, queue: str, publisher: str, source: str, target: str) -> None:
         path = self.paths.relocations(queue)

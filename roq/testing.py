@@ -11,11 +11,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from roq.config import Config
 from roq.zookeeper import stop_process_group
@@ -212,3 +213,34 @@ def record_figures(name: str, **values: object) -> None:
     """Keep a scenario's measured figures for the session's summary (and print them now)."""
     FIGURES.append((name, values))
     print(f"\n[{name}] {values}")
+
+
+class PacedPublisher:
+    """One publisher sending numbered messages at a steady rate on its own thread."""
+
+    def __init__(self, queue: str, config: Config, zk: Any, rate: float) -> None:
+        from roq.client.publisher import Publisher
+        self.pub = Publisher(queue, config, zk=zk)
+        self.rate = rate
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - start) * self.rate)
+            while self.sent < due:
+                self.pub.publish("load", self.sent.to_bytes(8, "big"))
+                self.sent += 1
+            self._stop.wait(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.pub.flush(30)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.pub.close(timeout=0)

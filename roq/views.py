@@ -60,12 +60,14 @@ def print_rules(name: str, rules: dict[str, Any]) -> None:
 
 def stats_view(snapshot: dict[str, Any]) -> Group:
     """Queues (with their exchanges), hosts and recent scaling events, as one renderable."""
-    queues = Table("queue / exchange", "host", "msgs/s in", "msgs/s out", "MB/s in", "publishers",
-                   "subscriptions", "drops", "retained MB", title="queues")
+    queues = Table(title="queues")
+    queues.add_column("queue / exchange", no_wrap=True)
+    queues.add_column("host", no_wrap=True)
+    for header in ("msg/s in", "msg/s out", "MB/s in", "pubs", "subs", "drops", "kept MB"):
+        queues.add_column(header, justify="right")
     events = Table("queue", "when", "what", title="recent scaling and relocation")
     for name, q in sorted(snapshot.get("queues", {}).items()):
-        size = f"{q['running']}/{q['exchanges']} running"
-        queues.add_row(f"[bold]{name}[/] ({size})", "", *_figures(q), style="bold")
+        queues.add_row(f"{name} ({q['running']}/{q['exchanges']})", "", *_figures(q), style="bold")
         for x in q["by_exchange"]:
             queues.add_row(f"  {x['id']}" + ("" if x["running"] else " (down)"), x["host"] or "-", *_figures(x))
         for e in q.get("events", [])[-5:]:

@@ -256,13 +256,19 @@ class Publisher:
             return None
         self._relocation_seen = entry["at"]
         self._relocated_to = entry["to"]
-        if self.prefer is None and self.exchange != entry["to"]:
-            self.relocations += 1
-            self._move_reason = f"relocated by the leader to {entry['to']}"
-            self._wake()
+        self._follow_relocation()
         return None
 
+    def _follow_relocation(self) -> None:
+        """Move to the exchange the leader named, as soon as it runs (a new one may still be starting)."""
+        target = self._relocated_to
+        if target and self.prefer is None and self.exchange != target and target in self.topology.snapshot():
+            self.relocations += 1
+            self._move_reason = f"relocated by the leader to {target}"
+            self._wake()
+
     def _topology_changed(self) -> None:
+        self._follow_relocation()
         live = self.topology.snapshot()
         if self.exchange is not None and self.exchange not in live:
             self._move_reason = f"exchange {self.exchange} disappeared"
@@ -327,6 +333,8 @@ class Publisher:
         sock.linger = 0
         sock.connect(endpoint)
         sock.send(protocol.encode_hello(self.id))
+        if xid == self._relocated_to:
+            self._relocated_to = None  # done; from now on it is just our exchange
         with self._cond:
             self.exchange = xid
             self._unsent.extendleft(reversed(self._sent))  # resend everything unconfirmed

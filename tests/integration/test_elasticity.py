@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from roq.client.admin import Admin
-from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.state import read_live
-from roq.testing import record_figures, wait_until
+from roq.testing import PacedPublisher, record_figures, wait_until
 from tests.integration.conftest import create, start_cluster
 
 pytestmark = pytest.mark.integration
@@ -19,36 +17,6 @@ pytestmark = pytest.mark.integration
 FAST_HOSTS = ("exchange.stats_interval=0.5", "hcm.stats_interval=0.5")
 FAST_LEADER = ("gcm.tick=0.5", "autoscale.scale_out_after=1", "autoscale.scale_in_after=4", "autoscale.cooldown=2",
                "autoscale.relocate_after=1", "autoscale.relocate_cooldown=1")
-
-
-class PacedPublisher:
-    """One publisher sending numbered messages at a steady rate on its own thread."""
-
-    def __init__(self, queue: str, config, zk, rate: float) -> None:  # type: ignore[no-untyped-def]
-        self.pub = Publisher(queue, config, zk=zk)
-        self.rate = rate
-        self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        while not self._stop.is_set():
-            due = int((time.monotonic() - start) * self.rate)
-            while self.sent < due:
-                self.pub.publish("load", self.sent.to_bytes(8, "big"))
-                self.sent += 1
-            self._stop.wait(0.005)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.pub.flush(30)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.pub.close(timeout=0)
 
 
 class Counting:
