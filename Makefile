@@ -1,10 +1,10 @@
 # The two commands of the README. Each sets up what it needs first.
-.PHONY: demo test setup docker-images bench-servers clean
+.PHONY: demo test setup setup-test docker-images bench-servers clean
 
 demo: setup
 	.venv/bin/roq demo
 
-test: setup docker-images bench-servers
+test: setup-test docker-images bench-servers
 	.venv/bin/python -m pytest
 
 # The failover suite needs a Docker engine and the roq:test image, both made here.
@@ -18,6 +18,10 @@ bench-servers: setup
 
 setup:
 	bash scripts/setup.sh dev
+
+# The tests also need PySpark (and Java) for the Spark source, sink and statistics pipeline.
+setup-test:
+	bash scripts/setup.sh dev,spark
 
 clean:
 	-.venv/bin/roq cluster down

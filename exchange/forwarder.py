@@ -162,6 +162,10 @@ class Forwarder:
             self._send_replay(ident, [protocol.ERROR, protocol.VERSION, protocol.request_id_of(payload),
                                       err.code, str(err)])
             return
+        if req.position_only:
+            self._send_replay(ident, [protocol.POSITION, protocol.VERSION, req.request_id, self.incarnation,
+                                      self.retention.oldest, self.retention.next_pos])
+            return
         if req.incarnation and req.incarnation != self.incarnation:
             self._send_replay(ident, [protocol.ERROR, protocol.VERSION, req.request_id, "unknown_incarnation",
                                       f"this exchange is incarnation {self.incarnation}"])
@@ -218,6 +222,7 @@ class Forwarder:
         totals.msgs_in += count - skip
         by_publisher = self.stats.interval_by_publisher
         by_publisher[pub] = by_publisher.get(pub, 0) + count - skip
+        self.stats.note_latency(time.time_ns() - batch.sent_ns)
         newest = batch.first_seq + count - 1
         if newest > last:
             self.last_seq[pub] = newest

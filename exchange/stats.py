@@ -8,6 +8,7 @@ from typing import Any
 
 
 TOP_PUBLISHERS = 5
+LATENCY_SAMPLES = 10_000
 
 
 @dataclass
@@ -32,6 +33,12 @@ class ExchangeStats:
     publishers: dict[str, float] = field(default_factory=dict)  # id → last seen (monotonic)
     subscriptions: int = 0
     interval_by_publisher: dict[str, int] = field(default_factory=dict)  # messages since the last snapshot
+    latencies_ns: list[int] = field(default_factory=list)  # batch send → arrival here, this interval
+
+    def note_latency(self, nanoseconds: int) -> None:
+        """One sample per batch; the first LATENCY_SAMPLES of an interval are kept."""
+        if len(self.latencies_ns) < LATENCY_SAMPLES:
+            self.latencies_ns.append(nanoseconds)
 
     def snapshot(self, active_window: float = 10.0) -> dict[str, Any]:
         """Totals plus per-second rates since the previous snapshot."""
@@ -52,6 +59,11 @@ class ExchangeStats:
                             sorted(self.interval_by_publisher.items(), key=lambda item: -item[1])[:TOP_PUBLISHERS]],
         )
         self.interval_by_publisher = {}
+        ordered = sorted(self.latencies_ns)
+        self.latencies_ns = []
+        if ordered:  # publisher → exchange, on the wall clocks of both hosts
+            report["latency_p50_ms"] = round(ordered[len(ordered) // 2] / 1e6, 3)
+            report["latency_p99_ms"] = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1e6, 3)
         self._last = Counters(**asdict(t))
         self._last_time = now
         return report

@@ -24,9 +24,11 @@ Every leader tick:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +36,8 @@ from kazoo.client import KazooClient, TransactionRequest
 
 from gcm.fence import LeaderFence
 from gcm.queues import MAX_EXCHANGES, QueueManager
-from roq.config import AutoscaleConfig
-from roq.errors import QueueNotFoundError, UserError
+from roq.config import AutoscaleConfig, Config
+from roq.errors import QueueNotFoundError, RoqError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
 from roq.state import exchange_order, queue_names, read_hosts, read_live, read_queue
@@ -91,7 +93,7 @@ class QueueState:
 
 class Autoscaler:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence, queues: QueueManager,
-                 write_lock: threading.Lock, config: AutoscaleConfig) -> None:
+                 write_lock: threading.Lock, config: AutoscaleConfig, stats_stream: StatsStream) -> None:
         self.client = client
         self.paths = paths
         self.fence = fence
@@ -100,6 +102,7 @@ class Autoscaler:
         self.config = config
         self.states: dict[str, QueueState] = {}
         self.snapshot: dict[str, Any] = {"queues": {}, "hosts": {}, "time": 0.0}
+        self.stats_stream = stats_stream
 
     # ------------------------------------------------------------ rules (control API)
 
@@ -144,6 +147,7 @@ class Autoscaler:
             del self.states[gone]
         self.snapshot = {"queues": queues, "hosts": {h.name: dict(h.stats, capacity=h.capacity)
                                                      for h in hosts.values()}, "time": time.time()}
+        self.stats_stream.publish(self.snapshot)
 
     def _apply(self, name: str, state: QueueState, summary: dict[str, Any], rules: dict[str, Any],
                hosts: dict[str, Any], now: float) -> None:
@@ -255,6 +259,56 @@ class Autoscaler:
         log.info("relocating publisher %s of queue %s from %s to %s", publisher, queue, source, target)
 
 
+class StatsStream:
+    """The statistics stream: while queue `gcm.stats_queue` exists, the leader publishes one JSON
+    record per exchange (topic "exchange") and per host (topic "host") every tick. The Spark
+    statistics job (`roq pipeline stats`) consumes it."""
+
+    def __init__(self, client: KazooClient, config: Config) -> None:
+        self.client = client
+        self.config = config
+        self.queue = config.gcm.stats_queue
+        self.publisher: Any = None
+        self.dropped = 0  # records not queued because the publisher was backed up
+
+    def publish(self, snapshot: dict[str, Any]) -> None:
+        if not self.queue or self.queue not in snapshot["queues"]:
+            self.close()
+            return
+        if self.publisher is None:
+            from roq.client.publisher import Publisher
+            self.publisher = Publisher(self.queue, self.config, zk=self.client)
+        for record in stats_records(snapshot):
+            try:
+                self.publisher.publish(record["kind"], json.dumps(record).encode(), timeout=0)
+            except RoqError:
+                self.dropped += 1  # never hold the leader's tick for statistics
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            publisher, self.publisher = self.publisher, None
+            try:
+                publisher.close(timeout=1)
+            except RoqError as exc:  # unconfirmed statistics are not worth waiting for
+                log.info("statistics stream closed with %s", exc)
+
+
+def stats_records(snapshot: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    now = snapshot["time"]
+    for name, q in snapshot["queues"].items():
+        for x in q["by_exchange"]:
+            if x["running"]:
+                yield {"kind": "exchange", "ts": now, "queue": name, "exchange": x["id"], "host": x["host"],
+                       **{k: x.get(k) for k in STREAM_FIELDS}}
+    for host, h in snapshot["hosts"].items():
+        yield {"kind": "host", "ts": now, "host": host, "cpu_percent": h.get("cpu_percent"),
+               "memory_percent": h.get("memory_percent"), "exchanges": h.get("exchanges")}
+
+
+STREAM_FIELDS = ("msgs_in_per_s", "msgs_out_per_s", "bytes_in_per_s", "bytes_out_per_s", "publishers",
+                 "subscriptions", "drops", "latency_p50_ms", "latency_p99_ms")
+
+
 # ---------------------------------------------------------------- pure functions (unit-tested)
 
 
@@ -267,7 +321,8 @@ def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules
         data = live.get(x.id) or {}
         stats = data.get("stats") or {}
         row = {"id": x.id, "host": x.host, "running": x.id in live, "restarts": data.get("restarts", 0),
-               "top_publishers": stats.get("top_publishers") or []}
+               "top_publishers": stats.get("top_publishers") or [],
+               "latency_p50_ms": stats.get("latency_p50_ms"), "latency_p99_ms": stats.get("latency_p99_ms")}
         for key in totals:
             value = stats.get(key, 0)
             row[key] = value if isinstance(value, (int, float)) else 0

@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from gcm.api import ControlServer, Handler, unknown_op
-from gcm.autoscaler import Autoscaler
+from gcm.autoscaler import Autoscaler, StatsStream
 from gcm.leader import Leadership
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
@@ -68,7 +68,7 @@ class Gcm:
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
         self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
-                                     self.write_lock, self.config.autoscale)
+                                     self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
         self.client.ChildrenWatch(self.paths.queues, self._on_change)
         self.api.start()
@@ -125,6 +125,7 @@ class Gcm:
                         raise
             self.wake.wait(self.config.gcm.tick)
             self.wake.clear()
+        self.autoscaler.stats_stream.close()
 
     # ------------------------------------------------------------ control API
 

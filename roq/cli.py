@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from roq.errors import RoqError, UnavailableError, UserError
+from roq.errors import QueueExistsError, RoqError, UnavailableError, UserError
 
 
 class Exit(enum.IntEnum):
@@ -290,6 +290,47 @@ def stats(ctx: Context, once: bool, as_json: bool, interval: float) -> None:
             console.print(stats_view(admin.cluster_stats()))
         else:
             live_stats(admin.cluster_stats, interval)
+
+
+@main.group()
+def pipeline() -> None:
+    """The Spark statistics pipeline (needs the spark extra: pip install 'roq[spark]')."""
+
+
+@pipeline.command("stats")
+@click.option("--output", default=".roq/pipeline", show_default=True, type=click.Path(file_okay=False))
+@click.option("--window", type=click.IntRange(1, 86400), default=10, show_default=True, help="seconds")
+@click.option("--once", is_flag=True, help="aggregate what the exchanges retain now, then stop")
+@click.option("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C)")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL")
+@pass_ctx
+@handle_errors
+def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration: float, master: str) -> None:
+    """Consume the cluster's statistics stream; write windowed aggregates to Parquet."""
+    queue_name = ctx.config.gcm.stats_queue
+    if not queue_name:
+        raise UserError("gcm.stats_queue is empty: the statistics stream is off")
+    with ctx.admin() as admin:
+        try:
+            admin.create_queue(queue_name, exchanges=1)
+            click.echo(f"created queue {queue_name}: the leader publishes statistics to it from now on", err=True)
+        except QueueExistsError:
+            pass
+    from roq.spark.stats_job import run
+    run(ctx.config.zk.hosts, ctx.config.zk.root, queue_name, output, window, once, duration, master)
+    click.echo(f"aggregates in {output}/exchanges and {output}/hosts", err=True)
+
+
+@pipeline.command("report")
+@click.option("--input", "input_dir", default=".roq/pipeline", show_default=True,
+              type=click.Path(file_okay=False))
+@click.option("--out", default=".roq/pipeline/report.png", show_default=True, type=click.Path(dir_okay=False))
+@handle_errors
+def pipeline_report(input_dir: str, out: str) -> None:
+    """Render the aggregates as a PNG chart and print a summary."""
+    from roq.spark.report import report
+    click.echo(report(input_dir, out))
+    click.echo(f"chart: {out}", err=True)
 
 
 # ---------------------------------------------------------------- data

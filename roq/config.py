@@ -44,6 +44,7 @@ class GcmConfig:
     tick: float = 1.0  # reconcile interval of the leader
     reassign_grace: float = 0.0  # wait this long after a host vanishes before moving its exchanges
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
+    stats_queue: str = "roq-stats"  # while this queue exists, the leader publishes the statistics stream to it
 
 
 @dataclass(frozen=True)

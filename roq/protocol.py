@@ -133,10 +133,11 @@ def decode_reply(frame: bytes) -> Reply:
 #   the last list names topics the subscriber already has up to pos: older frames of them are skipped.
 #   ["frames", v, request_id, incarnation, oldest, [[topic, body], ...], scanned_to, done]
 #   ["error", v, request_id, code, message]
+#   ["position", v, request_id] → ["position", v, request_id, incarnation, oldest, next_pos]
 
 HELLO, BATCH, BYE = "hello", "batch", "bye"
 WELCOME, ACK, REJECT, ERROR, MOVE = "welcome", "ack", "reject", "error", "move"
-SYNC, FETCH, FRAMES = "sync", "fetch", "frames"
+SYNC, FETCH, FRAMES, POSITION = "sync", "fetch", "frames", "position"
 SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
 BEAT_TOPIC = b"\x00roq.beat"
 BEAT = "beat"
@@ -253,6 +254,7 @@ class Fetch:
     prefixes: list[bytes]
     max_bytes: int
     known: dict[bytes, int]
+    position_only: bool = False  # a "position" request: where the stream is, no frames
 
 
 def encode_fetch(request_id: int, incarnation: str, after: int, before: int,
@@ -260,8 +262,25 @@ def encode_fetch(request_id: int, incarnation: str, after: int, before: int,
     return pack([FETCH, VERSION, request_id, incarnation, after, before, prefixes, max_bytes, known or []])
 
 
+def encode_position_request(request_id: int) -> bytes:
+    return pack([POSITION, VERSION, request_id])
+
+
+def decode_position(frame: bytes) -> tuple[int, str, int, int]:
+    """(request_id, incarnation, oldest, next_pos) from an exchange's answer."""
+    msg = unpack(frame, MAX_CONTROL_FRAME)
+    if isinstance(msg, list) and len(msg) == 5 and msg[0] == ERROR:
+        raise ProtocolError(f"exchange refused: {msg[3]}: {msg[4]}")
+    if not isinstance(msg, list) or len(msg) != 6 or msg[0] != POSITION or not isinstance(msg[3], str) \
+            or not all(_is_int(v) for v in (msg[2], msg[4], msg[5])):
+        raise ProtocolError("position reply must be [\"position\", v, request_id, incarnation, oldest, next_pos]")
+    return msg[2], msg[3], msg[4], msg[5]
+
+
 def decode_fetch(frame: bytes) -> Fetch:
     msg = unpack(frame, MAX_CONTROL_FRAME)
+    if isinstance(msg, list) and len(msg) == 3 and msg[0] == POSITION and msg[1] == VERSION and _is_int(msg[2]):
+        return Fetch(msg[2], "", 0, 0, [], 0, {}, position_only=True)
     if not isinstance(msg, list) or len(msg) != 9 or msg[0] != FETCH:
         raise ProtocolError("fetch must be [\"fetch\", v, request_id, incarnation, after, before, "
                             "[prefix, ...], max_bytes, [[topic, pos], ...]]")

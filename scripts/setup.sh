@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything RoQ needs on a Debian machine, idempotently:
-# Debian's zookeeper (and its Java), a virtualenv in .venv with RoQ and its extras.
-# Usage: scripts/setup.sh [extras]   (default extras: dev)
+# Debian's zookeeper (and its Java), a virtualenv in .venv with RoQ and its extras
+# (Java 17 too when the extras include spark).
+# Usage: scripts/setup.sh [extras]   (default extras: dev; the tests use dev,spark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
@@ -19,6 +20,11 @@ if [ -z "${ZOOKEEPER_HOME:-}" ] && [ ! -x /usr/share/zookeeper/bin/zkServer.sh ]
   apt_install zookeeper
   # The package's service is not wanted: RoQ starts its own servers on free ports.
   (as_root service zookeeper stop >/dev/null 2>&1 || true)
+fi
+
+if [[ ",$extras," == *",spark,"* ]] && ! command -v java >/dev/null 2>&1; then
+  echo "setup: installing Java for Spark"
+  apt_install openjdk-17-jre-headless
 fi
 
 python=${PYTHON:-python3}

@@ -1,0 +1,132 @@
+"""The statistics pipeline: the leader's statistics stream → windowed aggregates in Parquet.
+
+Reads queue `gcm.stats_queue` (default roq-stats) with the `roq` data source,
+and writes two Parquet datasets under OUTPUT:
+* `exchanges/`: per window, queue, exchange and host. Mean and peak msgs/s
+  in, mean msgs/s out and MB/s in, the p50 and p99 of publish latency, most
+  publishers and subscriptions, drops, samples.
+* `hosts/`: per window and host. Mean and peak CPU %, mean memory %.
+
+Continuously (`roq pipeline stats`, or for `--duration` seconds) it is a
+Structured Streaming job: a window is appended once the watermark (one
+window past the newest record) has passed it, and a restart continues from
+its checkpoint. `--once` is a batch job over what the exchanges retain now.
+It replaces the aggregates, the newest window possibly partial. Do not point
+it at the `--output` of a running continuous pipeline. It also runs under
+spark-submit:
+
+    spark-submit roq/spark/stats_job.py --zk zk1:2181 --output /data/roq-stats
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+RECORD_SCHEMA = ("kind string, ts double, queue string, exchange string, host string, msgs_in_per_s double, "
+                   "msgs_out_per_s double, bytes_in_per_s double, bytes_out_per_s double, publishers long, "
+                   "subscriptions long, drops long, latency_p50_ms double, latency_p99_ms double, "
+                   "cpu_percent double, memory_percent double, exchanges long")
+
+
+def parse(frame: Any) -> Any:
+    """Rows of the `roq` source → typed statistics records with an event time."""
+    from pyspark.sql import functions as F
+    return (frame.select(F.from_json(F.col("payload").cast("string"), RECORD_SCHEMA).alias("r"))
+            .select("r.*").withColumn("time", F.col("ts").cast("timestamp")))
+
+
+def aggregate(records: Any, window: int) -> dict[str, Any]:
+    """Per window: exchanges (by queue, exchange, host) and hosts; flat columns for Parquet."""
+    from pyspark.sql import functions as F
+    span = F.window("time", f"{window} seconds").alias("w")
+    exchanges = (records.where(F.col("kind") == "exchange").groupBy(span, "queue", "exchange", "host")
+                 .agg(F.avg("msgs_in_per_s").alias("msgs_in_per_s"), F.max("msgs_in_per_s").alias("msgs_in_per_s_peak"),
+                      F.avg("msgs_out_per_s").alias("msgs_out_per_s"),
+                      (F.avg("bytes_in_per_s") / 1e6).alias("mb_in_per_s"),
+                      F.percentile_approx("latency_p50_ms", 0.5).alias("latency_p50_ms"),
+                      F.percentile_approx("latency_p99_ms", 0.99).alias("latency_p99_ms"),
+                      F.max("publishers").alias("publishers"), F.max("subscriptions").alias("subscriptions"),
+                      F.max("drops").alias("drops"), F.count(F.lit(1)).alias("samples")))
+    hosts = (records.where(F.col("kind") == "host").groupBy(span, "host")
+             .agg(F.avg("cpu_percent").alias("cpu_percent"), F.max("cpu_percent").alias("cpu_percent_peak"),
+                  F.avg("memory_percent").alias("memory_percent"), F.count(F.lit(1)).alias("samples")))
+    return {name: frame.select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
+                               *[c for c in frame.columns if c != "w"])
+            for name, frame in (("exchanges", exchanges), ("hosts", hosts))}
+
+
+def source(spark: Any, zk: str, root: str, queue: str, streaming: bool) -> Any:
+    reader = spark.readStream if streaming else spark.read
+    return (reader.format("roq").option("zk", zk).option("root", root).option("queue", queue)
+            .option("startingOffsets", "earliest").option("failOnDataLoss", "false").load())
+
+
+def aggregate_retained(spark: Any, zk: str, root: str, queue: str, output: str, window: int) -> None:
+    """Batch: everything the stream's exchanges retain now, every window (the newest may be partial)."""
+    for name, frame in aggregate(parse(source(spark, zk, root, queue, False)), window).items():
+        frame.write.mode("overwrite").parquet(str(Path(output) / name))
+
+
+def start_queries(spark: Any, zk: str, root: str, queue: str, output: str, window: int) -> list[Any]:
+    """Streaming: a window is appended once the watermark (one window past the newest record) passes it."""
+    records = parse(source(spark, zk, root, queue, True)).withWatermark("time", f"{window} seconds")
+    queries = []
+    for name, frame in aggregate(records, window).items():
+        queries.append(frame.writeStream.format("parquet").outputMode("append")
+                       .option("path", str(Path(output) / name))
+                       .option("checkpointLocation", str(Path(output) / "_checkpoints" / name))
+                       .trigger(processingTime=f"{max(1, min(window, 5))} seconds")
+                       .queryName(f"roq_stats_{name}").start())
+    return queries
+
+
+def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
+        master: str | None) -> None:
+    from roq.spark.session import spark_session
+    spark = spark_session(master, "roq-stats-pipeline")
+    if once:
+        aggregate_retained(spark, zk, root, queue, output, window)
+        return
+    queries = start_queries(spark, zk, root, queue, output, window)
+    try:
+        deadline = time.monotonic() + duration if duration > 0 else None
+        while all(q.isActive for q in queries) and (deadline is None or time.monotonic() < deadline):
+            queries[0].awaitTermination(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for query in queries:
+            query.stop()
+    for query in queries:
+        if query.exception():
+            raise RuntimeError(f"{query.name} failed: {query.exception()}")
+
+
+@click.command()
+@click.option("--zk", required=True, help="ZooKeeper connection string of the cluster")
+@click.option("--root", default="/roq", show_default=True)
+@click.option("--queue", default="roq-stats", show_default=True)
+@click.option("--output", required=True, type=click.Path(file_okay=False))
+@click.option("--window", type=click.IntRange(1, 86400), default=10, show_default=True, help="seconds")
+@click.option("--once", is_flag=True, help="aggregate what is retained now, then stop")
+@click.option("--duration", type=float, default=0, help="stop after this many seconds (0 = run until Ctrl-C)")
+@click.option("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
+def main(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
+         master: str | None) -> None:
+    """Run the statistics pipeline (also under spark-submit)."""
+    run(zk, root, queue, output, window, once, duration, master or _default_master())
+
+
+def _default_master() -> str | None:
+    from pyspark import SparkConf
+    return None if SparkConf().contains("spark.master") else "local[*]"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # spark-submit from a checkout
+    main()

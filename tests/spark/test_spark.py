@@ -1,0 +1,146 @@
+"""RoQ in Spark: the `roq` source and sink, and the statistics pipeline, on a real local session."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.testing import wait_until
+from tests.integration.conftest import create, start_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def cluster(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    return start_cluster(procs, zk, paths)
+
+
+def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    with Publisher(queue, config, zk=zk, prefer=prefer) as pub:
+        for i in range(first, first + count):
+            pub.publish("t", str(i).encode())
+        pub.flush(30)
+        return pub.id
+
+
+def read_to_parquet(spark, config, queue: str, out: Path) -> int:  # type: ignore[no-untyped-def]
+    """One availableNow run of a query from `queue` into Parquet, checkpointed next to it."""
+    query = (spark.readStream.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+             .option("queue", queue).option("startingOffsets", "earliest").load()
+             .writeStream.format("parquet").option("path", str(out / "data"))
+             .option("checkpointLocation", str(out / "checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    return spark.read.parquet(str(out / "data")).count()
+
+
+def test_the_stream_reads_exactly_what_was_published_and_resumes_from_its_checkpoint(
+        spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "rows", 2)
+    ids = [publish(config, zk, "rows", 0, 1500, prefer=x) for x in ("x1", "x2")]
+    assert read_to_parquet(spark, config, "rows", tmp_path) == 3000
+    ids += [publish(config, zk, "rows", 1500, 1000, prefer="x1")]  # while the query is stopped
+    assert read_to_parquet(spark, config, "rows", tmp_path) == 4000  # restarted from the checkpoint
+    frame = spark.read.parquet(str(tmp_path / "data"))
+    assert frame.select("publisher", "sequence").distinct().count() == 4000  # nothing twice
+    row = frame.where("sequence = 1").orderBy("publisher").first()
+    assert row.topic == "t" and row.publisher in ids and row.exchange in ("x1", "x2") and row.timestamp
+    by_publisher = {r.publisher: r["count"] for r in frame.groupBy("publisher").count().collect()}
+    assert sorted(by_publisher.values()) == [1000, 1500, 1500]
+
+
+def test_the_sink_publishes_a_dataframe_with_confirms(spark, config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "sunk", 1)
+    got: list[bytes] = []
+    with Subscriber("sunk", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+        sub.wait_connected()
+        frame = spark.createDataFrame([("orders.eu", f"order-{i}") for i in range(500)], "topic string, payload string")
+        (frame.repartition(3).write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+         .option("queue", "sunk").mode("append").save())
+        # save() returned: every task's messages were confirmed. Now they arrive.
+        wait_until(lambda: len(got) >= 500, timeout=20, message="the 500 rows")
+    assert sorted(got) == sorted(f"order-{i}".encode() for i in range(500))
+
+
+def test_a_streaming_query_copies_one_queue_to_another(spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+    create(config, zk, paths, "source", 1)
+    create(config, zk, paths, "copy", 1)
+    got: list[bytes] = []
+    with Subscriber("copy", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+        sub.wait_connected()
+        publish(config, zk, "source", 0, 700)
+        query = (spark.readStream.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+                 .option("queue", "source").option("startingOffsets", "earliest").load()
+                 .select("topic", "payload").writeStream.format("roq").option("zk", config.zk.hosts)
+                 .option("root", config.zk.root).option("queue", "copy")
+                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        wait_until(lambda: len(got) >= 700, timeout=20, message="the copied messages")
+    assert sorted(int(p) for p in got) == list(range(700))
+
+
+def stats_record(kind: str, ts: float, **values: float) -> bytes:
+    base = {"kind": kind, "ts": ts, "queue": "q1", "exchange": "x1", "host": "h1"}
+    return json.dumps(dict(base, **values)).encode()
+
+
+def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+    from roq.spark.report import report
+    from roq.spark.stats_job import aggregate_retained
+    create(config, zk, paths, "known-stats", 1)
+    t0 = (time.time() // 10) * 10 - 60  # the start of a 10 s window, a minute ago
+    with Publisher("known-stats", config, zk=zk) as pub:
+        for i, rate in enumerate((100, 200, 300)):  # window 1: mean 200, peak 300
+            pub.publish("exchange", stats_record("exchange", t0 + 2 * i, msgs_in_per_s=rate, publishers=i + 1,
+                                                 latency_p99_ms=1.0 + i))
+        pub.publish("exchange", stats_record("exchange", t0 + 12, msgs_in_per_s=1000, publishers=5))  # window 2
+        for cpu in (10, 30):
+            pub.publish("host", stats_record("host", t0 + 1, cpu_percent=cpu, memory_percent=50))
+        pub.flush(30)
+    out = tmp_path / "pipeline"
+    aggregate_retained(spark, config.zk.hosts, config.zk.root, "known-stats", str(out), 10)
+    rows = spark.read.parquet(str(out / "exchanges")).orderBy("window_start").collect()
+    assert [(r.msgs_in_per_s, r.msgs_in_per_s_peak, r.publishers, r.samples) for r in rows] == \
+        [(200.0, 300.0, 3, 3), (1000.0, 1000.0, 5, 1)]
+    assert rows[0].queue == "q1" and rows[0].latency_p99_ms == 3.0
+    assert (rows[0].window_end - rows[0].window_start).total_seconds() == 10
+    host = spark.read.parquet(str(out / "hosts")).collect()
+    assert [(h.host, h.cpu_percent, h.cpu_percent_peak) for h in host] == [("h1", 20.0, 30.0)]
+    text = report(str(out), str(tmp_path / "report.png"))
+    assert "queue q1: mean 600 msg/s in, peak 1,000 msg/s, p99 publish latency up to 3.00 ms" in text
+    assert "drops 0" in text and "host h1: CPU mean 20% (peak 30%)" in text
+    assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+    from roq.spark.stats_job import start_queries
+    create(config, zk, paths, "stream-stats", 1)
+    t0 = (time.time() // 10) * 10 - 60
+    with Publisher("stream-stats", config, zk=zk) as pub:
+        for i, rate in enumerate((100, 200, 300)):
+            pub.publish("exchange", stats_record("exchange", t0 + 2 * i, msgs_in_per_s=rate))
+        pub.publish("exchange", stats_record("exchange", t0 + 35, msgs_in_per_s=50))  # moves the watermark on
+        pub.flush(30)
+    out = tmp_path / "pipeline"
+    queries = start_queries(spark, config.zk.hosts, config.zk.root, "stream-stats", str(out), 10)
+    try:
+        def closed_windows() -> list:  # type: ignore[type-arg]
+            for q in queries:
+                assert q.exception() is None, q.exception()
+            path = out / "exchanges"
+            if not any(path.glob("*.parquet")):
+                return []
+            return spark.read.parquet(str(path)).orderBy("window_start").collect()
+        rows = wait_until(closed_windows, timeout=90, message="the first window appended")
+    finally:
+        for q in queries:
+            q.stop()
+    assert (rows[0].msgs_in_per_s, rows[0].msgs_in_per_s_peak, rows[0].samples) == (200.0, 300.0, 3)
+    assert all(r.window_start < rows[0].window_start.__class__.fromtimestamp(t0 + 30) for r in rows)  # open ones wait
