@@ -28,6 +28,7 @@ import time
 import uuid
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
@@ -226,6 +227,7 @@ class Publisher:
     # ------------------------------------------------------------ I/O thread
 
     _want_hello = False
+    _endpoint: str | None = None  # where the current exchange was when we connected
     # Set by publish() when it wakes the I/O thread; cleared by the I/O thread when it can take
     # more messages, so while batches are in flight publish() costs no system call.
     _wake_pending = False
@@ -272,6 +274,8 @@ class Publisher:
         live = self.topology.snapshot()
         if self.exchange is not None and self.exchange not in live:
             self._move_reason = f"exchange {self.exchange} disappeared"
+        elif self.exchange is not None and live[self.exchange].get("pub") != self._endpoint:
+            self._move_reason = f"exchange {self.exchange} restarted elsewhere"  # same id, new process
         self._wake()
 
     def _run(self) -> None:
@@ -333,6 +337,7 @@ class Publisher:
         sock.linger = 0
         sock.connect(endpoint)
         sock.send(protocol.encode_hello(self.id))
+        self._endpoint = endpoint
         if xid == self._relocated_to:
             self._relocated_to = None  # done; from now on it is just our exchange
         with self._cond:
@@ -364,10 +369,12 @@ class Publisher:
         return xid, data["pub"]
 
     def _send_batches(self, sock: zmq.Socket) -> None:
-        # The replay window goes first; its seqs are consecutive and end where the log starts.
+        # The replay window goes first, merged back into full batches (chunks sealed at a low
+        # rate hold a message or two); its seqs are consecutive and end where the log starts.
         resend, self._resend = self._resend, []
-        for chunk in resend:
-            sock.send(protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat))
+        for first, flat in _merge(resend, self.config.client.max_batch, self.config.client.max_batch_bytes):
+            if not self._send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat)):
+                return
         while len(self._in_flight) < MAX_IN_FLIGHT:
             with self._cond:
                 if not self._unsent:
@@ -377,7 +384,17 @@ class Publisher:
                 chunk = self._unsent.popleft()
                 self._sent.append(chunk)
                 self._in_flight.append(chunk.last)
-            sock.send(protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat))
+            if not self._send_frame(sock, protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat)):
+                return
+
+    def _send_frame(self, sock: zmq.Socket, frame: bytes) -> bool:
+        """Never block: an exchange whose queue to us is full is not reading (dead or stuck)."""
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self._move_reason = f"exchange {self.exchange} is not taking batches"
+            return False
 
     def _seal(self) -> None:
         """Turn the oldest open messages into a chunk of at most one batch (caller holds the lock)."""
@@ -451,3 +468,18 @@ class Publisher:
             while self._in_flight and self._in_flight[0] <= self._acked:
                 self._in_flight.popleft()
             self._cond.notify_all()
+
+
+def _merge(chunks: list[_Chunk], max_count: int, max_bytes: int) -> Iterator[tuple[int, list[bytes]]]:
+    """Consecutive chunks as (first seq, flat) batches of at most max_count messages / about max_bytes."""
+    first, flat, size = 0, [], 0
+    for chunk in chunks:
+        if flat and (len(flat) // 2 + chunk.count > max_count or size + chunk.size > max_bytes):
+            yield first, flat
+            flat, size = [], 0
+        if not flat:
+            first = chunk.first
+        flat.extend(chunk.flat)  # a new list: the chunks stay as they are
+        size += chunk.size
+    if flat:
+        yield first, flat
