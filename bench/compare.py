@@ -56,14 +56,14 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
 
 @contextlib.contextmanager
 def roq_cluster(workdir: Path) -> Iterator[dict[str, Any]]:
-    from roq.bench_cli import _ensure_queue
+    from roq.bench_cli import ensure_queue
     from roq.cluster import LocalCluster
     from roq.config import Config, load_config
     local = LocalCluster(Config(), workdir / "cluster")
     local.up()
     try:
         config = load_config(local.config_path)
-        _ensure_queue(config, "bench", 1)
+        ensure_queue(config, "bench", 1)
         yield {"config": config.to_json(), "queue": "bench"}
     finally:
         local.down()

@@ -40,7 +40,7 @@ from roq.config import AutoscaleConfig, Config
 from roq.errors import QueueNotFoundError, RoqError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
-from roq.state import exchange_order, queue_names, read_hosts, read_live, read_queue
+from roq.state import HostInfo, exchange_order, queue_names, read_live, read_queue
 from roq.zk import encode, read_json
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,9 @@ class Autoscaler:
 
     # ------------------------------------------------------------ the tick
 
-    def tick(self) -> None:
+    def tick(self, hosts: dict[str, HostInfo]) -> None:
+        """`hosts`: as the reconciler just read them."""
         now = time.monotonic()
-        hosts = read_hosts(self.client, self.paths)
         queues: dict[str, Any] = {}
         for name in queue_names(self.client, self.paths):
             info = read_queue(self.client, self.paths, name)

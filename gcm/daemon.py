@@ -112,8 +112,7 @@ class Gcm:
         while self.leadership.should_lead():
             if self.leadership.can_write():
                 try:
-                    self.reconciler.tick()
-                    self.autoscaler.tick()
+                    self.autoscaler.tick(self.reconciler.tick())
                 except RoqError as exc:
                     log.warning("reconcile tick failed: %s", exc)
                 except Exception as exc:
@@ -140,7 +139,7 @@ class Gcm:
             "queue.list": lambda a: self.queues.list(**_args(a, [])),
             "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
             "queue.rules": lambda a: self.autoscaler.set_rules(**_args(a, ["name"], ["rules", "clear"])),
-            "cluster.stats": lambda a: (_args(a, []), self.autoscaler.snapshot)[1],
+            "cluster.stats": self._stats,
         }.get(op) or unknown_op(op)
         if not self.client.connected:
             # Reads would block until ZooKeeper is back; answer now instead.
@@ -172,6 +171,10 @@ class Gcm:
             for key in ("cpu_percent", "memory_percent", "capacity", "exchanges"):
                 if isinstance(stats.get(key), (int, float)):
                     yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", {"host": host}, stats[key]
+
+    def _stats(self, args: dict[str, Any]) -> dict[str, Any]:
+        _args(args, [])
+        return self.autoscaler.snapshot
 
     def _ping(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "leader": self.leadership.is_leader, "epoch": self.leadership.epoch}

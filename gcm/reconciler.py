@@ -19,7 +19,7 @@ from gcm.fence import LeaderFence
 from gcm.placement import choose_hosts, host_loads
 from gcm.queues import QueueManager
 from roq.paths import Paths, split_assignment
-from roq.state import read_hosts, queue_names
+from roq.state import HostInfo, read_hosts, queue_names
 from roq.zk import children, encode
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,8 @@ class Reconciler:
         self._missing_since: dict[str, float] = {}
         self.moves = 0  # exchanges moved since this leader started (for status)
 
-    def tick(self) -> None:
+    def tick(self) -> dict[str, HostInfo]:
+        """One pass; returns the hosts it saw, for the rest of the leader's tick."""
         with self.write_lock:
             hosts = read_hosts(self.client, self.paths)
             placements = self.queues.all_placements()
@@ -45,6 +46,7 @@ class Reconciler:
             self._place_orphans(hosts, placements, movable)
             self._repair_assignments(placements, hosts)
             self._remove_stale_live_dirs()
+        return hosts
 
     def _hosts_to_evacuate(self, hosts: dict, placed: object) -> set[str]:
         now = time.monotonic()

@@ -19,7 +19,7 @@ console = Console(stderr=True)
 
 def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: int, publishers: int,
               subscribers: int, rate: float, json_out: str | None) -> RunResult:
-    created = _ensure_queue(config, queue, exchanges)
+    created = ensure_queue(config, queue, exchanges)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
@@ -42,20 +42,15 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
     return result
 
 
-def _ensure_queue(config: Config, queue: str, exchanges: int) -> bool:
+def ensure_queue(config: Config, queue: str, exchanges: int) -> bool:
     """Create the queue if needed and wait for its exchanges; True if we created it."""
-    import time
     with Admin(config) as admin:
         try:
             admin.describe_queue(queue)
             return False
         except QueueNotFoundError:
             admin.create_queue(queue, exchanges=exchanges)
-        deadline = time.monotonic() + 30
-        while sum(1 for x in admin.describe_queue(queue)["exchanges"] if x.get("live")) < exchanges:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the exchanges of {queue} were not running after 30s")
-            time.sleep(0.1)
+        admin.wait_running(queue, exchanges)
     return True
 
 

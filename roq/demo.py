@@ -48,7 +48,7 @@ def _round_trip(config: Config, messages: int, size: int) -> bool:
             pass
         info = admin.create_queue(QUEUE, exchanges=2)
         console.print("queue [bold]demo[/]: " + ", ".join(f"{x['id']} on {x['host']}" for x in info["exchanges"]))
-        _wait_running(admin, 2)
+        admin.wait_running(QUEUE, 2)
     payload = b"x" * size
     # Callback style: the subscriber counts as it receives; nothing piles up in its inbox.
     with Subscriber(QUEUE, config, topics=["demo"], callback=lambda msg: None) as sub, \
@@ -81,12 +81,3 @@ def _round_trip(config: Config, messages: int, size: int) -> bool:
     console.print(f"throughput: {rate:,.0f} msg/s end to end ({size}-byte payloads, "
                   f"{rate * size / 1e6:,.1f} MB/s) in {elapsed:.2f}s")
     return delivered == messages and confirmed == messages
-
-
-def _wait_running(admin: Admin, count: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sum(1 for x in admin.describe_queue(QUEUE)["exchanges"] if x.get("live")) >= count:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"the demo queue's exchanges were not running after {timeout:.0f}s")

@@ -124,18 +124,13 @@ class SteadyTraffic:
         import threading
         from collections import Counter
 
-        from roq.client.publisher import Publisher
         from roq.client.subscriber import Subscriber
 
-        self.rate = rate
-        self.max_messages = max_messages
         self.counts: Counter[int] = Counter()
         self._lock = threading.Lock()
         self.sub = Subscriber(queue, config, zk=zk, callback=self._on_message)  # type: ignore[arg-type]
-        self.pub = Publisher(queue, config, zk=zk)  # type: ignore[arg-type]
-        self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._publish, name="steady-traffic", daemon=True)
+        self.load = PacedPublisher(queue, config, zk, rate, max_messages, start=False)
+        self.pub = self.load.pub
         self.longest_pause = 0.0
         self._last_arrival = time.monotonic()
 
@@ -146,22 +141,15 @@ class SteadyTraffic:
             self.longest_pause = max(self.longest_pause, now - self._last_arrival)
             self._last_arrival = now
 
-    def _publish(self) -> None:
-        start = time.monotonic()
-        while not self._stop.is_set() and self.sent < self.max_messages:
-            due = start + self.sent / self.rate
-            delay = due - time.monotonic()
-            if delay > 0:
-                self._stop.wait(delay)  # pacing the rate, not synchronising
-                continue
-            self.pub.publish("load", str(self.sent).encode(), timeout=60)
-            self.sent += 1
+    @property
+    def sent(self) -> int:
+        return self.load.sent
 
     def start(self, subscriptions: int = 1, timeout: float = 30.0) -> None:
         self.sub.wait_connected(timeout=timeout)
         self.pub.wait_for_subscribers(subscriptions, timeout=timeout)
         self._last_arrival = time.monotonic()
-        self._thread.start()
+        self.load.start()
 
     def received(self) -> int:
         with self._lock:
@@ -176,9 +164,7 @@ class SteadyTraffic:
         return time.monotonic() - started
 
     def stop(self, flush_timeout: float = 30.0) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join(timeout=70)
-        self.pub.flush(flush_timeout)
+        self.load.stop(flush_timeout)
         confirmed = self.pub.confirmed
         if confirmed:
             wait_until(lambda: all(i in self.counts for i in range(confirmed)), timeout=flush_timeout,
@@ -201,8 +187,7 @@ class SteadyTraffic:
             }
 
     def close(self) -> None:
-        self._stop.set()
-        self.pub.close(timeout=0)
+        self.load.close()
         self.sub.close()
 
 
@@ -216,30 +201,41 @@ def record_figures(name: str, **values: object) -> None:
 
 
 class PacedPublisher:
-    """One publisher sending numbered messages at a steady rate on its own thread."""
+    """One publisher sending its message numbers (as text) at a steady rate on its own thread.
 
-    def __init__(self, queue: str, config: Config, zk: Any, rate: float) -> None:
+    Bounded: at most `max_messages`. `start=False` leaves starting to the caller."""
+
+    def __init__(self, queue: str, config: Config, zk: Any, rate: float, max_messages: int = 10_000_000,
+                 start: bool = True) -> None:
         from roq.client.publisher import Publisher
         self.pub = Publisher(queue, config, zk=zk)
         self.rate = rate
+        self.max_messages = max_messages
         self.sent = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="paced-publisher", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
         start = time.monotonic()
-        while not self._stop.is_set():
-            due = int((time.monotonic() - start) * self.rate)
-            while self.sent < due:
-                self.pub.publish("load", self.sent.to_bytes(8, "big"))
-                self.sent += 1
-            self._stop.wait(0.005)
+        while not self._stop.is_set() and self.sent < self.max_messages:
+            delay = start + self.sent / self.rate - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)  # pacing the rate, not synchronising
+                continue
+            self.pub.publish("load", str(self.sent).encode(), timeout=60)
+            self.sent += 1
 
-    def stop(self) -> None:
+    def stop(self, flush_timeout: float = 30.0) -> None:
+        """Stop sending and wait until everything sent is confirmed."""
         self._stop.set()
-        self._thread.join(10)
-        self.pub.flush(30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=70)
+        self.pub.flush(flush_timeout)
 
     def close(self) -> None:
         self._stop.set()

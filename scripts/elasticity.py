@@ -48,7 +48,7 @@ def main(publishers: int, rate: float, seconds: float) -> None:
             admin.queue_rules("elastic", {"max_rate": 1500, "min_exchanges": 1, "max_exchanges": 3})
             got: dict[str, set[int]] = {}
             sub = Subscriber("elastic", config, callback=lambda m: got.setdefault(m.publisher, set()).add(
-                int.from_bytes(m.payload, "big")))
+                int(m.payload)))
             sub.wait_connected()
             for _ in range(publishers):
                 pubs.append(PacedPublisher("elastic", config, None, rate))

@@ -70,6 +70,17 @@ class Admin:
     def status(self) -> dict[str, Any]:
         return self.call("cluster.status")
 
+    def wait_running(self, name: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
+        """Wait until `count` exchanges of queue `name` run; returns its description."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.describe_queue(name)
+            if sum(1 for x in info["exchanges"] if x.get("live")) >= count:
+                return info
+            if time.monotonic() > deadline:
+                raise RequestTimeoutError(f"the exchanges of queue {name!r} were not running after {timeout:.0f}s")
+            time.sleep(0.1)  # polling ZooKeeper's view through the leader
+
     def queue_rules(self, name: str, rules: dict[str, Any] | None = None, clear: bool = False) -> dict[str, Any]:
         """The queue's autoscaling rules, after applying `rules` (and `clear`ing first) if given."""
         args: dict[str, Any] = {"name": name}

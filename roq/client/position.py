@@ -161,13 +161,14 @@ def load_position(path: Path) -> Position | None:
     return Position.from_json(data)
 
 
-def save_position(path: Path, position: Position) -> None:
-    """Write atomically: a crash leaves the old file or the new one, never half of one."""
+def save_position(path: Path, data: dict[str, Any]) -> None:
+    """Write a position (`Position.to_json()` form) atomically: a crash leaves the old file or
+    the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump(position.to_json(), out, separators=(",", ":"))
+            json.dump(data, out, separators=(",", ":"))
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)

@@ -114,19 +114,20 @@ class Publisher:
         self.moves = 0
         self.replayed = 0  # confirmed messages resent after moves
         self.rejected: list[tuple[int, str, str]] = []
+        self._relocated_to: str | None = None  # where the leader asked us to publish
+        self._relocation_seen = 0.0
+        self.relocations = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        paths = Paths(config.zk.root)
         try:
-            self.topology = QueueTopology(self.zk, Paths(config.zk.root), queue, self._topology_changed)
+            self.topology = QueueTopology(self.zk, paths, queue, self._topology_changed)
         except Exception:
             self._close_fds()
             if self._own_zk:
                 stop_client(self.zk)
             raise
-        self._relocated_to: str | None = None  # where the leader asked us to publish
-        self._relocation_seen = 0.0
-        self.relocations = 0
-        self.zk.DataWatch(Paths(config.zk.root).relocations(queue), self._on_relocations)
+        self.zk.DataWatch(paths.relocations(queue), self._on_relocations)
         self._thread = threading.Thread(target=self._run, name=f"publisher-{self.id}", daemon=True)
         self._thread.start()
 

@@ -104,6 +104,7 @@ class Subscriber:
         self.topics = [check_topic(t) for t in topics] or [b""]
         self.callback = callback
         self.id = uuid.uuid4().hex
+        self._sync_topic = protocol.sync_topic(self.id)  # our private marker (docs/protocol.md)
         self._position_path: Path | None = None
         saved = Position.from_json(position) if position is not None else None
         if durable is not None:
@@ -244,7 +245,7 @@ class Subscriber:
         if self._position_path is None:
             return
         try:
-            save_position(self._position_path, Position.from_json(self.position()))
+            save_position(self._position_path, self.position())
         except OSError as exc:
             log.warning("could not save the subscriber position to %s: %s", self._position_path, exc)
 
@@ -265,7 +266,7 @@ class Subscriber:
             sock.setsockopt(zmq.SUBSCRIBE, topic)
         sock.setsockopt(zmq.SUBSCRIBE, protocol.BEAT_TOPIC)
         # Last, so the exchange sees it together with (after) the topics.
-        sock.setsockopt(zmq.SUBSCRIBE, protocol.sync_topic(self.id))
+        sock.setsockopt(zmq.SUBSCRIBE, self._sync_topic)
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._fetchers: dict[str, zmq.Socket] = {}
         self._context = context
@@ -348,7 +349,7 @@ class Subscriber:
                 if topic[:1] == b"\x00":
                     if topic == protocol.BEAT_TOPIC:
                         self._on_beat(protocol.decode_sync(body, protocol.BEAT))
-                    elif topic == protocol.sync_topic(self.id):
+                    elif topic == self._sync_topic:
                         self._on_sync(protocol.decode_sync(body))
                     continue  # another subscriber's marker (we follow every topic)
                 delivery = protocol.decode_delivery(body)

@@ -277,7 +277,11 @@ def publish_rows(options: dict[str, str], rows: Iterator[Any]) -> Published:
     return Published(count)
 
 
-class RoqWriter(DataSourceWriter):
+class _RowPublisher:
+    """Both writers: each task publishes its rows and returns once they are confirmed, so the
+    base classes' no-op commit and abort are right (published messages cannot be recalled;
+    consumers drop repeats by (publisher, sequence))."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.options = _lower(options)
         _required(self.options, "queue")
@@ -285,23 +289,10 @@ class RoqWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> Published:
         return publish_rows(self.options, iterator)
 
-    def commit(self, messages: list[Published]) -> None:  # type: ignore[override]
-        pass  # every message was confirmed before its task returned
 
-    def abort(self, messages: list[Published]) -> None:  # type: ignore[override]
-        pass  # published messages cannot be recalled; consumers dedup by (publisher, sequence)
+class RoqWriter(_RowPublisher, DataSourceWriter):
+    pass
 
 
-class RoqStreamWriter(DataSourceStreamWriter):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = _lower(options)
-        _required(self.options, "queue")
-
-    def write(self, iterator: Iterator[Any]) -> Published:
-        return publish_rows(self.options, iterator)
-
-    def commit(self, messages: list[Published], batchId: int) -> None:  # type: ignore[override]
-        pass
-
-    def abort(self, messages: list[Published], batchId: int) -> None:  # type: ignore[override]
-        pass
+class RoqStreamWriter(_RowPublisher, DataSourceStreamWriter):
+    pass

@@ -28,7 +28,7 @@ class Counting:
         self.sub.wait_connected()
 
     def _on(self, msg) -> None:  # type: ignore[no-untyped-def]
-        self.got.setdefault(msg.publisher, []).append(int.from_bytes(msg.payload, "big"))
+        self.got.setdefault(msg.publisher, []).append(int(msg.payload))
 
     def assert_everything_once(self, publishers: list[PacedPublisher]) -> int:
         for p in publishers:
@@ -39,6 +39,19 @@ class Counting:
         return sum(p.sent for p in publishers)
 
 
+def elastic_queue(config, zk, paths, procs, exchanges: int, rules: dict | None = None) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """A cluster with fast statistics and a fast leader, and the queue "elastic" with `rules`."""
+    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
+    create(config, zk, paths, "elastic", exchanges)
+    if rules:
+        set_rules(config, zk, rules)
+
+
+def set_rules(config, zk, rules: dict) -> None:  # type: ignore[no-untyped-def,type-arg]
+    with Admin(config, zk) as admin:
+        admin.queue_rules("elastic", rules)
+
+
 def exchange_count(config, zk) -> int:  # type: ignore[no-untyped-def]
     with Admin(config, zk) as admin:
         return len(admin.describe_queue("elastic")["exchanges"])
@@ -46,11 +59,8 @@ def exchange_count(config, zk) -> int:  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(150)
 def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths, procs):  # type: ignore[no-untyped-def]
-    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
-    create(config, zk, paths, "elastic", 1)
-    with Admin(config, zk) as admin:
-        admin.queue_rules("elastic", {"max_rate": 1500, "min_exchanges": 1, "max_exchanges": 3,
-                                      "scale_in_below": 0.5})
+    elastic_queue(config, zk, paths, procs, 1, {"max_rate": 1500, "min_exchanges": 1, "max_exchanges": 3,
+                                                "scale_in_below": 0.5})
     sink = Counting("elastic", config, zk)
     publishers: list[PacedPublisher] = []
     try:
@@ -82,15 +92,14 @@ def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths
 
 @pytest.mark.timeout(90)
 def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, paths, procs):  # type: ignore[no-untyped-def]
-    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
-    create(config, zk, paths, "elastic", 1)
+    elastic_queue(config, zk, paths, procs, 1)
     sink = Counting("elastic", config, zk)
     heavy = PacedPublisher("elastic", config, zk, rate=1200)
     light = PacedPublisher("elastic", config, zk, rate=500)
     try:
         wait_until(lambda: heavy.pub.exchange == light.pub.exchange == "x1", message="both on x1")
-        with Admin(config, zk) as admin:  # a second exchange, and x1 is now over its limit
-            admin.queue_rules("elastic", {"max_rate": 1500, "min_exchanges": 2, "max_exchanges": 2})
+        # A second exchange, and x1 is now over its limit.
+        set_rules(config, zk, {"max_rate": 1500, "min_exchanges": 2, "max_exchanges": 2})
         wait_until(lambda: heavy.pub.exchange == "x2", timeout=30, message="the heavy publisher relocated")
         time.sleep(1)  # traffic keeps flowing across the move (load shape)
         heavy.stop()
@@ -106,12 +115,9 @@ def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, pa
 
 @pytest.mark.timeout(90)
 def test_a_steady_load_between_the_thresholds_never_flaps(config, zk, paths, procs):  # type: ignore[no-untyped-def]
-    start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
-    create(config, zk, paths, "elastic", 2)
-    with Admin(config, zk) as admin:
-        # Out above 1,000 msg/s on an exchange; in only below 0.5 × 1,000 in total. 700 msg/s is neither.
-        admin.queue_rules("elastic", {"max_rate": 1000, "min_exchanges": 1, "max_exchanges": 4,
-                                      "scale_in_below": 0.5})
+    # Out above 1,000 msg/s on an exchange; in only below 0.5 × 1,000 in total. 700 msg/s is neither.
+    elastic_queue(config, zk, paths, procs, 2, {"max_rate": 1000, "min_exchanges": 1, "max_exchanges": 4,
+                                                "scale_in_below": 0.5})
     sink = Counting("elastic", config, zk)
     load = PacedPublisher("elastic", config, zk, rate=700)
     try:

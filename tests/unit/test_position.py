@@ -43,7 +43,7 @@ def test_position_round_trips_through_a_file(tmp_path) -> None:  # type: ignore[
         position.seen("pub-a").add(seq)
     position.advance("x1.abcd", 41)
     path = tmp_path / "q" / "billing.json"
-    save_position(path, position)
+    save_position(path, position.to_json())
     loaded = load_position(path)
     assert loaded is not None and loaded.to_json() == position.to_json()
     assert not loaded.seen("pub-a").add(7) and loaded.seen("pub-a").add(4)
