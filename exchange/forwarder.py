@@ -35,6 +35,7 @@ from roq import protocol
 from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
 from roq.names import MAX_TOPIC_BYTES
+from roq.security import Gatekeeper
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ TOPIC_TRACK_LIMIT = 100_000  # topics remembered for prev_pos; least recently us
 
 class Forwarder:
     def __init__(self, context: zmq.Context, config: ExchangeConfig, exchange_id: str,
-                 bind_host: str, advertise_host: str) -> None:
+                 bind_host: str, advertise_host: str, gatekeeper: Gatekeeper | None = None) -> None:
+        """`gatekeeper` (CURVE, connection limits) guards the three sockets before they bind."""
         self.config = config
         self.exchange_id = exchange_id
         # A restarted exchange keeps its id but starts a new stream of positions.
@@ -67,6 +69,9 @@ class Forwarder:
         self.replay = context.socket(zmq.ROUTER)
         self.replay.linger = 0
         self.replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
+        if gatekeeper is not None:
+            for sock, domain in ((self.front, "publishers"), (self.back, "subscribers"), (self.replay, "replay")):
+                gatekeeper.guard(sock, domain)
         pub_port = self.front.bind_to_random_port(f"tcp://{bind_host}")
         sub_port = self.back.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = self.replay.bind_to_random_port(f"tcp://{bind_host}")

@@ -26,6 +26,7 @@ from exchange.forwarder import Forwarder
 from roq.config import config_from_json, load_config
 from roq.errors import RoqError
 from roq.logs import configure
+from roq.security import Gatekeeper
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +66,22 @@ def emit(event: dict) -> None:
 @click.option("--queue", required=True)
 @click.option("--id", "exchange_id", required=True)
 @click.option("--host", default="", help="host name this exchange runs on (for reports)")
-@click.option("--config-json", default=None, help="the full configuration, as the HCM passes it")
+@click.option("--config-json", default=None, help="the full configuration as JSON (for manual runs)")
+@click.option("--config-stdin", is_flag=True,
+              help="read the configuration as one JSON line from stdin, as the HCM passes it "
+                   "(never on the command line, where other users could read its secrets)")
 @click.option("--parent-pid", type=int, default=None)
 @click.option("--watch-stdin/--no-watch-stdin", "watch_parent", default=True)
-def main(queue: str, exchange_id: str, host: str, config_json: str | None, parent_pid: int | None,
-         watch_parent: bool) -> None:
+def main(queue: str, exchange_id: str, host: str, config_json: str | None, config_stdin: bool,
+         parent_pid: int | None, watch_parent: bool) -> None:
     """Run one exchange of QUEUE (normally started by roq-hcm)."""
     die_with_parent(parent_pid)
     try:
+        if config_stdin:
+            config_json = sys.stdin.buffer.readline().decode()
         config = config_from_json(config_json) if config_json else load_config()
+        context = zmq.Context()
+        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")
     except RoqError as exc:
         click.echo(f"roq-exchange: {exc}", err=True)
         sys.exit(2)
@@ -83,9 +91,9 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, paren
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if watch_parent:
         watch_stdin(stop)
-    context = zmq.Context()
     advertise = config.hcm.advertise or config.hcm.bind
-    forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise)
+    forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper)
+    gatekeeper.start()
     interval = config.exchange.stats_interval
     next_report = [time.monotonic() + interval]
 
@@ -93,7 +101,8 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, paren
         if time.monotonic() >= next_report[0]:
             next_report[0] = time.monotonic() + interval
             retention = forwarder.retention
-            emit({"event": "stats", **forwarder.stats.snapshot(), "retained_frames": len(retention),
+            emit({"event": "stats", **forwarder.stats.snapshot(), **gatekeeper.snapshot(),
+                  "retained_frames": len(retention),
                   "retained_bytes": retention.bytes, "evicted_frames": retention.evicted})
 
     try:
@@ -110,6 +119,7 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, paren
         pass  # parent gone
     finally:
         forwarder.close()
+        gatekeeper.stop()
         context.term()
     log.info("exchange %s/%s stopped", queue, exchange_id)
 

@@ -5,6 +5,11 @@ Every GCM serves it. A backup answers every operation but `ping` with a
 malformed frame, an unknown operation or a bad argument gets an error reply;
 nothing a client sends can stop the loop. An unexpected exception in a
 handler is logged and answered with `internal`, and the server keeps going.
+
+With `security.curve` on, only clients holding a known key complete the
+handshake (roq.security.Gatekeeper), and the operations that change the
+cluster (ADMIN_OPS) are refused with `forbidden` unless the key is an admin's.
+With CURVE off the API is open to whoever can reach it: local use only.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from gcm.fence import request_deadline
-from roq.errors import (ProtocolError, RoqError, UnavailableError, UnknownCommandError,
+from roq.config import Config
+from roq.errors import (ForbiddenError, ProtocolError, RoqError, UnavailableError, UnknownCommandError,
                         UserError, ZooKeeperUnavailableError)
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
+from roq.security import ADMIN, Gatekeeper, peer_role
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +37,29 @@ POLL_MS = 200  # how often the loop looks at the stop flag
 # A request's writes must leave within this, below the client's per-attempt timeout
 # (roq.client.admin.ATTEMPT_TIMEOUT), so nothing a client gave up on is applied later.
 REQUEST_DEADLINE = 1.5
+# Operations that change the cluster: an admin key is needed when CURVE is on.
+# (queue.rules only reads unless it is given rules or told to clear them.)
+ADMIN_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.rules"})
+
+
+def needs_admin(op: str, args: dict[str, Any]) -> bool:
+    if op == "queue.rules":
+        return "rules" in args or "clear" in args
+    return op in ADMIN_OPS
 
 
 class ControlServer:
-    def __init__(self, bind_host: str, port: int, advertise_host: str,
+    def __init__(self, config: Config, bind_host: str, port: int, advertise_host: str,
                  route: Callable[[str], Handler]) -> None:
         """`route(op)` returns the handler for an operation or raises a RoqError."""
         self._route = route
+        self._secured = config.security.curve
         self._context = zmq.Context()
+        self.gatekeeper = Gatekeeper(self._context, config, "control-api")
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
         self._socket.setsockopt(zmq.MAXMSGSIZE, 2 << 20)  # oversize frames are dropped by libzmq
+        self.gatekeeper.guard(self._socket, "control")
         if port:
             self._socket.bind(f"tcp://{bind_host}:{port}")
         else:
@@ -52,11 +71,13 @@ class ControlServer:
         self.errors = 0
 
     def start(self) -> None:
+        self.gatekeeper.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.gatekeeper.stop()
         self._context.term()
 
     def _serve(self) -> None:
@@ -70,23 +91,27 @@ class ControlServer:
             self._socket.close(linger=0)
 
     def _handle_one(self) -> None:
-        frames = self._socket.recv_multipart()
+        frames = self._socket.recv_multipart(copy=False)
         if len(frames) < 2:
             return  # no routing id or no payload: nobody to answer
-        ident, payload = frames[0], frames[-1]
+        ident, payload = frames[0].bytes, frames[-1]
         self.requests += 1
-        reply = self.dispatch(payload if len(frames) == 2 else b"\xc1")  # 0xc1: never valid msgpack
+        # With CURVE off there are no credentials to check: everyone may administer.
+        role = peer_role(payload) if self._secured else ADMIN
+        reply = self.dispatch(payload.bytes if len(frames) == 2 else b"\xc1", role)  # 0xc1: never valid msgpack
         try:
             self._socket.send_multipart([ident, reply], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("dropped a reply: client not reading")
 
-    def dispatch(self, payload: bytes) -> bytes:
-        """Decode, route, run, encode. Always returns a reply frame."""
+    def dispatch(self, payload: bytes, role: str | None) -> bytes:
+        """Decode, authorise, route, run, encode. Always returns a reply frame."""
         req_id = None
         try:
             request = decode_request(payload)
             req_id = request.id
+            if role != ADMIN and needs_admin(request.op, request.args):
+                raise ForbiddenError(f"{request.op} needs an admin key (security.identity under admins/)")
             handler = self._route(request.op)
             with request_deadline(REQUEST_DEADLINE):
                 return encode_reply(req_id, handler(request.args))

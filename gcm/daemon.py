@@ -59,14 +59,15 @@ class Gcm:
         advertise = self.config.gcm.advertise or self.config.gcm.bind
         if advertise in ("0.0.0.0", "*"):
             advertise = socket.gethostname()
-        self.api = ControlServer(self.config.gcm.bind, self.config.gcm.port, advertise, self._route)
+        self.api = ControlServer(self.config, self.config.gcm.bind, self.config.gcm.port, advertise, self._route)
         identity = {"id": self.id, "endpoint": self.api.endpoint, "pid": os.getpid(),
                     "host": socket.gethostname()}
         metrics = serve_metrics(self.config.gcm.metrics_port, self.config.gcm.bind, advertise, self._samples)
         if metrics:
             identity["metrics"] = metrics
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
-        self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock)
+        self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock,
+                                   self.config.gcm.max_queues)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient, TransactionRequest
 
 from gcm.fence import LeaderFence
 from gcm.placement import choose_hosts, host_loads
-from roq.errors import QueueExistsError, QueueNotFoundError, UserError
+from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
 from roq.state import (ExchangeInfo, read_exchanges, read_hosts, read_live, read_queue,
@@ -36,8 +36,9 @@ def check_exchange_count(value: Any) -> int:
 
 class QueueManager:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
-                 write_lock: threading.Lock) -> None:
+                 write_lock: threading.Lock, max_queues: int = 1_000) -> None:
         self.client = client
+        self.max_queues = max_queues
         self.paths = paths
         self.fence = fence
         self.write_lock = write_lock
@@ -67,6 +68,10 @@ class QueueManager:
         with self.write_lock:
             if self.client.exists(self.paths.queue(name)):
                 raise QueueExistsError(f"queue {name!r} already exists")
+            existing = len(queue_names(self.client, self.paths))
+            if existing >= self.max_queues:
+                raise LimitExceededError(f"the cluster has {existing} queues, the limit (gcm.max_queues) "
+                                         f"is {self.max_queues}: delete one first")
             ids = [f"x{i}" for i in range(1, count + 1)]
             picks = self._choose(count, queue=name)
             settings = {"created": time.time(), "next_exchange": count + 1}
@@ -79,6 +84,8 @@ class QueueManager:
 
             self._ensure_assignment_dirs(picks)
             self.fence.write(build)
+            # Clients with a read-only ZooKeeper identity watch it and cannot create it themselves.
+            self.client.ensure_path(self.paths.live_queue(name))
         log.info("created queue %s with %d exchanges on %s", name, count, picks)
         return self.describe(name)
 

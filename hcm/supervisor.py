@@ -140,10 +140,17 @@ class Supervisor:
     def _spawn(self, child: Child, now: float) -> None:
         queue, xid = child.key
         command = [sys.executable, "-m", "exchange.main", "--queue", queue, "--id", xid,
-                   "--host", self.host, "--config-json", self.config.to_json(),
-                   "--parent-pid", str(os.getpid())]
+                   "--host", self.host, "--config-stdin", "--parent-pid", str(os.getpid())]
         child.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, close_fds=True)
+        # The configuration goes through the pipe, not argv (which every local user can read);
+        # the pipe then stays open: its EOF tells the child that we are gone.
+        assert child.process.stdin is not None
+        try:
+            child.process.stdin.write(self.config.to_json().encode() + b"\n")
+            child.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # died at once: reaped on the next tick
         child.started, child.ready, child.published = now, None, False
         if child.next_start:
             child.restarts += 1

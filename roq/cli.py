@@ -110,9 +110,31 @@ def config() -> None:
 @pass_ctx
 @handle_errors
 def config_show(ctx: Context) -> None:
-    """Print the effective configuration (file → environment → flags) as TOML."""
+    """Print the effective configuration (file → environment → flags) as TOML, passwords hidden."""
     click.echo(f"# source: {ctx.source or 'defaults'}")
-    click.echo(ctx.config.to_toml())
+    click.echo(ctx.config.redacted().to_toml())
+
+
+# ---------------------------------------------------------------- keys
+
+@main.group()
+def keys() -> None:
+    """CURVE keys for an authenticated, encrypted cluster (docs/security.md)."""
+
+
+@keys.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--client", "clients", multiple=True, metavar="NAME", help="a publisher/subscriber key (repeatable)")
+@click.option("--admin", "admins", multiple=True, metavar="NAME", help="an administrator key (repeatable)")
+@handle_errors
+def keys_generate(directory: str, clients: tuple[str, ...], admins: tuple[str, ...]) -> None:
+    """Create DIRECTORY's server keypair if missing, plus new client and admin keypairs.
+
+    Nothing is ever overwritten. Daemons need server.key_secret, clients/*.key and admins/*.key;
+    a client needs server.key and its own NAME.key_secret (set security.identity = "clients/NAME")."""
+    from roq.security import generate_keys
+    for path in generate_keys(directory, list(clients), list(admins)):
+        click.echo(f"wrote {path}")
 
 
 # ---------------------------------------------------------------- cluster

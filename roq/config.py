@@ -34,6 +34,10 @@ class ZkConfig:
     # Bounds how fast a dead GCM or HCM is noticed; the server clamps it to [2, 20] ticks.
     session_timeout: float = 5.0
     connect_timeout: float = 15.0
+    # Digest credentials "user:password" this process authenticates with. When set, every znode
+    # it creates is readable and writable by that identity only (plus `readers`): see docs/security.md.
+    auth: str = ""
+    readers: str = ""  # "user:password,..." identities given read-only access (publishers, subscribers, admins)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class GcmConfig:
     reassign_grace: float = 0.0  # wait this long after a host vanishes before moving its exchanges
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
     stats_queue: str = "roq-stats"  # while this queue exists, the leader publishes the statistics stream to it
+    max_queues: int = 1_000  # queue.create beyond this is refused: bounds ZooKeeper state and placements
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,16 @@ class AutoscaleConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """ZeroMQ CURVE on every socket, and limits per client (docs/security.md)."""
+    curve: bool = False  # encrypt and authenticate the data path and the control API
+    keys_dir: str = ""  # made by `roq keys generate`: server.key[_secret], clients/, admins/
+    identity: str = ""  # this client's certificate in keys_dir, e.g. "clients/app"; empty = the server's
+    # Per peer address and socket, at exchanges and GCMs; handshakes beyond it are refused. 0 = no limit.
+    max_connections_per_client: int = 256
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     run_dir: str = ".roq/cluster"
     gcms: int = 2
@@ -128,6 +143,7 @@ class Config:
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -145,6 +161,13 @@ class Config:
                 lines.append(f"{key} = {json.dumps(value)}")
             lines.append("")
         return "\n".join(lines)
+
+    def redacted(self) -> Config:
+        """A copy fit to print: ZooKeeper passwords replaced by ***."""
+        def hide(credentials: str) -> str:
+            return ",".join(f"{c.partition(':')[0]}:***" for c in credentials.split(",") if c)
+        return dataclasses.replace(self, zk=dataclasses.replace(self.zk, auth=hide(self.zk.auth),
+                                                                 readers=hide(self.zk.readers)))
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys changed, validated like any other layer."""
@@ -306,9 +329,25 @@ def _validate(c: Config) -> None:
         raise ConfigError("gcm.reassign_grace must be >= 0")
     if c.log.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {c.log.level!r}")
+    if c.gcm.max_queues < 1:
+        raise ConfigError(f"gcm.max_queues must be positive, got {c.gcm.max_queues}")
+    if c.security.max_connections_per_client < 0:
+        raise ConfigError("security.max_connections_per_client must be >= 0 (0 = no limit)")
+    if c.security.curve and not c.security.keys_dir:
+        raise ConfigError("security.curve needs security.keys_dir (make one with `roq keys generate DIR`)")
+    for where, value in (("zk.auth", c.zk.auth), *(("zk.readers", r) for r in c.zk.readers.split(",") if r)):
+        if value and not _is_credential(value):
+            raise ConfigError(f"{where} must be user:password with a non-empty user, got an invalid value")
+    if c.zk.readers and not c.zk.auth:
+        raise ConfigError("zk.readers needs zk.auth: read-only identities only mean something on protected znodes")
     if c.hcm.host:
         from roq.names import check_host_name
         try:
             check_host_name(c.hcm.host)
         except Exception as exc:
             raise ConfigError(f"hcm.host: {exc}") from None
+
+
+def _is_credential(value: str) -> bool:
+    user, colon, password = value.partition(":")
+    return bool(user.strip()) and bool(colon) and bool(password) and "," not in value

@@ -51,6 +51,18 @@ class MessageTooLargeError(UserError):
     code = "too_large"
 
 
+class ForbiddenError(UserError):
+    """The caller's credential does not allow the operation (e.g. a client key asking to create a queue)."""
+
+    code = "forbidden"
+
+
+class LimitExceededError(UserError):
+    """A configured limit (queues, message size, connections) would be exceeded."""
+
+    code = "limit_exceeded"
+
+
 class UnavailableError(RoqError):
     """The cluster cannot serve the request right now; retry later."""
 
@@ -99,7 +111,8 @@ ERRORS_BY_CODE: dict[str, type[RoqError]] = {
     cls.code: cls
     for cls in (
         RoqError, UserError, ConfigError, InvalidNameError, QueueNotFoundError,
-        QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError,
+        QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError, ForbiddenError,
+        LimitExceededError,
         UnavailableError, ZooKeeperUnavailableError, NoLeaderError, NotLeaderError,
         NoCapacityError, RequestTimeoutError, BackpressureError, FencedError,
     )

@@ -14,18 +14,23 @@ from kazoo.retry import KazooRetry
 from roq.config import Config
 from roq.errors import ZooKeeperUnavailableError
 from roq.paths import Paths
+from roq.security import zk_security
 
 log = logging.getLogger(__name__)
 
 
 def make_client(config: Config) -> KazooClient:
-    """A client that retries reads and writes for at most one session timeout."""
+    """A client that retries reads and writes for at most one session timeout, authenticated
+    and creating znodes with the cluster's ACL when `zk.auth` is set (roq.security)."""
+    auth_data, default_acl = zk_security(config.zk)
     deadline = config.zk.session_timeout
     return KazooClient(
         hosts=config.zk.hosts,
         timeout=config.zk.session_timeout,
         connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
         command_retry=KazooRetry(max_tries=-1, max_delay=1.0, deadline=deadline),
+        auth_data=auth_data or None,
+        default_acl=default_acl,
     )
 
 

@@ -19,6 +19,7 @@ from roq.config import Config
 from roq.errors import (NoLeaderError, NotLeaderError, RequestTimeoutError, UnavailableError,
                         ZooKeeperUnavailableError, error_from_code)
 from roq.paths import Paths
+from roq.security import load_keys, secure_client
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_leader
 from roq.zk import start_client, stop_client
@@ -32,6 +33,7 @@ READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status"}
 class Admin:
     def __init__(self, config: Config, client: KazooClient | None = None) -> None:
         self.config = config
+        load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.paths = Paths(config.zk.root)
         self._own_client = client is None
         self.zk = client or start_client(config)
@@ -148,6 +150,7 @@ class Admin:
         sock = self._context.socket(zmq.DEALER)
         sock.linger = 0
         try:
+            secure_client(sock, self.config)
             sock.connect(endpoint)
             sock.send(encode_request(req_id, op, args))
             deadline = time.monotonic() + max(timeout, 0.05)

@@ -42,6 +42,7 @@ from roq.errors import (BackpressureError, MessageTooLargeError, ProtocolError, 
                         RoqError)
 from roq.names import check_topic
 from roq.paths import Paths
+from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class Publisher:
                  publisher_id: str | None = None, prefer: str | None = None) -> None:
         """`prefer` names an exchange id to use while it runs (default: least loaded)."""
         self.config = config
+        load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.prefer = prefer
         self.queue = queue
         self.id = publisher_id or f"p-{uuid.uuid4().hex[:12]}"
@@ -336,6 +338,7 @@ class Publisher:
         xid, endpoint = choice
         sock = context.socket(zmq.DEALER)
         sock.linger = 0
+        secure_client(sock, self.config)
         sock.connect(endpoint)
         sock.send(protocol.encode_hello(self.id))
         self._endpoint = endpoint

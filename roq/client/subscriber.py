@@ -60,6 +60,7 @@ from roq.config import Config
 from roq.errors import ProtocolError
 from roq.names import check_subscriber_name, check_topic
 from roq.paths import Paths
+from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class Subscriber:
                  zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
                  durable: str | None = None, position: dict[str, Any] | None = None) -> None:
         self.config = config
+        load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.queue = queue
         self.topics = [check_topic(t) for t in topics] or [b""]
         self.callback = callback
@@ -261,6 +263,7 @@ class Subscriber:
         context = zmq.Context()
         sock = context.socket(zmq.SUB)
         sock.linger = 0
+        secure_client(sock, self.config)
         sock.rcvhwm = self.config.client.receive_hwm
         for topic in self.topics:
             sock.setsockopt(zmq.SUBSCRIBE, topic)
@@ -537,6 +540,7 @@ class Subscriber:
                 return None
             fetcher = self._context.socket(zmq.DEALER)
             fetcher.linger = 0
+            secure_client(fetcher, self.config)
             fetcher.connect(endpoint)
             self._fetchers[xid] = fetcher
         return fetcher

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from roq.errors import QueueNotFoundError
 from roq.names import check_queue_name
@@ -31,7 +32,11 @@ class QueueTopology:
         self._lock = threading.Lock()
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.version = 0
-        zk.ensure_path(paths.live_queue(queue))
+        if not zk.exists(paths.live_queue(queue)):
+            try:
+                zk.ensure_path(paths.live_queue(queue))
+            except NoAuthError:
+                pass  # a read-only identity: the leader creates it with the queue
         zk.ChildrenWatch(paths.live_queue(queue), self._children_changed)
         self._on_change = on_change
 

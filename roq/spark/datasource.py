@@ -83,8 +83,13 @@ def _required(options: dict[str, str], key: str) -> str:
 
 
 def _config(options: dict[str, str]) -> Any:
-    from roq.config import Config
-    return Config().replace(zk={"hosts": _required(options, "zk"), "root": options.get("root", "/roq")})
+    """From .option("config", TOML path) if given (keys, credentials), then .option("zk"/"root")."""
+    from roq.config import Config, load_config
+    config = load_config(options["config"], env={}) if options.get("config") else Config()
+    if not options.get("config"):
+        _required(options, "zk")
+    overrides = {key: options[opt] for key, opt in (("hosts", "zk"), ("root", "root")) if options.get(opt)}
+    return config.replace(zk=overrides) if overrides else config
 
 
 def _topics(options: dict[str, str]) -> list[bytes]:
@@ -104,6 +109,7 @@ class ExchangeRange(InputPartition):
     upto: int
     topics: tuple[bytes, ...]
     fail_on_loss: bool = True
+    options: tuple[tuple[str, str], ...] = ()  # the source's options: executors build the config from them
 
 
 def current_positions(options: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -121,21 +127,23 @@ def current_positions(options: dict[str, str]) -> dict[str, dict[str, Any]]:
     for xid, data in live.items():
         if not data.get("replay"):
             continue
-        answer = _ask_position(data["replay"])
+        answer = _ask_position(data["replay"], config)
         if answer is not None:
             inc, oldest, next_pos = answer
             positions[xid] = {"inc": inc, "pos": next_pos - 1, "oldest": oldest, "replay": data["replay"]}
     return positions
 
 
-def _ask_position(endpoint: str) -> tuple[str, int, int] | None:
+def _ask_position(endpoint: str, config: Any) -> tuple[str, int, int] | None:
     import zmq
 
     from roq import protocol
+    from roq.security import secure_client
     context = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
     try:
+        secure_client(sock, config)
         sock.connect(endpoint)
         sock.send(protocol.encode_position_request(1))
         if not sock.poll(FETCH_TIMEOUT_MS):
@@ -151,9 +159,12 @@ def read_range(part: ExchangeRange) -> Iterator[tuple[Any, ...]]:
     import zmq
 
     from roq import protocol
+    from roq.security import secure_client
     context = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
+    if part.options:
+        secure_client(sock, _config(dict(part.options)))
     sock.connect(part.replay)
     try:
         after, request_id = part.after, 0
@@ -185,7 +196,7 @@ def _rows(topic: bytes, d: Any) -> Iterator[tuple[Any, ...]]:
 
 
 def plan_ranges(start: dict[str, Any], end: dict[str, Any], topics: list[bytes],
-                fail_on_loss: bool = True) -> list[ExchangeRange]:
+                fail_on_loss: bool = True, options: dict[str, str] | None = None) -> list[ExchangeRange]:
     parts = []
     for xid, last in sorted(end.items()):
         first = start.get(xid) or {}
@@ -193,7 +204,7 @@ def plan_ranges(start: dict[str, Any], end: dict[str, Any], topics: list[bytes],
         after = first.get("pos", 0) if first.get("inc") == last["inc"] else 0
         if last["pos"] > after:
             parts.append(ExchangeRange(xid, last["replay"], last["inc"], after, last["pos"], tuple(topics),
-                                       fail_on_loss))
+                                       fail_on_loss, tuple(sorted((options or {}).items()))))
     return parts
 
 
@@ -226,7 +237,7 @@ class RoqStreamReader(DataSourceStreamReader):
         return latest
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ExchangeRange]:
-        return plan_ranges(start, end, self.topics, self.fail_on_loss)
+        return plan_ranges(start, end, self.topics, self.fail_on_loss, self.options)
 
     def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         return read_range(partition)
@@ -246,7 +257,7 @@ class RoqBatchReader(DataSourceReader):
         positions = current_positions(self.options)
         start = {x: {"inc": p["inc"], "pos": p["oldest"] - 1} for x, p in positions.items()}
         # The oldest frames may leave the retention before the tasks run: that is not a loss here.
-        return plan_ranges(start, positions, self.topics, fail_on_loss=False)
+        return plan_ranges(start, positions, self.topics, fail_on_loss=False, options=self.options)
 
     def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         return read_range(partition)

@@ -64,14 +64,29 @@ def _route(op: str):  # type: ignore[no-untyped-def]
 def test_dispatch_always_answers(frame: bytes) -> None:
     server = ControlServer.__new__(ControlServer)  # dispatch needs no socket
     server._route, server.errors = _route, 0
-    reply = protocol.decode_reply(server.dispatch(frame))
+    reply = protocol.decode_reply(server.dispatch(frame, "admin"))
     assert isinstance(reply.ok, bool)
 
 
 def test_dispatch_reports_internal_errors_and_keeps_ids() -> None:
     server = ControlServer.__new__(ControlServer)
     server._route, server.errors = _route, 0
-    reply = protocol.decode_reply(server.dispatch(protocol.encode_request(9, "boom")))
+    reply = protocol.decode_reply(server.dispatch(protocol.encode_request(9, "boom"), "admin"))
     assert not reply.ok and reply.code == "internal" and reply.id == 9
-    reply = protocol.decode_reply(server.dispatch(protocol.encode_request(10, "echo", {"a": 1})))
+    reply = protocol.decode_reply(server.dispatch(protocol.encode_request(10, "echo", {"a": 1}), "admin"))
     assert reply.ok and reply.result == {"a": 1}
+
+
+@pytest.mark.parametrize("role", ["client", "server", None])
+def test_only_admins_change_the_cluster(role: str | None) -> None:
+    server = ControlServer.__new__(ControlServer)
+    server._route, server.errors = lambda op: (lambda args: "done"), 0
+    for op, args in (("queue.create", {"name": "q"}), ("queue.delete", {"name": "q"}),
+                     ("queue.scale", {"name": "q", "exchanges": 2}), ("queue.rules", {"name": "q", "clear": True})):
+        reply = protocol.decode_reply(server.dispatch(protocol.encode_request(1, op, args), role))
+        assert not reply.ok and reply.code == "forbidden", op
+    for op, args in (("queue.list", {}), ("queue.describe", {"name": "q"}), ("queue.rules", {"name": "q"}),
+                     ("cluster.status", {})):
+        assert protocol.decode_reply(server.dispatch(protocol.encode_request(2, op, args), role)).ok, op
+    assert protocol.decode_reply(server.dispatch(protocol.encode_request(3, "queue.create", {"name": "q"}),
+                                                 "admin")).ok

@@ -1,0 +1,343 @@
+"""Who may talk to the cluster: CURVE keys on ZeroMQ, digest ACLs on ZooKeeper, connection limits.
+
+Keys (`roq keys generate DIR`, pyzmq's certificate files)::
+
+    DIR/server.key, DIR/server.key_secret   the cluster's keypair: GCMs and exchanges serve with it
+    DIR/clients/<name>.key[_secret]         publishers and subscribers
+    DIR/admins/<name>.key[_secret]          administrators: may also create, delete, scale queues, set rules
+
+A daemon needs `server.key_secret` and the public halves under `clients/` and `admins/`; a client
+needs `server.key` and its own `<name>.key_secret`. Secret files are written mode 0600.
+
+With `security.curve` on, every ZeroMQ server socket (the control API, an exchange's publisher,
+subscriber and replay sockets) is a CURVE server and its context runs a `Gatekeeper`: a ZAP
+handler that admits only the public keys found under `clients/` and `admins/` (and the server's
+own), and tags each connection with its role, which the control API reads from the frames. A
+refused handshake never reaches the application: libzmq drops the connection, the gatekeeper
+counts it. Unknown keys make it re-read the key directories (at most once a second), so a client
+added with `roq keys generate` is admitted without restarting anything.
+
+Whatever the mechanism, the gatekeeper also caps the connections one peer address may hold on one
+socket (`security.max_connections_per_client`): it learns which connections are open from the
+socket's monitor events (accepted, disconnected), and refuses the handshake of one too many.
+
+ZooKeeper: with `zk.auth` set, every znode a process creates carries a digest ACL granting all
+rights to that identity and read rights to `zk.readers`; the world gets nothing. Daemons use the
+cluster identity; publishers, subscribers and admin tools use a reader identity (they change
+cluster state only through the control API, where roles are checked).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from kazoo.security import ACL, make_digest_acl
+from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
+
+from roq.config import Config, SecurityConfig, ZkConfig
+from roq.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ADMIN, CLIENT, SERVER = "admin", "client", "server"
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
+RELOAD_INTERVAL = 1.0  # an unknown key re-reads the key directories at most this often
+_MONITORED = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+              | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
+_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+
+
+# ---------------------------------------------------------------- keys
+
+
+def generate_keys(directory: str | os.PathLike[str], clients: list[str] = (), admins: list[str] = ()  # type: ignore[assignment]
+                  ) -> list[Path]:
+    """Create the server keypair if missing, and one keypair per new client and admin name.
+
+    Existing certificates are never overwritten (a name that exists is an error, checked before
+    anything is written). Returns the files written."""
+    from roq.names import check_subscriber_name  # same rules as other user-chosen names
+
+    root = Path(directory)
+    wanted = [("clients", check_subscriber_name(n)) for n in clients] + \
+             [("admins", check_subscriber_name(n)) for n in admins]
+    taken = [f"{kind}/{name}" for kind, name in wanted
+             if (root / "clients" / f"{name}.key").exists() or (root / "admins" / f"{name}.key").exists()]
+    if taken:
+        raise ConfigError(f"certificates already exist for {', '.join(taken)}: pick other names")
+    if len({name for _, name in wanted}) != len(wanted):
+        raise ConfigError("each client and admin name must be given once")
+    written = []
+    if not (root / "server.key_secret").exists():
+        written += _create(root, "server")
+    for kind, name in wanted:
+        written += _create(root / kind, name)
+    return written
+
+
+def _create(directory: Path, name: str) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(str(directory), name)
+    os.chmod(secret, 0o600)
+    return [Path(public), Path(secret)]
+
+
+@dataclass(frozen=True)
+class Keys:
+    server_public: bytes
+    public: bytes  # this process's own keypair: the server's for daemons
+    secret: bytes
+    server_secret: bytes | None = None  # only on daemons
+    keys_dir: Path = field(default_factory=Path)
+
+    def roles(self) -> dict[bytes, str]:
+        """z85 public key → role, read from the key directories now."""
+        found = {self.server_public: SERVER}
+        for kind, role in (("clients", CLIENT), ("admins", ADMIN)):
+            folder = self.keys_dir / kind
+            if folder.is_dir():
+                for cert in sorted(folder.glob("*.key")):
+                    try:
+                        public, _ = zmq.auth.load_certificate(str(cert))
+                    except (OSError, ValueError) as exc:
+                        log.warning("skipping unreadable certificate %s: %s", cert, exc)
+                        continue
+                    found[public] = role
+        return found
+
+
+@functools.lru_cache(maxsize=8)
+def load_keys(security: SecurityConfig) -> Keys | None:
+    """This process's keys, or None with CURVE off. A missing or bad file is a ConfigError."""
+    if not security.curve:
+        return None
+    root = Path(security.keys_dir)
+    if not root.is_dir():
+        raise ConfigError(f"security.keys_dir {root} is not a directory (make one with `roq keys generate`)")
+    server_public, server_secret = _load(root / ("server.key_secret" if (root / "server.key_secret").exists()
+                                                 else "server.key"))
+    if security.identity:
+        if ".." in Path(security.identity).parts:
+            raise ConfigError("security.identity must name a certificate inside security.keys_dir")
+        public, secret = _load(root / f"{security.identity}.key_secret")
+        if secret is None:
+            raise ConfigError(f"{security.identity}.key_secret holds no secret key")
+    elif server_secret is not None:
+        public, secret = server_public, server_secret
+    else:
+        raise ConfigError("security.identity must name this client's certificate (e.g. clients/app): "
+                          f"{root} holds no server secret to fall back on")
+    return Keys(server_public, public, secret, server_secret, root)
+
+
+def _load(path: Path) -> tuple[bytes, bytes | None]:
+    try:
+        return zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read certificate {path}: {exc}") from None
+
+
+def secure_client(sock: zmq.Socket, config: Config) -> None:
+    """Make `sock` a CURVE client of the cluster when CURVE is on; call before connect()."""
+    keys = load_keys(config.security)
+    if keys is not None:
+        sock.curve_serverkey = keys.server_public
+        sock.curve_publickey = keys.public
+        sock.curve_secretkey = keys.secret
+
+
+def peer_role(frame: zmq.Frame) -> str | None:
+    """The role the gatekeeper gave the connection a frame came from; None if none ran."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return user.partition(":")[0] if user else None
+
+
+# ---------------------------------------------------------------- gatekeeper
+
+
+@dataclass
+class _Watched:
+    """The open connections of one server socket: fd → peer address."""
+    domain: bytes
+    monitor: zmq.Socket
+    peers: dict[int, str] = field(default_factory=dict)
+
+    def count(self, address: str) -> int:
+        return sum(1 for a in self.peers.values() if a == address)
+
+
+class Gatekeeper:
+    """ZAP handler and connection limiter for the server sockets of one ZeroMQ context.
+
+    `guard()` every server socket before binding it, then `start()`. The thread only answers
+    ZAP requests and reads monitor events; nothing it does blocks the sockets' own traffic."""
+
+    def __init__(self, context: zmq.Context, config: Config, name: str) -> None:
+        self.keys = load_keys(config.security)
+        if self.keys is not None and self.keys.server_secret is None:
+            raise ConfigError(f"{name} serves CURVE and needs {self.keys.keys_dir}/server.key_secret")
+        self.limit = config.security.max_connections_per_client
+        self.name = name
+        self.refused = 0  # handshakes that failed: unknown key, wrong mechanism, over the limit
+        self.refused_limit = 0  # of which over the connection limit
+        self._watched: list[_Watched] = []
+        self._roles = self.keys.roles() if self.keys else {}
+        self._roles_read = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._zap: zmq.Socket | None = None
+        if self.needed:
+            # Bound before any server socket binds: handshakes wait for our answer, none slips by.
+            self._zap = context.socket(zmq.REP)
+            self._zap.linger = 0
+            self._zap.bind(ZAP_ENDPOINT)
+
+    @property
+    def needed(self) -> bool:
+        return self.keys is not None or self.limit > 0
+
+    def guard(self, sock: zmq.Socket, domain: str) -> None:
+        """Put a server socket under this gatekeeper; call before bind()."""
+        if not self.needed:
+            return
+        if self.keys is not None:
+            sock.curve_server = True
+            sock.curve_publickey = self.keys.server_public
+            sock.curve_secretkey = self.keys.server_secret
+        # A domain makes libzmq ask us even for unauthenticated (NULL) handshakes.
+        sock.zap_domain = domain.encode()
+        self._watched.append(_Watched(domain.encode(), sock.get_monitor_socket(_MONITORED)))
+
+    def start(self) -> None:
+        """Serve ZAP requests and watch connections; every socket must be guarded by now."""
+        if not self.needed or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=f"gatekeeper-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and close its sockets: needed before the context can terminate."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        elif self._zap is not None:
+            for sock in [self._zap] + [w.monitor for w in self._watched]:
+                sock.close(linger=0)
+
+    def snapshot(self) -> dict[str, int]:
+        return {"refused_connections": self.refused, "refused_over_limit": self.refused_limit}
+
+    def _run(self) -> None:
+        assert self._zap is not None
+        poller = zmq.Poller()
+        poller.register(self._zap, zmq.POLLIN)
+        for watched in self._watched:
+            poller.register(watched.monitor, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(200))
+                # Monitor events first: a connection's ACCEPTED always precedes its ZAP request.
+                for watched in self._watched:
+                    self._drain_monitor(watched)
+                if self._zap in ready:
+                    self._answer_zap()
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for sock in [self._zap] + [w.monitor for w in self._watched]:
+                sock.close(linger=0)
+
+    def _drain_monitor(self, watched: _Watched) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(watched.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, fd = event["event"], event["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                address = _peer_address(fd)
+                if address:
+                    watched.peers[fd] = address
+            elif kind == zmq.EVENT_DISCONNECTED:
+                watched.peers.pop(fd, None)
+            elif kind & _FAILED:
+                self.refused += 1
+
+    def _answer_zap(self) -> None:
+        assert self._zap is not None
+        request = self._zap.recv_multipart()
+        if len(request) < 6:
+            return  # not a ZAP request: nothing sensible to answer
+        version, request_id, domain, address, _identity, mechanism = request[:6]
+        status, text, user = self._decide(domain, address.decode(errors="replace"), mechanism, request[6:])
+        if status != b"200":
+            log.info("%s refused a connection from %s: %s", self.name, address.decode(errors="replace"),
+                     text.decode())
+        self._zap.send_multipart([version, request_id, status, text, user, b""])
+
+    def _decide(self, domain: bytes, address: str, mechanism: bytes,
+                credentials: list[bytes]) -> tuple[bytes, bytes, bytes]:
+        role = ""
+        if self.keys is not None:
+            if mechanism != b"CURVE" or not credentials:
+                return b"400", b"CURVE required", b""
+            key = z85.encode(credentials[0])
+            role = self._role_of(key)
+            if not role:
+                return b"400", b"unknown client key", b""
+        # The count includes this connection and any not yet decided: a burst beyond the limit
+        # may be refused as a whole, but more than `limit` connections are never admitted at once.
+        watched = next((w for w in self._watched if w.domain == domain), None)
+        if self.limit and watched is not None and watched.count(address) > self.limit:
+            self.refused_limit += 1
+            return b"400", f"more than {self.limit} connections from {address}".encode(), b""
+        user = f"{role}:{z85.encode(credentials[0]).decode()}" if role else ""
+        return b"200", b"OK", user.encode()
+
+    def _role_of(self, key: bytes) -> str:
+        role = self._roles.get(key, "")
+        if not role and time.monotonic() - self._roles_read >= RELOAD_INTERVAL:
+            assert self.keys is not None
+            self._roles, self._roles_read = self.keys.roles(), time.monotonic()
+            role = self._roles.get(key, "")
+        return role
+
+
+def _peer_address(fd: int) -> str | None:
+    """The remote address of a connection libzmq just accepted (None if it is already gone)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as conn:
+            peer = conn.getpeername()
+    except OSError:
+        return None
+    return peer[0] if isinstance(peer, tuple) else str(peer)
+
+
+# ---------------------------------------------------------------- ZooKeeper
+
+
+def zk_security(zk: ZkConfig) -> tuple[list[tuple[str, str]], list[ACL] | None]:
+    """(auth_data, default_acl) for a kazoo client: nothing unless `zk.auth` is set."""
+    if not zk.auth:
+        return [], None
+    user, _, password = zk.auth.partition(":")
+    acl = [make_digest_acl(user, password, all=True)]
+    for reader in filter(None, (r.strip() for r in zk.readers.split(","))):
+        name, _, secret = reader.partition(":")
+        if name != user:
+            acl.append(make_digest_acl(name, secret, read=True))
+    return [("digest", zk.auth)], acl
