@@ -31,6 +31,7 @@ from roq.security import Gatekeeper
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+STDIN = 0
 MOVE_GRACE = 0.5  # time for "move" notices to leave before the sockets close
 
 
@@ -45,16 +46,30 @@ def die_with_parent(parent_pid: int | None) -> None:
 
 
 def watch_stdin(stop: threading.Event) -> None:
-    """Our parent holds stdin open; EOF means it is gone."""
+    """Our parent holds stdin open; EOF means it is gone.
+
+    Raw reads of fd 0, not sys.stdin: a daemon thread blocked inside a buffered reader's lock
+    makes the interpreter abort at exit."""
     def wait_eof() -> None:
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(STDIN, 4096):
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         log.warning("parent went away (stdin closed); exiting")
         stop.set()
     threading.Thread(target=wait_eof, name="stdin-watch", daemon=True).start()
+
+
+def read_config_line() -> str:
+    """The one JSON line the HCM writes first, read unbuffered so nothing after it is consumed."""
+    chunks = []
+    while not chunks or not chunks[-1].endswith(b"\n"):
+        chunk = os.read(STDIN, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
 
 
 def emit(event: dict) -> None:
@@ -78,7 +93,7 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, confi
     die_with_parent(parent_pid)
     try:
         if config_stdin:
-            config_json = sys.stdin.buffer.readline().decode()
+            config_json = read_config_line()
         config = config_from_json(config_json) if config_json else load_config()
         context = zmq.Context()
         gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")

@@ -26,13 +26,13 @@ class QueueTopology:
         self.zk = zk
         self.paths = paths
         self.queue = check_queue_name(queue)
-        if not zk.exists(paths.queue(queue)):
+        if not zk.retry(zk.exists, paths.queue(queue)):
             raise QueueNotFoundError(f"queue {queue!r} does not exist")
         self._on_change: Callable[[], None] | None = None  # not during the first, synchronous read
         self._lock = threading.Lock()
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.version = 0
-        if not zk.exists(paths.live_queue(queue)):
+        if not zk.retry(zk.exists, paths.live_queue(queue)):
             try:
                 zk.ensure_path(paths.live_queue(queue))
             except NoAuthError:
