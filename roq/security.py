@@ -283,7 +283,11 @@ class Gatekeeper:
         if len(request) < 6:
             return  # not a ZAP request: nothing sensible to answer
         version, request_id, domain, address, _identity, mechanism = request[:6]
-        status, text, user = self._decide(domain, address.decode(errors="replace"), mechanism, request[6:])
+        try:
+            status, text, user = self._decide(domain, address.decode(errors="replace"), mechanism, request[6:])
+        except Exception:  # fail closed, and keep answering: a dead handler would hang every handshake
+            log.exception("%s: error while deciding on a connection; refusing it", self.name)
+            status, text, user = b"500", b"internal error", b""
         if status != b"200":
             log.info("%s refused a connection from %s: %s", self.name, address.decode(errors="replace"),
                      text.decode())
