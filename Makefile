@@ -1,16 +1,23 @@
 # The two commands of the README. Each sets up what it needs first.
-.PHONY: demo test setup setup-test docker-images bench-servers clean
+.PHONY: demo test setup setup-test docker-images deploy-images bench-servers clean
 
 demo: setup
 	.venv/bin/roq demo
 
-test: setup-test docker-images bench-servers
+test: setup-test docker-images deploy-images bench-servers
 	.venv/bin/python -m pytest
 
 # The failover suite needs a Docker engine and the roq:test image, both made here.
 docker-images: setup
 	bash docker/ensure-engine.sh
 	bash docker/build-images.sh
+
+# The deployment test needs the systemd host image, and the wheelhouse site.yml copies to the
+# hosts, fetched here once as on a controller (roles/roq does the same): the test runs offline.
+deploy-images: setup
+	bash docker/ensure-engine.sh
+	bash docker/build-host-image.sh
+	test -d ansible/.build/wheelhouse || .venv/bin/python -m pip wheel -q --wheel-dir ansible/.build/wheelhouse 'setuptools>=68' wheel .
 
 # Debian's nats-server, redis-server and rabbitmq-server, for the benchmark comparison (and its smoke test).
 bench-servers: setup

@@ -6,29 +6,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from roq.testing import wait_until
 from roq.zookeeper import free_port
-from tests.conftest import IN_CI
+from tests.deploy.conftest import ANSIBLE, BIN, tool
 
-ANSIBLE = Path(__file__).resolve().parents[2] / "ansible"
-BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-def tool(name: str) -> str:
-    path = BIN / name
-    if not path.exists():
-        if IN_CI:
-            pytest.fail(f"{name} is required in CI (the dev extra installs it)")
-        pytest.skip(f"{name} not installed (pip install -e '.[dev]')")
-    return str(path)
 
 
 @pytest.fixture

@@ -1,0 +1,252 @@
+"""site.yml run for real against three systemd containers standing in for EC2 hosts.
+
+node1..3 run the ZooKeeper ensemble, node1 and node2 the GCMs, node2 and node3 the HCMs
+(node2 runs all three, as a small cluster would). The playbook must succeed, change
+nothing the second time, leave a quorum with the right ids and configurations
+pointing at the whole ensemble, and a cluster that carries 1000 messages from a
+publisher to a subscriber on this machine with none lost. A changed checkout is then
+deployed over it: RoQ is reinstalled, its daemons (not ZooKeeper) restart, and the
+cluster carries messages again.
+
+On failure the playbook's output and the hosts' journals for the RoQ units are
+printed; the containers and their network are removed in every case. Without a
+Docker engine, the host image or the wheelhouse the test is skipped locally and
+fails in CI (`make deploy-images` makes the last two).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.config import Config, load_config
+from roq.testing import record_figures, wait_until
+from roq.zookeeper import four_letter
+from tests.conftest import IN_CI, failed
+from tests.deploy.conftest import ANSIBLE, BIN, tool
+from tests.deploy.hosts import IMAGE, UNITS, SystemdHosts
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+
+GROUPS = {"zookeeper": ("node1", "node2", "node3"), "gcm": ("node1", "node2"), "hcm": ("node2", "node3")}
+NODES = GROUPS["zookeeper"]
+WHEELHOUSE = ANSIBLE / ".build" / "wheelhouse"  # roq_wheelhouse's default
+MESSAGES = 1000
+
+
+def unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"the deployment test must run in CI: {reason}")
+    pytest.skip(reason)
+
+
+def docker_client() -> Any:
+    try:
+        import docker
+        client = docker.from_env(version="auto")
+        client.ping()
+        client.images.get(IMAGE)
+    except Exception as exc:
+        unavailable(f"no Docker engine or no {IMAGE} ({exc}); `make deploy-images` makes both")
+    if shutil.which("docker") is None:  # Ansible's docker connection drives the CLI
+        unavailable("the docker command is missing")
+    # Built once by `make deploy-images`, as on a controller: the test itself fetches nothing.
+    if not list(WHEELHOUSE.glob("kazoo-*.whl")):
+        unavailable(f"no dependencies in {WHEELHOUSE}; `make deploy-images` fetches them")
+    return client
+
+
+@dataclass
+class Deployment:
+    hosts: SystemdHosts
+    inventory: Path
+    first_run: dict[str, dict[str, int]]
+    first_run_s: float
+
+    @property
+    def zk_hosts(self) -> str:
+        return ",".join(f"{self.hosts.ips[n]}:2181" for n in NODES)
+
+    def client_config(self) -> Config:
+        return Config().replace(zk={"hosts": self.zk_hosts, "root": "/roq"}, client={"request_timeout": 15.0})
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The hosts booted and site.yml run once on them; the tests below share that cluster."""
+    hosts = SystemdHosts(docker_client())
+    try:
+        hosts.start(*NODES)
+        inventory = write_inventory(hosts, tmp_path_factory.mktemp("deploy") / "inventory.json")
+        try:
+            recap, took = site(inventory)
+        except BaseException:
+            print(hosts.journals())
+            raise
+        yield Deployment(hosts, inventory, recap, took)
+    finally:
+        hosts.teardown()
+
+
+@pytest.fixture(autouse=True)
+def journals_on_failure(deployment: Deployment, request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if failed(request):
+        print(deployment.hosts.journals())
+
+
+def write_inventory(hosts: SystemdHosts, path: Path) -> Path:
+    """An inventory like the EC2 one: groups by role, each host's private address."""
+    inventory = {"all": {
+        "vars": {"ansible_connection": "community.docker.docker", "ansible_user": "root"},
+        "hosts": {n: {"ansible_host": hosts.container_name(n), "private_ip": hosts.ips[n]} for n in NODES},
+        "children": {group: {"hosts": {n: {} for n in members}} for group, members in GROUPS.items()},
+    }}
+    path.write_text(json.dumps(inventory, indent=2))  # JSON is YAML
+    return path
+
+
+def site(inventory: Path, *extra: str) -> tuple[dict[str, dict[str, int]], float]:
+    """Run site.yml; the recap of every host, and how long it took."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=f"{BIN}:{os.environ['PATH']}")
+    started = time.monotonic()
+    result = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), "site.yml", *extra], cwd=ANSIBLE,
+                            env=env, capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - started
+    output = result.stdout[-6000:] + result.stderr[-2000:]
+    assert result.returncode == 0, output
+    rows = re.findall(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", result.stdout,
+                      re.MULTILINE)
+    recap = {host: {"ok": int(ok), "changed": int(ch), "unreachable": int(un), "failed": int(fa)}
+             for host, ok, ch, un, fa in rows}
+    assert sorted(recap) == sorted(NODES), output
+    assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in recap.values()), output
+    return recap, took
+
+
+def round_trip(config: Config, queue: str, hosts: SystemdHosts) -> dict[str, Any]:
+    """A queue on both HCM hosts, MESSAGES published from here, every one confirmed and received once."""
+    with Admin(config) as admin:
+        status = wait_until(lambda: (s := admin.status()) and len(s["hosts"]) == 2 and len(s["gcms"]) == 2 and s,
+                            timeout=60, message="both GCMs and both HCM hosts registered")
+        assert {h["name"]: h["address"] for h in status["hosts"]} == {n: hosts.ips[n] for n in GROUPS["hcm"]}
+        admin.create_queue(queue, exchanges=2)
+        info = admin.wait_running(queue, 2, timeout=60)
+        assert sorted(x["host"] for x in info["exchanges"]) == sorted(GROUPS["hcm"])
+    with Subscriber(queue, config) as sub, Publisher(queue, config) as pub:
+        sub.wait_connected(2, timeout=30)
+        pub.wait_for_subscribers(1, timeout=30)
+        for i in range(MESSAGES):
+            pub.publish("deploy", i.to_bytes(4, "big"))
+        pub.flush(60)
+        got = []
+        while len(got) < MESSAGES:
+            msg = sub.receive(timeout=15)
+            assert msg is not None, f"stalled after {len(got)} of {MESSAGES} messages"
+            got.append(int.from_bytes(msg.payload, "big"))
+        extra = sub.receive(timeout=0.5)
+        figures = {"sent": MESSAGES, "confirmed": pub.confirmed, "received": len(got),
+                   "lost": len(set(range(MESSAGES)) - set(got)), "duplicated": len(got) - len(set(got)),
+                   "extra": extra is not None, "gaps": sub.stats()["gaps"]}
+    assert figures == {"sent": MESSAGES, "confirmed": MESSAGES, "received": MESSAGES, "lost": 0,
+                       "duplicated": 0, "extra": False, "gaps": 0}
+    assert got == list(range(MESSAGES))  # one publisher: in order
+    return figures
+
+
+def invocations(hosts: SystemdHosts) -> dict[tuple[str, str], str]:
+    """systemd's id of each run of each RoQ unit: a restart changes it."""
+    return {(name, unit): hosts.exec(name, "systemctl", "show", "-p", "InvocationID", "--value", unit)
+            for name in NODES for unit in UNITS}
+
+
+def changed_checkout(into: Path, marker: str) -> Path:
+    """A copy of this checkout whose roq package differs by one comment (same version)."""
+    source = ANSIBLE.parent
+    into.mkdir()
+    for item in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(source / item, into / item)
+    for package in ("roq", "gcm", "hcm", "exchange"):
+        shutil.copytree(source / package, into / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with (into / "roq" / "__init__.py").open("a") as f:
+        f.write(f"# {marker}\n")
+    return into
+
+
+def test_site_yml_succeeds_and_a_second_run_changes_nothing(deployment):  # type: ignore[no-untyped-def]
+    assert all(r["changed"] > 0 for r in deployment.first_run.values()), deployment.first_run
+    again, again_s = site(deployment.inventory)
+    assert {h: r["changed"] for h, r in again.items()} == {n: 0 for n in NODES}, again
+    record_figures("site.yml on 3 containers", first_run_s=round(deployment.first_run_s, 1),
+                   second_run_s=round(again_s, 1))
+
+
+def test_the_ensemble_has_every_member_with_its_id_and_a_quorum(deployment):  # type: ignore[no-untyped-def]
+    hosts = deployment.hosts
+    members = {i: hosts.ips[n] for i, n in enumerate(NODES, 1)}
+    for i, name in enumerate(NODES, 1):
+        assert hosts.read(name, "/var/lib/zookeeper/myid") == str(i)
+        servers = re.findall(r"^server\.(\d+)=([\d.]+):2888:3888$", hosts.read(name, "/etc/zookeeper/roq-zoo.cfg"),
+                             re.MULTILINE)
+        assert {int(k): ip for k, ip in servers} == members
+        assert hosts.exec(name, "systemctl", "is-active", "roq-zookeeper") == "active"
+
+    def modes() -> list[str]:
+        return sorted(re.search(r"Mode: (\w+)", four_letter(ip, 2181, "srvr"))[1] for ip in members.values())
+    wait_until(lambda: modes() == ["follower", "follower", "leader"], timeout=90,
+               message="one ZooKeeper leader and two followers")
+
+
+def test_daemons_run_under_systemd_where_their_group_says(deployment, tmp_path):  # type: ignore[no-untyped-def]
+    hosts = deployment.hosts
+    for daemon in ("gcm", "hcm"):
+        for name in NODES:
+            state = hosts.exec(name, "systemctl", "is-active", f"roq-{daemon}", check=False)
+            assert state == ("active" if name in GROUPS[daemon] else "inactive"), (name, daemon, state)
+        for name in GROUPS[daemon]:
+            assert hosts.exec(name, "systemctl", "is-enabled", f"roq-{daemon}") == "enabled"
+            # RoQ itself reads the file: an unknown key or a bad value fails here.
+            config = load_config(hosts.fetch(name, f"/etc/roq/{daemon}.toml", tmp_path), env={})
+            assert config.zk.hosts == deployment.zk_hosts and config.zk.root == "/roq"
+            assert getattr(config, daemon).advertise == hosts.ips[name]
+            if daemon == "hcm":
+                assert config.hcm.host == name
+
+
+def test_a_round_trip_through_the_deployed_cluster_loses_nothing(deployment):  # type: ignore[no-untyped-def]
+    figures = round_trip(deployment.client_config(), "deployed", deployment.hosts)
+    record_figures("round trip through the deployed cluster", **figures)
+
+
+def test_an_upgrade_reinstalls_roq_and_restarts_its_daemons(deployment, tmp_path):  # type: ignore[no-untyped-def]
+    hosts = deployment.hosts
+    marker = f"upgrade-{uuid.uuid4().hex[:8]}"
+    source = changed_checkout(tmp_path / "src", marker)
+    wheelhouse = tmp_path / "wheelhouse"  # a copy, so the checkout's own wheelhouse still matches it
+    shutil.copytree(WHEELHOUSE, wheelhouse)
+    before = invocations(hosts)
+    recap, _ = site(deployment.inventory, "-e", f"roq_source={source}", "-e", f"roq_wheelhouse={wheelhouse}")
+    assert all(r["changed"] > 0 for r in recap.values()), recap
+    after = invocations(hosts)
+    restarted = {key for key in before if before[key] != after[key]}
+    expected = {(n, f"roq-{d}") for d in ("gcm", "hcm") for n in GROUPS[d]}
+    assert restarted == expected  # both daemons of node2, and never ZooKeeper
+    for name in NODES:
+        installed = hosts.exec(name, "/opt/roq/venv/bin/python", "-c", "import roq; print(open(roq.__file__).read())")
+        assert marker in installed
+    round_trip(deployment.client_config(), "upgraded", hosts)
