@@ -18,7 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
 from roq.config import Config
+from roq.security import secure_client
 from roq.zookeeper import stop_process_group
 
 T = TypeVar("T")
@@ -40,6 +44,35 @@ def wait_until(condition: Callable[[], T], timeout: float = 10.0, interval: floa
             detail = f" (last error: {last_error!r})" if last_error else ""
             raise AssertionError(f"timed out after {timeout:.1f}s waiting for {message}{detail}")
         time.sleep(interval)
+
+
+OK, REFUSED = "ok", "refused"
+
+
+def handshake(endpoint: str, kind: int = zmq.DEALER, config: Config | None = None,
+              keypair: tuple[bytes, bytes] | None = None, server_key: bytes | None = None) -> str:
+    """Connect one socket and report what its handshake came to, from its monitor events."""
+    sock = zmq.Context.instance().socket(kind)
+    sock.linger = 0
+    if config is not None:
+        secure_client(sock, config)
+    elif keypair is not None:
+        sock.curve_serverkey, (sock.curve_publickey, sock.curve_secretkey) = server_key, keypair
+    monitor = sock.get_monitor_socket()
+    try:
+        sock.connect(endpoint)
+        while monitor.poll(10_000):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return OK
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                return REFUSED
+        raise AssertionError(f"no handshake outcome from {endpoint} within 10 s")
+    finally:
+        sock.disable_monitor()
+        monitor.close()
+        sock.close()
 
 
 def fast_config(zk_hosts: str, root: str | None = None) -> Config:

@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 GROUPS = {"zookeeper": ("node1", "node2", "node3"), "gcm": ("node1", "node2"), "hcm": ("node2", "node3")}
 NODES = GROUPS["zookeeper"]
 WHEELHOUSE = ANSIBLE / ".build" / "wheelhouse"  # roq_wheelhouse's default
+CLIENTS = ANSIBLE / ".build" / "clients"  # roq_clients_local's default: one configuration per key
 MESSAGES = 1000
 
 
@@ -81,8 +82,11 @@ class Deployment:
     def zk_hosts(self) -> str:
         return ",".join(f"{self.hosts.ips[n]}:2181" for n in NODES)
 
-    def client_config(self) -> Config:
-        return Config().replace(zk={"hosts": self.zk_hosts, "root": "/roq"}, client={"request_timeout": 15.0})
+    def client_config(self, identity: str) -> Config:
+        """The configuration site.yml wrote for one key: the ZooKeeper reader identity, CURVE on."""
+        config = load_config(CLIENTS / f"{identity}.toml", env={})
+        assert config.zk.hosts == self.zk_hosts and config.security.curve
+        return config.replace(client={"request_timeout": 15.0})
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +143,11 @@ def site(inventory: Path, *extra: str) -> tuple[dict[str, dict[str, int]], float
     return recap, took
 
 
-def round_trip(config: Config, queue: str, hosts: SystemdHosts) -> dict[str, Any]:
-    """A queue on both HCM hosts, MESSAGES published from here, every one confirmed and received once."""
-    with Admin(config) as admin:
+def round_trip(deployment: Deployment, queue: str) -> dict[str, Any]:
+    """A queue on both HCM hosts (made with the admin key), MESSAGES published and received with the
+    client key, every one confirmed and received once."""
+    hosts, config = deployment.hosts, deployment.client_config("app")
+    with Admin(deployment.client_config("ops")) as admin:
         status = wait_until(lambda: (s := admin.status()) and len(s["hosts"]) == 2 and len(s["gcms"]) == 2 and s,
                             timeout=60, message="both GCMs and both HCM hosts registered")
         assert {h["name"]: h["address"] for h in status["hosts"]} == {n: hosts.ips[n] for n in GROUPS["hcm"]}
@@ -224,12 +230,17 @@ def test_daemons_run_under_systemd_where_their_group_says(deployment, tmp_path):
             config = load_config(hosts.fetch(name, f"/etc/roq/{daemon}.toml", tmp_path), env={})
             assert config.zk.hosts == deployment.zk_hosts and config.zk.root == "/roq"
             assert getattr(config, daemon).advertise == hosts.ips[name]
+            assert config.security.curve and config.zk.auth.startswith("roq:") and config.zk.readers
+            # The file holds the ZooKeeper password: root and the service user only.
+            assert hosts.exec(name, "stat", "-c", "%a %U %G", f"/etc/roq/{daemon}.toml") == "640 root roq"
+            assert hosts.exec(name, "stat", "-c", "%a %U %G", "/etc/roq/keys/server.key_secret") == "640 root roq"
+            assert hosts.exec(name, "ls", "/etc/roq/keys/clients") == "app.key"  # public halves only
             if daemon == "hcm":
                 assert config.hcm.host == name
 
 
 def test_a_round_trip_through_the_deployed_cluster_loses_nothing(deployment):  # type: ignore[no-untyped-def]
-    figures = round_trip(deployment.client_config(), "deployed", deployment.hosts)
+    figures = round_trip(deployment, "deployed")
     record_figures("round trip through the deployed cluster", **figures)
 
 
@@ -249,4 +260,45 @@ def test_an_upgrade_reinstalls_roq_and_restarts_its_daemons(deployment, tmp_path
     for name in NODES:
         installed = hosts.exec(name, "/opt/roq/venv/bin/python", "-c", "import roq; print(open(roq.__file__).read())")
         assert marker in installed
-    round_trip(deployment.client_config(), "upgraded", hosts)
+    round_trip(deployment, "upgraded")
+
+
+def test_the_deployed_cluster_lets_in_only_known_keys_and_zookeeper_credentials(deployment):  # type: ignore[no-untyped-def]
+    """Security is on in deployments: CURVE at the GCM and the exchanges, admin rights, ZooKeeper ACLs."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    from roq.errors import ForbiddenError
+    from roq.paths import Paths
+    from roq.state import read_leader, read_live
+    from roq.testing import OK, REFUSED, handshake
+    from roq.zk import start_client, stop_client
+
+    app = deployment.client_config("app")
+    with Admin(deployment.client_config("ops")) as admin:
+        admin.create_queue("guarded")
+        admin.wait_running("guarded", 1, timeout=60)
+    with Admin(app) as admin, pytest.raises(ForbiddenError):
+        admin.delete_queue("guarded")
+    reader = start_client(app)
+    try:
+        paths = Paths(app.zk.root)
+        control = read_leader(reader, paths)["endpoint"]
+        exchange = next(iter(read_live(reader, paths, "guarded").values()))
+    finally:
+        stop_client(reader)
+    import zmq
+    for endpoint, kind in ((control, zmq.DEALER), (exchange["pub"], zmq.DEALER), (exchange["sub"], zmq.SUB),
+                           (exchange["replay"], zmq.DEALER)):
+        assert handshake(endpoint, kind) == REFUSED, f"{endpoint} let in a client without CURVE"
+        assert handshake(endpoint, kind, config=app) == OK, endpoint
+    anonymous = KazooClient(hosts=deployment.zk_hosts)
+    anonymous.start(timeout=15)
+    try:
+        with pytest.raises(NoAuthError):
+            anonymous.get_children("/roq/queues")
+        with pytest.raises(NoAuthError):
+            anonymous.create("/roq/queues/evil", b"{}")
+    finally:
+        anonymous.stop()
+        anonymous.close()

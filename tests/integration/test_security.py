@@ -18,16 +18,15 @@ import pytest
 import zmq
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
-from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
 from roq.client import Admin, Publisher, Subscriber
 from roq.config import Config
 from roq.errors import ForbiddenError, InvalidNameError, LimitExceededError, MessageTooLargeError
 from roq.paths import Paths
-from roq.security import generate_keys, secure_client
+from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
-from roq.testing import Processes, fast_config, wait_until
+from roq.testing import OK, REFUSED, Processes, fast_config, handshake, wait_until
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 
@@ -35,7 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 DAEMON_ZK = "roq:daemon-secret"
 READER_ZK = "reader:reader-secret"
-OK, REFUSED = "ok", "refused"
 
 
 # ------------------------------------------------------------------ fixtures
@@ -89,32 +87,6 @@ def live_exchange(config: Config) -> dict:  # type: ignore[type-arg]
         return next(iter(read_live(zk, Paths(config.zk.root), "orders").values()))
     finally:
         stop_client(zk)
-
-
-def handshake(endpoint: str, kind: int = zmq.DEALER, config: Config | None = None,
-              keypair: tuple[bytes, bytes] | None = None, server_key: bytes | None = None) -> str:
-    """Connect one socket and report what its handshake came to, from its monitor events."""
-    sock = zmq.Context.instance().socket(kind)
-    sock.linger = 0
-    if config is not None:
-        secure_client(sock, config)
-    elif keypair is not None:
-        sock.curve_serverkey, (sock.curve_publickey, sock.curve_secretkey) = server_key, keypair
-    monitor = sock.get_monitor_socket()
-    try:
-        sock.connect(endpoint)
-        while monitor.poll(10_000):
-            event = recv_monitor_message(monitor)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                return OK
-            if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                return REFUSED
-        raise AssertionError(f"no handshake outcome from {endpoint} within 10 s")
-    finally:
-        sock.disable_monitor()
-        monitor.close()
-        sock.close()
 
 
 # ------------------------------------------------------------------ CURVE and roles
