@@ -176,7 +176,18 @@ class _Watched:
     monitor: zmq.Socket
     peers: dict[int, str] = field(default_factory=dict)
 
-    def count(self, address: str) -> int:
+    def over(self, address: str, limit: int) -> bool:
+        """More than `limit` open connections from `address`, this one included?"""
+        if self._count(address) <= limit:
+            return False
+        # Monitor events are dropped when their queue is full: a missed DISCONNECTED must not
+        # lock a client out for good, so check the connections before refusing.
+        for fd in [fd for fd, a in self.peers.items() if a == address]:
+            if _peer_address(fd) != address:
+                del self.peers[fd]
+        return self._count(address) > limit
+
+    def _count(self, address: str) -> int:
         return sum(1 for a in self.peers.values() if a == address)
 
 
@@ -280,8 +291,9 @@ class Gatekeeper:
     def _answer_zap(self) -> None:
         assert self._zap is not None
         request = self._zap.recv_multipart()
-        if len(request) < 6:
-            return  # not a ZAP request: nothing sensible to answer
+        if len(request) < 6:  # never from libzmq; a REP socket must answer all the same
+            self._zap.send_multipart([b"1.0", b"", b"500", b"malformed ZAP request", b"", b""])
+            return
         version, request_id, domain, address, _identity, mechanism = request[:6]
         try:
             status, text, user = self._decide(domain, address.decode(errors="replace"), mechanism, request[6:])
@@ -306,7 +318,7 @@ class Gatekeeper:
         # The count includes this connection and any not yet decided: a burst beyond the limit
         # may be refused as a whole, but more than `limit` connections are never admitted at once.
         watched = next((w for w in self._watched if w.domain == domain), None)
-        if self.limit and watched is not None and watched.count(address) > self.limit:
+        if self.limit and watched is not None and watched.over(address, self.limit):
             self.refused_limit += 1
             return b"400", f"more than {self.limit} connections from {address}".encode(), b""
         user = f"{role}:{z85.encode(credentials[0]).decode()}" if role else ""
