@@ -51,19 +51,21 @@ log = logging.getLogger(__name__)
 # that is 2 to 3 full batches the exchange should not go without.
 MAX_IN_FLIGHT = 4
 TOPIC_CACHE = 10_000
+REPLAY_MERGE_SECONDS = 1.0  # confirmed messages merged into one replay chunk at most this far apart
 
 
 class _Chunk:
     """Consecutive messages first..last as one flat [topic, payload, ...] list: a batch's worth.
     Messages move between the publisher's queues a chunk at a time, never one by one."""
 
-    __slots__ = ("first", "flat", "size", "confirmed_at")
+    __slots__ = ("first", "flat", "size", "confirmed_at", "since")
 
     def __init__(self, first: int, flat: list[bytes], size: int | None = None) -> None:
         self.first = first
         self.flat = flat
         self.size = sum(map(len, flat)) if size is None else size
-        self.confirmed_at = 0.0
+        self.confirmed_at = 0.0  # in the replay window: when its newest message was confirmed ...
+        self.since = 0.0  # ... and its oldest
 
     @property
     def count(self) -> int:
@@ -480,9 +482,25 @@ class Publisher:
             else:
                 chunk = chunk.split(seq - chunk.first + 1)
             if keep:
-                chunk.confirmed_at = now
-                self._replay.append(chunk)
-                self._replay_size += chunk.size
+                self._remember(chunk, now)
+
+    def _remember(self, chunk: _Chunk, now: float) -> None:
+        """Keep confirmed messages in the replay window (caller holds the lock). A slow publisher
+        confirms one message per chunk: those are appended to the newest chunk (up to a batch,
+        within REPLAY_MERGE_SECONDS), or the window would hold two objects per message for the
+        garbage collector to walk (a 40 ms pause at 150k). Messages are kept at least
+        `client.replay_seconds`, at most REPLAY_MERGE_SECONDS longer."""
+        self._replay_size += chunk.size
+        tail = self._replay[-1] if self._replay else None
+        if tail is not None and tail.last + 1 == chunk.first and now - tail.since < REPLAY_MERGE_SECONDS \
+                and tail.count + chunk.count <= self.config.client.max_batch \
+                and tail.size + chunk.size <= self.config.client.max_batch_bytes:
+            tail.flat += chunk.flat  # the window's chunks are its own: resends copy them (_merge)
+            tail.size += chunk.size
+            tail.confirmed_at = now
+            return
+        chunk.confirmed_at = chunk.since = now
+        self._replay.append(chunk)
 
     def _trim_replay(self, now: float) -> None:
         """Keep the replay window within its age and byte limits (caller holds the lock)."""
