@@ -187,25 +187,31 @@ def _spread(r: dict[str, Any], name: str, fmt: str) -> str:
 
 
 def chart(rows: list[dict[str, Any]], path: Path, rate: float) -> None:
+    """Bars of the medians, whiskers from the lowest to the highest round, both axes logarithmic."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sizes = sorted({r["size"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
     width = 0.8 / max(1, len(sizes))
     for i, size in enumerate(sizes):
         values = {r["system"]: r for r in rows if r["size"] == size}
-        xs = [j + i * width for j in range(len(systems))]
-        left.bar(xs, [values[s]["msgs_per_s"] / 1000 if s in values else 0 for s in systems], width,
-                 label=f"{size} B")
-        right.bar(xs, [values[s]["p99_us"] if s in values else 0 for s in systems], width, label=f"{size} B")
-    for ax, title in ((left, "throughput (k msgs/s, higher is better)"),
+        xs = [j + i * width for j in range(len(systems)) if systems[j] in values]
+        present = [values[s] for s in systems if s in values]
+        for ax, name, scale in ((left, "msgs_per_s", 1000), (right, "p99_us", 1)):
+            medians = [r[name] / scale for r in present]
+            spans = [r.get(f"{name}_range") or [r[name]] * 2 for r in present]
+            errors = [[m - lo / scale for m, (lo, _) in zip(medians, spans)],
+                      [hi / scale - m for m, (_, hi) in zip(medians, spans)]]
+            ax.bar(xs, medians, width, yerr=errors, capsize=2, label=f"{size} B")
+    for ax, title in ((left, "throughput (k msgs/s, log, higher is better)"),
                       (right, f"p99 latency at {rate:,.0f} msg/s (µs, log, lower is better)")):
-        ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(systems))], systems)
+        ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(systems))], systems, fontsize=8)
         ax.set_title(title, fontsize=10)
+        ax.set_yscale("log")
         ax.legend()
-    right.set_yscale("log")
+    right.axhline(1000, linestyle="--", color="grey", linewidth=1)  # the 1 ms goal
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
