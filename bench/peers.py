@@ -4,6 +4,7 @@ Each is used the way its Python client is normally used for pub/sub, with the
 batching its client offers, and with limits raised so that nothing is dropped
 for a slow subscriber (so throughput is not bought with loss):
 * raw ZeroMQ: PUB → SUB, one message per send, no broker, no high-water mark;
+  and batched by hand (one msgpack list of payloads per send), for reference;
 * NATS: nats-py (asyncio), core publish/subscribe, pending limits lifted;
 * Redis: redis-py PUBLISH (pipelined by 100 when unpaced), SUBSCRIBE;
 * RabbitMQ: pika, a fanout exchange, one exclusive auto-ack queue per
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from roq.bench import Adapter
+from roq.bench import Adapter, BatchAdapter
 
 SUBJECT = "bench"
 
@@ -69,6 +70,23 @@ class ZmqAdapter(Adapter):
             self.sock.close()
         if hasattr(self, "context"):
             self.context.term()
+
+
+class ZmqBatchAdapter(ZmqAdapter, BatchAdapter):
+    """Raw ZeroMQ, batched by hand: each send is one msgpack list of payloads (what RoQ does on the wire)."""
+
+    name = "zeromq-batch"
+
+    def subscribe_batches(self, on_payloads: Callable[[list[bytes]], None]) -> None:
+        import msgpack
+        self.subscribe(lambda frame: on_payloads(msgpack.unpackb(frame)))
+
+    def open_publisher(self) -> None:
+        import msgpack
+        super().open_publisher()
+        send, pack = self.sock.send, msgpack.packb
+        self.publish = lambda payload: send(pack([payload]))  # type: ignore[method-assign]
+        self.publish_many = lambda payloads: send(pack(payloads))  # type: ignore[method-assign]
 
 
 class NatsAdapter(Adapter):

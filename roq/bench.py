@@ -39,6 +39,19 @@ PROGRESS_EVERY = 1024
 # ---------------------------------------------------------------- adapters
 
 
+def pace(count: int, rate: float, send: Callable[[int], None]) -> None:
+    """Call send(n) until `count` messages went out at `rate` per second: n is what fell due
+    since the last call (1 when the sender keeps up)."""
+    start, sent = time.monotonic(), 0
+    while sent < count:
+        due = min(count, int((time.monotonic() - start) * rate) + 1)
+        if due <= sent:
+            time.sleep(min(0.0002, (sent + 1 - due) / rate))
+            continue
+        send(due - sent)
+        sent = due
+
+
 class Adapter:
     """How one system publishes and subscribes. Subclasses live at module level (spawned by name)."""
 
@@ -65,25 +78,44 @@ class Adapter:
         """Publish `count` messages, as fast as possible (rate 0) or paced. Adapters whose
         client is asynchronous or batches explicitly override this."""
         publish = self.publish
+
+        def send(n: int) -> None:
+            for _ in range(n):
+                publish(make_payload())
+
         if rate <= 0:
-            for _ in range(count):
-                publish(make_payload())
-            return
-        start, sent = time.monotonic(), 0
-        while sent < count:
-            due = min(count, int((time.monotonic() - start) * rate) + 1)
-            if due <= sent:
-                time.sleep(min(0.0002, (sent + 1 - due) / rate))
-                continue
-            for _ in range(due - sent):
-                publish(make_payload())
-            sent = due
+            send(count)
+        else:
+            pace(count, rate, send)
 
     def close(self) -> None:
         pass
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+
+class BatchAdapter(Adapter):
+    """A system used through its batch API: lists of payloads in, lists of payloads out.
+    The harness then builds payloads a list at a time, as an application with a batch API would."""
+
+    BATCH = 1000  # messages per publish_many call when unpaced
+
+    def subscribe_batches(self, on_payloads: Callable[[list[bytes]], None]) -> None:
+        """Start receiving; call on_payloads(payloads) for each batch, from any thread."""
+        raise NotImplementedError
+
+    def publish_many(self, payloads: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def send_batches(self, make_batch: Callable[[int], list[bytes]], count: int, rate: float) -> None:
+        """Publish `count` messages in lists: of BATCH when unpaced, of whatever is due when paced."""
+        publish_many = self.publish_many
+        if rate <= 0:
+            for start in range(0, count, self.BATCH):
+                publish_many(make_batch(min(self.BATCH, count - start)))
+        else:
+            pace(count, rate, lambda n: publish_many(make_batch(n)))
 
 
 class RoqAdapter(Adapter):
@@ -121,6 +153,21 @@ class RoqAdapter(Adapter):
     def stats(self) -> dict[str, Any]:
         sub = getattr(self, "sub", None)
         return sub.stats() if sub is not None else {}
+
+
+class RoqBatchAdapter(RoqAdapter, BatchAdapter):
+    """RoQ through its batch API: `Publisher.publish_many` and `Subscriber(batch_callback=...)`."""
+
+    name = "roq-batch"
+
+    def subscribe_batches(self, on_payloads: Callable[[list[bytes]], None]) -> None:
+        from roq.client.subscriber import Subscriber
+        self.sub = Subscriber(self.settings["queue"], self._config(), topics=["bench"],
+                              batch_callback=lambda batch: on_payloads(batch.payloads))
+        self.sub.wait_connected(timeout=30)
+
+    def publish_many(self, payloads: list[bytes]) -> None:
+        self.pub.publish_many("bench", payloads)
 
 
 # ---------------------------------------------------------------- results
@@ -206,9 +253,34 @@ def subscriber_worker(adapter_path: str, settings: dict[str, Any], expected: int
             if count >= expected:
                 done.set()
 
+    def on_payloads(payloads: list[bytes]) -> None:
+        """The same as on_payload for a list, in comprehensions rather than a call per message;
+        one arrival time per list (its messages arrived together)."""
+        arrived = now()
+        stamps = list(map(unpack, payloads))
+        sent = [stamp for kind, stamp in stamps if kind == DATA]
+        if len(sent) != len(stamps) and not state["warm"]:
+            state["warm"] = True
+            ready.set()
+        if not sent:
+            return
+        latencies.extend([arrived - stamp for stamp in sent])
+        if not state["first"]:
+            state["first"] = sent[0]
+        state["last"] = arrived
+        before = state["received"]
+        count = state["received"] = before + len(sent)
+        if count // PROGRESS_EVERY != before // PROGRESS_EVERY or count >= expected:
+            progress.value = count
+            if count >= expected:
+                done.set()
+
     extra: dict[str, Any] = {}
     try:
-        adapter.subscribe(on_payload)
+        if isinstance(adapter, BatchAdapter):
+            adapter.subscribe_batches(on_payloads)
+        else:
+            adapter.subscribe(on_payload)
         last_seen, last_count = time.monotonic(), -1
         while not done.wait(0.1):
             if state["received"] != last_count:
@@ -242,7 +314,10 @@ def publisher_worker(adapter_path: str, settings: dict[str, Any], size: int, cou
             warmups += 1
             adapter.drain()
             go.wait(WARMUP_INTERVAL)
-        adapter.send_all(lambda: pack(DATA, now()) + pad, count, rate)
+        if isinstance(adapter, BatchAdapter):
+            adapter.send_batches(lambda n: [pack(DATA, now()) + pad for _ in range(n)], count, rate)
+        else:
+            adapter.send_all(lambda: pack(DATA, now()) + pad, count, rate)
         sent = count
         confirmed = adapter.drain()
         confirmed = confirmed - warmups if confirmed >= 0 else -1

@@ -18,13 +18,15 @@ console = Console(stderr=True)
 
 
 def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: int, publishers: int,
-              subscribers: int, rate: float, json_out: str | None) -> RunResult:
+              subscribers: int, rate: float, json_out: str | None, batch: bool = False) -> RunResult:
+    """One run of the harness; `batch` measures the batch API (publish_many, batch_callback)."""
     created = ensure_queue(config, queue, exchanges)
+    adapter = "roq.bench.RoqBatchAdapter" if batch else "roq.bench.RoqAdapter"
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
             task = progress.add_task("deliveries", total=messages * publishers * subscribers)
-            result = run("roq.bench.RoqAdapter", {"config": config.to_json(), "queue": queue}, size, messages,
+            result = run(adapter, {"config": config.to_json(), "queue": queue}, size, messages,
                          publishers, subscribers, rate,
                          on_progress=lambda done, total: progress.update(task, completed=done))
     finally:

@@ -422,15 +422,17 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
               help="each subscriber gets every message (fan-out)")
 @click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
               help="total messages per second (0 = as fast as possible)")
+@click.option("--batch", is_flag=True,
+              help="use the batch API (Publisher.publish_many, Subscriber batch_callback) instead of one call per message")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the result as JSON to this file (- for stdout)")
 @pass_ctx
 @handle_errors
 def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: int, publishers: int,
-          subscribers: int, rate: float, json_out: str | None) -> None:
+          subscribers: int, rate: float, batch: bool, json_out: str | None) -> None:
     """Measure throughput and latency percentiles of the running cluster."""
     from roq.bench_cli import run_bench
-    run_bench(ctx.config, queue_name, exchanges, size, messages, publishers, subscribers, rate, json_out)
+    run_bench(ctx.config, queue_name, exchanges, size, messages, publishers, subscribers, rate, json_out, batch)
 
 
 @main.command()

@@ -99,6 +99,7 @@ class BackpressureError(UnavailableError):
     """Too many unconfirmed messages for too long: the publisher refuses more."""
 
     code = "backpressure"
+    queued = 0  # publish_many: how many leading payloads were queued before the refusal
 
 
 class FencedError(RoqError):

@@ -2,6 +2,6 @@
 
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
-from roq.client.subscriber import Message, Subscriber
+from roq.client.subscriber import Message, MessageBatch, Subscriber
 
-__all__ = ["Admin", "Message", "Publisher", "Subscriber"]
+__all__ = ["Admin", "Message", "MessageBatch", "Publisher", "Subscriber"]

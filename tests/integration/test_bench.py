@@ -18,14 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(120)
-def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", ["single", "batch"])
+def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode):  # type: ignore[no-untyped-def]
     out = tmp_path / "bench.json"
     env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
-    done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "-n", "3000", "-s", "2", "--json", str(out)],
-                          env=env, capture_output=True, timeout=100)
+    flags = ["--batch"] if mode == "batch" else []
+    done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "-n", "3000", "-s", "2", *flags,
+                           "--json", str(out)], env=env, capture_output=True, timeout=100)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     result = json.loads(out.read_text())
-    assert result["system"] == "roq" and result["subscribers"] == 2
+    assert result["system"] == ("roq-batch" if mode == "batch" else "roq") and result["subscribers"] == 2
     assert result["sent"] == result["confirmed"] == 3000
     assert result["received"] == 6000 and result["lost"] == 0  # fan-out: each subscriber got all
     assert result["msgs_per_s"] > 0 and 0 < result["p50_us"] <= result["p99_us"] <= result["p999_us"]
@@ -51,8 +53,9 @@ def test_comparison_script_runs_every_system(tmp_path):  # type: ignore[no-untyp
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     report = json.loads((tmp_path / "compare.json").read_text())
     rows = {r["system"]: r for r in report["results"]}
-    assert set(rows) == {"zeromq", "roq", "nats", "redis", "rabbitmq"}
+    assert set(rows) == {"zeromq", "zeromq-batch", "roq", "roq-batch", "nats", "redis", "rabbitmq"}
     for row in rows.values():
         assert row["msgs_per_s"] > 0 and row["p99_us"] > 0 and row["lost"] == 0, row
     assert rows["zeromq"]["vs_zeromq"] == 1.0
+    assert {"roq_batch_vs_raw_zeromq", "roq_vs_raw_zeromq", "roq_batch_vs_nats"} <= set(report["targets"])
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

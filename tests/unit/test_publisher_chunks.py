@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from roq.client.publisher import _Chunk, _merge
+from collections import deque
+
+from roq.client.publisher import Publisher, _Chunk, _merge
+from roq.config import Config
 
 
 def chunk(first: int, count: int) -> _Chunk:
@@ -30,3 +33,33 @@ def test_small_chunks_are_resent_as_few_full_batches_in_order() -> None:
 def test_a_byte_limit_also_cuts_batches() -> None:
     batches = list(_merge([chunk(1, 10), chunk(11, 10), chunk(21, 10)], max_count=1000, max_bytes=25))
     assert len(batches) == 3
+
+
+def replay_window() -> Publisher:
+    """A publisher's replay bookkeeping alone (no cluster): what _remember and _trim_replay use."""
+    pub = object.__new__(Publisher)
+    pub.config = Config().replace(client={"max_batch": 100, "replay_seconds": 15.0})
+    pub._replay, pub._replay_size = deque(), 0
+    return pub
+
+
+def test_a_slow_publishers_confirms_share_replay_chunks() -> None:
+    pub = replay_window()
+    for i in range(250):  # one message confirmed at a time, 1 ms apart
+        pub._remember(chunk(1 + i, 1), now=100.0 + i / 1000)
+    assert [c.count for c in pub._replay] == [100, 100, 50]  # a batch at most, not 250 chunks
+    assert [p for c in pub._replay for p in c.flat[1::2]] == [b"%d" % i for i in range(1, 251)]
+    assert pub._replay_size == sum(c.size for c in pub._replay) == chunk(1, 250).size
+    pub._remember(chunk(251, 1), now=102.0)  # more than a second later: a new chunk
+    pub._remember(chunk(300, 1), now=102.0)  # not consecutive: a new chunk
+    assert [c.count for c in pub._replay] == [100, 100, 50, 1, 1]
+
+
+def test_merged_replay_chunks_are_kept_for_the_replay_time_of_their_newest_message() -> None:
+    pub = replay_window()
+    pub._remember(chunk(1, 1), now=100.0)
+    pub._remember(chunk(2, 1), now=100.9)
+    pub._trim_replay(now=115.5)
+    assert len(pub._replay) == 1  # message 2 was confirmed less than 15 s ago
+    pub._trim_replay(now=116.0)
+    assert not pub._replay and pub._replay_size == 0
