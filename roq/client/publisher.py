@@ -162,10 +162,7 @@ class Publisher:
                 raise RoqError("publisher is closed")
             seq = self._next_seq
             if seq - 1 - self._acked >= limit:
-                wait = self.config.client.publish_timeout if timeout is None else timeout
-                if not self._cond.wait_for(lambda: self._next_seq - 1 - self._acked < limit or self._closed, wait):
-                    raise BackpressureError(f"{self._next_seq - 1 - self._acked} messages unconfirmed for "
-                                            f"{wait:.1f}s; is the queue's exchange reachable?")
+                self._wait_for_room(self.config.client.publish_timeout if timeout is None else timeout)
                 seq = self._next_seq
             self._next_seq = seq + 1
             self._open.append(topic)
@@ -185,12 +182,7 @@ class Publisher:
         (`client.publish_timeout` by default) BackpressureError is raised, and its `queued`
         attribute says how many leading payloads were queued (those will be delivered).
         """
-        try:
-            checked = self._topics.get(topic)
-        except TypeError:
-            checked = None
-        if checked is None:
-            checked = self._remember_topic(topic)
+        checked = self._remember_topic(topic)  # once per list: no need for publish()'s cache lookup
         items = _checked_payloads(payloads, self._max_message)
         wait = self.config.client.publish_timeout if timeout is None else timeout
         with self._lock:
@@ -210,13 +202,11 @@ class Publisher:
             raise RoqError("publisher is closed")
         limit = self._max_unconfirmed
         if self._next_seq - 1 - self._acked >= limit:
-            if not self._cond.wait_for(lambda: self._next_seq - 1 - self._acked < limit or self._closed, wait):
-                err = BackpressureError(f"{self._next_seq - 1 - self._acked} messages unconfirmed for {wait:.1f}s "
-                                        f"({done} of {len(items)} queued); is the queue's exchange reachable?")
+            try:
+                self._wait_for_room(wait, f" ({done} of {len(items)} queued)")
+            except BackpressureError as err:
                 err.queued = done
-                raise err
-            if self._closed:
-                raise RoqError("publisher is closed")
+                raise
         take = min(limit - (self._next_seq - 1 - self._acked), len(items) - done)
         part = items if take == len(items) else items[done:done + take]
         flat = [topic] * (2 * take)
@@ -224,6 +214,16 @@ class Publisher:
         self._open += flat
         self._next_seq += take
         return take
+
+    def _wait_for_room(self, wait: float, detail: str = "") -> None:
+        """Block until fewer than `client.max_unconfirmed` messages await a confirm (caller holds
+        the lock): BackpressureError after `wait` seconds, RoqError if closed meanwhile."""
+        limit = self._max_unconfirmed
+        if not self._cond.wait_for(lambda: self._next_seq - 1 - self._acked < limit or self._closed, wait):
+            raise BackpressureError(f"{self._next_seq - 1 - self._acked} messages unconfirmed for {wait:.1f}s"
+                                    f"{detail}; is the queue's exchange reachable?")
+        if self._closed:
+            raise RoqError("publisher is closed")
 
     def _remember_topic(self, topic: str | bytes) -> bytes:
         checked = check_topic(topic)

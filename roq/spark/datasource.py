@@ -85,9 +85,11 @@ def _required(options: dict[str, str], key: str) -> str:
 def _config(options: dict[str, str]) -> Any:
     """From .option("config", TOML path) if given (keys, credentials), then .option("zk"/"root")."""
     from roq.config import Config, load_config
-    config = load_config(options["config"], env={}) if options.get("config") else Config()
-    if not options.get("config"):
+    if options.get("config"):
+        config = load_config(options["config"], env={})
+    else:
         _required(options, "zk")
+        config = Config()
     overrides = {key: options[opt] for key, opt in (("hosts", "zk"), ("root", "root")) if options.get(opt)}
     return config.replace(zk=overrides) if overrides else config
 
