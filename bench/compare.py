@@ -9,7 +9,11 @@ RoQ is measured twice: message by message (`publish()`, `callback=`) and
 through its batch API (`publish_many()`, `batch_callback=`, system
 `roq-batch`). Ratios are against raw ZeroMQ PUB→SUB, one message per send, no
 broker: the ceiling for a single-message Python client; `zeromq-batch` (one
-msgpack list of payloads per send) is shown for reference. `--repeat N` runs
+msgpack list of payloads per send) is shown for reference, and so is
+`python-hop`: raw ZeroMQ through one minimal Python forwarding process
+(bench/hop.py), the latency floor of any broker written in Python. Before
+the runs, every CPU is spun for 2 s to measure how often the machine takes
+it away (bench/machine.py): the figures are only as steady as that. `--repeat N` runs
 every system N times, interleaved so that load on a shared machine hits them
 alike, and reports medians with the spread; ratios are taken within each
 round, then their median. Writes JSON and a PNG chart to `--out`.
@@ -40,11 +44,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
-from bench import servers  # noqa: E402
+from bench import machine, servers  # noqa: E402
 from roq.bench import RunResult, run  # noqa: E402
 
 console = Console(stderr=True, width=150)  # the table with spreads is wide; logs are not a terminal
 ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.ZmqBatchAdapter",
+            "python-hop": "bench.peers.PythonHopAdapter",
             "roq": "roq.bench.RoqAdapter", "roq-batch": "roq.bench.RoqBatchAdapter",
             "nats": "bench.peers.NatsAdapter", "redis": "bench.peers.RedisAdapter",
             "rabbitmq": "bench.peers.RabbitAdapter"}
@@ -61,7 +66,7 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
         with roq_cluster(scratch) as settings:
             yield settings
     else:
-        with getattr(servers, system)(scratch) as settings:
+        with getattr(servers, system.replace("-", "_"))(scratch) as settings:
             yield settings
 
 
@@ -154,7 +159,7 @@ def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             ratio = ratio_within_rounds(rounds, system, baseline)
             if ratio:
                 found[f"{system.replace('-', '_')}_{key}"] = dict(ratio, goal=goal, met=ratio["ratio"] >= goal)
-    for system in ("roq-batch", "roq"):
+    for system in ("roq-batch", "roq", "python-hop"):  # python-hop: the floor of any Python broker
         p99s = [r["p99_us"] for r in rounds if r["system"] == system and r["size"] == 100]
         if p99s:
             median = statistics.median(p99s)
@@ -207,7 +212,8 @@ def chart(rows: list[dict[str, Any]], path: Path, rate: float) -> None:
             ax.bar(xs, medians, width, yerr=errors, capsize=2, label=f"{size} B")
     for ax, title in ((left, "throughput (k msgs/s, log, higher is better)"),
                       (right, f"p99 latency at {rate:,.0f} msg/s (µs, log, lower is better)")):
-        ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(systems))], systems, fontsize=8)
+        ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(systems))], systems, fontsize=8,
+                      rotation=25, ha="right")
         ax.set_title(title, fontsize=10)
         ax.set_yscale("log")
         ax.legend()
@@ -241,6 +247,8 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
         messages, latency_messages, rate = 2_000, 500, 2_000
     servers.ensure_installed(chosen)
     started = time.time()
+    stalls = machine.stalls(0.5 if smoke else 2.0)  # before anything of ours runs
+    console.print(f"CPU stalls before the runs: {stalls}; guest halt polling: {machine.halt_poll_ns()} ns")
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
     for round_no in range(repeat):
@@ -255,6 +263,7 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
               "machine": {"cpus": _cpus(), "python": platform.python_version(), "platform": platform.platform(),
+                          "stalls": stalls, "guest_halt_poll_ns": machine.halt_poll_ns(),
                           "load_before": [round(x, 2) for x in load_before],
                           "load_after": [round(x, 2) for x in os.getloadavg()]},
               "settings": {"messages": messages, "latency_messages": latency_messages, "rate": rate,

@@ -5,6 +5,8 @@ batching its client offers, and with limits raised so that nothing is dropped
 for a slow subscriber (so throughput is not bought with loss):
 * raw ZeroMQ: PUB → SUB, one message per send, no broker, no high-water mark;
   and batched by hand (one msgpack list of payloads per send), for reference;
+* python-hop: raw ZeroMQ through one minimal Python forwarding process
+  (`bench/hop.py`): the latency floor of any broker written in Python;
 * NATS: nats-py (asyncio), core publish/subscribe, pending limits lifted;
 * Redis: redis-py PUBLISH (pipelined by 100 when unpaced), SUBSCRIBE;
 * RabbitMQ: pika, a fanout exchange, one exclusive auto-ack queue per
@@ -53,13 +55,17 @@ class ZmqAdapter(Adapter):
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
 
+    # The publisher's socket: type, bind or connect, and the settings key of its endpoint.
+    PUBLISHER = ("PUB", "bind", "endpoint")
+
     def open_publisher(self) -> None:
         import zmq
+        kind, attach, endpoint = self.PUBLISHER
         self.context = zmq.Context()
-        self.sock = self.context.socket(zmq.PUB)
+        self.sock = self.context.socket(getattr(zmq, kind))
         self.sock.linger = 1000
         self.sock.sndhwm = 0
-        self.sock.bind(self.settings["endpoint"])
+        getattr(self.sock, attach)(self.settings[endpoint])
         self.publish = self.sock.send  # type: ignore[method-assign]
 
     def close(self) -> None:
@@ -87,6 +93,14 @@ class ZmqBatchAdapter(ZmqAdapter, BatchAdapter):
         send, pack = self.sock.send, msgpack.packb
         self.publish = lambda payload: send(pack([payload]))  # type: ignore[method-assign]
         self.publish_many = lambda payloads: send(pack(payloads))  # type: ignore[method-assign]
+
+
+class PythonHopAdapter(ZmqAdapter):
+    """settings: {"front": ..., "endpoint": ...}: PUSH → bench/hop.py (PULL → PUB) → SUB, one
+    message per send. The subscriber side is raw ZeroMQ's; only the hop in between is added."""
+
+    name = "python-hop"
+    PUBLISHER = ("PUSH", "connect", "front")
 
 
 class NatsAdapter(Adapter):

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,19 @@ def _spawn(args: list[str], workdir: Path, env: dict[str, str] | None = None) ->
     log = (workdir / "server.log").open("ab")
     return subprocess.Popen(args, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, start_new_session=True)
+
+
+@contextlib.contextmanager
+def python_hop(workdir: Path) -> Iterator[dict[str, Any]]:
+    """bench/hop.py, the minimal Python forwarder, between two free ports."""
+    front, back = free_port(), free_port()
+    proc = _spawn([sys.executable, str(Path(__file__).with_name("hop.py")), f"tcp://127.0.0.1:{front}",
+                   f"tcp://127.0.0.1:{back}"], workdir)
+    try:
+        wait_port(front, proc, "bench/hop.py")
+        yield {"front": f"tcp://127.0.0.1:{front}", "endpoint": f"tcp://127.0.0.1:{back}"}
+    finally:
+        _stop(proc)
 
 
 @contextlib.contextmanager

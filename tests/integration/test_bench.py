@@ -53,9 +53,12 @@ def test_comparison_script_runs_every_system(tmp_path):  # type: ignore[no-untyp
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     report = json.loads((tmp_path / "compare.json").read_text())
     rows = {r["system"]: r for r in report["results"]}
-    assert set(rows) == {"zeromq", "zeromq-batch", "roq", "roq-batch", "nats", "redis", "rabbitmq"}
+    assert set(rows) == {"zeromq", "zeromq-batch", "python-hop", "roq", "roq-batch", "nats", "redis", "rabbitmq"}
     for row in rows.values():
         assert row["msgs_per_s"] > 0 and row["p99_us"] > 0 and row["lost"] == 0, row
     assert rows["zeromq"]["vs_zeromq"] == 1.0
-    assert {"roq_batch_vs_raw_zeromq", "roq_vs_raw_zeromq", "roq_batch_vs_nats"} <= set(report["targets"])
+    assert {"roq_batch_vs_raw_zeromq", "roq_vs_raw_zeromq", "roq_batch_vs_nats", "roq_p99_us_at_rate",
+            "python_hop_p99_us_at_rate"} <= set(report["targets"])
+    stalls = report["machine"]["stalls"]  # how steady the CPUs were, measured before the runs
+    assert stalls["cpus"] >= 1 and stalls["lost_percent"] >= 0 and stalls["worst_us"] >= 0
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
