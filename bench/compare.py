@@ -248,7 +248,8 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     servers.ensure_installed(chosen)
     started = time.time()
     stalls = machine.stalls(0.5 if smoke else 2.0)  # before anything of ours runs
-    console.print(f"CPU stalls before the runs: {stalls}; guest halt polling: {machine.halt_poll_ns()} ns")
+    halt_poll = machine.halt_poll_ns()
+    console.print(f"CPU stalls before the runs: {stalls}; guest halt polling: {halt_poll} ns")
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
     for round_no in range(repeat):
@@ -262,8 +263,8 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
-              "machine": {"cpus": _cpus(), "python": platform.python_version(), "platform": platform.platform(),
-                          "stalls": stalls, "guest_halt_poll_ns": machine.halt_poll_ns(),
+              "machine": {"cpus": stalls["cpus"], "python": platform.python_version(), "platform": platform.platform(),
+                          "stalls": stalls, "guest_halt_poll_ns": halt_poll,
                           "load_before": [round(x, 2) for x in load_before],
                           "load_after": [round(x, 2) for x in os.getloadavg()]},
               "settings": {"messages": messages, "latency_messages": latency_messages, "rate": rate,
@@ -274,10 +275,6 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     console.print(f"wrote {out_dir / 'compare.json'} and {out_dir / 'compare.png'}")
     if any(r["lost"] for r in rows):
         console.print("[red]some system lost messages in this run[/]")
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":

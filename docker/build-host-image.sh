@@ -5,19 +5,16 @@
 # (tag roq-host:src-<hash>).
 set -euo pipefail
 cd "$(dirname "$0")"
+source image-cache.sh
 bash build-base.sh
 base=$(docker image inspect -f '{{.Id}}' roq-base:bookworm)
 hash=$( (cat Dockerfile.host; echo "$base") | sha256sum | cut -c1-16)
-if docker image inspect "roq-host:src-$hash" >/dev/null 2>&1; then
-  docker tag "roq-host:src-$hash" roq-host:test
-  exit 0
-fi
+reuse_image roq-host "$hash" && exit 0
 log=$(mktemp /tmp/roq-host-build.XXXXXX)
 trap 'rm -f "$log"' EXIT
 echo "build-host-image: docker build roq-host:test"
 # No context: the Dockerfile copies nothing in.
 docker build -q -t "roq-host:src-$hash" -t roq-host:test - <Dockerfile.host >"$log" 2>&1 || {
   cat "$log" >&2; exit 1; }
-docker images roq-host --format '{{.Tag}}' | grep '^src-' | grep -v "^src-$hash$" | sed 's/^/roq-host:/' \
-  | xargs -r docker rmi -f >/dev/null 2>&1 || true
+prune_images roq-host "$hash"
 echo "build-host-image: roq-host:test ready"

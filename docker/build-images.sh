@@ -4,13 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
+source docker/image-cache.sh
 bash docker/build-base.sh
 hash=$(cat setup.cfg docker/Dockerfile docker/entrypoint.sh $(git ls-files roq gcm hcm exchange 2>/dev/null || find roq gcm hcm exchange -name '*.py') \
        | sha256sum | cut -c1-16)
-if docker image inspect "roq:src-$hash" >/dev/null 2>&1; then
-  docker tag "roq:src-$hash" roq:test
-  exit 0
-fi
+reuse_image roq "$hash" && exit 0
 context=$(mktemp -d /tmp/roq-image.XXXXXX)
 trap 'rm -rf "$context"' EXIT
 echo "build-images: wheelhouse"
@@ -21,6 +19,5 @@ chmod +x "$context/entrypoint.sh"
 echo "build-images: docker build roq:test"
 docker build -q -t "roq:src-$hash" -t roq:test "$context" >"$context/build.log" 2>&1 || {
   cat "$context/build.log" >&2; exit 1; }
-# Older builds of this checkout are of no further use.
-docker images roq --format '{{.Tag}}' | grep '^src-' | grep -v "^src-$hash$" | sed 's/^/roq:/' | xargs -r docker rmi -f >/dev/null 2>&1 || true
+prune_images roq "$hash"
 echo "build-images: roq:test ready"

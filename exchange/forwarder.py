@@ -224,7 +224,6 @@ class Forwarder:
             # The common case, checked with C-level calls instead of a loop per message.
             first = batch.first_seq + skip
             self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size)
-            totals.bytes_in += size
         else:
             self._forward_one_by_one(ident, batch, skip)
         totals.msgs_in += count - skip
@@ -243,6 +242,7 @@ class Forwarder:
         run_topic: Any = None
         seqs: list[int] = []
         payloads: list[bytes] = []
+        run_size = 0
         max_size = self.config.max_message_bytes
         for i in range(skip, count):
             topic, payload = flat[2 * i], flat[2 * i + 1]
@@ -253,18 +253,17 @@ class Forwarder:
                 self._reply(ident, [protocol.REJECT, protocol.VERSION, seq, problem[0], problem[1]])
                 continue
             if topic != run_topic and seqs:
-                self._send(run_topic, pub, batch.sent_ns, seqs, payloads)
-                seqs, payloads = [], []
+                self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size)
+                seqs, payloads, run_size = [], [], 0
             run_topic = topic
             seqs.append(seq)
             payloads.append(payload)
-            totals.bytes_in += len(payload)
+            run_size += len(payload)
         if seqs:
-            self._send(run_topic, pub, batch.sent_ns, seqs, payloads)
+            self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size)
 
-    def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-              size: int | None = None) -> None:
-        """Number, retain and publish one frame; `size` is the payloads' total, if known."""
+    def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int) -> None:
+        """Number, retain and publish one frame of accepted messages; `size` is the payloads' total."""
         pos = self.retention.next_pos
         prev_pos = self.topic_pos.pop(topic, 0)
         self.topic_pos[topic] = pos
@@ -275,9 +274,11 @@ class Forwarder:
         self.retention.add(topic, body)
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
         self.back.send(body)
-        self.stats.totals.msgs_out += len(seqs)
-        self.stats.totals.bytes_out += sum(map(len, payloads)) if size is None else size
-        self.stats.totals.frames_out += 1
+        totals = self.stats.totals
+        totals.msgs_out += len(seqs)
+        totals.bytes_in += size  # every accepted payload is sent once, here
+        totals.bytes_out += size
+        totals.frames_out += 1
 
     def _reply(self, ident: bytes, message: list[Any]) -> None:
         try:

@@ -38,12 +38,11 @@ POLL_MS = 200  # how often the loop looks at the stop flag
 # (roq.client.admin.ATTEMPT_TIMEOUT), so nothing a client gave up on is applied later.
 REQUEST_DEADLINE = 1.5
 # Operations that change the cluster: an admin key is needed when CURVE is on.
-# (queue.rules only reads unless it is given rules or told to clear them.)
-ADMIN_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.rules"})
+ADMIN_OPS = frozenset({"queue.create", "queue.delete", "queue.scale"})
 
 
 def needs_admin(op: str, args: dict[str, Any]) -> bool:
-    if op == "queue.rules":
+    if op == "queue.rules":  # it only reads unless it is given rules or told to clear them
         return "rules" in args or "clear" in args
     return op in ADMIN_OPS
 

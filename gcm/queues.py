@@ -36,7 +36,7 @@ def check_exchange_count(value: Any) -> int:
 
 class QueueManager:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
-                 write_lock: threading.Lock, max_queues: int = 1_000) -> None:
+                 write_lock: threading.Lock, max_queues: int) -> None:
         self.client = client
         self.max_queues = max_queues
         self.paths = paths
@@ -66,9 +66,10 @@ class QueueManager:
     def create(self, name: Any, exchanges: Any = 1) -> dict[str, Any]:
         name, count = check_queue_name(name), check_exchange_count(exchanges)
         with self.write_lock:
-            if self.client.exists(self.paths.queue(name)):
+            names = queue_names(self.client, self.paths)
+            if name in names:
                 raise QueueExistsError(f"queue {name!r} already exists")
-            existing = len(queue_names(self.client, self.paths))
+            existing = len(names)
             if existing >= self.max_queues:
                 raise LimitExceededError(f"the cluster has {existing} queues, the limit (gcm.max_queues) "
                                          f"is {self.max_queues}: delete one first")

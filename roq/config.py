@@ -165,7 +165,7 @@ class Config:
     def redacted(self) -> Config:
         """A copy fit to print: ZooKeeper passwords replaced by ***."""
         def hide(credentials: str) -> str:
-            return ",".join(f"{c.partition(':')[0]}:***" for c in credentials.split(",") if c)
+            return ",".join(f"{c.partition(':')[0]}:***" for c in credential_list(credentials))
         return dataclasses.replace(self, zk=dataclasses.replace(self.zk, auth=hide(self.zk.auth),
                                                                  readers=hide(self.zk.readers)))
 
@@ -335,7 +335,7 @@ def _validate(c: Config) -> None:
         raise ConfigError("security.max_connections_per_client must be >= 0 (0 = no limit)")
     if c.security.curve and not c.security.keys_dir:
         raise ConfigError("security.curve needs security.keys_dir (make one with `roq keys generate DIR`)")
-    for where, value in (("zk.auth", c.zk.auth), *(("zk.readers", r) for r in c.zk.readers.split(",") if r)):
+    for where, value in (("zk.auth", c.zk.auth), *(("zk.readers", r) for r in credential_list(c.zk.readers))):
         if value and not _is_credential(value):
             raise ConfigError(f"{where} must be user:password with a non-empty user, got an invalid value")
     if c.zk.readers and not c.zk.auth:
@@ -346,6 +346,11 @@ def _validate(c: Config) -> None:
             check_host_name(c.hcm.host)
         except Exception as exc:
             raise ConfigError(f"hcm.host: {exc}") from None
+
+
+def credential_list(value: str) -> list[str]:
+    """The "user:password" entries of a comma-separated setting (zk.readers), blanks left out."""
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
 
 
 def _is_credential(value: str) -> bool:

@@ -40,15 +40,12 @@ def control_request(data: bytes) -> None:
     from gcm.daemon import _args
     from gcm.queues import check_exchange_count
     from roq.names import check_queue_name
-    try:
-        request = protocol.decode_request(data)
-        needs_admin(request.op, request.args)
-        args = _args(request.args, [], ["name", "exchanges", "rules", "clear"])
-        check_queue_name(args.get("name", "q"))
-        check_exchange_count(args.get("exchanges", 1))
-        check_rules({}, args.get("rules") or {})
-    except UserError:
-        pass
+    request = protocol.decode_request(data)
+    needs_admin(request.op, request.args)
+    args = _args(request.args, [], ["name", "exchanges", "rules", "clear"])
+    check_queue_name(args.get("name", "q"))
+    check_exchange_count(args.get("exchanges", 1))
+    check_rules({}, args.get("rules") or {})
 
 
 def config_toml(data: bytes) -> None:
@@ -65,10 +62,7 @@ def config_toml(data: bytes) -> None:
 
 def config_json(data: bytes) -> None:
     """The configuration an HCM hands its exchanges."""
-    try:
-        config_from_json(data.decode("utf-8", errors="replace"))
-    except UserError:
-        pass
+    config_from_json(data.decode("utf-8", errors="replace"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,9 +95,9 @@ TARGETS: dict[str, Target] = {
     "position": _refused(protocol.decode_position),
     "exchange_reply": _refused(protocol.decode_exchange_reply),
     "control_reply": _refused(protocol.decode_reply),
-    "control_request": control_request,
+    "control_request": _refused(control_request),
     "config_toml": config_toml,
-    "config_json": config_json,
+    "config_json": _refused(config_json),
     "exchange_publisher_frame": exchange_publisher_frame,
     "exchange_fetch": exchange_fetch,
 }

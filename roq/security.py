@@ -44,7 +44,7 @@ from kazoo.security import ACL, make_digest_acl
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
-from roq.config import Config, SecurityConfig, ZkConfig
+from roq.config import Config, SecurityConfig, ZkConfig, credential_list
 from roq.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,9 @@ log = logging.getLogger(__name__)
 ADMIN, CLIENT, SERVER = "admin", "client", "server"
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
 RELOAD_INTERVAL = 1.0  # an unknown key re-reads the key directories at most this often
-_MONITORED = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-              | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
-_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED | zmq.EVENT_MONITOR_STOPPED
 
 
 # ---------------------------------------------------------------- keys
@@ -285,7 +284,7 @@ class Gatekeeper:
                     watched.peers[fd] = address
             elif kind == zmq.EVENT_DISCONNECTED:
                 watched.peers.pop(fd, None)
-            elif kind & _FAILED:
+            elif kind & HANDSHAKE_FAILED:
                 self.refused += 1
 
     def _answer_zap(self) -> None:
@@ -307,7 +306,7 @@ class Gatekeeper:
 
     def _decide(self, domain: bytes, address: str, mechanism: bytes,
                 credentials: list[bytes]) -> tuple[bytes, bytes, bytes]:
-        role = ""
+        role, key = "", b""
         if self.keys is not None:
             if mechanism != b"CURVE" or not credentials:
                 return b"400", b"CURVE required", b""
@@ -321,7 +320,7 @@ class Gatekeeper:
         if self.limit and watched is not None and watched.over(address, self.limit):
             self.refused_limit += 1
             return b"400", f"more than {self.limit} connections from {address}".encode(), b""
-        user = f"{role}:{z85.encode(credentials[0]).decode()}" if role else ""
+        user = f"{role}:{key.decode()}" if role else ""
         return b"200", b"OK", user.encode()
 
     def _role_of(self, key: bytes) -> str:
@@ -352,7 +351,7 @@ def zk_security(zk: ZkConfig) -> tuple[list[tuple[str, str]], list[ACL] | None]:
         return [], None
     user, _, password = zk.auth.partition(":")
     acl = [make_digest_acl(user, password, all=True)]
-    for reader in filter(None, (r.strip() for r in zk.readers.split(","))):
+    for reader in credential_list(zk.readers):
         name, _, secret = reader.partition(":")
         if name != user:
             acl.append(make_digest_acl(name, secret, read=True))

@@ -22,7 +22,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from roq.config import Config
-from roq.security import secure_client
+from roq.security import HANDSHAKE_FAILED, secure_client
 from roq.zookeeper import stop_process_group
 
 T = TypeVar("T")
@@ -65,8 +65,7 @@ def handshake(endpoint: str, kind: int = zmq.DEALER, config: Config | None = Non
             event = recv_monitor_message(monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 return OK
-            if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            if event & HANDSHAKE_FAILED:
                 return REFUSED
         raise AssertionError(f"no handshake outcome from {endpoint} within 10 s")
     finally:

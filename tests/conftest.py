@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 
@@ -16,6 +17,27 @@ from roq.zk import start_client, stop_client
 from roq.zookeeper import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str, what: str = "this test") -> NoReturn:
+    """Something a test needs is missing: a failure in CI, where everything must be installed,
+    a skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"{what} must run in CI: {reason}")
+    pytest.skip(reason)
+
+
+def docker_engine(image: str, what: str, hint: str) -> Any:
+    """A docker-py client of a running engine that has `image`; else unavailable(), with `hint`
+    saying how to get both."""
+    try:
+        import docker
+        client = docker.from_env(version="auto")
+        client.ping()
+        client.images.get(image)
+    except Exception as exc:
+        unavailable(f"no Docker engine or no image {image} ({exc}); {hint}", what)
+    return client
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -42,9 +64,7 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
     try:
         find_zookeeper()
     except ZooKeeperNotInstalledError as exc:
-        if IN_CI:
-            pytest.fail(f"ZooKeeper is required in CI: {exc}")
-        pytest.skip(str(exc))
+        unavailable(str(exc), "ZooKeeper")
     server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
     server.start()
     yield server

@@ -483,11 +483,11 @@ class Subscriber:
         if recovered:
             self.recovered += 1
         self.received += len(fresh)
-        payloads, publisher, exchange, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
-            d.incarnation, d.pos
         if self.batch_callback:
             self._hand_over_batch(self.batch_callback, topic, d, fresh)
             return
+        payloads, publisher, exchange, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
+            d.incarnation, d.pos
         if self.callback:
             callback = self.callback
             for i in fresh:

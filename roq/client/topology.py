@@ -32,11 +32,10 @@ class QueueTopology:
         self._lock = threading.Lock()
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.version = 0
-        if not zk.retry(zk.exists, paths.live_queue(queue)):
-            try:
-                zk.ensure_path(paths.live_queue(queue))
-            except NoAuthError:
-                pass  # a read-only identity: the leader creates it with the queue
+        try:
+            zk.retry(zk.ensure_path, paths.live_queue(queue))
+        except NoAuthError:
+            pass  # a read-only identity: the leader creates it with the queue
         zk.ChildrenWatch(paths.live_queue(queue), self._children_changed)
         self._on_change = on_change
 

@@ -200,13 +200,14 @@ def _rows(topic: bytes, d: Any) -> Iterator[tuple[Any, ...]]:
 def plan_ranges(start: dict[str, Any], end: dict[str, Any], topics: list[bytes],
                 fail_on_loss: bool = True, options: dict[str, str] | None = None) -> list[ExchangeRange]:
     parts = []
+    frozen_options = tuple(sorted((options or {}).items()))
     for xid, last in sorted(end.items()):
         first = start.get(xid) or {}
         # A restarted exchange (new incarnation) is read from its first retained frame.
         after = first.get("pos", 0) if first.get("inc") == last["inc"] else 0
         if last["pos"] > after:
             parts.append(ExchangeRange(xid, last["replay"], last["inc"], after, last["pos"], tuple(topics),
-                                       fail_on_loss, tuple(sorted((options or {}).items()))))
+                                       fail_on_loss, frozen_options))
     return parts
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from collections import Counter
@@ -13,7 +12,7 @@ import pytest
 
 from roq.testing import wait_until
 from roq.zookeeper import free_port
-from tests.deploy.conftest import ANSIBLE, BIN, tool
+from tests.deploy.conftest import ANSIBLE, BIN, recaps, run_playbook, tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -35,18 +34,15 @@ def ec2_emulator() -> Iterator[str]:
 
 
 def playbook(name: str, endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="eu-west-1",
-               ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
-    return subprocess.run([tool("ansible-playbook"), "-i", "localhost,", name, "-e", f"aws_endpoint_url={endpoint}",
-                           "-e", "roq_ami=ami-12c6146b", *extra], cwd=ANSIBLE, env=env, capture_output=True,
-                          text=True, timeout=240)
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "eu-west-1"}
+    return run_playbook(name, "localhost,", "-e", f"aws_endpoint_url={endpoint}", "-e", "roq_ami=ami-12c6146b",
+                        *extra, env=aws, timeout=240)
 
 
 def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    match = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+).*failed=(\d+)", result.stdout)
-    assert match, result.stdout[-2000:]
-    return {"ok": int(match[1]), "changed": int(match[2]), "failed": int(match[3])}
+    found = recaps(result)
+    assert "localhost" in found, result.stdout[-2000:]
+    return found["localhost"]
 
 
 def cluster_view(endpoint: str) -> tuple[Counter[str], list[tuple[int, int]]]:

@@ -17,10 +17,8 @@ fails in CI (`make deploy-images` makes the last two).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,8 +34,8 @@ from roq.client.subscriber import Subscriber
 from roq.config import Config, load_config
 from roq.testing import record_figures, wait_until
 from roq.zookeeper import four_letter
-from tests.conftest import IN_CI, failed
-from tests.deploy.conftest import ANSIBLE, BIN, tool
+from tests.conftest import docker_engine, failed, unavailable
+from tests.deploy.conftest import ANSIBLE, recaps, run_playbook
 from tests.deploy.hosts import IMAGE, UNITS, SystemdHosts
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
@@ -49,25 +47,16 @@ CLIENTS = ANSIBLE / ".build" / "clients"  # roq_clients_local's default: one con
 MESSAGES = 1000
 
 
-def unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"the deployment test must run in CI: {reason}")
-    pytest.skip(reason)
+WHAT = "the deployment test"
 
 
 def docker_client() -> Any:
-    try:
-        import docker
-        client = docker.from_env(version="auto")
-        client.ping()
-        client.images.get(IMAGE)
-    except Exception as exc:
-        unavailable(f"no Docker engine or no {IMAGE} ({exc}); `make deploy-images` makes both")
+    client = docker_engine(IMAGE, WHAT, "`make deploy-images` makes both")
     if shutil.which("docker") is None:  # Ansible's docker connection drives the CLI
-        unavailable("the docker command is missing")
+        unavailable("the docker command is missing", WHAT)
     # Built once by `make deploy-images`, as on a controller: the test itself fetches nothing.
     if not list(WHEELHOUSE.glob("kazoo-*.whl")):
-        unavailable(f"no dependencies in {WHEELHOUSE}; `make deploy-images` fetches them")
+        unavailable(f"no dependencies in {WHEELHOUSE}; `make deploy-images` fetches them", WHAT)
     return client
 
 
@@ -126,18 +115,11 @@ def write_inventory(hosts: SystemdHosts, path: Path) -> Path:
 
 def site(inventory: Path, *extra: str) -> tuple[dict[str, dict[str, int]], float]:
     """Run site.yml; the recap of every host, and how long it took."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{BIN}:{os.environ['PATH']}")
     started = time.monotonic()
-    result = subprocess.run([tool("ansible-playbook"), "-i", str(inventory), "site.yml", *extra], cwd=ANSIBLE,
-                            env=env, capture_output=True, text=True, timeout=600)
+    result = run_playbook("site.yml", str(inventory), *extra)
     took = time.monotonic() - started
     output = result.stdout[-6000:] + result.stderr[-2000:]
-    assert result.returncode == 0, output
-    rows = re.findall(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", result.stdout,
-                      re.MULTILINE)
-    recap = {host: {"ok": int(ok), "changed": int(ch), "unreachable": int(un), "failed": int(fa)}
-             for host, ok, ch, un, fa in rows}
+    recap = recaps(result)
     assert sorted(recap) == sorted(NODES), output
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in recap.values()), output
     return recap, took

@@ -10,7 +10,7 @@ import pytest
 from roq.config import Config
 from roq.testing import wait_until
 from roq.zk import start_client, stop_client
-from tests.conftest import IN_CI, failed
+from tests.conftest import docker_engine, failed
 
 # Timing shared by the containers (environment) and the test's own clients.
 ENV = {
@@ -23,25 +23,9 @@ ENV = {
 }
 
 
-def unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"the Docker failover suite must run in CI: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def docker_client():  # type: ignore[no-untyped-def]
-    try:
-        import docker
-        client = docker.from_env(version="auto")
-        client.ping()
-    except Exception as exc:
-        unavailable(f"no Docker engine reachable ({exc}); `bash docker/ensure-engine.sh` starts one")
-    try:
-        client.images.get("roq:test")
-    except Exception:
-        unavailable("image roq:test is missing; `bash docker/build-images.sh` builds it")
-    return client
+    return docker_engine("roq:test", "the Docker failover suite", "`make docker-images` starts dockerd and builds it")
 
 
 class Lab:
