@@ -1,21 +1,22 @@
 """The forwarding loop: publishers' ROUTER socket in, subscribers' XPUB socket out.
 
-A batch is validated message by message (oversize payloads and bad topics are
-rejected one by one and counted), de-duplicated against the highest sequence
-already forwarded for its publisher (a publisher replaying after a move is
-harmless), grouped into runs of one topic, and sent as [topic, body] so that
-libzmq filters by topic prefix. Then the publisher gets a cumulative ack.
+A publisher first says `hello` (proving it owns its id) on its connection; its batches are then
+checked against what this exchange holds of it (exchange/sessions.py): a batch must continue
+where the last one ended, or it is refused with `resend` and changes nothing, so an ack never
+covers a message that was not forwarded. Messages are validated one by one (oversize payloads
+and bad topics are rejected one by one and counted), grouped into runs of one topic, and sent as
+[topic, body] so that libzmq filters by topic prefix. Then the publisher gets a cumulative ack.
 
-Every frame sent to subscribers gets the next position of this incarnation's
-stream, names the position of the previous frame of its topic, and is kept in
-the retention buffer. Slow subscribers: XPUB keeps at most `exchange.sub_hwm`
-frames per subscriber and drops beyond that for that subscriber only; the
-subscriber sees the broken chain of positions and fetches the missing frames
-from retention through the replay socket (ROUTER), as does a subscriber that
-reconnects. A subscription to a sync marker topic is answered with the next
-position, so a subscriber knows from where on its subscription is live.
+Every frame sent to subscribers gets the next position of this incarnation's stream, carries
+the chains of the subscribed prefixes it matches (exchange/chains.py), and is kept in the
+retention buffer. Slow subscribers: XPUB keeps at most `exchange.sub_hwm` frames per subscriber
+and drops beyond that for that subscriber only; the subscriber sees the broken chain and
+fetches the missing frames from retention through the replay socket (exchange/replay.py), as
+does a subscriber that reconnects. A subscription to a sync marker topic is answered with the
+next position, so a subscriber knows from where on its subscription is live.
 
-Nothing a peer sends can raise out of `handle_publisher` or `handle_fetch`.
+Nothing a peer sends can end the loop: decoders range-check every field, and an unexpected
+error while handling one frame is logged, counted (`internal_errors`) and the loop goes on.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from exchange.chains import PrefixChains
+from exchange.replay import REPLAY_HWM, ReplayServer
 from exchange.retention import Retention
+from exchange.sessions import PublisherSessions
 from exchange.stats import ExchangeStats
 from roq import protocol
 from roq.config import ExchangeConfig
@@ -40,7 +43,7 @@ from roq.security import Gatekeeper
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
-TOPIC_TRACK_LIMIT = 100_000  # topics remembered for prev_pos; least recently used forgotten first
+MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
 # Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
 _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 
@@ -55,9 +58,12 @@ class Forwarder:
         self.incarnation = f"{exchange_id}.{secrets.token_hex(4)}"
         self.stats = ExchangeStats()
         self.retention = Retention(config.retention_seconds, config.retention_bytes)
-        self.last_seq: dict[str, int] = {}
-        self.routes: dict[str, bytes] = {}  # publisher id → routing id, to send control
-        self.topic_pos: OrderedDict[bytes, int] = OrderedDict()  # topic → position of its last frame
+        self.sessions = PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
+                                          max_per_connection=config.max_publishers_per_connection)
+        self.chains = PrefixChains(config.max_prefixes)
+        # Sync markers subscribed, counted: one per RoQ subscriber (a reconnecting subscriber's new
+        # subscription may arrive before its old connection's unsubscription).
+        self.subscribers: dict[bytes, int] = {}
         self.front = context.socket(zmq.ROUTER)
         self.front.linger = 0
         self.front.rcvhwm = config.pub_hwm
@@ -66,41 +72,57 @@ class Forwarder:
         self.back = context.socket(zmq.XPUB)
         self.back.linger = 0
         self.back.sndhwm = config.sub_hwm
-        # Pass every (un)subscription up, duplicates included, so we can count subscribers.
+        # Pass every (un)subscription up, duplicates included: prefixes are counted (chains.py).
         self.back.setsockopt(zmq.XPUB_VERBOSER, 1)
-        self.replay = context.socket(zmq.ROUTER)
-        self.replay.linger = 0
-        self.replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
+        replay = context.socket(zmq.ROUTER)
+        replay.linger = 0
+        replay.sndhwm = REPLAY_HWM
+        replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
         if gatekeeper is not None:
-            for sock, domain in ((self.front, "publishers"), (self.back, "subscribers"), (self.replay, "replay")):
+            for sock, domain in ((self.front, "publishers"), (self.back, "subscribers"), (replay, "replay")):
                 gatekeeper.guard(sock, domain)
         pub_port = self.front.bind_to_random_port(f"tcp://{bind_host}")
         sub_port = self.back.bind_to_random_port(f"tcp://{bind_host}")
-        replay_port = self.replay.bind_to_random_port(f"tcp://{bind_host}")
+        replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
+        self.replay = ReplayServer(replay, self.retention, self.chains, self.incarnation, config.fetch_max_bytes,
+                                   config.replay_budget_bytes, 2 * config.fetch_max_bytes, self._count)
         self.pub_endpoint = f"tcp://{advertise_host}:{pub_port}"
         self.sub_endpoint = f"tcp://{advertise_host}:{sub_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
 
     def close(self) -> None:
-        for sock in (self.front, self.back, self.replay):
+        for sock in (self.front, self.back, self.replay.sock):
             sock.close(linger=0)
+
+    def _count(self, name: str, amount: int) -> None:
+        totals = self.stats.totals
+        setattr(totals, name, getattr(totals, name) + amount)
 
     def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None]) -> None:
         poller = zmq.Poller()
-        for sock in (self.front, self.back, self.replay):
+        for sock in (self.front, self.back, self.replay.sock):
             poller.register(sock, zmq.POLLIN)
         next_beat = 0.0
         while not should_stop():
             for sock, _ in poller.poll(POLL_MS):
-                if sock is self.front:
-                    self._drain_publishers()
-                elif sock is self.back:
-                    self._drain_subscriptions()
-                else:
-                    self._drain_fetches()
-            self.retention.trim()
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.config.beat_interval
+                try:
+                    if sock is self.front:
+                        self._drain_publishers()
+                    elif sock is self.back:
+                        self._drain_subscriptions()
+                    else:
+                        self.replay.drain()
+                except zmq.ContextTerminated:
+                    raise
+                except Exception:  # a bug must not take the exchange (and its retention) down
+                    self.stats.totals.internal_errors += 1
+                    log.exception("unexpected error while handling a frame; going on")
+            now = time.monotonic()
+            self.retention.trim(now)
+            self.sessions.prune(now)
+            self.stats.forget_idle(now, self.config.publisher_ttl)
+            if now >= next_beat:
+                next_beat = now + self.config.beat_interval
                 self._beat()
             on_tick()
 
@@ -110,6 +132,10 @@ class Forwarder:
             self.back.send_multipart([protocol.BEAT_TOPIC, body], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self.subscribers)
 
     def _drain_publishers(self, budget: int = 256) -> None:
         """Handle queued publisher frames, a bounded number per wake-up."""
@@ -121,10 +147,14 @@ class Forwarder:
             if len(frames) != 2:
                 self.stats.totals.malformed += 1
                 if frames:
-                    self._reply(frames[0], [protocol.ERROR, protocol.VERSION, "malformed",
-                                            "expected exactly one frame per message"])
+                    self._reply(frames[0], protocol.encode_publisher_error(
+                        protocol.MALFORMED, "expected exactly one frame per message"))
                 continue
-            self.handle_publisher(frames[0], frames[1])
+            try:
+                self.handle_publisher(frames[0], frames[1])
+            except Exception:  # never end the exchange on one frame
+                self.stats.totals.internal_errors += 1
+                log.exception("unexpected error while handling a publisher frame; going on")
 
     def _drain_subscriptions(self) -> None:
         while True:
@@ -134,106 +164,94 @@ class Forwarder:
                 return
             kind, topic = event[:1], event[1:]
             if topic[:1] == b"\x00":  # our own marker topics, not a user's subscription
-                if kind == b"\x01" and topic.startswith(protocol.SYNC_PREFIX):
-                    self._answer_sync(topic)
+                if topic.startswith(protocol.SYNC_PREFIX):
+                    self._on_marker(kind, topic)
             elif kind == b"\x01":
                 self.stats.subscriptions += 1
+                self.chains.subscribe(topic, self.retention.next_pos)
             elif kind == b"\x00":
                 self.stats.subscriptions = max(0, self.stats.subscriptions - 1)
+                self.chains.unsubscribe(topic)
 
-    def _answer_sync(self, marker: bytes) -> None:
-        """The subscriber's subscriptions arrived together with its marker, so they are
-        active now: every frame from the next position on reaches it live."""
+    def _on_marker(self, kind: bytes, marker: bytes) -> None:
+        subscribers = self.subscribers
+        if kind == b"\x00":
+            left = subscribers.get(marker, 0) - 1
+            if left > 0:
+                subscribers[marker] = left
+            else:
+                subscribers.pop(marker, None)
+            self.stats.subscribers = len(subscribers)
+            return
+        if kind != b"\x01":
+            return
+        if marker in subscribers or len(subscribers) < MAX_SUBSCRIBERS:
+            subscribers[marker] = subscribers.get(marker, 0) + 1
+            self.stats.subscribers = len(subscribers)
+        # The subscriber's subscriptions arrived together with (before) its marker, so they are
+        # active now: every frame from the next position on reaches it live.
         body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos)
         try:
             self.back.send_multipart([marker, body], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the subscriber falls back to its sync timeout
 
-    def _drain_fetches(self, budget: int = 16) -> None:
-        for _ in range(budget):
-            try:
-                frames = self.replay.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(frames) == 2:
-                self.handle_fetch(frames[0], frames[1])
-            else:
-                self.stats.totals.malformed += 1
-
-    def handle_fetch(self, ident: bytes, payload: bytes) -> None:
-        try:
-            req = protocol.decode_fetch(payload)
-        except ProtocolError as err:
-            self.stats.totals.malformed += 1
-            self._send_replay(ident, [protocol.ERROR, protocol.VERSION, protocol.request_id_of(payload),
-                                      err.code, str(err)])
-            return
-        if req.position_only:
-            self._send_replay(ident, [protocol.POSITION, protocol.VERSION, req.request_id, self.incarnation,
-                                      self.retention.oldest, self.retention.next_pos])
-            return
-        if req.incarnation and req.incarnation != self.incarnation:
-            self._send_replay(ident, [protocol.ERROR, protocol.VERSION, req.request_id, "unknown_incarnation",
-                                      f"this exchange is incarnation {self.incarnation}"])
-            return
-        limit = min(req.max_bytes or self.config.fetch_max_bytes, self.config.fetch_max_bytes)
-        found, scanned_to, done = self.retention.read(req.after, req.before, req.prefixes, limit, req.known)
-        self.stats.totals.fetches += 1
-        self.stats.totals.fetched_frames += len(found)
-        self._send_replay(ident, [protocol.FRAMES, protocol.VERSION, req.request_id, self.incarnation,
-                                  self.retention.oldest, found, scanned_to, done])
-
-    def _send_replay(self, ident: bytes, message: list[Any]) -> None:
-        try:
-            self.replay.send_multipart([ident, protocol.pack(message)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # the subscriber is gone; it will ask again
-
     def handle_publisher(self, ident: bytes, payload: bytes) -> None:
         try:
-            kind, detail = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes)
+            frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes)
+        except protocol.RefusedBatch as err:
+            self.stats.totals.malformed += 1
+            self._reply(ident, protocol.encode_resend(self.sessions.refusal_point(ident, err.publisher),
+                                                      protocol.MALFORMED, f"{err} (sequence numbers from "
+                                                      f"{err.first_seq} refused)"))
+            return
         except ProtocolError as err:
             self.stats.totals.malformed += 1
-            self._reply(ident, [protocol.ERROR, protocol.VERSION, err.code, str(err)])
+            self._reply(ident, protocol.encode_publisher_error(err.code, str(err)))
             return
-        if kind == protocol.BATCH:
-            self._forward(ident, detail)
-        elif kind == protocol.HELLO:
-            self.routes[detail] = ident
-            self.stats.publishers[detail] = time.monotonic()
-            self._reply(ident, [protocol.WELCOME, protocol.VERSION, self.exchange_id,
-                                self.last_seq.get(detail, 0), self.stats.subscriptions])
-        elif kind == protocol.BYE:
-            self.routes.pop(detail, None)
-            self.stats.publishers.pop(detail, None)
+        if isinstance(frame, protocol.Batch):
+            self._forward(ident, frame)
+        elif isinstance(frame, protocol.Hello):
+            last, refusal = self.sessions.hello(ident, frame)
+            if refusal:
+                self.stats.totals.refused_hellos += 1
+                self._reply(ident, protocol.encode_publisher_error("refused", refusal))
+                return
+            self.stats.publishers[frame.publisher] = time.monotonic()
+            self._reply(ident, protocol.encode_welcome(self.exchange_id, last, self.subscriber_count))
+        elif self.sessions.bye(ident, frame.publisher):  # only the owner's bye counts
+            self.stats.publishers.pop(frame.publisher, None)
 
     def _forward(self, ident: bytes, batch: protocol.Batch) -> None:
         pub = batch.publisher
-        self.routes[pub] = ident
-        self.stats.publishers[pub] = time.monotonic()
+        now = time.monotonic()
+        verdict = self.sessions.batch(ident, batch, now)
+        if verdict.refused:
+            self.stats.totals.refused_batches += 1
+            self._reply(ident, protocol.encode_resend(verdict.resend, verdict.code, verdict.message))
+            return
+        self.stats.publishers[pub] = now
         flat = batch.flat
         count = len(flat) // 2
-        last = self.last_seq.get(pub, 0)
-        skip = min(max(0, last - batch.first_seq + 1), count)  # already forwarded: a replay
+        skip = verdict.skip
         totals = self.stats.totals
         totals.duplicates += skip
-        topics, payloads = flat[2 * skip::2], flat[2 * skip + 1::2]
-        size = _one_valid_topic(topics, payloads, self.config.max_message_bytes) if topics else -1
-        if size >= 0:
-            # The common case, checked with C-level calls instead of a loop per message.
-            first = batch.first_seq + skip
-            self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size)
-        else:
-            self._forward_one_by_one(ident, batch, skip)
-        totals.msgs_in += count - skip
-        by_publisher = self.stats.interval_by_publisher
-        by_publisher[pub] = by_publisher.get(pub, 0) + count - skip
-        self.stats.note_latency(time.time_ns() - batch.sent_ns)
-        newest = batch.first_seq + count - 1
-        if newest > last:
-            self.last_seq[pub] = newest
-        self._reply(ident, [protocol.ACK, protocol.VERSION, max(newest, last), self.stats.subscriptions])
+        if skip < count:
+            topics, payloads = flat[2 * skip::2], flat[2 * skip + 1::2]
+            size = _one_valid_topic(topics, payloads, self.config.max_message_bytes)
+            if size >= 0:
+                # The common case, checked with C-level calls instead of a loop per message.
+                first = batch.first_seq + skip
+                self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size)
+            else:
+                self._forward_one_by_one(ident, batch, skip)
+            totals.msgs_in += count - skip
+            by_publisher = self.stats.interval_by_publisher
+            by_publisher[pub] = by_publisher.get(pub, 0) + count - skip
+            if batch.sent_ns:  # 0: the publisher does not say when it sent
+                self.stats.note_latency(time.time_ns() - batch.sent_ns)
+        last = self.sessions.advance(pub, batch.first_seq + count - 1)
+        self._reply(ident, protocol.encode_ack(last, self.subscriber_count))
 
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
         """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""
@@ -250,7 +268,7 @@ class Forwarder:
             problem = _check_message(topic, payload, max_size)
             if problem:
                 totals.rejected += 1
-                self._reply(ident, [protocol.REJECT, protocol.VERSION, seq, problem[0], problem[1]])
+                self._reply(ident, protocol.encode_reject(seq, problem[0], problem[1]))
                 continue
             if topic != run_topic and seqs:
                 self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size)
@@ -265,13 +283,9 @@ class Forwarder:
     def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int) -> None:
         """Number, retain and publish one frame of accepted messages; `size` is the payloads' total."""
         pos = self.retention.next_pos
-        prev_pos = self.topic_pos.pop(topic, 0)
-        self.topic_pos[topic] = pos
-        if len(self.topic_pos) > TOPIC_TRACK_LIMIT:
-            self.topic_pos.popitem(last=False)
-        body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, prev_pos, pub, sent_ns,
-                                        seqs, payloads)
-        self.retention.add(topic, body)
+        body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, self.chains.links(topic, pos),
+                                        pub, sent_ns, seqs, payloads)
+        self.retention.add(topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
         self.back.send(body)
         totals = self.stats.totals
@@ -280,18 +294,19 @@ class Forwarder:
         totals.bytes_out += size
         totals.frames_out += 1
 
-    def _reply(self, ident: bytes, message: list[Any]) -> None:
+    def _reply(self, ident: bytes, frame: bytes) -> None:
         try:
             self.front.send(ident, _MORE_NOBLOCK)  # once the first part went, the rest goes too
-            self.front.send(protocol.pack(message), _NOBLOCK)
+            self.front.send(frame, _NOBLOCK)
         except zmq.ZMQError:
             pass  # the publisher is gone or not reading; acks are cumulative anyway
 
     def ask_publishers_to_move(self, reason: str) -> int:
-        """Tell every known publisher to go to another exchange (before shutdown)."""
-        for ident in set(self.routes.values()):
-            self._reply(ident, [protocol.MOVE, protocol.VERSION, reason])
-        return len(self.routes)
+        """Tell every connected publisher to go to another exchange (before shutdown)."""
+        routes = self.sessions.routes()
+        for ident in routes:
+            self._reply(ident, protocol.encode_move(reason))
+        return len(routes)
 
 
 def _one_valid_topic(topics: list[Any], payloads: list[Any], max_size: int) -> int:

@@ -72,6 +72,15 @@ def read_config_line() -> str:
     return b"".join(chunks).decode()
 
 
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux), so a leak shows in the statistics."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def emit(event: dict) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -118,7 +127,10 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, confi
             retention = forwarder.retention
             emit({"event": "stats", **forwarder.stats.snapshot(), **gatekeeper.snapshot(),
                   "retained_frames": len(retention),
-                  "retained_bytes": retention.bytes, "evicted_frames": retention.evicted})
+                  "retained_bytes": retention.bytes, "evicted_frames": retention.evicted,
+                  "known_publishers": len(forwarder.sessions.sessions), "expired_publishers": forwarder.sessions.expired,
+                  "tracked_prefixes": len(forwarder.chains.last), "replay_held_bytes": forwarder.replay.held,
+                  "rss_bytes": _rss_bytes()})
 
     try:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,

@@ -3,10 +3,13 @@
 Every frame the exchange sends to its subscribers gets the next position of
 this incarnation's stream and is kept here, already encoded, until it is older
 than `retention_seconds` or the buffer holds more than `retention_bytes`.
-A subscriber that reconnects, restarts from a saved position, or finds that
-frames of a topic it follows never reached it (dropped by the XPUB high-water
-mark), fetches the missing positions from here. Positions are consecutive, so
-a lookup is an index computation, not a search.
+A subscriber that reconnects, restarts from a saved position, or finds a hole
+in one of its prefix chains (exchange/chains.py), fetches the missing positions
+from here. Positions are consecutive, so a lookup is an index computation.
+
+An evicted frame leaves a tombstone (its topic and message count, no payload)
+for a while longer, so a subscriber that asks too late is told exactly how many
+of its messages it lost, not just that it lost some.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import time
 from collections import deque
 from itertools import islice
 
+TOMBSTONES = 100_000  # evicted frames remembered for exact loss counts
+
 
 class Retention:
-    def __init__(self, seconds: float, max_bytes: int) -> None:
+    def __init__(self, seconds: float, max_bytes: int, tombstones: int = TOMBSTONES) -> None:
         self.seconds = seconds
         self.max_bytes = max_bytes
-        self._frames: deque[tuple[float, bytes, bytes]] = deque()  # (stored at, topic, body)
+        self._frames: deque[tuple[float, bytes, bytes, int]] = deque()  # (stored at, topic, body, messages)
         self._first_pos = 1  # position of _frames[0]
+        self._tombs: deque[tuple[bytes, int]] = deque(maxlen=tombstones)  # (topic, messages), evicted
         self.bytes = 0
         self.evicted = 0
 
@@ -37,10 +43,10 @@ class Retention:
     def __len__(self) -> int:
         return len(self._frames)
 
-    def add(self, topic: bytes, body: bytes, now: float | None = None) -> int:
-        """Keep one frame; returns its position."""
+    def add(self, topic: bytes, body: bytes, messages: int = 1, now: float | None = None) -> int:
+        """Keep one frame of `messages` messages; returns its position."""
         pos = self.next_pos
-        self._frames.append((now if now is not None else time.monotonic(), topic, body))
+        self._frames.append((now if now is not None else time.monotonic(), topic, body, messages))
         self.bytes += len(topic) + len(body)
         if self.bytes > self.max_bytes:
             self.trim()
@@ -51,19 +57,18 @@ class Retention:
         horizon = (now if now is not None else time.monotonic()) - self.seconds
         frames = self._frames
         while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon):
-            _, topic, body = frames.popleft()
+            _, topic, body, messages = frames.popleft()
+            self._tombs.append((topic, messages))
             self.bytes -= len(topic) + len(body)
             self._first_pos += 1
             self.evicted += 1
 
-    def read(self, after: int, before: int, prefixes: list[bytes], max_bytes: int,
-             known: dict[bytes, int] | None = None) -> tuple[list[tuple[bytes, bytes]], int, bool]:
-        """Frames with after < pos < before whose topic starts with one of `prefixes`,
-        leaving out those of a topic in `known` at or below the position given there.
-
-        Returns (frames, scanned_to, done): every position up to `scanned_to`
-        was looked at; `done` is False when `max_bytes` cut the page short (at
-        least one frame is always returned, so paging makes progress)."""
+    def read(self, after: int, before: int, prefixes: list[bytes],
+             max_bytes: int) -> tuple[list[tuple[bytes, bytes]], int, bool]:
+        """Frames with after < pos < before whose topic starts with one of `prefixes` (all if
+        none). Returns (frames, scanned_to, done): every position up to `scanned_to` was looked
+        at; `done` is False when `max_bytes` cut the page short (at least one frame is always
+        returned, so paging makes progress)."""
         before = min(before, self.next_pos)
         start = max(after + 1, self._first_pos)
         found: list[tuple[bytes, bytes]] = []
@@ -71,10 +76,24 @@ class Retention:
         wanted = tuple(prefixes)
         match_all = not prefixes or b"" in prefixes
         window = islice(self._frames, start - self._first_pos, max(start, before) - self._first_pos)
-        for pos, (_, topic, body) in enumerate(window, start):
-            if (match_all or topic.startswith(wanted)) and (not known or pos > known.get(topic, 0)):
+        for pos, (_, topic, body, _) in enumerate(window, start):
+            if match_all or topic.startswith(wanted):
                 if found and size + len(body) > max_bytes:
                     return found, pos - 1, False
                 found.append((topic, body))
                 size += len(body)
         return found, max(after, before - 1), True
+
+    def lost(self, after: int, before: int, prefixes: list[bytes]) -> tuple[int, bool]:
+        """Messages of `prefixes` in frames after < pos < before that were evicted, and whether
+        that count is exact (the tombstones reach back to `after`)."""
+        tomb_first = self._first_pos - len(self._tombs)
+        upto = min(before, self._first_pos)
+        if upto <= after + 1:
+            return 0, True
+        start = max(after + 1, tomb_first)
+        wanted = tuple(prefixes)
+        match_all = not prefixes or b"" in prefixes
+        count = sum(messages for topic, messages in islice(self._tombs, start - tomb_first, upto - tomb_first)
+                    if match_all or topic.startswith(wanted))
+        return count, after + 1 >= tomb_first

@@ -23,6 +23,10 @@ class Counters:
     malformed: int = 0  # whole frames refused
     fetches: int = 0  # retention fetches answered
     fetched_frames: int = 0
+    busy: int = 0  # fetches refused: too many reply bytes not yet sent
+    refused_batches: int = 0  # batches answered with resend (out of order, no hello on the connection)
+    refused_hellos: int = 0  # hellos refused (token does not match the id, limits)
+    internal_errors: int = 0  # frames whose handling failed unexpectedly (a bug; the exchange goes on)
 
 
 @dataclass
@@ -34,6 +38,17 @@ class ExchangeStats:
     subscriptions: int = 0
     interval_by_publisher: dict[str, int] = field(default_factory=dict)  # messages since the last snapshot
     latencies_ns: list[int] = field(default_factory=list)  # batch send → arrival here, this interval
+    subscribers: int = 0  # RoQ subscribers connected (their sync markers), set by the forwarder
+    _next_forget: float = 0.0
+
+    def forget_idle(self, now: float, ttl: float) -> None:
+        """Publishers unseen for `ttl` leave the activity table (checked once a second at most)."""
+        if now < self._next_forget:
+            return
+        self._next_forget = now + 1.0
+        horizon = now - ttl
+        for pub in [p for p, seen in self.publishers.items() if seen < horizon]:
+            del self.publishers[pub]
 
     def note_latency(self, nanoseconds: int) -> None:
         """One sample per batch; the first LATENCY_SAMPLES of an interval are kept."""
@@ -54,6 +69,7 @@ class ExchangeStats:
             drops=t.rejected + t.malformed,
             publishers=sum(1 for seen in self.publishers.values() if now - seen < active_window),
             subscriptions=self.subscriptions,
+            subscribers=self.subscribers,
             # The heaviest publishers: the leader relocates one of them off an overloaded exchange.
             top_publishers=[[pub, round(count / elapsed, 1)] for pub, count in
                             sorted(self.interval_by_publisher.items(), key=lambda item: -item[1])[:TOP_PUBLISHERS]],

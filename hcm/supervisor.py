@@ -171,6 +171,8 @@ class Supervisor:
                 self.changed.set()
             elif event.get("event") == "stats":
                 event.pop("event")
+                # When it arrived: a frozen exchange stops reporting, and clients see its figures age.
+                event["at"] = round(time.time(), 3)
                 child.stats = event
 
     def stop_all(self) -> None:

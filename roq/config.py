@@ -80,11 +80,19 @@ class ExchangeConfig:
     retention_bytes: int = 64 << 20
     fetch_max_bytes: int = 4 << 20  # per fetch reply; a subscriber pages through the rest
     beat_interval: float = 1.0  # heartbeat with the stream position, for subscribers whose tail was dropped
+    # Per-publisher state (last sequence, connection) is forgotten after this long unseen: longer
+    # than any publisher's client.replay_seconds, so nothing it may still resend looks new.
+    publisher_ttl: float = 600.0
+    max_publishers: int = 100_000  # publishers known at once; a hello beyond it is refused
+    max_publishers_per_connection: int = 64
+    max_prefixes: int = 10_000  # subscription prefixes whose chains are followed (least recently used go)
+    replay_budget_bytes: int = 64 << 20  # fetch replies not yet sent, all connections together
 
 
 @dataclass(frozen=True)
 class ClientConfig:
     request_timeout: float = 10.0  # control API round trip, leader lookup included
+    attempt_timeout: float = 2.0  # one control request to one GCM: a dead or swamped GCM costs at most this
     max_unconfirmed: int = 50_000  # messages in flight before publish() blocks
     max_batch: int = 2_000  # messages per batch frame
     max_batch_bytes: int = 256 << 10  # bytes per batch frame; bounds what a slow subscriber can pin
@@ -299,13 +307,18 @@ def _validate(c: Config) -> None:
         ("exchange.retention_bytes", c.exchange.retention_bytes),
         ("exchange.fetch_max_bytes", c.exchange.fetch_max_bytes),
         ("exchange.beat_interval", c.exchange.beat_interval),
+        ("exchange.publisher_ttl", c.exchange.publisher_ttl), ("exchange.max_publishers", c.exchange.max_publishers),
+        ("exchange.max_publishers_per_connection", c.exchange.max_publishers_per_connection),
+        ("exchange.max_prefixes", c.exchange.max_prefixes),
+        ("exchange.replay_budget_bytes", c.exchange.replay_budget_bytes),
         ("client.position_save_interval", c.client.position_save_interval),
         ("client.fetch_timeout", c.client.fetch_timeout), ("client.receive_hwm", c.client.receive_hwm),
         ("hcm.stats_interval", c.hcm.stats_interval), ("autoscale.scale_out_after", c.autoscale.scale_out_after),
         ("autoscale.scale_in_after", c.autoscale.scale_in_after), ("autoscale.cooldown", c.autoscale.cooldown),
         ("autoscale.relocate_after", c.autoscale.relocate_after),
         ("autoscale.relocate_cooldown", c.autoscale.relocate_cooldown),
-        ("client.request_timeout", c.client.request_timeout), ("client.max_unconfirmed", c.client.max_unconfirmed),
+        ("client.request_timeout", c.client.request_timeout), ("client.attempt_timeout", c.client.attempt_timeout),
+        ("client.max_unconfirmed", c.client.max_unconfirmed),
         ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes), ("client.publish_timeout", c.client.publish_timeout),
         ("client.confirm_timeout", c.client.confirm_timeout), ("client.replay_bytes", c.client.replay_bytes),
         ("cluster.gcms", c.cluster.gcms), ("cluster.hcms", c.cluster.hcms),
@@ -313,6 +326,11 @@ def _validate(c: Config) -> None:
         positive(where, value)
     if c.hcm.restart_backoff_max < c.hcm.restart_backoff:
         raise ConfigError("hcm.restart_backoff_max must be >= hcm.restart_backoff")
+    if c.exchange.publisher_ttl <= c.client.replay_seconds:
+        raise ConfigError("exchange.publisher_ttl must be longer than client.replay_seconds: a publisher "
+                          "forgotten sooner could resend messages the exchange no longer knows it had")
+    if c.exchange.replay_budget_bytes < 2 * c.exchange.fetch_max_bytes:
+        raise ConfigError("exchange.replay_budget_bytes must be at least 2 x exchange.fetch_max_bytes")
     if c.exchange.max_batch_bytes < c.exchange.max_message_bytes:
         raise ConfigError("exchange.max_batch_bytes must be >= exchange.max_message_bytes")
     for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port)):

@@ -82,7 +82,7 @@ def exchange_publisher_frame(data: bytes) -> None:
 
 def exchange_fetch(data: bytes) -> None:
     """A subscriber's fetch or position request at a live exchange."""
-    _forwarder().handle_fetch(b"fuzz", data)
+    _forwarder().replay.handle(b"fuzz", data)
 
 
 TARGETS: dict[str, Target] = {
@@ -90,9 +90,9 @@ TARGETS: dict[str, Target] = {
     "delivery": _refused(protocol.decode_delivery),
     "sync": _refused(protocol.decode_sync),
     "beat": _refused(lambda d: protocol.decode_sync(d, protocol.BEAT)),
-    "fetch": _refused(protocol.decode_fetch),
-    "fetch_reply": _refused(lambda d: protocol.decode_fetch_reply(d, MAX_REPLY)),
-    "position": _refused(protocol.decode_position),
+    "fetch": _refused(protocol.decode_replay_request),
+    "fetch_reply": _refused(lambda d: protocol.decode_replay_reply(d, MAX_REPLY)),
+    "position": _refused(lambda d: protocol.decode_replay_reply(d, MAX_REPLY)),
     "exchange_reply": _refused(protocol.decode_exchange_reply),
     "control_reply": _refused(protocol.decode_reply),
     "control_request": _refused(control_request),
@@ -105,18 +105,22 @@ TARGETS: dict[str, Target] = {
 
 def seeds() -> dict[str, list[bytes]]:
     """Valid inputs to start each corpus from, so the fuzzer begins deep inside each decoder."""
-    delivery = protocol.encode_delivery("x1", "x1.ab", 3, 1, "p-1", 5, [1, 2], [b"a", b"b"])
-    batch = protocol.encode_batch("p-1", 1, 5, [b"t", b"one", b"t", b"two", b"u", b"three"])
-    fetch = protocol.encode_fetch(1, "x1.ab", 0, 10, [b"t"], 4096, [[b"t", 2]])
+    token = b"t" * 16
+    pid = protocol.publisher_id_for(token)
+    delivery = protocol.encode_delivery("x1", "x1.ab", 3, [[0, 1], [1, 2]], pid, 5, [1, 2], [b"a", b"b"])
+    batch = protocol.encode_batch(pid, 1, 5, [b"t", b"one", b"t", b"two", b"u", b"three"])
+    hello = protocol.encode_hello(pid, token, 1)
+    fetch = protocol.encode_fetch(1, "x1.ab", 0, 10, [b"t"], 4096)
     return {
-        "publisher_frame": [batch, protocol.encode_hello("p-1"), protocol.encode_bye("p-1")],
+        "publisher_frame": [batch, hello, protocol.encode_bye(pid)],
         "delivery": [delivery],
         "sync": [protocol.encode_sync("x1", "x1.ab", 7)],
         "beat": [protocol.encode_sync("x1", "x1.ab", 7, protocol.BEAT)],
-        "fetch": [fetch, protocol.encode_position_request(3)],
-        "fetch_reply": [protocol.encode_frames(1, "x1.ab", 1, [(b"t", delivery)], 3, True)],
-        "position": [protocol.pack([protocol.POSITION, protocol.VERSION, 1, "x1.ab", 1, 9])],
-        "exchange_reply": [protocol.pack([protocol.ACK, protocol.VERSION, 4, 1])],
+        "fetch": [fetch, protocol.encode_position_request(3, [b"t", b""])],
+        "fetch_reply": [protocol.encode_frames(1, "x1.ab", 1, [(b"t", delivery)], 3, True, 2, True)],
+        "position": [protocol.encode_position(1, "x1.ab", 1, 9, [3, 8])],
+        "exchange_reply": [protocol.encode_ack(4, 1), protocol.encode_welcome("x1", 3, 2),
+                           protocol.encode_resend(5, protocol.OUT_OF_ORDER, "m")],
         "control_reply": [protocol.pack({"v": protocol.VERSION, "id": 1, "ok": True, "result": [1]}),
                           protocol.pack({"v": protocol.VERSION, "id": 1, "ok": False,
                                          "error": {"code": "not_leader", "message": "m", "leader": "tcp://x:1"}})],
@@ -125,6 +129,6 @@ def seeds() -> dict[str, list[bytes]]:
         "config_toml": [b'[zk]\nhosts = "a:1,b:2"\nsession_timeout = 3\n[security]\ncurve = false\n',
                         b'[exchange]\nmax_message_bytes = 1024\nmax_batch_bytes = 4096\n'],
         "config_json": [Config().to_json().encode()],
-        "exchange_publisher_frame": [batch, protocol.encode_hello("p-1")],
-        "exchange_fetch": [fetch, protocol.encode_position_request(3)],
+        "exchange_publisher_frame": [hello, batch],
+        "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"])],
     }

@@ -6,6 +6,8 @@ Every frame is one msgpack value. Decoders validate shape and types and raise
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +43,18 @@ class Request:
     id: int
     op: str
     args: dict[str, Any]
+    key: str | None = None  # the same for every retry of one logical call: writes apply once
 
 
-def encode_request(req_id: int, op: str, args: dict[str, Any] | None = None) -> bytes:
-    return pack({"v": VERSION, "id": req_id, "op": op, "args": args or {}})
+# A request key becomes a znode name: ZooKeeper-safe characters only (a uuid4 hex fits).
+_KEY = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+def encode_request(req_id: int, op: str, args: dict[str, Any] | None = None, key: str | None = None) -> bytes:
+    msg = {"v": VERSION, "id": req_id, "op": op, "args": args or {}}
+    if key is not None:
+        msg["key"] = key
+    return pack(msg)
 
 
 def decode_request(frame: bytes) -> Request:
@@ -60,7 +70,10 @@ def decode_request(frame: bytes) -> Request:
         raise ProtocolError("request op must be a string")
     if not isinstance(args, dict):
         raise ProtocolError("request args must be a map")
-    return Request(req_id, op, args)
+    key = msg.get("key")
+    if key is not None and not (isinstance(key, str) and _KEY.fullmatch(key)):
+        raise ProtocolError("request key must be a string of 8-64 letters, digits, '_' or '-'")
+    return Request(req_id, op, args, key)
 
 
 def request_id_of(frame: bytes) -> int | None:
@@ -109,39 +122,56 @@ def decode_reply(frame: bytes) -> Reply:
 
 
 # ---------------------------------------------------------------- data path
-# Publisher → exchange (DEALER → ROUTER):
-#   ["hello", v, publisher_id]
-#   ["batch", v, publisher_id, first_seq, sent_ns, [topic, payload, topic, payload, ...]]
-#   ["bye",   v, publisher_id]
-# Exchange → publisher:
-#   ["welcome", v, exchange_id, last_seq_seen, subscriptions]
-#   ["ack",  v, seq, subscriptions]     cumulative: every seq <= seq is handled
-#   ["reject", v, seq, code, message]   this one message was refused (and is covered by acks)
-#   ["error", v, code, message]         the frame was refused as a whole
-#   ["move", v, reason]                 please publish to another exchange of the queue
-# Exchange → subscriber (XPUB → SUB), two frames:
-#   topic, [v, exchange_id, incarnation, pos, prev_pos, publisher_id, sent_ns, [seq, ...], [payload, ...]]
-#   pos: this frame's position in the exchange incarnation's stream (1, 2, ...);
-#   prev_pos: position of the previous frame of the same topic (0 = unknown), so a
-#   subscriber can tell that frames of a topic it follows never reached it.
-#   SYNC_PREFIX + subscriber id, [v, "sync", exchange_id, incarnation, next_pos]
-#   answers a subscription to that marker topic: every frame from next_pos on is live.
-#   BEAT_TOPIC, [v, "beat", exchange_id, incarnation, next_pos]   every exchange.beat_interval,
-#   so a subscriber whose last frames were dropped learns that it missed something.
-# Subscriber → exchange replay socket (DEALER → ROUTER):
-#   ["fetch", v, request_id, incarnation, after, before, [topic prefix, ...], max_bytes, [[topic, pos], ...]]
-#   the last list names topics the subscriber already has up to pos: older frames of them are skipped.
-#   ["frames", v, request_id, incarnation, oldest, [[topic, body], ...], scanned_to, done]
-#   ["error", v, request_id, code, message]
-#   ["position", v, request_id] → ["position", v, request_id, incarnation, oldest, next_pos]
+# Specified in docs/protocol.md (sections 3-5); the layout of every data-path frame is
+# [kind, DATA_VERSION, ...] except deliveries, whose body starts with the version (the
+# topic travels in the ZeroMQ frame before it). Every integer a peer sends is range-checked
+# here, so nothing downstream can overflow or loop on it.
+
+DATA_VERSION = 2
+MAX_SEQ = (1 << 63) - 1  # sequence numbers, positions and request ids fit a signed 64-bit integer
+MAX_U64 = (1 << 64) - 1  # sent_ns: nanoseconds since the epoch, a msgpack uint64
+TOKEN_MIN, TOKEN_MAX = 16, 64  # bytes of a publisher's secret token
+MAX_PREFIXES = 1024  # prefixes per fetch or position request
+MAX_TOPIC = 255
 
 HELLO, BATCH, BYE = "hello", "batch", "bye"
-WELCOME, ACK, REJECT, ERROR, MOVE = "welcome", "ack", "reject", "error", "move"
-SYNC, FETCH, FRAMES, POSITION = "sync", "fetch", "frames", "position"
+WELCOME, ACK, REJECT, RESEND, ERROR, MOVE = "welcome", "ack", "reject", "resend", "error", "move"
+SYNC, BEAT, FETCH, FRAMES, POSITION = "sync", "beat", "fetch", "frames", "position"
 SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
 BEAT_TOPIC = b"\x00roq.beat"
-BEAT = "beat"
-MAX_FETCH_PREFIXES = 1024
+
+# resend codes: why the exchange holds nothing of a publisher from `next_seq` on
+OUT_OF_ORDER = "out_of_order"  # the batch started after next_seq: something before it never arrived
+HELLO_REQUIRED = "hello_required"  # this connection has not proved it owns the publisher id
+MALFORMED = "malformed"
+
+
+def publisher_id_for(token: bytes) -> str:
+    """A publisher's id is derived from its secret token: anyone can read the id (it is in every
+    delivery), only the token's holder can claim it in a `hello`."""
+    return "p-" + hashlib.blake2b(token, digest_size=12).hexdigest()
+
+
+def _is_int(value: Any, low: int = 0, high: int = MAX_SEQ) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _kind_and_version(msg: Any, what: str) -> str:
+    if not isinstance(msg, list) or len(msg) < 2 or not isinstance(msg[0], str):
+        raise ProtocolError(f"{what} must be an array [kind, version, ...]")
+    if msg[1] != DATA_VERSION:
+        raise ProtocolError(f"unsupported protocol version {msg[1]!r}, this peer speaks {DATA_VERSION}")
+    return msg[0]
+
+
+# ------------------------------------------------ publisher → exchange
+
+
+@dataclass(frozen=True)
+class Hello:
+    publisher: str
+    token: bytes
+    from_seq: int  # the lowest sequence number the publisher will send on this connection
 
 
 @dataclass(frozen=True)
@@ -149,43 +179,140 @@ class Batch:
     publisher: str
     first_seq: int
     sent_ns: int
-    flat: list[Any]  # topic, payload, topic, payload, ...
+    flat: list[Any]  # topic, payload, topic, payload, ... (each message checked by the exchange)
+
+    @property
+    def count(self) -> int:
+        return len(self.flat) // 2
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+@dataclass(frozen=True)
+class Bye:
+    publisher: str
 
 
-def decode_publisher_frame(frame: bytes, max_size: int) -> tuple[str, Any]:
-    """(kind, detail) for a publisher's frame: detail is a Batch, or the publisher id."""
-    msg = unpack(frame, max_size)
-    if not isinstance(msg, list) or len(msg) < 3 or not isinstance(msg[0], str):
-        raise ProtocolError("publisher frame must be an array [kind, version, publisher, ...]")
-    kind, version, publisher = msg[0], msg[1], msg[2]
-    if version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r}, this exchange speaks {VERSION}")
-    if not isinstance(publisher, str) or not 0 < len(publisher) <= 128:
-        raise ProtocolError("publisher id must be a string of 1-128 characters")
-    if kind in (HELLO, BYE):
-        return kind, publisher
-    if kind != BATCH:
-        raise ProtocolError(f"unknown publisher frame kind {kind!r}")
-    if len(msg) != 6 or not _is_int(msg[3]) or msg[3] < 1 or not _is_int(msg[4]) \
-            or not isinstance(msg[5], list) or len(msg[5]) % 2:
-        raise ProtocolError("batch must be [\"batch\", v, publisher, first_seq>=1, sent_ns, [topic, payload, ...]]")
-    return kind, Batch(publisher, msg[3], msg[4], msg[5])
+class RefusedBatch(ProtocolError):
+    """A batch whose publisher and first sequence number could be read, refused as a whole:
+    the exchange answers `resend` so the publisher knows nothing of it was taken."""
+
+    def __init__(self, message: str, publisher: str, first_seq: int) -> None:
+        super().__init__(message)
+        self.publisher = publisher
+        self.first_seq = first_seq
 
 
-def encode_hello(publisher: str) -> bytes:
-    return pack([HELLO, VERSION, publisher])
+def encode_hello(publisher: str, token: bytes, from_seq: int) -> bytes:
+    return pack([HELLO, DATA_VERSION, publisher, token, from_seq])
 
 
 def encode_batch(publisher: str, first_seq: int, sent_ns: int, flat: list[bytes]) -> bytes:
-    return pack([BATCH, VERSION, publisher, first_seq, sent_ns, flat])
+    return pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, flat])
 
 
 def encode_bye(publisher: str) -> bytes:
-    return pack([BYE, VERSION, publisher])
+    return pack([BYE, DATA_VERSION, publisher])
+
+
+def decode_publisher_frame(frame: bytes, max_size: int) -> Hello | Batch | Bye:
+    """A publisher's frame, every field checked; ProtocolError (RefusedBatch when it is a batch
+    that can be attributed) otherwise."""
+    msg = unpack(frame, max_size)
+    kind = _kind_and_version(msg, "publisher frame")
+    publisher = msg[2] if len(msg) > 2 else None
+    if not isinstance(publisher, str) or not 0 < len(publisher) <= 128:
+        raise ProtocolError("publisher id must be a string of 1-128 characters")
+    if kind == BATCH:
+        return _decode_batch(msg, publisher)
+    if kind == HELLO:
+        if len(msg) != 5 or not isinstance(msg[3], bytes) or not TOKEN_MIN <= len(msg[3]) <= TOKEN_MAX \
+                or not _is_int(msg[4], 1):
+            raise ProtocolError(f"hello must be [\"hello\", {DATA_VERSION}, publisher, token "
+                                f"({TOKEN_MIN}-{TOKEN_MAX} bytes), from_seq (1..2^63-1)]")
+        return Hello(publisher, msg[3], msg[4])
+    if kind == BYE:
+        if len(msg) != 3:
+            raise ProtocolError(f"bye must be [\"bye\", {DATA_VERSION}, publisher]")
+        return Bye(publisher)
+    raise ProtocolError(f"unknown publisher frame kind {kind!r}")
+
+
+def _decode_batch(msg: list[Any], publisher: str) -> Batch:
+    first_seq = msg[3] if len(msg) > 3 else None
+    if not _is_int(first_seq, 1):
+        raise ProtocolError("batch first_seq must be an integer from 1 to 2^63-1")
+    if len(msg) != 6:
+        raise RefusedBatch(f"batch must be [\"batch\", {DATA_VERSION}, publisher, first_seq, sent_ns, "
+                           "[topic, payload, ...]]", publisher, first_seq)
+    sent_ns, flat = msg[4], msg[5]
+    if not _is_int(sent_ns, 0, MAX_U64):
+        raise RefusedBatch("batch sent_ns must be an integer from 0 to 2^64-1 (a msgpack integer, "
+                           "not a float)", publisher, first_seq)
+    if not isinstance(flat, list) or not flat or len(flat) % 2:
+        raise RefusedBatch("batch messages must be a non-empty flat array [topic, payload, ...]",
+                           publisher, first_seq)
+    if first_seq + len(flat) // 2 - 1 > MAX_SEQ:
+        raise RefusedBatch("batch sequence numbers would pass 2^63-1", publisher, first_seq)
+    return Batch(publisher, first_seq, sent_ns, flat)
+
+
+# ------------------------------------------------ exchange → publisher
+
+
+@dataclass(frozen=True)
+class ExchangeReply:
+    """One reply to a publisher. `seq` is the welcome's last_seq, the ack's seq, the rejected
+    message's seq or the resend's next_seq; `subscribers` comes with welcome and ack."""
+    kind: str
+    seq: int = 0
+    subscribers: int | None = None
+    code: str = ""
+    message: str = ""
+    exchange: str = ""
+
+
+def encode_welcome(exchange_id: str, last_seq: int, subscribers: int) -> bytes:
+    return pack([WELCOME, DATA_VERSION, exchange_id, last_seq, subscribers])
+
+
+def encode_ack(seq: int, subscribers: int) -> bytes:
+    return pack([ACK, DATA_VERSION, seq, subscribers])
+
+
+def encode_reject(seq: int, code: str, message: str) -> bytes:
+    return pack([REJECT, DATA_VERSION, seq, code, message])
+
+
+def encode_resend(next_seq: int, code: str, message: str) -> bytes:
+    return pack([RESEND, DATA_VERSION, next_seq, code, message])
+
+
+def encode_publisher_error(code: str, message: str) -> bytes:
+    return pack([ERROR, DATA_VERSION, code, message])
+
+
+def encode_move(reason: str) -> bytes:
+    return pack([MOVE, DATA_VERSION, reason])
+
+
+def decode_exchange_reply(frame: bytes) -> ExchangeReply:
+    msg = unpack(frame, MAX_CONTROL_FRAME)
+    kind = _kind_and_version(msg, "exchange reply")
+    n = len(msg)
+    if kind == ACK and n == 4 and _is_int(msg[2]) and _is_int(msg[3]):
+        return ExchangeReply(ACK, msg[2], msg[3])
+    if kind == WELCOME and n == 5 and isinstance(msg[2], str) and _is_int(msg[3]) and _is_int(msg[4]):
+        return ExchangeReply(WELCOME, msg[3], msg[4], exchange=msg[2])
+    if kind in (REJECT, RESEND) and n == 5 and _is_int(msg[2]) and isinstance(msg[3], str) \
+            and isinstance(msg[4], str):
+        return ExchangeReply(kind, msg[2], code=msg[3], message=msg[4])
+    if kind == ERROR and n == 4 and isinstance(msg[2], str) and isinstance(msg[3], str):
+        return ExchangeReply(ERROR, code=msg[2], message=msg[3])
+    if kind == MOVE and n == 3 and isinstance(msg[2], str):
+        return ExchangeReply(MOVE, message=msg[2])
+    raise ProtocolError(f"malformed {kind!r} reply from the exchange")
+
+
+# ------------------------------------------------ exchange → subscriber
 
 
 @dataclass(frozen=True)
@@ -193,16 +320,16 @@ class Delivery:
     exchange: str
     incarnation: str
     pos: int
-    prev_pos: int
+    chains: dict[int, int]  # prefix length → prev: no frame of that prefix lies in (prev, pos)
     publisher: str
     sent_ns: int
     seqs: list[int]
     payloads: list[bytes]
 
 
-def encode_delivery(exchange_id: str, incarnation: str, pos: int, prev_pos: int, publisher: str,
+def encode_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]], publisher: str,
                     sent_ns: int, seqs: list[int], payloads: list[bytes]) -> bytes:
-    return pack([VERSION, exchange_id, incarnation, pos, prev_pos, publisher, sent_ns, seqs, payloads])
+    return pack([DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads])
 
 
 def decode_delivery(frame: bytes) -> Delivery:
@@ -210,15 +337,22 @@ def decode_delivery(frame: bytes) -> Delivery:
         msg = msgpack.unpackb(frame, raw=False)
     except Exception:
         raise ProtocolError("delivery is not valid msgpack") from None
-    if not isinstance(msg, list) or len(msg) != 9 or msg[0] != VERSION:
-        raise ProtocolError("delivery must be [v, exchange, incarnation, pos, prev_pos, publisher, "
+    if not isinstance(msg, list) or len(msg) != 9 or msg[0] != DATA_VERSION:
+        raise ProtocolError("delivery must be [2, exchange, incarnation, pos, chains, publisher, "
                             "sent_ns, seqs, payloads]")
-    _, exchange_id, incarnation, pos, prev_pos, publisher, sent_ns, seqs, payloads = msg
-    if not _is_int(pos) or not _is_int(prev_pos) or not isinstance(incarnation, str):
-        raise ProtocolError("delivery pos and prev_pos must be integers, incarnation a string")
-    if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads):
-        raise ProtocolError("delivery seqs and payloads must be lists of equal length")
-    return Delivery(exchange_id, incarnation, pos, prev_pos, publisher, sent_ns, seqs, payloads)
+    _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads = msg
+    if not _is_int(pos, 1) or not isinstance(incarnation, str) or not isinstance(exchange_id, str) \
+            or not isinstance(publisher, str) or not _is_int(sent_ns, 0, MAX_U64):
+        raise ProtocolError("delivery pos must be a positive integer, exchange, incarnation and publisher strings")
+    if not isinstance(chains, list) or not all(
+            isinstance(c, list) and len(c) == 2 and _is_int(c[0], 0, MAX_TOPIC) and _is_int(c[1], 0, pos - 1)
+            for c in chains):
+        raise ProtocolError("delivery chains must be [[prefix_length, prev < pos], ...]")
+    if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads) \
+            or not all(_is_int(s, 1) for s in seqs) or not all(isinstance(p, bytes) for p in payloads):
+        raise ProtocolError("delivery seqs and payloads must be lists of equal length (integers, bin)")
+    return Delivery(exchange_id, incarnation, pos, {c[0]: c[1] for c in chains}, publisher, sent_ns, seqs,
+                    payloads)
 
 
 @dataclass(frozen=True)
@@ -233,71 +367,70 @@ def sync_topic(subscriber_id: str) -> bytes:
 
 
 def encode_sync(exchange_id: str, incarnation: str, next_pos: int, kind: str = SYNC) -> bytes:
-    return pack([VERSION, kind, exchange_id, incarnation, next_pos])
+    return pack([DATA_VERSION, kind, exchange_id, incarnation, next_pos])
 
 
 def decode_sync(frame: bytes, kind: str = SYNC) -> Sync:
     """A sync answer, or (kind=BEAT) a heartbeat: both tell the next position."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
-    if not isinstance(msg, list) or len(msg) != 5 or msg[:2] != [VERSION, kind] \
-            or not isinstance(msg[2], str) or not isinstance(msg[3], str) or not _is_int(msg[4]):
-        raise ProtocolError(f"{kind} must be [v, \"{kind}\", exchange, incarnation, next_pos]")
+    if not isinstance(msg, list) or len(msg) != 5 or msg[:2] != [DATA_VERSION, kind] \
+            or not isinstance(msg[2], str) or not isinstance(msg[3], str) or not _is_int(msg[4], 1):
+        raise ProtocolError(f"{kind} must be [{DATA_VERSION}, \"{kind}\", exchange, incarnation, next_pos]")
     return Sync(msg[2], msg[3], msg[4])
+
+
+# ------------------------------------------------ subscriber ↔ exchange replay socket
 
 
 @dataclass(frozen=True)
 class Fetch:
     request_id: int
-    incarnation: str
+    incarnation: str  # "" = whichever runs
     after: int
-    before: int
+    before: int  # exclusive; 0 = no upper bound
+    prefixes: list[bytes]  # empty = every topic
+    max_bytes: int  # 0 = the exchange's own limit
+
+
+@dataclass(frozen=True)
+class PositionRequest:
+    request_id: int
     prefixes: list[bytes]
-    max_bytes: int
-    known: dict[bytes, int]
-    position_only: bool = False  # a "position" request: where the stream is, no frames
 
 
-def encode_fetch(request_id: int, incarnation: str, after: int, before: int,
-                 prefixes: list[bytes], max_bytes: int, known: list[list[Any]] | None = None) -> bytes:
-    return pack([FETCH, VERSION, request_id, incarnation, after, before, prefixes, max_bytes, known or []])
+def encode_fetch(request_id: int, incarnation: str, after: int, before: int, prefixes: list[bytes],
+                 max_bytes: int) -> bytes:
+    return pack([FETCH, DATA_VERSION, request_id, incarnation, after, before, prefixes, max_bytes])
 
 
-def encode_position_request(request_id: int) -> bytes:
-    return pack([POSITION, VERSION, request_id])
+def encode_position_request(request_id: int, prefixes: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
+    return pack([POSITION, DATA_VERSION, request_id, list(prefixes)])
 
 
-def decode_position(frame: bytes) -> tuple[int, str, int, int]:
-    """(request_id, incarnation, oldest, next_pos) from an exchange's answer."""
+def _prefixes(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= MAX_PREFIXES and all(
+        isinstance(p, bytes) and len(p) <= MAX_TOPIC for p in value)
+
+
+def decode_replay_request(frame: bytes) -> Fetch | PositionRequest:
     msg = unpack(frame, MAX_CONTROL_FRAME)
-    if isinstance(msg, list) and len(msg) == 5 and msg[0] == ERROR:
-        raise ProtocolError(f"exchange refused: {msg[3]}: {msg[4]}")
-    if not isinstance(msg, list) or len(msg) != 6 or msg[0] != POSITION or not isinstance(msg[3], str) \
-            or not all(_is_int(v) for v in (msg[2], msg[4], msg[5])):
-        raise ProtocolError("position reply must be [\"position\", v, request_id, incarnation, oldest, next_pos]")
-    return msg[2], msg[3], msg[4], msg[5]
-
-
-def decode_fetch(frame: bytes) -> Fetch:
-    msg = unpack(frame, MAX_CONTROL_FRAME)
-    if isinstance(msg, list) and len(msg) == 3 and msg[0] == POSITION and msg[1] == VERSION and _is_int(msg[2]):
-        return Fetch(msg[2], "", 0, 0, [], 0, {}, position_only=True)
-    if not isinstance(msg, list) or len(msg) != 9 or msg[0] != FETCH:
-        raise ProtocolError("fetch must be [\"fetch\", v, request_id, incarnation, after, before, "
-                            "[prefix, ...], max_bytes, [[topic, pos], ...]]")
-    _, version, request_id, incarnation, after, before, prefixes, max_bytes, known = msg
-    if version != VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r}, this exchange speaks {VERSION}")
-    if not all(_is_int(v) and v >= 0 for v in (request_id, after, before, max_bytes)):
-        raise ProtocolError("fetch request_id, after, before and max_bytes must be integers >= 0")
-    if not isinstance(incarnation, str):
+    kind = _kind_and_version(msg, "replay request")
+    if kind == POSITION:
+        if len(msg) != 4 or not _is_int(msg[2]) or not _prefixes(msg[3]):
+            raise ProtocolError(f"position must be [\"position\", {DATA_VERSION}, request_id, "
+                                f"[prefix, ...]] (at most {MAX_PREFIXES} prefixes of 0-{MAX_TOPIC} bytes)")
+        return PositionRequest(msg[2], msg[3])
+    if kind != FETCH or len(msg) != 8:
+        raise ProtocolError(f"replay request must be [\"fetch\", {DATA_VERSION}, request_id, incarnation, "
+                            "after, before, [prefix, ...], max_bytes] or [\"position\", ...]")
+    _, _, request_id, incarnation, after, before, prefixes, max_bytes = msg
+    if not all(_is_int(v) for v in (request_id, after, before, max_bytes)):
+        raise ProtocolError("fetch request_id, after, before and max_bytes must be integers 0..2^63-1")
+    if not isinstance(incarnation, str) or len(incarnation) > 256:
         raise ProtocolError("fetch incarnation must be a string")
-    if not isinstance(prefixes, list) or len(prefixes) > MAX_FETCH_PREFIXES \
-            or not all(isinstance(p, bytes) for p in prefixes):
-        raise ProtocolError(f"fetch prefixes must be a list of at most {MAX_FETCH_PREFIXES} byte strings")
-    if not isinstance(known, list) or len(known) > MAX_FETCH_PREFIXES or not all(
-            isinstance(k, list) and len(k) == 2 and isinstance(k[0], bytes) and _is_int(k[1]) for k in known):
-        raise ProtocolError(f"fetch known topics must be at most {MAX_FETCH_PREFIXES} [topic, pos] pairs")
-    return Fetch(request_id, incarnation, after, before, prefixes, max_bytes, {k[0]: k[1] for k in known})
+    if not _prefixes(prefixes):
+        raise ProtocolError(f"fetch prefixes must be at most {MAX_PREFIXES} byte strings of 0-{MAX_TOPIC} bytes")
+    return Fetch(request_id, incarnation, after, before, prefixes, max_bytes)
 
 
 @dataclass(frozen=True)
@@ -308,29 +441,62 @@ class Frames:
     frames: list[tuple[bytes, bytes]]  # (topic, delivery body), in position order
     scanned_to: int  # every position <= this was looked at
     done: bool
+    lost: int  # messages of the prefixes evicted in (after, oldest) before this fetch
+    lost_exact: bool  # False: the eviction record does not reach back to `after`; at least `lost`
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    request_id: int
+    incarnation: str
+    oldest: int
+    next_pos: int
+    last: list[int]  # per prefix asked: no frame of it lies in (last, next_pos)
 
 
 def encode_frames(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, bytes]],
-                  scanned_to: int, done: bool) -> bytes:
-    return pack([FRAMES, VERSION, request_id, incarnation, oldest, frames, scanned_to, done])
+                  scanned_to: int, done: bool, lost: int, lost_exact: bool) -> bytes:
+    return pack([FRAMES, DATA_VERSION, request_id, incarnation, oldest, frames, scanned_to, done,
+                 [lost, lost_exact]])
 
 
-def decode_fetch_reply(frame: bytes, max_size: int) -> Frames:
+def encode_position(request_id: int, incarnation: str, oldest: int, next_pos: int, last: list[int]) -> bytes:
+    return pack([POSITION, DATA_VERSION, request_id, incarnation, oldest, next_pos, last])
+
+
+def encode_replay_error(request_id: int | None, code: str, message: str) -> bytes:
+    return pack([ERROR, DATA_VERSION, request_id, code, message])
+
+
+def decode_replay_reply(frame: bytes, max_size: int) -> Frames | StreamPosition:
+    """A `frames` or `position` answer; an `error` answer raises ReplayRefused."""
     msg = unpack(frame, max_size)
-    if isinstance(msg, list) and len(msg) == 5 and msg[0] == ERROR:
-        raise ProtocolError(f"exchange refused the fetch: {msg[3]}: {msg[4]}")
-    if not isinstance(msg, list) or len(msg) != 8 or msg[0] != FRAMES or msg[1] != VERSION:
-        raise ProtocolError("fetch reply must be [\"frames\", v, request_id, incarnation, oldest, "
-                            "frames, scanned_to, done]")
-    _, _, request_id, incarnation, oldest, frames, scanned_to, done = msg
+    kind = _kind_and_version(msg, "replay reply")
+    if kind == ERROR and len(msg) == 5:
+        raise ReplayRefused(msg[2] if _is_int(msg[2]) else None, str(msg[3]), str(msg[4]))
+    if kind == POSITION and len(msg) == 7 and _is_int(msg[2]) and isinstance(msg[3], str) \
+            and _is_int(msg[4]) and _is_int(msg[5]) and isinstance(msg[6], list) \
+            and all(_is_int(v) for v in msg[6]):
+        return StreamPosition(msg[2], msg[3], msg[4], msg[5], msg[6])
+    if kind != FRAMES or len(msg) != 9:
+        raise ProtocolError("replay reply must be [\"frames\", 2, request_id, incarnation, oldest, frames, "
+                            "scanned_to, done, [lost, exact]] or [\"position\", ...]")
+    _, _, request_id, incarnation, oldest, frames, scanned_to, done, lost = msg
+    if not all(_is_int(v) for v in (request_id, oldest, scanned_to)) or not isinstance(incarnation, str) \
+            or not isinstance(done, bool) or not isinstance(lost, list) or len(lost) != 2 \
+            or not _is_int(lost[0]) or not isinstance(lost[1], bool):
+        raise ProtocolError("replay frames reply has ill-typed fields")
     if not isinstance(frames, list) or not all(
             isinstance(f, list) and len(f) == 2 and all(isinstance(x, bytes) for x in f) for f in frames):
         raise ProtocolError("fetch reply frames must be [topic, body] pairs")
-    return Frames(request_id, incarnation, oldest, [(f[0], f[1]) for f in frames], scanned_to, bool(done))
+    return Frames(request_id, incarnation, oldest, [(f[0], f[1]) for f in frames], scanned_to, done,
+                  lost[0], lost[1])
 
 
-def decode_exchange_reply(frame: bytes) -> list[Any]:
-    msg = unpack(frame, MAX_CONTROL_FRAME)
-    if not isinstance(msg, list) or len(msg) < 2 or not isinstance(msg[0], str):
-        raise ProtocolError("exchange reply must be an array [kind, version, ...]")
-    return msg
+class ReplayRefused(ProtocolError):
+    """The exchange answered a replay request with an error (`busy`, `unknown_incarnation`, ...)."""
+
+    def __init__(self, request_id: int | None, code: str, message: str) -> None:
+        super().__init__(f"exchange refused: {code}: {message}")
+        self.request_id = request_id
+        self.refusal = code

@@ -1,32 +1,39 @@
 """Admin: the control API client. Finds the leader through ZooKeeper, follows
 `not_leader` redirects, and retries through a leader change until
 `client.request_timeout` runs out; then raises NoLeaderError or the server's
-own error (QueueNotFoundError, InvalidNameError, ...)."""
+own error (QueueNotFoundError, InvalidNameError, ...).
+
+Every attempt of one call that changes the cluster carries the same request key,
+so the leader applies it once: a retry of a create the leader applied but whose
+answer was lost gets that success, not `queue_exists` (gcm.fence). A GCM that
+refuses the handshake (too many connections from this address, an unknown key)
+fails the call at once with RefusedError instead of a timeout."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import time
+import uuid
 from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
+from zmq.utils.monitor import recv_monitor_message
 
 from roq.config import Config
-from roq.errors import (NoLeaderError, NotLeaderError, RequestTimeoutError, UnavailableError,
+from roq.errors import (NoLeaderError, NotLeaderError, RefusedError, RequestTimeoutError, UnavailableError,
                         ZooKeeperUnavailableError, error_from_code)
 from roq.paths import Paths
-from roq.security import load_keys, secure_client
+from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_leader
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
 
-ATTEMPT_TIMEOUT = 2.0  # one request to one GCM; a dead GCM costs at most this
 READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status"})
 
 
@@ -100,6 +107,7 @@ class Admin:
 
     def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         deadline = time.monotonic() + (timeout or self.config.client.request_timeout)
+        key = None if op in READ_ONLY else uuid.uuid4().hex  # one per call, the same for its retries
         endpoint: str | None = None
         last_error: Exception = NoLeaderError("no GCM leader is elected (are the GCMs running?)")
         unanswered = False  # an attempt may have been applied without our hearing of it
@@ -114,7 +122,8 @@ class Admin:
                 time.sleep(0.1)
                 continue
             try:
-                return self.request(endpoint, op, args, min(ATTEMPT_TIMEOUT, deadline - time.monotonic()))
+                return self.request(endpoint, op, args,
+                                    min(self.config.client.attempt_timeout, deadline - time.monotonic()), key)
             except NotLeaderError as err:
                 last_error, endpoint = err, err.leader if err.leader != endpoint else None
             except UnavailableError as err:  # timeout, leader suspended: look again
@@ -144,19 +153,30 @@ class Admin:
         self._last_leader = leader.get("endpoint") if leader else None
         return self._last_leader
 
-    def request(self, endpoint: str, op: str, args: dict[str, Any], timeout: float) -> Any:
-        """One round trip to one GCM; a fresh socket each time so a lost reply can't confuse the next."""
+    def request(self, endpoint: str, op: str, args: dict[str, Any], timeout: float,
+                key: str | None = None) -> Any:
+        """One round trip to one GCM; a fresh socket each time so a lost reply can't confuse the next.
+
+        `key`: the request key of the call this attempt belongs to (None: none, as old clients)."""
         req_id = next(self._ids)
         sock = self._context.socket(zmq.DEALER)
         sock.linger = 0
+        # libzmq retries a refused handshake forever in silence: its monitor is the only witness.
+        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED)
         try:
             secure_client(sock, self.config)
             sock.connect(endpoint)
-            sock.send(encode_request(req_id, op, args))
+            sock.send(encode_request(req_id, op, args, key))
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
             deadline = time.monotonic() + max(timeout, 0.05)
             while (remaining := deadline - time.monotonic()) > 0:
-                if not sock.poll(int(remaining * 1000) + 1):
-                    break
+                ready = dict(poller.poll(int(remaining * 1000) + 1))
+                if monitor in ready:
+                    raise refusal(endpoint, recv_monitor_message(monitor))
+                if sock not in ready:
+                    continue
                 reply = decode_reply(sock.recv())
                 if reply.id != req_id:
                     continue
@@ -165,4 +185,17 @@ class Admin:
                 raise error_from_code(reply.code, reply.message, reply.leader)
             raise RequestTimeoutError(f"no answer from GCM {endpoint} within {timeout:.1f}s")
         finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
             sock.close(linger=0)
+
+
+def refusal(endpoint: str, event: dict[str, Any]) -> RefusedError:
+    """The error for a failed handshake, saying what the GCM may hold against us."""
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return RefusedError(
+            f"the GCM at {endpoint} refused the connection (status {event['value']}): more connections from "
+            "this address than its security.max_connections_per_client allows, or a key it does not know "
+            "(security.identity)")
+    return RefusedError(f"the handshake with the GCM at {endpoint} failed: its security settings differ from "
+                        "this client's (security.curve, the cluster's server.key)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from bisect import bisect_right
 from collections import OrderedDict
 from pathlib import Path
@@ -22,7 +23,12 @@ from roq.errors import ConfigError
 
 RUN_LIMIT = 10_000  # runs kept per publisher; older ones fold into the floor
 SAVED_RUNS = 1_000  # runs written per publisher when a position is saved
-PUBLISHER_LIMIT = 10_000  # publishers remembered; the least recently seen is forgotten first
+# Publishers remembered: beyond PUBLISHER_LIMIT the least recently seen is forgotten, but only once
+# unseen for FORGET_AFTER (longer than any replay window or retention: nothing of it can come
+# back); beyond PUBLISHER_HARD_LIMIT the least recently seen goes whatever its age.
+PUBLISHER_LIMIT = 100_000
+PUBLISHER_HARD_LIMIT = 1_000_000
+FORGET_AFTER = 600.0
 STREAM_LIMIT = 1_000  # exchange incarnations remembered
 FORMAT_VERSION = 1
 
@@ -33,8 +39,11 @@ class SeenSequences:
     Everything below `floor` counts as seen: runs beyond RUN_LIMIT are folded
     into it, oldest first."""
 
+    __slots__ = ("floor", "starts", "ends", "touched")
+
     def __init__(self, floor: int = 0, runs: list[list[int]] | None = None) -> None:
         self.floor = floor
+        self.touched = time.monotonic()
         self.starts = [r[0] for r in runs or ()]
         self.ends = [r[1] for r in runs or ()]
 
@@ -103,16 +112,32 @@ class Position:
     """Per publisher: sequences seen. Per exchange incarnation: position handled."""
 
     def __init__(self) -> None:
-        self.publishers: OrderedDict[str, SeenSequences] = OrderedDict()
+        self.publishers: OrderedDict[str, SeenSequences] = OrderedDict()  # least recently seen first
         self.streams: OrderedDict[str, int] = OrderedDict()
+        self.forgotten = 0  # publishers dropped beyond the limits
 
-    def seen(self, publisher: str) -> SeenSequences:
-        seqs = self.publishers.get(publisher)
+    def seen(self, publisher: str, now: float | None = None) -> SeenSequences:
+        """The publisher's sequences, now the most recently seen."""
+        publishers = self.publishers
+        seqs = publishers.get(publisher)
+        now = time.monotonic() if now is None else now
         if seqs is None:
-            seqs = self.publishers[publisher] = SeenSequences()
-            if len(self.publishers) > PUBLISHER_LIMIT:
-                self.publishers.popitem(last=False)
+            seqs = publishers[publisher] = SeenSequences()
+            if len(publishers) > PUBLISHER_LIMIT:
+                self._forget(now)
+        else:
+            publishers.move_to_end(publisher)
+        seqs.touched = now
         return seqs
+
+    def _forget(self, now: float) -> None:
+        publishers = self.publishers
+        while len(publishers) > PUBLISHER_LIMIT:
+            oldest = next(iter(publishers.values()))
+            if len(publishers) <= PUBLISHER_HARD_LIMIT and now - oldest.touched < FORGET_AFTER:
+                return  # all of them may still send: keep them (bounded by the hard limit)
+            publishers.popitem(last=False)
+            self.forgotten += 1
 
     def advance(self, incarnation: str, pos: int) -> None:
         if pos > self.streams.get(incarnation, -1):

@@ -8,13 +8,25 @@ the exchange acks cumulatively and confirmed messages leave the log.
 
 When more than `client.max_unconfirmed` messages wait, `publish()` blocks, and
 raises BackpressureError after `client.publish_timeout` — nothing is dropped.
+Every connection starts with `hello`: the publisher proves it owns its id (derived from a
+secret token, roq.protocol.publisher_id_for) and says the lowest sequence number it will send;
+the exchange's `welcome` names the highest it already holds, and the publisher sends everything
+it has above that. Batches are only sent after the welcome. An exchange that receives a batch
+that does not continue where the last one ended (bytes lost with a broken connection) answers
+`resend`, and the publisher says hello again and resends from the welcome: an ack never covers
+a message the exchange did not get.
+
 When the exchange asks us to move, disappears from ZooKeeper, or confirms
 nothing for `client.confirm_timeout`, we connect to another exchange of the
-queue (least loaded first) and resend every unconfirmed message, preceded by
-the replay window: the messages confirmed in the last `client.replay_seconds`
-(at most `client.replay_bytes`), which a dying exchange may have confirmed
-without its subscribers getting them. Exchanges and subscribers drop what they
-already had, by sequence number, so the application sees each message once.
+queue (least loaded first, never one that just failed us while another runs)
+and resend every unconfirmed message, preceded by the replay window: the
+messages confirmed in the last `client.replay_seconds` (at most
+`client.replay_bytes`), which a dying exchange may have confirmed without its
+subscribers getting them. Exchanges and subscribers drop what they already
+had, by sequence number, so the application sees each message once.
+
+Moves are requested by ZooKeeper watch threads and by the I/O thread itself through one
+lock-guarded request (`_request_move` / `_take_move`): a request is never lost.
 """
 
 from __future__ import annotations
@@ -23,9 +35,9 @@ import json
 import logging
 import os
 import random
+import secrets
 import threading
 import time
-import uuid
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -38,12 +50,13 @@ from kazoo.client import KazooClient
 from roq import protocol
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import (BackpressureError, MessageTooLargeError, ProtocolError, RequestTimeoutError,
-                        RoqError)
+from roq.errors import (BackpressureError, MessageTooLargeError, ProtocolError, QueueNotFoundError,
+                        RequestTimeoutError, RoqError)
 from roq.names import check_topic
 from roq.paths import Paths
 from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
+from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +66,9 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 4
 TOPIC_CACHE = 10_000
 REPLAY_MERGE_SECONDS = 1.0  # confirmed messages merged into one replay chunk at most this far apart
+AVOID_SECONDS = 30.0  # an exchange that failed us is not chosen again for this long while others run
+HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have been lost with a connection)
+STALE_STATS = 3.0  # exchange statistics this many report intervals older than the newest are ignored
 
 
 class _Chunk:
@@ -76,6 +92,10 @@ class _Chunk:
     def last(self) -> int:
         return self.first + len(self.flat) // 2 - 1
 
+    def split_copy(self, count: int) -> _Chunk:
+        """A new chunk of the messages after the first `count` (this one stays as it is)."""
+        return _Chunk(self.first + count, self.flat[2 * count:])
+
     def split(self, count: int) -> _Chunk:
         """Cut off and return the first `count` messages."""
         head = _Chunk(self.first, self.flat[:2 * count])
@@ -87,13 +107,15 @@ class _Chunk:
 
 class Publisher:
     def __init__(self, queue: str, config: Config, zk: KazooClient | None = None,
-                 publisher_id: str | None = None, prefer: str | None = None) -> None:
-        """`prefer` names an exchange id to use while it runs (default: least loaded)."""
+                 token: bytes | None = None, prefer: str | None = None) -> None:
+        """`prefer` names an exchange id to use while it runs (default: least loaded). `token` is
+        the publisher's secret (default: random); its id is derived from it."""
         self.config = config
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.prefer = prefer
         self.queue = queue
-        self.id = publisher_id or f"p-{uuid.uuid4().hex[:12]}"
+        self._token = token if token is not None else secrets.token_bytes(16)
+        self.id = protocol.publisher_id_for(self._token)
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
@@ -115,10 +137,24 @@ class Publisher:
         self._acked = 0
         self._in_flight: deque[int] = deque()  # last seq of each batch in flight
         self._closed = False
-        self._move_reason: str | None = None
+        self._move_lock = threading.Lock()
+        self._move_request: str | None = None  # set by any thread, taken by the I/O thread
+        self._awaiting_welcome = False  # batches wait until the exchange said what it holds
+        self._handshakes = 0  # of the current socket's connections
+        self._hello_sent = 0.0
+        self._avoid: dict[tuple[str, str], float] = {}  # (exchange, incarnation) → avoided until
+        self._incarnation = ""  # of the exchange we publish to
         self.exchange: str | None = None  # id of the exchange we publish to
-        self.subscriptions = 0  # as last reported by our exchange
+        self.subscribers = 0  # RoQ subscribers connected to our exchange, as it last reported
+        self.queue_deleted = False
+        self._want_hello = False
+        self._endpoint: str | None = None  # where the current exchange was when we connected
+        # Set by publish() when it wakes the I/O thread; cleared by the I/O thread when it can take
+        # more messages, so while batches are in flight publish() costs no system call.
+        self._wake_pending = False
         self.moves = 0
+        self.resends = 0  # times an exchange asked us to resend (lost bytes, a refused batch)
+        self.reconnects = 0  # connections ZeroMQ re-established under us (each followed by a hello)
         self.replayed = 0  # confirmed messages resent after moves
         self.rejected: list[tuple[int, str, str]] = []
         self._relocated_to: str | None = None  # where the leader asked us to publish
@@ -158,8 +194,8 @@ class Publisher:
         limit = self._max_unconfirmed
         topic = checked
         with self._lock:
-            if self._closed:
-                raise RoqError("publisher is closed")
+            if self._closed or self.queue_deleted:
+                self._raise_closed()
             seq = self._next_seq
             if seq - 1 - self._acked >= limit:
                 self._wait_for_room(self.config.client.publish_timeout if timeout is None else timeout)
@@ -198,8 +234,8 @@ class Publisher:
     def _append_part(self, topic: bytes, items: list[bytes], done: int, wait: float) -> int:
         """Append as many of items[done:] as the unconfirmed limit allows (caller holds the lock);
         waits up to `wait` for room, then raises BackpressureError."""
-        if self._closed:
-            raise RoqError("publisher is closed")
+        if self._closed or self.queue_deleted:
+            self._raise_closed()
         limit = self._max_unconfirmed
         if self._next_seq - 1 - self._acked >= limit:
             try:
@@ -222,8 +258,18 @@ class Publisher:
         if not self._cond.wait_for(lambda: self._next_seq - 1 - self._acked < limit or self._closed, wait):
             raise BackpressureError(f"{self._next_seq - 1 - self._acked} messages unconfirmed for {wait:.1f}s"
                                     f"{detail}; is the queue's exchange reachable?")
-        if self._closed:
-            raise RoqError("publisher is closed")
+        if self._closed or self.queue_deleted:
+            self._raise_closed()
+
+    def _raise_closed(self) -> None:
+        if self.queue_deleted:
+            raise QueueNotFoundError(f"queue {self.queue!r} was deleted: {self.unconfirmed_unlocked} messages "
+                                     "are unconfirmed (they are sent if the queue is created again)")
+        raise RoqError("publisher is closed")
+
+    @property
+    def unconfirmed_unlocked(self) -> int:
+        return self._next_seq - 1 - self._acked
 
     def _remember_topic(self, topic: str | bytes) -> bytes:
         checked = check_topic(topic)
@@ -240,13 +286,14 @@ class Publisher:
                 raise RequestTimeoutError(f"{target - self._acked} messages still unconfirmed after {timeout:.1f}s")
 
     def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> None:
-        """Wait until our exchange reports `count` subscriptions (the XPUB handshake)."""
+        """Wait until our exchange reports `count` RoQ subscribers connected to it (each one
+        counts once, whatever its topics; it is live on the exchange from then on)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self.subscriptions < count:
+            while self.subscribers < count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise RequestTimeoutError(f"exchange reports {self.subscriptions} subscriptions, "
+                    raise RequestTimeoutError(f"exchange reports {self.subscribers} subscribers, "
                                               f"wanted {count}, after {timeout:.1f}s")
                 self._want_hello = True
                 self._wake()
@@ -272,6 +319,7 @@ class Publisher:
                 self._cond.notify_all()
             self._wake()
             self._thread.join(timeout=5)
+            self.topology.close()
             self._close_fds()
             if self._own_zk:
                 stop_client(self.zk)
@@ -284,24 +332,34 @@ class Publisher:
 
     # ------------------------------------------------------------ I/O thread
 
-    _want_hello = False
-    _endpoint: str | None = None  # where the current exchange was when we connected
-    # Set by publish() when it wakes the I/O thread; cleared by the I/O thread when it can take
-    # more messages, so while batches are in flight publish() costs no system call.
-    _wake_pending = False
-
     def _wake(self) -> None:
+        fd = self._wake_w
+        if fd < 0:
+            return  # closed: never write to a number the OS may have given to another file
         try:
-            os.write(self._wake_w, b"x")
+            os.write(fd, b"x")
         except (BlockingIOError, OSError):
             pass  # already awake, or closing
 
     def _close_fds(self) -> None:
-        for fd in (self._wake_r, self._wake_w):
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+    def _request_move(self, reason: str) -> None:
+        """Ask the I/O thread to move (any thread); the first reason since the last move wins."""
+        with self._move_lock:
+            if self._move_request is None:
+                self._move_request = reason
+        self._wake()
+
+    def _take_move(self) -> str | None:
+        with self._move_lock:
+            reason, self._move_request = self._move_request, None
+        return reason
 
     def _on_relocations(self, data: bytes | None, _stat: object) -> bool | None:
         """The leader moves a heavy publisher off an overloaded exchange by naming it here."""
@@ -324,59 +382,95 @@ class Publisher:
         target = self._relocated_to
         if target and self.prefer is None and self.exchange != target and target in self.topology.snapshot():
             self.relocations += 1
-            self._move_reason = f"relocated by the leader to {target}"
-            self._wake()
+            self._request_move(f"relocated by the leader to {target}")
 
     def _topology_changed(self) -> None:
+        with self._cond:
+            self.queue_deleted = self.topology.deleted
+            self._cond.notify_all()
         self._follow_relocation()
         live = self.topology.snapshot()
-        if self.exchange is not None and self.exchange not in live:
-            self._move_reason = f"exchange {self.exchange} disappeared"
-        elif self.exchange is not None and live[self.exchange].get("pub") != self._endpoint:
-            self._move_reason = f"exchange {self.exchange} restarted elsewhere"  # same id, new process
+        current = self.exchange
+        if current is not None and current not in live:
+            self._request_move(f"exchange {current} disappeared")
+        elif current is not None and live[current].get("pub") != self._endpoint:
+            self._request_move(f"exchange {current} restarted elsewhere")  # same id, new process
         self._wake()
 
     def _run(self) -> None:
         context = zmq.Context()
         sock: zmq.Socket | None = None
+        monitor: zmq.Socket | None = None
         poller = zmq.Poller()  # one for the thread's life; the socket is swapped in and out
         poller.register(self._wake_r, zmq.POLLIN)
-        last_ack_time = time.monotonic()
+        last_reply = time.monotonic()
         try:
             while not self._closed:
-                if self._move_reason and sock is not None:
-                    log.info("publisher %s moving: %s", self.id, self._move_reason)
-                    poller.unregister(sock)
-                    sock.close(linger=0)
-                    sock, self.exchange = None, None
+                reason = self._take_move()
+                if reason and sock is not None:
+                    log.info("publisher %s moving: %s", self.id, reason)
+                    self._drop_socket(poller, sock, monitor)
+                    sock, monitor, self.exchange = None, None, None
                     self.moves += 1
-                self._move_reason = None
                 if sock is None:
                     sock = self._connect(context)
-                    last_ack_time = time.monotonic()
+                    last_reply = time.monotonic()
                     if sock is None:
                         self._idle(poller, 100)
                         continue
+                    # A connection that breaks takes the frames in flight with it (ZeroMQ reconnects
+                    # underneath): each new handshake starts with a hello, and the welcome says
+                    # from where to resend.
+                    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
                     poller.register(sock, zmq.POLLIN)
-                self._send_batches(sock)
-                if len(self._in_flight) < MAX_IN_FLIGHT:
-                    self._wake_pending = False  # from here on publish() must wake us ...
-                    self._send_batches(sock)  # ... and what came before is taken now
-                if self._want_hello:
+                    poller.register(monitor, zmq.POLLIN)
+                if monitor is not None and self._reconnected(monitor):
+                    self.reconnects += 1
+                    self._say_hello(sock, rewind=True)
+                if not self._awaiting_welcome:
+                    self._send_batches(sock)
+                    if len(self._in_flight) < MAX_IN_FLIGHT:
+                        self._wake_pending = False  # from here on publish() must wake us ...
+                        self._send_batches(sock)  # ... and what came before is taken now
+                if self._want_hello or (self._awaiting_welcome and time.monotonic() - self._hello_sent > HELLO_RETRY):
                     self._want_hello = False
-                    sock.send(protocol.encode_hello(self.id))
+                    self._say_hello(sock)
                 self._idle(poller, 100)
                 while sock.poll(0):
-                    self._handle_reply(sock.recv())
-                    last_ack_time = time.monotonic()
-                if self._in_flight and time.monotonic() - last_ack_time > self.config.client.confirm_timeout:
-                    self._move_reason = f"no confirm from {self.exchange} for {self.config.client.confirm_timeout:.1f}s"
+                    self._handle_reply(sock, sock.recv())
+                    last_reply = time.monotonic()
+                waiting = self._in_flight or self._awaiting_welcome
+                if waiting and time.monotonic() - last_reply > self.config.client.confirm_timeout:
+                    self._avoid_current()
+                    self._request_move(f"no answer from {self.exchange} for {self.config.client.confirm_timeout:.1f}s")
             if sock is not None:
                 sock.send(protocol.encode_bye(self.id), zmq.NOBLOCK)
         finally:
+            if monitor is not None:
+                sock.disable_monitor()  # type: ignore[union-attr]
+                monitor.close(linger=0)
             if sock is not None:
                 sock.close(linger=100)
             context.term()
+
+    def _drop_socket(self, poller: zmq.Poller, sock: zmq.Socket, monitor: zmq.Socket | None) -> None:
+        poller.unregister(sock)
+        if monitor is not None:
+            poller.unregister(monitor)
+            sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def _reconnected(self, monitor: zmq.Socket) -> bool:
+        """True when a handshake other than the socket's first one succeeded since the last look."""
+        again = False
+        while True:
+            try:
+                recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return again
+            self._handshakes += 1
+            again = again or self._handshakes > 1
 
     def _idle(self, poller: zmq.Poller, timeout_ms: int) -> None:
         """Wait for a reply, a wake-up from publish(), or the timeout."""
@@ -390,42 +484,88 @@ class Publisher:
         choice = self._choose_exchange()
         if choice is None:
             return None
-        xid, endpoint = choice
+        xid, data = choice
+        endpoint = data["pub"]
         sock = context.socket(zmq.DEALER)
         sock.linger = 0
         secure_client(sock, self.config)
         sock.connect(endpoint)
-        sock.send(protocol.encode_hello(self.id))
+        self._handshakes = 0
         self._endpoint = endpoint
+        self._incarnation = str(data.get("incarnation", ""))
         if xid == self._relocated_to:
             self._relocated_to = None  # done; from now on it is just our exchange
         with self._cond:
             self.exchange = xid
-            self._unsent.extendleft(reversed(self._sent))  # resend everything unconfirmed
-            self._sent.clear()
-            self._in_flight.clear()
-            if self.moves:
-                self._trim_replay(time.monotonic())
-                self._resend = list(self._replay)
-                self.replayed += sum(chunk.count for chunk in self._resend)
+        self._say_hello(sock, rewind=True)
         log.info("publisher %s publishing to %s/%s at %s", self.id, self.queue, xid, endpoint)
         return sock
 
-    def _choose_exchange(self) -> tuple[str, str] | None:
-        live = self.topology.snapshot()
+    def _say_hello(self, sock: zmq.Socket, rewind: bool = False) -> None:
+        """`hello` with the lowest sequence number we may send. With `rewind`, batches wait for
+        the welcome, which says from where to send again."""
+        with self._cond:
+            self._trim_replay(time.monotonic())
+            from_seq = self._replay[0].first if self._replay else self._acked + 1
+            if rewind:
+                self._awaiting_welcome = True
+        self._hello_sent = time.monotonic()
+        try:
+            sock.send(protocol.encode_hello(self.id, self._token, from_seq), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # retried after HELLO_RETRY, or we move on the confirm timeout
+
+    def _on_welcome(self, last: int) -> None:
+        """The exchange holds everything of ours up to `last`: send everything above it again,
+        the replay window's part first (caller: the I/O thread, awaiting a welcome)."""
+        with self._cond:
+            self._awaiting_welcome = False
+            self._unsent.extendleft(reversed(self._sent))  # resend everything unconfirmed ...
+            self._sent.clear()
+            self._in_flight.clear()
+            resend = []
+            for chunk in self._replay:  # ... preceded by what was confirmed but this exchange lacks
+                if chunk.last <= last:
+                    continue
+                if chunk.first <= last:
+                    chunk = chunk.split_copy(last + 1 - chunk.first)
+                resend.append(chunk)
+            self._resend = resend
+            count = sum(chunk.count for chunk in resend)
+            self.replayed += count
+        if count:
+            log.info("publisher %s resending %d confirmed messages to %s", self.id, count, self.exchange)
+
+    def _avoid_current(self) -> None:
+        if self.exchange is not None:
+            self._avoid[(self.exchange, self._incarnation)] = time.monotonic() + AVOID_SECONDS
+
+    def _choose_exchange(self) -> tuple[str, dict[str, Any]] | None:
+        try:
+            live = self.topology.refresh()  # fresh statistics: the watch only follows endpoints
+        except Exception:  # ZooKeeper unreachable: what we saw last will do
+            live = self.topology.snapshot()
         if not live:
             return None
         if self.prefer in live:
-            return self.prefer, live[self.prefer]["pub"]
+            return self.prefer, live[self.prefer]
         if self._relocated_to in live:
-            return self._relocated_to, live[self._relocated_to]["pub"]  # type: ignore[index]
+            return self._relocated_to, live[self._relocated_to]  # type: ignore[index]
+        now = time.monotonic()
+        self._avoid = {key: until for key, until in self._avoid.items() if until > now}
+        newest = max(((data.get("stats") or {}).get("at", 0) for data in live.values()), default=0)
+        stale_after = STALE_STATS * self.config.exchange.stats_interval
 
-        def load(item: tuple[str, dict[str, Any]]) -> tuple[float, float]:
-            stats = item[1].get("stats") or {}
-            return (stats.get("publishers", 0), random.random())
+        def rank(item: tuple[str, dict[str, Any]]) -> tuple[float, int, float, float]:
+            xid, data = item
+            stats = data.get("stats") or {}
+            avoided_until = self._avoid.get((xid, str(data.get("incarnation", ""))), 0.0)
+            # A frozen exchange stops reporting: its statistics age, and it goes last.
+            stale = int(newest - stats.get("at", 0) > stale_after)
+            return (avoided_until, stale, stats.get("publishers", 0), random.random())
 
-        xid, data = min(live.items(), key=load)
-        return xid, data["pub"]
+        xid, data = min(live.items(), key=rank)
+        return xid, data
 
     def _send_batches(self, sock: zmq.Socket) -> None:
         # The replay window goes first, merged back into full batches (chunks sealed at a low
@@ -452,7 +592,8 @@ class Publisher:
             sock.send(frame, zmq.NOBLOCK)
             return True
         except zmq.Again:
-            self._move_reason = f"exchange {self.exchange} is not taking batches"
+            self._avoid_current()
+            self._request_move(f"exchange {self.exchange} is not taking batches")
             return False
 
     def _seal(self) -> None:
@@ -512,29 +653,43 @@ class Publisher:
         while self._replay and (self._replay[0].confirmed_at < horizon or self._replay_size > limit):
             self._replay_size -= self._replay.popleft().size
 
-    def _handle_reply(self, frame: bytes) -> None:
+    def _handle_reply(self, sock: zmq.Socket, frame: bytes) -> None:
         try:
-            msg = protocol.decode_exchange_reply(frame)
+            reply = protocol.decode_exchange_reply(frame)
         except ProtocolError as err:
             log.warning("publisher %s: bad reply from exchange: %s", self.id, err)
             return
-        kind = msg[0]
-        if kind == protocol.ACK and len(msg) >= 3:
-            self._on_ack(int(msg[2]), msg[3] if len(msg) > 3 else None)
-        elif kind == protocol.WELCOME and len(msg) >= 4:
-            self._on_ack(int(msg[3]), msg[4] if len(msg) > 4 else None)
+        kind = reply.kind
+        if kind == protocol.ACK:
+            self._on_ack(reply.seq, reply.subscribers)
+        elif kind == protocol.WELCOME:
+            self._on_ack(reply.seq, reply.subscribers)
+            if self._awaiting_welcome:
+                self._on_welcome(reply.seq)
+        elif kind == protocol.RESEND:
+            # Replies to batches sent before our hello arrive before its welcome: ignore them.
+            if not self._awaiting_welcome:
+                log.info("publisher %s: %s asks to resend from %d (%s); saying hello again",
+                         self.id, self.exchange, reply.seq, reply.code)
+                if reply.code == protocol.MALFORMED:
+                    log.error("publisher %s: exchange refused a batch as malformed: %s", self.id, reply.message)
+                self.resends += 1
+                self._say_hello(sock, rewind=True)
         elif kind == protocol.REJECT:
-            self.rejected.append((msg[2], msg[3], msg[4]))
-            log.error("publisher %s: message %s rejected: %s", self.id, msg[2], msg[4])
+            self.rejected.append((reply.seq, reply.code, reply.message))
+            log.error("publisher %s: message %s rejected: %s", self.id, reply.seq, reply.message)
         elif kind == protocol.MOVE:
-            self._move_reason = f"exchange asked: {msg[2] if len(msg) > 2 else 'move'}"
+            self._request_move(f"exchange asked: {reply.message}")
         elif kind == protocol.ERROR:
-            log.error("publisher %s: exchange refused a frame: %s", self.id, msg[3:])
+            log.error("publisher %s: exchange refused a frame: %s: %s", self.id, reply.code, reply.message)
+            if reply.code == "refused":  # our hello: limits, or (never from us) a token mismatch
+                self._avoid_current()
+                self._request_move(f"exchange {self.exchange} refused us: {reply.message}")
 
-    def _on_ack(self, seq: int, subscriptions: Any) -> None:
+    def _on_ack(self, seq: int, subscribers: int | None) -> None:
         with self._cond:
-            if isinstance(subscriptions, int):
-                self.subscriptions = subscriptions
+            if subscribers is not None:
+                self.subscribers = subscribers
             if seq > self._acked:
                 # A fresh exchange says 0 (or an old position): only ever move forward.
                 seq = min(seq, self._next_seq - 1)

@@ -5,24 +5,25 @@ exchange; ZooKeeper watches add new exchanges and drop removed ones while it
 runs. Topic filtering is by prefix, inside libzmq.
 
 Nothing is lost between the exchanges and the application while the
-exchanges' retention lasts:
+exchanges' retention lasts (roq/client/streams.py has the rules):
 * Each exchange incarnation numbers its frames. With its topics the subscriber
   subscribes to a private sync marker; the exchange answers with the next
   position once the subscriptions are active. Frames before it are fetched from
   the exchange's retention (replay socket) when the subscriber knows where it
   left off: a reconnect, a restart with a saved position, an exchange that
   appeared after the subscriber started.
-* Every frame names the position of the previous frame of its topic. A broken
-  chain means frames were dropped on the way (a full XPUB queue, a network
-  cut): they are fetched before the frame that revealed the hole is handed over.
-  When the dropped frames were the last ones, the exchange's heartbeat (its
-  next position) reveals them: a stream that brought nothing between two beats
-  while its position moved is caught up by a fetch.
+* Every frame carries, for each subscribed prefix it matches, the position of
+  the previous frame of that prefix. A broken chain means frames were dropped
+  on the way (a full XPUB queue, a network cut): they are fetched before the
+  frame that revealed the hole is handed over. A dropped tail is found by a
+  position check on the exchange's heartbeat.
 * What was handed over is tracked per publisher as runs of sequence numbers, so
   a message arriving twice (a publisher replayed it elsewhere after a move, or a
-  fetch overlapped the live stream) reaches the application once.
-`gaps` counts holes that could not be filled (evicted from retention, or the
-exchange was unreachable); `stats()` has the rest.
+  fetch overlapped the live stream) reaches the application once. Publishers
+  are forgotten least recently seen first, and only once unseen for longer
+  than any replay could come later (roq/client/position.py).
+`gaps` counts the messages that retention no longer held when fetched;
+`stats()` has the rest.
 
 Durable subscribers (`durable="name"`) save what the application has taken to
 `client.state_dir/<queue>/<name>.json` every `client.position_save_interval`
@@ -58,9 +59,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
 from roq.client.position import Position, load_position, position_file, save_position
+from roq.client.streams import FetchFailed, Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import ProtocolError
+from roq.errors import ProtocolError, QueueNotFoundError
 from roq.names import check_subscriber_name, check_topic
 from roq.paths import Paths
 from roq.security import load_keys, secure_client
@@ -69,9 +71,9 @@ from roq.zk import start_client, stop_client
 log = logging.getLogger(__name__)
 
 HANDOFF_LIMIT = 100_000  # messages buffered between the I/O thread and the application
-SYNC_TIMEOUT = 2.0  # no sync answer this long: catch up from the first live frame instead
-TOPIC_TRACK_LIMIT = 100_000  # topics whose last position is remembered, per exchange incarnation
 MAX_FETCH_REPLY = 1 << 30
+BUSY_RETRY = 0.05  # pause before asking again an exchange that answered a fetch with "busy"
+QUEUE_GONE_GRACE = 5.0  # receive() raises once the queue has been deleted this long (not re-created)
 
 
 class Message(NamedTuple):  # a tuple: cheap to build, once per message
@@ -104,20 +106,6 @@ class MessageBatch(NamedTuple):
                           self.incarnation, self.pos)
 
 
-@dataclass
-class _Stream:
-    """What the I/O thread knows of one exchange incarnation's stream."""
-    exchange: str
-    high: int = 0  # highest position handled
-    known: bool = False  # we have followed it before (or resume from a saved position on it)
-    floor: int = 0  # every wanted frame at or below this position was handled (or is lost)
-    synced: bool = False  # our subscriptions are live on it and older frames were caught up
-    live_since_beat: bool = False
-    pending: list[tuple[bytes, protocol.Delivery]] = field(default_factory=list)  # live, before the sync
-    unsynced_since: float = field(default_factory=time.monotonic)
-    topic_pos: dict[bytes, int] = field(default_factory=dict)  # topic → position of its last frame
-
-
 class Subscriber:
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
                  zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
@@ -146,20 +134,21 @@ class Subscriber:
         self._taken_lock = threading.Lock()
         self._recovered_waiting: dict[str, list[int]] = {}  # incarnation → positions of fetched frames in the inbox
         self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
-        self._streams: dict[str, _Stream] = {
-            inc: _Stream(exchange=inc.rsplit(".", 1)[0], high=pos, floor=pos, known=True)
-            for inc, pos in self._taken.streams.items()}
+        self._streams = StreamSet(self.topics, _Replay(self), self._hand_over)
+        for inc, pos in self._taken.streams.items():
+            self._streams.resume(inc, pos)
+        self.topics = self._streams.prefixes  # subscribed as normalised: "a" covers "ab"
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         self._inbox: queue_module.Queue[Message] = queue_module.Queue(HANDOFF_LIMIT)
         self.received = 0
         self.duplicates = 0
-        self.gaps = 0  # holes in a followed topic that retention could not fill
         self.recovered = 0  # frames fetched from retention and handed over
-        self.fetches = 0
-        self.fetch_failures = 0
-        self.resyncs = 0  # reconnections to an exchange we had been following
         self.callback_errors = 0
+        self._fetchers: dict[str, zmq.Socket] = {}
+        self._context: zmq.Context | None = None
+        self._request_id = 0
+        self._gone_since: float | None = None
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
@@ -174,7 +163,7 @@ class Subscriber:
             raise
         # A new subscriber starts at the sync point of the exchanges running now; an
         # exchange that appears later is read from the start of its retention.
-        self._start_at_sync: set[str] = set() if self.resumed else set(self.topology.snapshot())
+        self._streams.start_at_sync = set() if self.resumed else set(self.topology.snapshot())
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
         self._thread.start()
@@ -182,13 +171,42 @@ class Subscriber:
 
     # ------------------------------------------------------------ API
 
+    @property
+    def gaps(self) -> int:
+        """Messages of our topics that retention no longer held when we fetched them."""
+        return self._streams.gaps
+
+    @property
+    def fetches(self) -> int:
+        return self._streams.fetches
+
+    @property
+    def fetch_failures(self) -> int:
+        return self._streams.fetch_failures
+
+    @property
+    def resyncs(self) -> int:
+        return self._streams.resyncs
+
     def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None after `timeout`. Raises QueueNotFoundError when the queue
+        has been deleted (and not created again) for a few seconds and nothing is left to take."""
         try:
             msg = self._inbox.get(timeout=timeout)
         except queue_module.Empty:
+            self._check_queue()
             return None
         self._note_taken(msg)
         return msg
+
+    def _check_queue(self) -> None:
+        if not self.topology.deleted:
+            self._gone_since = None
+            return
+        now = time.monotonic()
+        self._gone_since = self._gone_since or now
+        if now - self._gone_since >= QUEUE_GONE_GRACE:
+            raise QueueNotFoundError(f"queue {self.queue!r} was deleted")
 
     def __iter__(self) -> Iterator[Message]:
         while not self._closed:
@@ -206,10 +224,12 @@ class Subscriber:
         return data
 
     def stats(self) -> dict[str, int]:
-        return {"received": self.received, "duplicates": self.duplicates, "gaps": self.gaps,
-                "recovered_frames": self.recovered, "fetches": self.fetches,
-                "fetch_failures": self.fetch_failures, "resyncs": self.resyncs,
-                "callback_errors": self.callback_errors,
+        streams = self._streams
+        return {"received": self.received, "duplicates": self.duplicates, "gaps": streams.gaps,
+                "unknown_gaps": streams.unknown_gaps,
+                "recovered_frames": self.recovered, "fetches": streams.fetches,
+                "fetch_failures": streams.fetch_failures, "resyncs": streams.resyncs,
+                "position_checks": streams.position_checks, "callback_errors": self.callback_errors,
                 "exchanges": len(self.connected)}
 
     def wait_connected(self, count: int | None = None, timeout: float = 10.0) -> None:
@@ -227,7 +247,9 @@ class Subscriber:
         self._closed = True
         self._wake()
         self._thread.join(timeout=5)
-        for fd in (self._wake_r, self._wake_w):
+        self.topology.close()
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
@@ -268,7 +290,7 @@ class Subscriber:
         inc = live.get("incarnation")
         if not inc:
             return xid in self.connected
-        stream = self._streams.get(inc)
+        stream = self._streams.streams.get(inc)
         return stream is not None and stream.synced
 
     def _save_position(self) -> None:
@@ -282,8 +304,11 @@ class Subscriber:
     # ------------------------------------------------------------ I/O thread
 
     def _wake(self) -> None:
+        fd = self._wake_w
+        if fd < 0:
+            return  # closed: the number may belong to another file by now
         try:
-            os.write(self._wake_w, b"x")
+            os.write(fd, b"x")
         except OSError:
             pass
 
@@ -299,9 +324,7 @@ class Subscriber:
         # Last, so the exchange sees it together with (after) the topics.
         sock.setsockopt(zmq.SUBSCRIBE, self._sync_topic)
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._fetchers: dict[str, zmq.Socket] = {}
         self._context = context
-        self._request_id = 0
         endpoints: dict[str, str] = {}
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -322,7 +345,7 @@ class Subscriber:
                     self._on_disconnects(monitor, endpoints)
                 if events.get(sock):
                     self._drain(sock)
-                self._expire_syncs()
+                self._streams.expire_syncs(time.monotonic())
                 if self._position_path and time.monotonic() >= next_save:
                     next_save = time.monotonic() + self.config.client.position_save_interval
                     self._save_position()
@@ -352,6 +375,10 @@ class Subscriber:
                 sock.connect(endpoint)
                 log.info("subscriber joined %s/%s at %s", self.queue, xid, endpoint)
         self.connected = set(wanted)
+        running = {str(data.get("incarnation")) for data in live.values()}
+        for stream in list(self._streams.streams.values()):
+            if stream.exchange not in live or (stream.incarnation not in running and stream.synced):
+                self._streams.forget(stream.incarnation)  # that process is gone, and its retention
         return wanted
 
     def _on_disconnects(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:
@@ -363,12 +390,11 @@ class Subscriber:
             except zmq.Again:
                 return
             xid = by_endpoint.get(event.get("endpoint", b"").decode(errors="replace"))
-            for stream in self._streams.values():
-                if stream.exchange == xid and stream.synced:
-                    stream.synced = False
-                    stream.unsynced_since = time.monotonic()
+            if xid is not None:
+                self._streams.on_disconnect(xid)
 
     def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:
+        streams = self._streams
         for _ in range(budget):
             try:
                 topic, body = sock.recv_multipart(zmq.NOBLOCK)
@@ -379,96 +405,18 @@ class Subscriber:
             try:
                 if topic[:1] == b"\x00":
                     if topic == protocol.BEAT_TOPIC:
-                        self._on_beat(protocol.decode_sync(body, protocol.BEAT))
+                        streams.on_beat(protocol.decode_sync(body, protocol.BEAT))
                     elif topic == self._sync_topic:
-                        self._on_sync(protocol.decode_sync(body))
+                        streams.on_sync(protocol.decode_sync(body))
                     continue  # another subscriber's marker (we follow every topic)
                 delivery = protocol.decode_delivery(body)
             except ProtocolError as exc:
                 log.warning("dropping an undecodable frame: %s", exc)
                 continue
-            self._on_live(topic, delivery)
+            streams.on_live(topic, delivery)
 
-    def _stream(self, incarnation: str, exchange: str) -> _Stream:
-        stream = self._streams.get(incarnation)
-        if stream is None:
-            stream = self._streams[incarnation] = _Stream(exchange)
-        return stream
-
-    def _on_live(self, topic: bytes, d: protocol.Delivery) -> None:
-        stream = self._stream(d.incarnation, d.exchange)
-        stream.live_since_beat = True
-        if not stream.synced:
-            stream.pending.append((topic, d))
-            return
-        self._accept(stream, topic, d)
-
-    def _on_sync(self, sync: protocol.Sync) -> None:
-        stream = self._stream(sync.incarnation, sync.exchange)
-        if stream.synced:
-            return  # a duplicate answer
-        self._catch_up(stream, sync.incarnation, sync.next_pos)
-
-    def _on_beat(self, beat: protocol.Sync) -> None:
-        stream = self._streams.get(beat.incarnation)
-        if stream is None or not stream.synced:
-            return
-        if stream.live_since_beat:
-            stream.live_since_beat = False  # still flowing: broken chains show holes
-        elif beat.next_pos - 1 > stream.floor:
-            # Quiet since the last beat, yet the stream moved on: were our last frames dropped?
-            if self._fetch(stream, beat.incarnation, stream.floor, beat.next_pos, self.topics):
-                stream.floor = max(stream.floor, beat.next_pos - 1)
-                stream.high = max(stream.high, stream.floor)
-
-    def _expire_syncs(self) -> None:
-        """No sync answer (it was dropped): the first live frame shows where live begins."""
-        now = time.monotonic()
-        for incarnation, stream in list(self._streams.items()):
-            if not stream.synced and stream.pending and now - stream.unsynced_since > SYNC_TIMEOUT:
-                log.info("no sync from %s; catching up to its first live frame", incarnation)
-                self._catch_up(stream, incarnation, stream.pending[0][1].pos)
-
-    def _catch_up(self, stream: _Stream, incarnation: str, live_from: int) -> None:
-        """Fetch what came before `live_from`, then hand over the frames held meanwhile."""
-        strict = stream.known
-        if stream.known:
-            after = stream.high  # we were here before: continue where we left off
-            self.resyncs += 1
-        elif stream.exchange in self._start_at_sync:
-            self._start_at_sync.discard(stream.exchange)
-            after = min([live_from] + [d.pos for _, d in stream.pending]) - 1
-        else:
-            after = 0  # an exchange new to us: all it retains may be ours
-        if after < live_from - 1 and not self._fetch(stream, incarnation, after, live_from, self.topics, strict):
-            self.gaps += 1  # the exchange did not answer: what it retained for us is lost to us
-        stream.floor = max(stream.floor, live_from - 1, after)
-        stream.high = max(stream.high, stream.floor)
-        stream.synced = stream.known = True
-        pending, stream.pending = stream.pending, []
-        for topic, d in pending:
-            self._accept(stream, topic, d)
-
-    def _accept(self, stream: _Stream, topic: bytes, d: protocol.Delivery) -> None:
-        """A live frame: fill the hole before it, if its topic's chain is broken, then hand it over."""
-        if d.pos <= stream.floor or d.pos <= stream.topic_pos.get(topic, 0):
-            return  # already fetched
-        known = max(stream.topic_pos.get(topic, 0), stream.floor)
-        if d.prev_pos > known:
-            self._fetch(stream, d.incarnation, known, d.pos, [topic])
-            if d.prev_pos > max(stream.topic_pos.get(topic, 0), stream.floor):
-                self.gaps += 1  # not retained any more, or the exchange did not answer
-                log.warning("%s: frames %d..%d of topic %r are lost", d.incarnation, known + 1, d.prev_pos, topic)
-        self._hand_over(stream, topic, d, recovered=False)
-
-    def _hand_over(self, stream: _Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
-        if d.pos > stream.high:
-            stream.high = d.pos
-        if d.pos > stream.topic_pos.get(topic, 0):
-            stream.topic_pos[topic] = d.pos
-            if len(stream.topic_pos) > TOPIC_TRACK_LIMIT:
-                stream.topic_pos.clear()  # forget chains: nothing before here counts as missing
-                stream.floor = stream.high
+    def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
+        """Drop what was handed over before (by publisher and sequence), pass on the rest."""
         seqs = d.seqs
         if not seqs:
             return
@@ -527,78 +475,88 @@ class Subscriber:
                           d.publisher, seqs[0], seqs[-1])
         self._note_frame_taken(d, fresh)
 
-    # ------------------------------------------------------------ retention fetches
 
-    def _fetch(self, stream: _Stream, incarnation: str, after: int, before: int, prefixes: list[bytes],
-               strict: bool = True) -> bool:
-        """Hand over the retained frames after < pos < before of `prefixes`, page by page,
-        except those of topics already handed over up to a later position.
-        `strict`: every wanted frame after `after` is ours, so one evicted is a gap.
-        False if the exchange could not be asked or did not answer."""
-        fetcher = self._fetcher(stream.exchange)
-        if fetcher is None:
-            self.fetch_failures += 1
-            return False
-        max_bytes = self.config.exchange.fetch_max_bytes
-        while after < before - 1 and not self._closed:
-            self._request_id += 1
-            self.fetches += 1
-            known = _recent_topics(stream.topic_pos, after)
-            fetcher.send(protocol.encode_fetch(self._request_id, incarnation, after, before, prefixes, max_bytes,
-                                               known))
-            page = self._await_page(fetcher, self._request_id)
-            if page is None:
-                self.fetch_failures += 1
-                self._drop_fetcher(stream.exchange)
-                return False
-            if strict and page.oldest > after + 1:
-                self.gaps += 1
-                log.warning("%s: positions %d..%d were evicted from retention before we fetched them",
-                            incarnation, after + 1, page.oldest - 1)
-            for topic, body in page.frames:
-                try:
-                    d = protocol.decode_delivery(body)
-                except ProtocolError:
-                    continue
-                self._hand_over(stream, topic, d, recovered=True)
-            after = max(after + 1, page.scanned_to) if not page.done else before - 1
-        return True
 
-    def _await_page(self, fetcher: zmq.Socket, request_id: int) -> protocol.Frames | None:
-        deadline = time.monotonic() + self.config.client.fetch_timeout
-        while not self._closed:
+class _Replay:
+    """The subscriber's way to its exchanges' retention: one DEALER per exchange, owned by the
+    I/O thread; a request waits for its answer (older answers, after a timeout, are skipped)."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self.sub = subscriber
+
+    def fetch(self, exchange: str, incarnation: str, after: int, before: int,
+              prefix: bytes) -> Iterator[protocol.Frames]:
+        max_bytes = self.sub.config.exchange.fetch_max_bytes
+        while after < before - 1 and not self.sub._closed:
+            request = lambda rid: protocol.encode_fetch(rid, incarnation, after, before, [prefix], max_bytes)  # noqa: E731
+            page = self._ask(exchange, request)
+            if not isinstance(page, protocol.Frames):
+                raise FetchFailed(f"{exchange} answered a fetch with {type(page).__name__}")
+            yield page
+            if page.done:
+                return
+            after = max(after + 1, page.scanned_to)
+
+    def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        answer = self._ask(exchange, lambda rid: protocol.encode_position_request(rid, prefixes))
+        if not isinstance(answer, protocol.StreamPosition):
+            raise FetchFailed(f"{exchange} answered a position request with {type(answer).__name__}")
+        return answer
+
+    def _ask(self, exchange: str, encode: Callable[[int], bytes]) -> protocol.Frames | protocol.StreamPosition:
+        sub = self.sub
+        deadline = time.monotonic() + sub.config.client.fetch_timeout
+        while not sub._closed:
+            fetcher = self._fetcher(exchange)
+            if fetcher is None:
+                raise FetchFailed(f"{exchange} has no replay endpoint")
+            sub._request_id += 1
+            request_id = sub._request_id
+            fetcher.send(encode(request_id))
+            try:
+                return self._await(fetcher, request_id, deadline)
+            except protocol.ReplayRefused as refused:
+                if refused.refusal != "busy" or time.monotonic() + BUSY_RETRY > deadline:
+                    raise FetchFailed(str(refused)) from None
+                time.sleep(BUSY_RETRY)  # the exchange holds too many unsent replies: let them go
+            except FetchFailed:
+                self._drop(exchange)
+                raise
+        raise FetchFailed("subscriber closed")
+
+    def _await(self, fetcher: zmq.Socket, request_id: int,
+               deadline: float) -> protocol.Frames | protocol.StreamPosition:
+        while not self.sub._closed:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not fetcher.poll(int(remaining * 1000)):
-                return None
+                raise FetchFailed("no answer in time")
             try:
-                page = protocol.decode_fetch_reply(fetcher.recv(), MAX_FETCH_REPLY)
+                answer = protocol.decode_replay_reply(fetcher.recv(), MAX_FETCH_REPLY)
+            except protocol.ReplayRefused as refused:
+                if refused.request_id == request_id:
+                    raise
+                continue
             except ProtocolError as exc:
-                log.warning("fetch refused: %s", exc)
-                return None
-            if page.request_id == request_id:
-                return page  # older answers (after a timeout) are skipped
-        return None
+                raise FetchFailed(f"bad answer: {exc}") from None
+            if answer.request_id == request_id:
+                return answer
+        raise FetchFailed("subscriber closed")
 
     def _fetcher(self, xid: str) -> zmq.Socket | None:
-        fetcher = self._fetchers.get(xid)
-        if fetcher is None:
-            endpoint = (self.topology.snapshot().get(xid) or {}).get("replay")
+        sub = self.sub
+        fetcher = sub._fetchers.get(xid)
+        if fetcher is None and sub._context is not None:
+            endpoint = (sub.topology.snapshot().get(xid) or {}).get("replay")
             if not endpoint:
                 return None
-            fetcher = self._context.socket(zmq.DEALER)
+            fetcher = sub._context.socket(zmq.DEALER)
             fetcher.linger = 0
-            secure_client(fetcher, self.config)
+            secure_client(fetcher, sub.config)
             fetcher.connect(endpoint)
-            self._fetchers[xid] = fetcher
+            sub._fetchers[xid] = fetcher
         return fetcher
 
-    def _drop_fetcher(self, xid: str) -> None:
-        fetcher = self._fetchers.pop(xid, None)
+    def _drop(self, xid: str) -> None:
+        fetcher = self.sub._fetchers.pop(xid, None)
         if fetcher is not None:
             fetcher.close(linger=0)
-
-
-def _recent_topics(topic_pos: dict[bytes, int], after: int) -> list[list[Any]]:
-    """[topic, position] of topics handed over after `after`: the exchange skips their older frames."""
-    recent = [[topic, pos] for topic, pos in topic_pos.items() if pos > after]
-    return recent[-protocol.MAX_FETCH_PREFIXES:]

@@ -150,8 +150,13 @@ def _ask_position(endpoint: str, config: Any) -> tuple[str, int, int] | None:
         sock.send(protocol.encode_position_request(1))
         if not sock.poll(FETCH_TIMEOUT_MS):
             return None
-        _, inc, oldest, next_pos = protocol.decode_position(sock.recv())
-        return inc, oldest, next_pos
+        try:
+            answer = protocol.decode_replay_reply(sock.recv(), protocol.MAX_CONTROL_FRAME)
+        except protocol.ProtocolError:
+            return None
+        if not isinstance(answer, protocol.StreamPosition):
+            return None
+        return answer.incarnation, answer.oldest, answer.next_pos
     finally:
         sock.close()
 
@@ -177,8 +182,8 @@ def read_range(part: ExchangeRange) -> Iterator[tuple[Any, ...]]:
             if not sock.poll(FETCH_TIMEOUT_MS):
                 raise TimeoutError(f"exchange {part.exchange} did not answer a fetch in "
                                    f"{FETCH_TIMEOUT_MS / 1000:.0f}s")
-            page = protocol.decode_fetch_reply(sock.recv(), 1 << 30)
-            if page.request_id != request_id:
+            page = protocol.decode_replay_reply(sock.recv(), 1 << 30)
+            if not isinstance(page, protocol.Frames) or page.request_id != request_id:
                 continue
             if page.oldest > after + 1 and after > 0 and part.fail_on_loss:
                 raise RuntimeError(f"exchange {part.exchange}: positions {after + 1}..{page.oldest - 1} left "

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,11 +23,11 @@ from kazoo.exceptions import NoAuthError
 from roq import protocol
 from roq.client import Admin, Publisher, Subscriber
 from roq.config import Config
-from roq.errors import ForbiddenError, InvalidNameError, LimitExceededError, MessageTooLargeError
+from roq.errors import ForbiddenError, InvalidNameError, LimitExceededError, MessageTooLargeError, RefusedError
 from roq.paths import Paths
 from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
-from roq.testing import OK, REFUSED, Processes, fast_config, handshake, wait_until
+from roq.testing import OK, REFUSED, Processes, fast_config, handshake, record_figures, wait_until
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 
@@ -243,19 +244,65 @@ def test_connections_per_client_are_capped(limited_exchange: dict) -> None:  # t
             sock.close()
 
 
+def test_an_admin_over_the_gcm_connection_limit_is_refused_at_once(config: Config, zk, paths, procs,  # type: ignore[no-untyped-def]
+                                                                   tmp_path: Path) -> None:
+    procs.start("gcm", "gcm-0", "security.max_connections_per_client=3")
+    endpoint = wait_until(lambda: read_leader(zk, paths), message="a leader")["endpoint"]
+    context = zmq.Context()
+    held = []
+    try:
+        for i in range(5):  # 3 get in, 2 are refused (and keep trying in the background)
+            sock = context.socket(zmq.DEALER)
+            sock.linger = 0
+            if i < 3:
+                monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            sock.connect(endpoint)
+            if i < 3:
+                assert monitor.poll(10_000), "one of the first 3 connections did not get in"
+                monitor.close()
+            held.append(sock)
+        assert handshake(endpoint) == REFUSED
+        with Admin(config, zk) as admin:
+            started = time.monotonic()
+            with pytest.raises(RefusedError, match="refused the connection") as info:
+                admin.list_queues()  # used to retry in silence until client.request_timeout (10 s)
+            refused_after = time.monotonic() - started
+            assert endpoint in str(info.value) and "max_connections_per_client" in str(info.value)
+            cli_config = tmp_path / "client.toml"
+            cli_config.write_text(config.to_toml())
+            result = subprocess.run([sys.executable, "-m", "roq.cli", "--config", str(cli_config), "queue", "list"],
+                                    capture_output=True, text=True, timeout=60)
+            assert result.returncode == 5 and "refused the connection" in result.stderr, (result.returncode,
+                                                                                          result.stderr)
+            record_figures("admin call over the GCM's connection limit", refused_after_s=round(refused_after, 3))
+            for sock in held:
+                sock.close()
+            held.clear()
+            assert wait_until(lambda: admin.list_queues() == [], timeout=10,
+                              message="the admin to get in once the connections closed")
+    finally:
+        for sock in held:
+            sock.close()
+        context.term()
+
+
 def test_message_size_and_topic_length_are_enforced(limited_exchange: dict, config: Config) -> None:  # type: ignore[type-arg]
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(limited_exchange["pub"])
     try:
-        sock.send(protocol.encode_batch("limits", 1, 0, [b"t", b"x" * 1025, b"t" * 256, b"ok", b"t", b"fine"]))
+        token = b"limits".ljust(16, b".")
+        pid = protocol.publisher_id_for(token)
+        sock.send(protocol.encode_hello(pid, token, 1))
+        assert sock.poll(5000) and msgpack.unpackb(sock.recv())[0] == "welcome"
+        sock.send(protocol.encode_batch(pid, 1, 0, [b"t", b"x" * 1025, b"t" * 256, b"ok", b"t", b"fine"]))
         replies = []
         while len(replies) < 3 and sock.poll(5000):
             replies.append(msgpack.unpackb(sock.recv()))
         assert {r[2]: r[3] for r in replies if r[0] == "reject"} == {1: "too_large", 2: "invalid_name"}
-        assert ["ack", 1, 3] == [replies[-1][0], replies[-1][1], replies[-1][2]]
+        assert ["ack", 2, 3] == [replies[-1][0], replies[-1][1], replies[-1][2]]
         sock.send(b"\x00" * 70_000)  # above max_batch_bytes: libzmq drops the connection, nothing else
-        sock.send(protocol.encode_batch("limits", 4, 0, [b"t", b"after"]))
+        sock.send(protocol.encode_batch(pid, 4, 0, [b"t", b"after"]))
     finally:
         sock.close()
     assert handshake(limited_exchange["pub"]) == OK and limited_exchange["proc"].poll() is None

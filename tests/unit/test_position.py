@@ -59,3 +59,33 @@ def test_a_damaged_position_file_is_a_clear_error(tmp_path) -> None:  # type: ig
     with pytest.raises(ConfigError, match="overlapping"):
         load_position(path)
     assert load_position(tmp_path / "missing.json") is None
+
+
+def test_a_long_lived_publisher_is_not_forgotten_after_many_short_lived_ones() -> None:
+    """Issue 16 point 4: the dedup memory evicted the first publisher inserted, not the least
+    recently seen, so 10,000 one-message publishers made a busy publisher's replay a duplicate."""
+    from roq.client.position import Position
+    position = Position()
+    for seq in range(1, 1101):
+        position.seen("long-lived", now=0.0).add(seq)
+    for i in range(12_000):
+        position.seen(f"short-{i}", now=1.0).add(1)
+        if i % 100 == 0:
+            position.seen("long-lived", now=1.0)  # still publishing
+    replayed = [seq for seq in range(1, 1101) if position.seen("long-lived", now=2.0).add(seq)]
+    assert replayed == [] and position.forgotten == 0
+
+
+def test_publishers_are_forgotten_only_once_idle_beyond_the_limit() -> None:
+    from roq.client import position as module
+    position = module.Position()
+    old_limit = module.PUBLISHER_LIMIT
+    module.PUBLISHER_LIMIT = 10
+    try:
+        for i in range(20):
+            position.seen(f"p{i}", now=0.0).add(1)
+        assert len(position.publishers) == 20  # all recent: kept beyond the soft limit
+        position.seen("late", now=module.FORGET_AFTER + 1)
+        assert len(position.publishers) == 10 and "late" in position.publishers
+    finally:
+        module.PUBLISHER_LIMIT = old_limit

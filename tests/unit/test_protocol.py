@@ -31,19 +31,48 @@ def test_errors_keep_their_code_across_the_wire() -> None:
 
 
 def test_batch_round_trip_and_validation() -> None:
-    kind, batch = protocol.decode_publisher_frame(protocol.encode_batch("p", 7, 1, [b"t", b"x"]), 1 << 20)
-    assert kind == "batch" and batch.first_seq == 7 and batch.flat == [b"t", b"x"]
-    for bad in ([1], ["batch", 1, "p", 0, 1, []], ["batch", 1, "p", 1, 1, [b"odd"]], ["zzz", 1, "p"],
-                ["hello", 9, "p"], ["hello", 1, ""]):
+    batch = protocol.decode_publisher_frame(protocol.encode_batch("p", 7, 1, [b"t", b"x"]), 1 << 20)
+    assert isinstance(batch, protocol.Batch) and batch.first_seq == 7 and batch.flat == [b"t", b"x"]
+    for bad in ([1], ["batch", 2, "p", 0, 1, [b"t", b"x"]], ["zzz", 2, "p"], ["hello", 9, "p"], ["hello", 2, ""],
+                ["hello", 2, "p", b"short", 1], ["batch", 1, "p", 1, 1, [b"t", b"x"]]):
         with pytest.raises(ProtocolError):
             protocol.decode_publisher_frame(msgpack.packb(bad), 1 << 20)
     with pytest.raises(ProtocolError, match="exceeds"):
         protocol.decode_publisher_frame(b"x" * 100, 10)
 
 
+@pytest.mark.parametrize("bad", [
+    ["batch", 2, "p", 1, 1.5, [b"t", b"x"]],  # a float sent_ns (issue 16 point 2)
+    ["batch", 2, "p", 1, -1, [b"t", b"x"]],
+    ["batch", 2, "p", 1, 1, [b"odd"]],
+    ["batch", 2, "p", 1, 1, []],
+    ["batch", 2, "p", 2**63 - 1, 0, [b"t", b"x", b"t", b"y"]],  # would pass the largest sequence number
+])
+def test_refused_batches_name_their_publisher_and_first_seq(bad: list) -> None:
+    """A batch refused as a whole is attributed, so the exchange answers `resend` (never a silent
+    refusal the next ack would cover)."""
+    with pytest.raises(protocol.RefusedBatch) as refused:
+        protocol.decode_publisher_frame(msgpack.packb(bad), 1 << 20)
+    assert refused.value.publisher == "p" and refused.value.first_seq == bad[3]
+
+
+@pytest.mark.parametrize("first_seq", [2**63, 2**64 - 1, 0, -5])
+def test_sequence_numbers_out_of_range_are_refused_at_decode(first_seq: int) -> None:
+    """Issue 16 point 6: 2**64-1 used to overflow msgpack inside the exchange and end it."""
+    with pytest.raises(ProtocolError):
+        protocol.decode_publisher_frame(msgpack.packb(["batch", 2, "p", first_seq, 0, [b"t", b"x"]]), 1 << 20)
+
+
+def test_publisher_ids_are_derived_from_their_token() -> None:
+    token = b"k" * 16
+    hello = protocol.decode_publisher_frame(protocol.encode_hello(protocol.publisher_id_for(token), token, 5), 4096)
+    assert isinstance(hello, protocol.Hello) and hello.from_seq == 5
+    assert protocol.publisher_id_for(token) != protocol.publisher_id_for(b"j" * 16)
+
+
 def test_names() -> None:
     assert check_queue_name("orders-eu.1") == "orders-eu.1"
-    for bad in ("", "-x", "a/b", "a~b", "..", "x" * 64, 3, None):
+    for bad in ("", "-x", "a/b", "a~b", "..", "x" * 64, 3, None, "abc\n"):
         with pytest.raises(InvalidNameError):
             check_queue_name(bad)
     assert check_topic("t") == b"t"

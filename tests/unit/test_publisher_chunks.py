@@ -63,3 +63,25 @@ def test_merged_replay_chunks_are_kept_for_the_replay_time_of_their_newest_messa
     assert len(pub._replay) == 1  # message 2 was confirmed less than 15 s ago
     pub._trim_replay(now=116.0)
     assert not pub._replay and pub._replay_size == 0
+
+
+def test_a_move_requested_by_a_watch_thread_is_never_lost() -> None:
+    """Issue 16 point 11: a flag set by kazoo watch threads and cleared unconditionally by the I/O
+    loop lost requests; now a request is taken atomically, and one made after a take is kept."""
+    import threading
+
+    from roq.client.publisher import Publisher
+    pub = Publisher.__new__(Publisher)  # the request itself needs no socket
+    pub._move_lock, pub._move_request, pub._wake_w = threading.Lock(), None, -1
+    pub._request_move("exchange x1 disappeared")
+    assert pub._take_move() == "exchange x1 disappeared"
+    assert pub._take_move() is None
+    taken: list[str | None] = []
+    threads = [threading.Thread(target=pub._request_move, args=(f"r{i}",)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+        taken.append(pub._take_move())
+    for thread in threads:
+        thread.join()
+    taken.append(pub._take_move())
+    assert any(taken), "every burst of requests leads to at least one move"

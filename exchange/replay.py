@@ -1,0 +1,141 @@
+"""The replay socket: retention fetches and position checks, with bounded memory.
+
+A ROUTER socket queues replies for peers that do not read them; unbounded, a few hundred fetches
+that are never read pin gigabytes. Every reply leaves as a tracked zero-copy frame, so the bytes
+libzmq still holds are known per connection and in total; a fetch beyond either budget is
+answered with a small `busy` error (retry after reading what you asked for) instead of a page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from exchange.chains import PrefixChains
+from exchange.retention import Retention
+from roq import protocol
+from roq.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+REPLAY_HWM = 64  # replies queued per connection; small ones only, the byte budget bounds the rest
+
+
+class ReplayServer:
+    def __init__(self, sock: zmq.Socket, retention: Retention, chains: PrefixChains, incarnation: str,
+                 fetch_max_bytes: int, budget_bytes: int, per_connection_bytes: int,
+                 count: Callable[[str, int], None]) -> None:
+        """`count(name, n)` adds to the exchange's counters (fetches, fetched_frames, malformed, busy)."""
+        self.sock = sock
+        self.retention = retention
+        self.chains = chains
+        self.incarnation = incarnation
+        self.fetch_max_bytes = fetch_max_bytes
+        self.budget = budget_bytes
+        self.per_connection = per_connection_bytes
+        self._count = count
+        self._in_flight: deque[tuple[zmq.MessageTracker, bytes, int]] = deque()  # (tracker, peer, bytes)
+        self.held = 0  # reply bytes libzmq still holds
+        self._held_by: dict[bytes, int] = {}
+
+    def drain(self, budget: int = 16) -> None:
+        for _ in range(budget):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 2:
+                self.handle(frames[0], frames[1])
+            else:
+                self._count("malformed", 1)
+                if frames:
+                    self._send(frames[0], protocol.encode_replay_error(
+                        None, protocol.MALFORMED, "expected exactly one frame per request"))
+
+    def handle(self, ident: bytes, payload: bytes) -> None:
+        try:
+            req = protocol.decode_replay_request(payload)
+        except ProtocolError as err:
+            self._count("malformed", 1)
+            self._send(ident, protocol.encode_replay_error(_request_id_of(payload), err.code, str(err)))
+            return
+        if isinstance(req, protocol.PositionRequest):
+            self._send(ident, self._position(req))
+            return
+        if req.incarnation and req.incarnation != self.incarnation:
+            self._send(ident, protocol.encode_replay_error(
+                req.request_id, "unknown_incarnation", f"this exchange is incarnation {self.incarnation}"))
+            return
+        self.release()
+        limit = min(req.max_bytes or self.fetch_max_bytes, self.fetch_max_bytes)
+        if self.held + limit > self.budget or self._held_by.get(ident, 0) + limit > self.per_connection:
+            self._count("busy", 1)
+            self._send(ident, protocol.encode_replay_error(
+                req.request_id, "busy", f"{self._held_by.get(ident, 0)} bytes of replies to this connection "
+                f"and {self.held} in all are not yet sent: read them, then ask again"))
+            return
+        retention = self.retention
+        before = req.before or retention.next_pos
+        found, scanned_to, done = retention.read(req.after, before, req.prefixes, limit)
+        lost, exact = retention.lost(req.after, before, req.prefixes)
+        self._count("fetches", 1)
+        self._count("fetched_frames", len(found))
+        self._send(ident, protocol.encode_frames(req.request_id, self.incarnation, retention.oldest, found,
+                                                 scanned_to, done, lost, exact), tracked=True)
+
+    def _position(self, req: protocol.PositionRequest) -> bytes:
+        """Where the stream is, and per prefix the last position of its chain (tracking it from now
+        on if it was not: the answer is then the current position, so the asker fetches the range)."""
+        next_pos = self.retention.next_pos
+        last = [self.chains.track(prefix, next_pos) for prefix in req.prefixes]
+        return protocol.encode_position(req.request_id, self.incarnation, self.retention.oldest, next_pos, last)
+
+    def _send(self, ident: bytes, body: bytes, tracked: bool = False) -> None:
+        try:
+            self.sock.send(ident, zmq.SNDMORE | zmq.NOBLOCK)
+            if not tracked:
+                self.sock.send(body, zmq.NOBLOCK)
+                return
+            tracker = self.sock.send(zmq.Frame(body, track=True, copy=False), zmq.NOBLOCK, copy=False, track=True)
+        except zmq.ZMQError:
+            return  # the subscriber is gone or its queue is full; it will ask again
+        size = len(body)
+        self._in_flight.append((tracker, ident, size))  # type: ignore[arg-type]
+        self.held += size
+        self._held_by[ident] = self._held_by.get(ident, 0) + size
+
+    def release(self) -> None:
+        """Forget replies libzmq has finished with (written to the kernel, or dropped with their
+        connection). All are looked at: one connection that never reads must not hold up the
+        accounting of the others."""
+        if not self._in_flight:
+            return
+        still: deque[tuple[zmq.MessageTracker, bytes, int]] = deque()
+        for entry in self._in_flight:
+            tracker, ident, size = entry
+            if not tracker.done:
+                still.append(entry)
+                continue
+            self.held -= size
+            left = self._held_by[ident] - size
+            if left:
+                self._held_by[ident] = left
+            else:
+                del self._held_by[ident]
+        self._in_flight = still
+
+
+def _request_id_of(payload: bytes) -> int | None:
+    """Best-effort request id of a refused request, so the error can be matched."""
+    try:
+        msg = protocol.msgpack.unpackb(payload, raw=False) if len(payload) <= protocol.MAX_CONTROL_FRAME else None
+    except Exception:
+        return None
+    if isinstance(msg, list) and len(msg) > 2 and isinstance(msg[2], int) and not isinstance(msg[2], bool) \
+            and 0 <= msg[2] <= protocol.MAX_SEQ:
+        return msg[2]
+    return None

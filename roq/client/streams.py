@@ -1,0 +1,275 @@
+"""What a subscriber knows of each exchange incarnation's stream, and how it fills holes.
+
+Pure logic, no sockets: the Subscriber feeds it what arrives (live frames, sync answers, beats,
+disconnections) and gives it a `ReplayTransport` to reach the exchanges' retention; the
+model-based tests give it a simulated exchange instead.
+
+The subscriber's topics are normalised to prefixes none of which starts with another, so every
+frame it receives matches exactly one of them. Per stream and prefix, `done[prefix]` is the
+position up to which every frame of that prefix was handed over (or counted lost). A frame
+carries, per subscribed prefix it matches, the position of the previous frame of that prefix
+(exchange/chains.py): a `prev` above `done` is a hole, fetched before the frame is handed over,
+so each (publisher, topic) is handed over in order. A hole at the tail (nothing of the prefix
+follows it) is found by a position check: on each beat, for every prefix that got no frame since
+the previous beat while the stream moved on, the exchange is asked where the prefix's chain
+ends. What retention no longer holds is counted in `gaps`, exactly (in messages) when the
+exchange still remembers what it evicted; a frame we hold ourselves is never counted lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from roq import protocol
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT = 2.0  # no sync answer this long: catch up from the first live frame instead
+UNCHAINED_LIMIT = 100_000  # frames remembered per prefix that came without a chain (see Stream.unchained)
+
+
+class FetchFailed(Exception):
+    """The exchange did not answer (gone, or too busy): the hole stays open and is retried."""
+
+
+class ReplayTransport(Protocol):
+    def fetch(self, exchange: str, incarnation: str, after: int, before: int,
+              prefix: bytes) -> Iterator[protocol.Frames]:
+        """Pages of frames after < pos < before of `prefix`; raises FetchFailed."""
+
+    def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        """Where the stream is and where each prefix's chain ends; raises FetchFailed."""
+
+
+Deliver = Callable[["Stream", bytes, protocol.Delivery, bool], None]
+
+
+def normalise(prefixes: Iterable[bytes]) -> list[bytes]:
+    """The prefixes without those another one covers ("a" covers "ab"), sorted."""
+    result: list[bytes] = []
+    for prefix in sorted(set(prefixes)):
+        if not result or not prefix.startswith(result[-1]):
+            result.append(prefix)
+    return result
+
+
+@dataclass
+class Stream:
+    exchange: str
+    incarnation: str
+    done: dict[bytes, int]  # per prefix: every frame of it at or below this position is handled
+    known: bool = False  # followed before (or resumed from a saved position): catch up from `done`
+    synced: bool = False  # our subscriptions are live on it and older frames were caught up
+    pending: list[tuple[bytes, protocol.Delivery]] = field(default_factory=list)  # live, before the sync
+    unsynced_since: float = field(default_factory=time.monotonic)
+    active: set[bytes] = field(default_factory=set)  # prefixes with a verified frame since the last beat
+    unverified: set[bytes] = field(default_factory=set)  # prefixes with frames that carried no chain
+    high: int = 0  # highest position handed over
+    holes: list[tuple[bytes, int, int, bool]] = field(default_factory=list)  # (prefix, after, before, strict) to fetch
+    # Per prefix, {pos: messages} of frames handed over without a chain, above done: a later fetch
+    # over them must not count them lost when retention has evicted them meanwhile.
+    unchained: dict[bytes, dict[int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class StreamSet:
+    prefixes: list[bytes]
+    replay: ReplayTransport
+    deliver: Deliver
+    start_at_sync: set[str] = field(default_factory=set)  # exchanges running when we started
+    streams: dict[str, Stream] = field(default_factory=dict)
+    gaps: int = 0  # messages of our prefixes evicted before we could fetch them
+    unknown_gaps: int = 0  # holes whose size the exchange no longer knew (counted at least 1 in gaps)
+    fetches: int = 0
+    fetch_failures: int = 0
+    resyncs: int = 0
+    position_checks: int = 0
+
+    def __post_init__(self) -> None:
+        self.prefixes = normalise(self.prefixes)
+
+    def resume(self, incarnation: str, pos: int) -> None:
+        """Continue a stream from a saved position (every frame at or below `pos` was taken)."""
+        self.streams[incarnation] = Stream(incarnation.rsplit(".", 1)[0], incarnation,
+                                           {p: pos for p in self.prefixes}, known=True, high=pos)
+
+    def prefix_of(self, topic: bytes) -> bytes | None:
+        for prefix in self.prefixes:
+            if topic.startswith(prefix):
+                return prefix
+        return None
+
+    def stream(self, incarnation: str, exchange: str) -> Stream:
+        stream = self.streams.get(incarnation)
+        if stream is None:
+            stream = self.streams[incarnation] = Stream(exchange, incarnation, {p: 0 for p in self.prefixes})
+        return stream
+
+    # ------------------------------------------------------------ events
+
+    def on_live(self, topic: bytes, d: protocol.Delivery) -> None:
+        stream = self.stream(d.incarnation, d.exchange)
+        if not stream.synced:
+            stream.pending.append((topic, d))
+            return
+        self._accept(stream, topic, d)
+
+    def on_sync(self, sync: protocol.Sync) -> None:
+        stream = self.stream(sync.incarnation, sync.exchange)
+        if not stream.synced:
+            self._catch_up(stream, sync.next_pos)
+
+    def on_disconnect(self, exchange: str) -> None:
+        """A dropped connection loses what was in flight: catch up at the next sync."""
+        for stream in self.streams.values():
+            if stream.exchange == exchange and stream.synced:
+                stream.synced = False
+                stream.unsynced_since = time.monotonic()
+
+    def expire_syncs(self, now: float) -> None:
+        """No sync answer (it was dropped): the first live frame shows where live begins."""
+        for stream in list(self.streams.values()):
+            if not stream.synced and stream.pending and now - stream.unsynced_since > SYNC_TIMEOUT:
+                log.info("no sync from %s; catching up to its first live frame", stream.incarnation)
+                self._catch_up(stream, stream.pending[0][1].pos)
+
+    def on_beat(self, beat: protocol.Sync) -> None:
+        """Prefixes quiet since the last beat (or whose frames carried no chain) while the stream
+        moved on: ask where their chains end, and fetch what never reached us."""
+        stream = self.streams.get(beat.incarnation)
+        if stream is None or not stream.synced:
+            return
+        holes, stream.holes = stream.holes, []
+        for prefix, after, before, strict in holes:  # the exchange did not answer then: try again
+            self._fill_or_remember(stream, prefix, after, before, strict)
+        check = [p for p in self.prefixes if p in stream.unverified
+                 or (p not in stream.active and stream.done[p] < beat.next_pos - 1)]
+        stream.active.clear()
+        if check:
+            self.check(stream, check)
+
+    def check(self, stream: Stream, prefixes: list[bytes]) -> None:
+        self.position_checks += 1
+        try:
+            answer = self.replay.position(stream.exchange, prefixes)
+        except FetchFailed:
+            self.fetch_failures += 1
+            return
+        if answer.incarnation != stream.incarnation or len(answer.last) != len(prefixes):
+            return  # the exchange restarted: this stream has ended
+        for prefix, last in zip(prefixes, answer.last):
+            if last > stream.done[prefix] and self._fill(stream, prefix, stream.done[prefix], last + 1) < last:
+                self.fetch_failures += 1
+                continue  # not all fetched: the rest is still open, checked again at the next beat
+            # No frame of the prefix lies in (last, next_pos): what is still in flight to us is handled.
+            stream.done[prefix] = max(stream.done[prefix], answer.next_pos - 1)
+            stream.unverified.discard(prefix)
+
+    # ------------------------------------------------------------ internals
+
+    def _catch_up(self, stream: Stream, live_from: int) -> None:
+        """Fetch what came before `live_from`, then hand over the frames held meanwhile."""
+        pending, stream.pending = sorted(stream.pending, key=lambda item: item[1].pos), []
+        if pending:
+            # Frames in hand need no fetch (one evicted meanwhile would be counted lost although we
+            # have it): catch up to the first of them, their chains show what is missing after it.
+            live_from = min(live_from, pending[0][1].pos)
+        if stream.known:
+            self.resyncs += 1
+            starts = dict(stream.done)  # continue where we left off
+            strict = True
+        else:
+            if stream.exchange in self.start_at_sync:
+                self.start_at_sync.discard(stream.exchange)
+                after = live_from - 1
+            else:
+                after = 0  # an exchange new to us: all it retains may be ours
+            starts = {p: after for p in self.prefixes}
+            strict = False  # what was evicted before we knew the exchange was never ours to lose
+        for prefix, after in starts.items():
+            if after < live_from - 1:
+                self._fill_or_remember(stream, prefix, after, live_from, strict)
+            stream.done[prefix] = max(stream.done[prefix], live_from - 1)
+        stream.synced = stream.known = True
+        for topic, d in pending:
+            self._accept(stream, topic, d)
+
+    def _accept(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
+        """A live frame: fill the hole before it in its prefix's chain, then hand it over."""
+        prefix = self.prefix_of(topic)
+        if prefix is None or d.pos <= stream.done[prefix]:
+            return  # not ours (another subscriber's marker), or fetched already
+        prev = d.chains.get(len(prefix))
+        if prev is None:
+            stream.unverified.add(prefix)  # the exchange was not following our prefix: check at the beat
+            unchained = stream.unchained.setdefault(prefix, {})
+            if len(unchained) < UNCHAINED_LIMIT:  # beyond, a later fetch may count some of them lost
+                unchained[d.pos] = len(d.seqs)
+        else:
+            if prev > stream.done[prefix]:
+                self._fill_or_remember(stream, prefix, stream.done[prefix], d.pos)
+            stream.active.add(prefix)
+            stream.done[prefix] = d.pos
+        self._hand_over(stream, topic, d, recovered=False)
+
+    def _fill_or_remember(self, stream: Stream, prefix: bytes, after: int, before: int,
+                          strict: bool = True) -> None:
+        """Fill a hole now, or remember what is left of it for the next beat when the exchange
+        does not answer (later frames are handed over meanwhile: better late than lost)."""
+        handled = self._fill(stream, prefix, after, before, strict)
+        if handled < before - 1:
+            self.fetch_failures += 1
+            # From where the fetch stopped: the pages before were handed over and counted.
+            stream.holes.append((prefix, handled, before, strict))
+
+    def _fill(self, stream: Stream, prefix: bytes, after: int, before: int, strict: bool = True) -> int:
+        """Hand over the retained frames of `prefix` after < pos < before, and count what was
+        evicted (unless not `strict`). Returns the position up to which the range was handled:
+        before - 1, or less when the exchange stopped answering (the rest stays open)."""
+        self.fetches += 1
+        handled, lost, inexact, unknown, fetched = after, 0, 0, 0, set()
+        try:
+            for page in self.replay.fetch(stream.exchange, stream.incarnation, after, before, prefix):
+                lost += page.lost
+                if not page.lost_exact:
+                    inexact += 1
+                    unknown += 0 if page.lost else 1  # the size is unknown: at least one
+                for topic, body in page.frames:
+                    try:
+                        d = protocol.decode_delivery(body)
+                    except protocol.ProtocolError:
+                        continue
+                    if after < d.pos < before and topic.startswith(prefix):
+                        fetched.add(d.pos)
+                        self._hand_over(stream, topic, d, recovered=True)
+                handled = before - 1 if page.done else max(handled, page.scanned_to)
+        except FetchFailed:
+            pass
+        unchained = stream.unchained.get(prefix, {})
+        for pos in [p for p in unchained if after < p <= handled]:
+            count = unchained.pop(pos)
+            if pos not in fetched and not inexact:
+                lost -= count  # handed over before, evicted since: counted in `lost`, yet not lost
+        if strict and (lost or inexact):
+            self.gaps += lost + unknown
+            self.unknown_gaps += inexact
+            log.warning("%s: %d messages of prefix %r were evicted before we fetched them",
+                        stream.incarnation, lost + unknown, prefix)
+        stream.done[prefix] = max(stream.done[prefix], handled)
+        return handled
+
+    def forget(self, incarnation: str) -> None:
+        """The exchange incarnation is gone: its open holes can never be filled now."""
+        stream = self.streams.pop(incarnation, None)
+        open_holes = sum(1 for hole in stream.holes if hole[3]) if stream is not None else 0
+        self.unknown_gaps += open_holes
+        self.gaps += open_holes
+
+    def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
+        if d.pos > stream.high:
+            stream.high = d.pos
+        self.deliver(stream, topic, d, recovered)
