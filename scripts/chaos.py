@@ -1,62 +1,390 @@
 #!/usr/bin/env python3
-"""Chaos run (not in CI): kill random exchanges and hosts under load, then account.
+"""Chaos run (not in CI): faults of several kinds under load, then account.
 
 Starts its own ZooKeeper, 2 GCMs and 3 HCMs on this machine, a queue of 2
-exchanges, and a steady publisher and subscriber. Every few seconds it
-SIGKILLs a random exchange process or a random HCM (restarting the HCM at
-once under the same host name). Bounded: --kills kills or --seconds seconds,
-whichever comes first. Prints sent / confirmed / delivered / lost /
-duplicated / longest pause. Exit code 1 if anything confirmed was lost.
+exchanges, and a steady publisher and subscriber. Every few seconds it injects
+one fault, chosen at random (seeded) from --kinds:
 
-    .venv/bin/python scripts/chaos.py --kills 20 --interval 4 --rate 2000
+* kill     SIGKILL a random exchange process;
+* host     SIGKILL a random HCM (its exchanges die with it) and restart it at once;
+* freeze   SIGSTOP an exchange for 3-10 s, then SIGCONT;
+* forge    a raw peer sends batches and a hello claiming the steady publisher's id;
+* overflow a raw publisher sends batches with first_seq 2^64-1 and 2^63-1 and a float sent_ns;
+* hoard    a raw peer sends 300 fetches to a replay socket and never reads (closed at the next fault);
+* idflood  a raw peer sends 5,000 hellos with fresh tokens;
+* stall    a second subscriber (topics ["fresh-"]) blocks in its callback for 8 s while a
+           second publisher sends 2,000 messages on distinct topics; each must arrive once.
+
+Exchange processes must survive every fault except kill/host: exits of any
+other exchange pid (as seen in the live znodes) are counted as unintended.
+Bounded: --faults faults or --seconds seconds, whichever comes first. Exit code 1
+on any loss, duplicate or unintended exchange exit.
+
+    .venv/bin/python scripts/chaos.py --faults 20 --interval 4 --rate 2000 --seed 7
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import secrets
 import signal
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import click
+import msgpack
+import psutil
+import zmq
 from rich.console import Console
 from rich.table import Table
 
+from roq import protocol
 from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.security import secure_client
 from roq.state import read_hosts, read_leader, read_live
 from roq.testing import Processes, SteadyTraffic, fast_config, wait_until
 from roq.zk import start_client, stop_client
 from roq.zookeeper import ZooKeeperServer
 
-console = Console()
+console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")
+KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall")
+QUEUE = "chaos"
+STALL_MESSAGES = 2_000
+STALL_SECONDS = 8.0
 
 
-def kill_something(procs: Processes, zk, paths, rng: random.Random) -> str:  # type: ignore[no-untyped-def]
-    live = read_live(zk, paths, "chaos")
-    if live and rng.random() < 0.6:
-        xid = rng.choice(sorted(live))
-        os.kill(live[xid]["pid"], signal.SIGKILL)
-        return f"exchange {xid} (pid {live[xid]['pid']}) on {live[xid]['host']}"
-    host = rng.choice(HOSTS)
-    procs.kill(host, signal.SIGKILL)
-    procs.procs[host].wait(timeout=10)
-    procs.hcm(host)
-    return f"host {host} (HCM and its exchanges)"
+class Traffic(SteadyTraffic):
+    """SteadyTraffic that counts only its own topic ("load"): the stall fault's messages on
+    "fresh-..." reach this all-topics subscriber too. Anything on "load" that is not one of the
+    steady publisher's numbers (a forged message getting through) is counted apart."""
+
+    foreign = 0
+
+    def _on_message(self, msg: Any) -> None:
+        if msg.topic != b"load":
+            return
+        if msg.publisher != self.pub.id or not msg.payload.isdigit():
+            self.foreign += 1
+            return
+        super()._on_message(msg)
+
+
+class Stall:
+    """A second subscriber on "fresh-" whose callback blocks once per round, and a second
+    publisher sending STALL_MESSAGES messages on distinct topics per round."""
+
+    def __init__(self, config, zk) -> None:  # type: ignore[no-untyped-def]
+        self.counts: Counter[bytes] = Counter()
+        self.lock = threading.Lock()
+        self.block_next = threading.Event()
+        self.sent = 0
+        self.rounds = 0
+        self.errors: list[str] = []
+        self.sub = Subscriber(QUEUE, config, zk=zk, topics=["fresh-"], callback=self._on_message)
+        self.pub = Publisher(QUEUE, config, zk=zk)
+        self._serial = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def _on_message(self, msg: Any) -> None:
+        if self.block_next.is_set():
+            self.block_next.clear()
+            time.sleep(STALL_SECONDS)  # the subscriber's I/O thread is stuck here meanwhile
+        with self.lock:
+            self.counts[msg.topic] += 1
+
+    def start_round(self) -> str:
+        self.rounds += 1
+        first = self.rounds * 100_000
+        thread = threading.Thread(target=self._round, args=(first,), name=f"stall-{self.rounds}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return f"round {self.rounds}: {STALL_MESSAGES} messages on fresh-{first}..fresh-{first + STALL_MESSAGES - 1}"
+
+    def _round(self, first: int) -> None:
+        with self._serial:
+            try:
+                self.block_next.set()
+                for i in range(first, first + STALL_MESSAGES):
+                    self.pub.publish(f"fresh-{i}", b"%d" % i, timeout=60)
+                    self.sent += 1
+                self.pub.flush(60)
+            except Exception as exc:
+                self.errors.append(f"round at {first}: {exc!r}")
+
+    def expected(self) -> list[bytes]:
+        out = []
+        for r in range(1, self.rounds + 1):
+            out += [b"fresh-%d" % i for i in range(r * 100_000, r * 100_000 + STALL_MESSAGES)]
+        return out[:self.sent] if self.sent < len(out) else out
+
+    def finish(self, timeout: float) -> dict[str, int]:
+        for thread in self.threads:
+            thread.join(timeout=timeout)
+        expected = self.expected()
+        try:
+            wait_until(lambda: all(t in self.counts for t in expected), timeout=timeout,
+                       message="every stalled-subscriber message")
+        except AssertionError as exc:
+            self.errors.append(str(exc))
+        with self.lock:
+            return {"sent": self.sent, "received": sum(1 for t in expected if t in self.counts),
+                    "duplicates": sum(1 for t in expected if self.counts[t] > 1),
+                    "extra": sum(1 for t in self.counts if t not in set(expected)),
+                    "gaps": self.sub.gaps, "sub_duplicates": self.sub.duplicates}
+
+    def close(self) -> None:
+        self.block_next.clear()
+        self.pub.close(timeout=0)
+        self.sub.close()
+
+
+class Watch:
+    """Exchange pids from the live znodes: which exited, which of those we killed, peak RSS."""
+
+    def __init__(self, zk, paths) -> None:  # type: ignore[no-untyped-def]
+        self.zk, self.paths = zk, paths
+        self.seen: dict[int, tuple[str, str, int]] = {}  # pid → (xid, host, restarts)
+        self.procs: dict[int, psutil.Process] = {}
+        self.exited: dict[int, float] = {}  # pid → when noticed
+        self.intended: set[int] = set()
+        self.peak_rss = 0  # one process
+        self.peak_total = 0  # all exchange processes together
+        self.max_restarts: dict[str, int] = {}
+
+    def live(self) -> dict[str, dict[str, Any]]:
+        try:
+            return read_live(self.zk, self.paths, QUEUE)
+        except Exception:
+            return {}
+
+    def sample(self) -> None:
+        for xid, data in self.live().items():
+            pid = data.get("pid")
+            if isinstance(pid, int) and pid not in self.seen:
+                self.seen[pid] = (xid, data.get("host", "?"), data.get("restarts", 0))
+                try:
+                    self.procs[pid] = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    self.exited.setdefault(pid, time.monotonic())
+        total = 0
+        for pid, proc in list(self.procs.items()):
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    raise psutil.NoSuchProcess(pid)
+                rss = proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                del self.procs[pid]
+                self.exited.setdefault(pid, time.monotonic())
+                continue
+            total += rss
+            self.peak_rss = max(self.peak_rss, rss)
+        self.peak_total = max(self.peak_total, total)
+
+    def unintended(self) -> list[tuple[int, str, str]]:
+        return [(pid, *self.seen[pid][:2]) for pid in sorted(self.exited) if pid not in self.intended]
+
+
+def hcm_fates(procs: Processes) -> dict[int, str]:
+    """pid → how its HCM saw it end ("exited with code N" / "stopped"), from the HCM logs."""
+    fates: dict[int, str] = {}
+    for host in HOSTS:
+        path = procs.logs.get(host)
+        if not path or not path.exists():
+            continue
+        current: dict[str, int] = {}
+        for line in path.read_text(errors="replace").splitlines():
+            m = re.search(r"started exchange (\S+) \(pid (\d+)\)", line)
+            if m:
+                current[m.group(1)] = int(m.group(2))
+                continue
+            m = re.search(r"exchange (\S+) (exited with code \S+|stopped)", line)
+            if m and m.group(1) in current:
+                fates[current.pop(m.group(1))] = m.group(2)
+    return fates
+
+
+def dealer(endpoint: str, config) -> zmq.Socket:  # type: ignore[no-untyped-def]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.sndtimeo = 3000  # a frozen exchange never takes the frames: give up, do not hang
+    secure_client(sock, config)
+    sock.connect(endpoint)
+    return sock
+
+
+def reply_of(sock: zmq.Socket, timeout_ms: int = 5000) -> str:
+    if not sock.poll(timeout_ms):
+        return "no answer"
+    try:
+        r = protocol.decode_exchange_reply(sock.recv())
+    except protocol.ProtocolError as exc:
+        return f"bad reply ({exc})"
+    return f"{r.kind}" + (f"/{r.code}" if r.code else "") + (f" seq={r.seq}" if r.kind in ("ack", "resend") else "")
+
+
+class Chaos:
+    def __init__(self, procs: Processes, zk, paths, config, rng: random.Random, traffic: Traffic,  # type: ignore[no-untyped-def]
+                 stall: Stall, watch: Watch) -> None:
+        self.procs, self.zk, self.paths, self.config, self.rng = procs, zk, paths, config, rng
+        self.traffic, self.stall, self.watch = traffic, stall, watch
+        self.frozen: list[tuple[int, float]] = []  # (pid, resume at)
+        self._frozen_lock = threading.Lock()
+        self.hoarders: list[zmq.Socket] = []
+        self.counts: Counter[str] = Counter()
+
+    def pick(self) -> tuple[str, dict[str, Any]] | None:
+        live = self.watch.live()
+        if not live:
+            return None
+        xid = self.rng.choice(sorted(live))
+        return xid, live[xid]
+
+    def inject(self, kind: str) -> str:
+        for sock in self.hoarders:  # a hoard lasts until the next fault
+            sock.close()
+        self.hoarders.clear()
+        self.counts[kind] += 1
+        if kind == "host":
+            return self.host()
+        if kind == "stall":
+            return self.stall.start_round()
+        target = self.pick()
+        if target is None:
+            return "no live exchange: skipped"
+        try:
+            return getattr(self, kind)(*target)
+        except zmq.Again:
+            return f"{kind} on {target[0]} (pid {target[1]['pid']}): send timed out (exchange not reading, frozen?)"
+
+    def kill(self, xid: str, data: dict[str, Any]) -> str:
+        pid = data["pid"]
+        self.watch.intended.add(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return f"SIGKILL exchange {xid} (pid {pid}) on {data['host']}"
+
+    def host(self) -> str:
+        host = self.rng.choice(HOSTS)
+        doomed = {d["pid"] for d in self.watch.live().values() if d.get("host") == host}
+        try:
+            doomed |= {c.pid for c in psutil.Process(self.procs.procs[host].pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        self.watch.intended |= doomed
+        self.procs.kill(host, signal.SIGKILL)
+        self.procs.procs[host].wait(timeout=10)
+        self.procs.hcm(host)
+        return f"SIGKILL HCM {host} and its exchanges (pids {sorted(doomed)}), restarted"
+
+    def freeze(self, xid: str, data: dict[str, Any]) -> str:
+        pid = data["pid"]
+        seconds = self.rng.uniform(3, 10)
+        os.kill(pid, signal.SIGSTOP)
+        self.frozen.append((pid, time.monotonic() + seconds))
+        timer = threading.Timer(seconds, self.resume_due)
+        timer.daemon = True
+        timer.start()
+        return f"SIGSTOP exchange {xid} (pid {pid}) for {seconds:.1f}s"
+
+    def resume_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        with self._frozen_lock:
+            due = [(pid, at) for pid, at in self.frozen if everything or now + 0.05 >= at]
+            self.frozen = [f for f in self.frozen if f not in due]
+        for pid, at in due:
+            if True:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
+    def forge(self, xid: str, data: dict[str, Any]) -> str:
+        victim = self.traffic.pub.id
+        sock = dealer(data["pub"], self.config)
+        try:
+            sock.send(protocol.encode_batch(victim, 10**12, 0, [b"load", b"forged"]))
+            first = reply_of(sock)
+            sock.send(protocol.encode_batch(victim, 1, 0, [b"load", b"forged"]))
+            second = reply_of(sock)
+            sock.send(protocol.encode_hello(victim, secrets.token_bytes(16), 10**12))
+            third = reply_of(sock)
+        finally:
+            sock.close()
+        return f"forged {victim} on {xid}: batch far ahead → {first}; batch at 1 → {second}; hello, wrong token → {third}"
+
+    def overflow(self, xid: str, data: dict[str, Any]) -> str:
+        sock = dealer(data["pub"], self.config)
+        token = secrets.token_bytes(16)
+        pid = protocol.publisher_id_for(token)
+        try:
+            sock.send(protocol.encode_hello(pid, token, 1))
+            answers = [reply_of(sock)]
+            for first_seq in (2**64 - 1, 2**63 - 1):
+                sock.send(msgpack.packb(["batch", protocol.DATA_VERSION, pid, first_seq, 0, [b"ovf", b"x"] * 2]))
+                answers.append(reply_of(sock))
+            sock.send(msgpack.packb(["batch", protocol.DATA_VERSION, pid, 1, 1.5, [b"ovf", b"float"]]))
+            answers.append(reply_of(sock))
+            sock.send(protocol.encode_batch(pid, 1, 0, [b"ovf", b"fine"]))
+            answers.append(reply_of(sock))
+        finally:
+            sock.close()
+        return f"overflow on {xid}: hello, 2^64-1, 2^63-1, float sent_ns, valid → {', '.join(answers)}"
+
+    def hoard(self, xid: str, data: dict[str, Any]) -> str:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        sock.sndtimeo = 3000
+        sock.rcvhwm = 1
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        secure_client(sock, self.config)
+        sock.connect(data["replay"])
+        for rid in range(300):
+            sock.send(protocol.encode_fetch(rid, "", 0, 0, [b""], 0))
+        self.hoarders.append(sock)
+        return f"300 fetches hoarded on {xid}'s replay socket (pid {data['pid']})"
+
+    def idflood(self, xid: str, data: dict[str, Any]) -> str:
+        sock = dealer(data["pub"], self.config)
+        kinds: Counter[str] = Counter()
+        try:
+            for _ in range(5_000):
+                token = secrets.token_bytes(16)
+                sock.send(protocol.encode_hello(protocol.publisher_id_for(token), token, 1))
+            deadline = time.monotonic() + 10
+            while sum(kinds.values()) < 5_000 and time.monotonic() < deadline:
+                kinds[reply_of(sock, 1000).split(" seq=")[0]] += 1
+        finally:
+            sock.close()
+        return f"5000 hellos on {xid} (pid {data['pid']}) → {dict(kinds)}"
 
 
 @click.command()
-@click.option("--kills", type=click.IntRange(1, 1000), default=20, show_default=True)
-@click.option("--interval", type=float, default=4.0, show_default=True, help="seconds between kills")
+@click.option("--faults", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--kinds", default=",".join(KINDS), show_default=True, help="fault kinds to choose from")
+@click.option("--interval", type=float, default=4.0, show_default=True, help="seconds between faults")
 @click.option("--seconds", type=float, default=150.0, show_default=True, help="hard time limit")
 @click.option("--rate", type=float, default=2000.0, show_default=True, help="messages per second")
 @click.option("--seed", type=int, default=None)
-def main(kills: int, interval: float, seconds: float, rate: float, seed: int | None) -> None:
+def main(faults: int, kinds: str, interval: float, seconds: float, rate: float, seed: int | None) -> None:
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = set(chosen) - set(KINDS)
+    if unknown or not chosen:
+        raise click.BadParameter(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="roq-chaos-"))
+    console.print(f"workdir {workdir}")
     server = ZooKeeperServer(workdir / "zk")
     server.start()
     config = fast_config(server.connect_string)
@@ -64,7 +392,9 @@ def main(kills: int, interval: float, seconds: float, rate: float, seed: int | N
     zk = start_client(config)
     from roq.paths import Paths
     paths = Paths(config.zk.root)
-    traffic = None
+    traffic = stall = chaos = None
+    watch = Watch(zk, paths)
+    done = 0
     try:
         procs.gcm("gcm-1")
         procs.gcm("gcm-2")
@@ -73,35 +403,93 @@ def main(kills: int, interval: float, seconds: float, rate: float, seed: int | N
         wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 3, timeout=30,
                    message="cluster")
         with Admin(config, zk) as admin:
-            admin.create_queue("chaos", exchanges=2)
-        wait_until(lambda: len(read_live(zk, paths, "chaos")) == 2, timeout=30, message="exchanges")
-        traffic = SteadyTraffic("chaos", config, zk, rate=rate, max_messages=int(rate * seconds * 1.2))
-        traffic.start()
+            admin.create_queue(QUEUE, exchanges=2)
+        wait_until(lambda: len(read_live(zk, paths, QUEUE)) == 2, timeout=30, message="exchanges")
+        traffic = Traffic(QUEUE, config, zk, rate=rate, max_messages=int(rate * seconds * 1.2))
+        stall = Stall(config, zk)
+        stall.sub.wait_connected(timeout=30)
+        traffic.start(subscriptions=1)
+        chaos = Chaos(procs, zk, paths, config, rng, traffic, stall, watch)
         deadline = time.monotonic() + seconds
-        done = 0
-        next_kill = time.monotonic() + interval
-        while done < kills and time.monotonic() < deadline:
-            if time.monotonic() < next_kill:
-                time.sleep(0.05)
+        next_fault = time.monotonic() + interval
+        # Every kind at least once when there are enough faults, the rest at random; seeded.
+        schedule = rng.sample(chosen, len(chosen))[:faults]
+        schedule += [rng.choice(chosen) for _ in range(faults - len(schedule))]
+        rng.shuffle(schedule)
+        while done < faults and time.monotonic() < deadline:
+            watch.sample()
+            chaos.resume_due()
+            if time.monotonic() < next_fault:
+                time.sleep(0.1)
                 continue
-            what = kill_something(procs, zk, paths, rng)
+            kind = schedule[done]
+            what = chaos.inject(kind)
             done += 1
-            next_kill = time.monotonic() + interval
-            console.print(f"kill {done:2d}: {what}; delivered so far {traffic.received()}")
+            next_fault = time.monotonic() + interval
+            bad = watch.unintended()
+            console.print(f"fault {done:2d} {kind:8s}: {what}; delivered so far {traffic.received()}"
+                          + (f" [red]unintended exits so far: {bad}[/red]" if bad else ""))
+        chaos.resume_due(everything=True)
+        for sock in chaos.hoarders:
+            sock.close()
+        chaos.hoarders.clear()
+        end = time.monotonic() + 10  # let the last fault's effects show
+        while time.monotonic() < end:
+            watch.sample()
+            time.sleep(0.1)
         traffic.wait_for_more(int(rate), timeout=60)
         report = traffic.stop(flush_timeout=60)
+        stalled = stall.finish(timeout=60)
+        watch.sample()
     finally:
+        if chaos is not None:
+            chaos.resume_due(everything=True)
+            for sock in chaos.hoarders:
+                sock.close()
+        if stall is not None:
+            stall.close()
         if traffic is not None:
             traffic.close()
         stop_client(zk)
         procs.stop_all()
         server.stop()
-    table = Table("kills", "sent", "confirmed", "delivered", "lost", "duplicated", "publisher moves",
-                  "longest pause (s)", title="chaos summary")
-    table.add_row(str(done), *(str(report[k]) for k in ("sent", "confirmed", "received", "lost", "duplicated",
-                                                         "publisher_moves", "longest_pause_s")))
+    fates = hcm_fates(procs)
+    unintended = watch.unintended()
+    # An exchange the HCM stopped on purpose (the GCM moved it) is no crash: shown, not counted.
+    stopped = [u for u in unintended if fates.get(u[0]) == "stopped"]
+    crashed = [u for u in unintended if fates.get(u[0]) != "stopped"]
+    for pid, xid, host in unintended:
+        console.print(f"exchange exit not caused by a kill: {xid} pid {pid} on {host}: "
+                      f"{fates.get(pid, 'no HCM log line (HCM gone?)')}")
+    restarted = sorted({(x, r) for x, _, r in watch.seen.values() if r})
+    if restarted:
+        console.print(f"exchange incarnations seen with restarts > 0: {restarted}")
+    if traffic.foreign:
+        console.print(f"[red]{traffic.foreign} forged messages on 'load' reached the subscriber[/red]")
+    for err in stall.errors:
+        console.print(f"[red]stall: {err}[/red]")
+    fault_text = ", ".join(f"{k} {chaos.counts[k]}" for k in KINDS if chaos.counts[k]) if chaos else ""
+    table = Table("measure", "value", title="chaos summary")
+    rows = [("faults", f"{done} ({fault_text})")]
+    rows += [(label, str(report[k])) for label, k in (
+        ("sent", "sent"), ("confirmed", "confirmed"), ("delivered", "received"), ("lost", "lost"),
+        ("duplicated", "duplicated"), ("publisher moves", "publisher_moves"),
+        ("longest pause (s)", "longest_pause_s"))]
+    rows += [("exchange exits (unintended)",
+              str(len(crashed)) + (f" (+{len(stopped)} stopped by their HCM)" if stopped else "")),
+             ("exchange peak RSS MB (one process / all)",
+              f"{watch.peak_rss / 1e6:.1f} / {watch.peak_total / 1e6:.1f}")]
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
-    sys.exit(1 if report["lost"] or report["duplicated"] else 0)
+    console.print(f"stalled subscriber: sent {stalled['sent']}, received {stalled['received']}, "
+                  f"duplicates {stalled['duplicates']} (gaps {stalled['gaps']}, dropped duplicates "
+                  f"{stalled['sub_duplicates']}, unexpected {stalled['extra']})")
+    console.print(f"steady subscriber: dropped duplicates {report['dropped_duplicates']}, "
+                  f"publisher replayed {report['replayed']}, forged deliveries {traffic.foreign}")
+    failed = report["lost"] or report["duplicated"] or crashed or traffic.foreign \
+        or stalled["received"] != stalled["sent"] or stalled["duplicates"]
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

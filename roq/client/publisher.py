@@ -444,7 +444,10 @@ class Publisher:
                     self._avoid_current()
                     self._request_move(f"no answer from {self.exchange} for {self.config.client.confirm_timeout:.1f}s")
             if sock is not None:
-                sock.send(protocol.encode_bye(self.id), zmq.NOBLOCK)
+                try:
+                    sock.send(protocol.encode_bye(self.id), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # a full pipe: the exchange forgets us after exchange.publisher_ttl
         finally:
             if monitor is not None:
                 sock.disable_monitor()  # type: ignore[union-attr]
