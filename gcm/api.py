@@ -10,12 +10,20 @@ With `security.curve` on, only clients holding a known key complete the
 handshake (roq.security.Gatekeeper), and the operations that change the
 cluster (ADMIN_OPS) are refused with `forbidden` unless the key is an admin's.
 With CURVE off the API is open to whoever can reach it: local use only.
+
+A request's time starts when it arrives, not when its turn comes: the loop takes every request
+waiting on the socket before serving the next one and stamps each at receipt. A write that
+waited longer than REQUEST_DEADLINE is refused (`unavailable`, nothing applied) instead of being
+applied after its client gave up; the client retries with the same key (gcm.fence), which makes
+a write that was applied unseen answer with success.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +31,7 @@ import zmq
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from gcm.fence import request_deadline
+from gcm.fence import RequestContext, serving
 from roq.config import Config
 from roq.errors import (ForbiddenError, ProtocolError, RoqError, UnavailableError, UnknownCommandError,
                         UserError, ZooKeeperUnavailableError)
@@ -34,9 +42,10 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Any]
 POLL_MS = 200  # how often the loop looks at the stop flag
-# A request's writes must leave within this, below the client's per-attempt timeout
-# (roq.client.admin.ATTEMPT_TIMEOUT), so nothing a client gave up on is applied later.
+# A request's writes must leave within this of its arrival, below the client's per-attempt
+# timeout (client.attempt_timeout), so what a client gave up on is seldom applied later.
 REQUEST_DEADLINE = 1.5
+MAX_PENDING = 1_000  # requests taken off the socket but not served yet; the rest wait in libzmq
 # Operations that change the cluster: an admin key is needed when CURVE is on.
 ADMIN_OPS = frozenset({"queue.create", "queue.delete", "queue.scale"})
 
@@ -82,37 +91,59 @@ class ControlServer:
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
+        pending: deque[tuple[float, list[zmq.Frame]]] = deque()
         try:
             while not self._stop.is_set():
-                if poller.poll(POLL_MS):
-                    self._handle_one()
+                self._take_waiting(pending)
+                if pending:
+                    self._handle_one(*pending.popleft())
+                else:
+                    poller.poll(POLL_MS)
         finally:
             self._socket.close(linger=0)
 
-    def _handle_one(self) -> None:
-        frames = self._socket.recv_multipart(copy=False)
+    def _take_waiting(self, pending: deque[tuple[float, list[zmq.Frame]]]) -> None:
+        """Stamp every request waiting on the socket with its arrival, before serving the next."""
+        while len(pending) < MAX_PENDING:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            pending.append((time.monotonic(), frames))
+
+    def _handle_one(self, received_at: float, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2:
             return  # no routing id or no payload: nobody to answer
         ident, payload = frames[0].bytes, frames[-1]
         self.requests += 1
         # With CURVE off there are no credentials to check: everyone may administer.
         role = peer_role(payload) if self._secured else ADMIN
-        reply = self.dispatch(payload.bytes if len(frames) == 2 else b"\xc1", role)  # 0xc1: never valid msgpack
+        reply = self.dispatch(payload.bytes if len(frames) == 2 else b"\xc1", role,  # 0xc1: never valid msgpack
+                              received_at)
         try:
             self._socket.send_multipart([ident, reply], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("dropped a reply: client not reading")
 
-    def dispatch(self, payload: bytes, role: str | None) -> bytes:
+    def dispatch(self, payload: bytes, role: str | None, received_at: float | None = None) -> bytes:
         """Decode, authorise, route, run, encode. Always returns a reply frame."""
         req_id = None
+        received_at = time.monotonic() if received_at is None else received_at
         try:
             request = decode_request(payload)
             req_id = request.id
-            if role != ADMIN and needs_admin(request.op, request.args):
+            writes = needs_admin(request.op, request.args)
+            if role != ADMIN and writes:
                 raise ForbiddenError(f"{request.op} needs an admin key (security.identity under admins/)")
             handler = self._route(request.op)
-            with request_deadline(REQUEST_DEADLINE):
+            waited = time.monotonic() - received_at
+            if writes and waited > REQUEST_DEADLINE:
+                raise UnavailableError(f"the GCM was busy: this request waited {waited:.1f}s for its turn and "
+                                       "was not applied; retry")
+            name = request.args.get("name")
+            context = RequestContext(received_at + REQUEST_DEADLINE, request.op, request.key,
+                                     name if isinstance(name, str) else None)
+            with serving(context):
                 return encode_reply(req_id, handler(request.args))
         except ProtocolError as err:
             self.errors += 1

@@ -116,6 +116,8 @@ class Autoscaler:
             current = {} if clear is True else dict(settings.get("rules") or {})
             if rules is None and clear is not True:
                 return dict(DEFAULT_RULES, **current)
+            if self.fence.already_applied():  # a retry of a change made: the rules as they are
+                return dict(DEFAULT_RULES, **(settings.get("rules") or {}))
             merged = check_rules(current, rules or {})
             settings["rules"] = merged
 

@@ -110,10 +110,13 @@ class Gcm:
         self.reconciler = Reconciler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.gcm.reassign_grace)
         self.autoscaler.states.clear()  # a new term starts with fresh timers
+        with self.write_lock:
+            self.queues.view.invalidate()  # another leader may have changed placements since our last term
         while self.leadership.should_lead():
             if self.leadership.can_write():
                 try:
                     self.autoscaler.tick(self.reconciler.tick())
+                    self.leadership.fence.prune_keys()
                 except RoqError as exc:
                     log.warning("reconcile tick failed: %s", exc)
                 except Exception as exc:
@@ -183,7 +186,8 @@ class Gcm:
     def _status(self, args: dict[str, Any]) -> dict[str, Any]:
         _args(args, [])
         hosts = read_hosts(self.client, self.paths)
-        placements = self.queues.all_placements()
+        with self.write_lock:
+            placements = self.queues.all_placements()
         assigned: dict[str, int] = {}
         for host in placements.values():
             if host:

@@ -6,15 +6,23 @@ version) in the same transaction that creates the ephemeral leader record.
 From then on, any transaction of an older leader fails its version check and
 is refused as a whole: a paused, partitioned or expired ex-leader cannot
 change anything, even if its own session is still alive.
+
+Idempotent retries: a client sends one key with every attempt of one logical call
+(roq.client.admin). The first fenced write made while serving a keyed request also creates
+`<root>/gcm/requests/<key>` in the same transaction, so a retry — to this leader or, after a
+failover, to the next — finds it (`already_applied()`) and is answered with success instead of
+`queue_exists` or `queue_not_found`. The leader keeps the newest KEEP_KEYS keys (`prune_keys()`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -23,28 +31,48 @@ from kazoo.exceptions import (BadVersionError, ConnectionLoss, NodeExistsError, 
                               OperationTimeoutError, RolledBackError, SessionExpiredError)
 from kazoo.handlers.threading import KazooTimeoutError
 
-from roq.errors import (FencedError, RequestTimeoutError, UnavailableError,
+from roq.errors import (FencedError, RequestTimeoutError, UnavailableError, UserError,
                         ZooKeeperUnavailableError)
 from roq.paths import Paths
-from roq.zk import encode
+from roq.zk import decode, encode
 
 log = logging.getLogger(__name__)
+
+# A retry is recognised while fewer than this many keyed writes followed it: minutes of the
+# busiest control traffic, far beyond any client's retries (client.request_timeout).
+KEEP_KEYS = 1000
+PRUNE_BATCH = 200  # deletes per pruning transaction
 
 _request = threading.local()
 
 
-@contextmanager
-def request_deadline(seconds: float) -> Iterator[None]:
-    """Writes made inside must be sent within `seconds`, or not at all.
+@dataclass
+class RequestContext:
+    """The control request this thread serves: what it may write, and until when."""
+    deadline: float  # time.monotonic(): writes after it are refused unsent
+    op: str = ""
+    key: str | None = None
+    subject: str | None = None  # the queue it names, kept with the key to spot a reused key
+    recorded: bool = False  # the key went out with a committed write
 
-    kazoo queues requests while it reconnects; without this, a request the
+
+@contextmanager
+def serving(context: RequestContext) -> Iterator[RequestContext]:
+    """Writes made inside are fenced by `context`: sent before its deadline or not at all, and
+    recording its key.
+
+    kazoo queues requests while it reconnects; without the deadline, a request the
     client already gave up on would be applied whenever ZooKeeper came back.
     """
-    _request.deadline = time.monotonic() + seconds
+    _request.context = context
     try:
-        yield
+        yield context
     finally:
-        _request.deadline = None
+        _request.context = None
+
+
+def current_request() -> RequestContext | None:
+    return getattr(_request, "context", None)
 
 
 class LeaderFence:
@@ -78,14 +106,18 @@ class LeaderFence:
         """Commit the operations `build` adds, only if our epoch is still current."""
         if self._version is None:
             raise FencedError("this GCM is not the leader")
-        deadline = getattr(_request, "deadline", None)
-        if deadline is not None and time.monotonic() > deadline:
+        request = current_request()
+        if request is not None and time.monotonic() > request.deadline:
             raise UnavailableError("ZooKeeper was too slow to answer; the request expired and changed nothing")
         if not self.client.connected:
             raise ZooKeeperUnavailableError("the leader lost its ZooKeeper connection; nothing was changed")
         txn = self.client.transaction()
         txn.check(self.paths.epoch, self._version)
         build(txn)
+        keyed = request if request is not None and request.key and not request.recorded else None
+        if keyed is not None:
+            txn.create(self.paths.request(str(keyed.key)),
+                       encode({"op": keyed.op, "name": keyed.subject, "at": time.time()}))
         try:
             results = txn.commit()
         except (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError) as exc:
@@ -94,10 +126,52 @@ class LeaderFence:
                                       "the outcome is unknown") from None
         if results and isinstance(results[0], (BadVersionError, NoNodeError)):
             raise FencedError(f"epoch {self.epoch} is no longer current: a newer leader was elected")
+        if keyed is not None and isinstance(results[-1], NodeExistsError):
+            raise UserError(f"request key {keyed.key} was already used for another change; nothing was changed")
         for result in results[1:]:
             if isinstance(result, Exception) and not isinstance(result, RolledBackError):
                 raise result
+        if keyed is not None:
+            keyed.recorded = True  # a second write of the same request must not record it again
+            results.pop()
         return results[1:]
+
+    def already_applied(self) -> bool:
+        """Was the request being served applied before (a retry)? A key reused for another
+        change is refused: answering it with success would hide the client's bug."""
+        request = current_request()
+        if request is None or request.key is None:
+            return False
+        try:
+            raw, _ = self.client.retry(self.client.get, self.paths.request(request.key))
+        except NoNodeError:
+            return False
+        earlier = decode(raw)
+        if (earlier.get("op"), earlier.get("name")) != (request.op, request.subject):
+            raise UserError(f"request key {request.key} was already used for {earlier.get('op')} "
+                            f"of {earlier.get('name')!r}; send a new key for a new change")
+        log.info("%s of %s with key %s was applied before: answering the retry", request.op,
+                 request.subject, request.key)
+        return True
+
+    def prune_keys(self, keep: int = KEEP_KEYS) -> int:
+        """Delete all but the newest `keep` request keys, once there are twice as many: a listing
+        and one stat per key every `keep` writes. Returns how many went."""
+        stat = self.client.exists(self.paths.requests)
+        if stat is None or stat.numChildren <= 2 * keep:
+            return 0
+        names = self.client.get_children(self.paths.requests)
+        stats = [self.client.exists_async(self.paths.request(n)) for n in names]  # one round of requests
+        created = sorted((s.czxid, n) for n, r in zip(names, stats) if (s := r.get()) is not None)
+        doomed = [n for _, n in created[:-keep]]
+        for start in range(0, len(doomed), PRUNE_BATCH):
+            self.write(functools.partial(self._delete_keys, doomed[start:start + PRUNE_BATCH]))
+        log.info("pruned %d request keys, kept the newest %d", len(doomed), keep)
+        return len(doomed)
+
+    def _delete_keys(self, names: list[str], txn: TransactionRequest) -> None:
+        for name in names:
+            txn.delete(self.paths.request(name))
 
     def release(self) -> None:
         """Step down: forget the epoch and remove our leader record if it is still ours."""

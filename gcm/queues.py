@@ -2,7 +2,10 @@
 
 Every change is one fenced transaction that writes the queue, its exchanges'
 placements and the hosts' assignment lists together, so ZooKeeper never holds
-a half-created queue and a deposed leader changes nothing.
+a half-created queue and a deposed leader changes nothing. A retry of a change
+already applied (same request key, gcm.fence) gets the same success answer and
+changes nothing more. Placements come from the leader's view (gcm.view), not
+from a read of every queue.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from kazoo.client import KazooClient, TransactionRequest
 
 from gcm.fence import LeaderFence
 from gcm.placement import choose_hosts, host_loads
+from gcm.view import PlacementView
 from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
@@ -42,6 +46,7 @@ class QueueManager:
         self.paths = paths
         self.fence = fence
         self.write_lock = write_lock
+        self.view = PlacementView(client, paths, fence)
 
     # ------------------------------------------------------------ reads
 
@@ -66,6 +71,8 @@ class QueueManager:
     def create(self, name: Any, exchanges: Any = 1) -> dict[str, Any]:
         name, count = check_queue_name(name), check_exchange_count(exchanges)
         with self.write_lock:
+            if self.fence.already_applied():
+                return self.describe(name)
             names = queue_names(self.client, self.paths)
             if name in names:
                 raise QueueExistsError(f"queue {name!r} already exists")
@@ -84,7 +91,8 @@ class QueueManager:
                     self._add_exchange(txn, name, xid, picks[i] if i < len(picks) else None)
 
             self._ensure_assignment_dirs(picks)
-            self.fence.write(build)
+            self.view.commit(build, placed={(name, xid): picks[i] if i < len(picks) else None
+                                            for i, xid in enumerate(ids)})
             # Clients with a read-only ZooKeeper identity watch it and cannot create it themselves.
             self.client.ensure_path(self.paths.live_queue(name))
         log.info("created queue %s with %d exchanges on %s", name, count, picks)
@@ -93,6 +101,8 @@ class QueueManager:
     def delete(self, name: Any) -> dict[str, Any]:
         name = check_queue_name(name)
         with self.write_lock:
+            if self.fence.already_applied():
+                return {"name": name, "deleted": True}
             if not self.client.exists(self.paths.queue(name)):
                 raise QueueNotFoundError(f"queue {name!r} does not exist")
             exchanges = read_exchanges(self.client, self.paths, name, live=False)
@@ -106,7 +116,7 @@ class QueueManager:
                 if relocations:
                     txn.delete(self.paths.relocations(name))
 
-            self.fence.write(build)
+            self.view.commit(build, removed=[(name, x.id) for x in exchanges])
         log.info("deleted queue %s", name)
         return {"name": name, "deleted": True}
 
@@ -114,6 +124,8 @@ class QueueManager:
         """Add exchanges (placed least loaded first) or remove the newest ones."""
         name, target = check_queue_name(name), check_exchange_count(exchanges)
         with self.write_lock:
+            if self.fence.already_applied():
+                return self.describe(name)
             raw = self.client.exists(self.paths.queue(name))
             if not raw:
                 raise QueueNotFoundError(f"queue {name!r} does not exist")
@@ -121,17 +133,20 @@ class QueueManager:
             assert info is not None
             current = info.exchanges
             settings = dict(info.settings)
+            placed: dict[tuple[str, str], str | None] = {}
+            doomed: list[ExchangeInfo] = []
             if target > len(current):
                 first = int(settings.get("next_exchange", len(current) + 1))
                 ids = [f"x{first + i}" for i in range(target - len(current))]
                 picks = self._choose(len(ids), queue=name)
                 settings["next_exchange"] = first + len(ids)
+                placed = {(name, xid): picks[i] if i < len(picks) else None for i, xid in enumerate(ids)}
                 self._ensure_assignment_dirs(picks)
 
                 def build(txn: TransactionRequest) -> None:
                     txn.set_data(self.paths.queue(name), encode(settings))
-                    for i, xid in enumerate(ids):
-                        self._add_exchange(txn, name, xid, picks[i] if i < len(picks) else None)
+                    for (_, xid), host in placed.items():
+                        self._add_exchange(txn, name, xid, host)
             else:
                 doomed = sorted(current, key=lambda x: exchange_order(x.id))[target:]
 
@@ -139,7 +154,7 @@ class QueueManager:
                     for x in doomed:
                         self._remove_exchange(txn, x)
 
-            self.fence.write(build)
+            self.view.commit(build, placed, removed=[(name, x.id) for x in doomed])
         log.info("scaled queue %s to %d exchanges", name, target)
         return self.describe(name)
 
@@ -156,11 +171,8 @@ class QueueManager:
         return choose_hosts(count, loads, spread)
 
     def all_placements(self) -> dict[tuple[str, str], str | None]:
-        placements = {}
-        for q in queue_names(self.client, self.paths):
-            for x in read_exchanges(self.client, self.paths, q, live=False):
-                placements[(q, x.id)] = x.host
-        return placements
+        """Every exchange's host (None: unplaced), from the view: hold the write lock."""
+        return self.view.get()
 
     def _ensure_assignment_dirs(self, hosts: list[str]) -> None:
         for host in set(hosts):

@@ -4,6 +4,10 @@ Exchanges on a host that has been gone for `gcm.reassign_grace` seconds, and
 exchanges never placed (no capacity at the time), are moved to the least
 loaded survivors. The hosts' assignment lists are repaired to match the
 placements. Every write is fenced; a refused one simply ends the tick.
+
+Placements come from the leader's view (gcm.view); the assignment lists are read
+every tick, and a difference between the two makes the view be read again before
+anything is repaired, so a stale view never deletes a right assignment.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ class Reconciler:
             if old is not None and old not in evacuate:
                 continue
             loads = host_loads(capacities, placements.values())
+            if all(load.assigned >= load.capacity for load in loads):
+                return  # every host is full: the other orphans wait for the next tick too
             spread: dict[str, int] = {}
             for (q, _), h in placements.items():
                 if q == queue and h in capacities:
@@ -87,16 +93,19 @@ class Reconciler:
                 txn.delete(old_assignment)
             txn.create(self.paths.assignment(new, queue, xid), encode({"queue": queue, "exchange": xid}))
 
-        self.fence.write(build)
+        self.queues.view.commit(build, placed={(queue, xid): new})
         self.moves += 1
         log.info("moved exchange %s/%s from %s to %s", queue, xid, old or "(unplaced)", new)
 
     def _repair_assignments(self, placements: dict[tuple[str, str], str | None], hosts: dict) -> None:
-        expected = {(h, q, x) for (q, x), h in placements.items() if h}
         actual = set()
         for host in children(self.client, self.paths.assignments):
             for name in children(self.client, self.paths.host_assignments(host)):
                 actual.add((host, *split_assignment(name)))
+        if actual == _assigned(placements):
+            return
+        self.queues.view.invalidate()  # repair only what a fresh read of the placements confirms
+        expected = _assigned(self.queues.all_placements())
         extra, missing = actual - expected, expected - actual
         if not extra and not missing:
             return
@@ -120,3 +129,8 @@ class Reconciler:
                     self.fence.write(lambda txn, q=queue: txn.delete(self.paths.live_queue(q)))
                 except (NoNodeError, NotEmptyError):
                     pass  # its exchanges are still stopping
+
+
+def _assigned(placements: dict[tuple[str, str], str | None]) -> set[tuple[str, str, str]]:
+    """(host, queue, exchange) of every placed exchange: what the assignment lists should hold."""
+    return {(h, q, x) for (q, x), h in placements.items() if h}

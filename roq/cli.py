@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from roq.errors import QueueExistsError, RoqError, UnavailableError, UserError
+from roq.errors import QueueExistsError, RefusedError, RoqError, UnavailableError, UserError
 
 
 class Exit(enum.IntEnum):
@@ -27,6 +27,7 @@ class Exit(enum.IntEnum):
     USAGE = 2  # click's own code for bad flags
     UNAVAILABLE = 3  # ZooKeeper or the leader cannot be reached
     INTERNAL = 4
+    REFUSED = 5  # a server refused the connection: connection limit or unknown key
     INTERRUPTED = 130
 
 
@@ -43,6 +44,8 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except RefusedError as exc:
+            fail(str(exc), Exit.REFUSED)
         except UserError as exc:
             fail(str(exc), Exit.USER_ERROR)
         except UnavailableError as exc:

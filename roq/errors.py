@@ -63,6 +63,13 @@ class LimitExceededError(UserError):
     code = "limit_exceeded"
 
 
+class RefusedError(UserError):
+    """A server refused our connection in the handshake: too many connections from this address
+    (security.max_connections_per_client) or a key it does not know. Client-side only."""
+
+    code = "refused"
+
+
 class UnavailableError(RoqError):
     """The cluster cannot serve the request right now; retry later."""
 
@@ -113,7 +120,7 @@ ERRORS_BY_CODE: dict[str, type[RoqError]] = {
     for cls in (
         RoqError, UserError, ConfigError, InvalidNameError, QueueNotFoundError,
         QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError, ForbiddenError,
-        LimitExceededError,
+        LimitExceededError, RefusedError,
         UnavailableError, ZooKeeperUnavailableError, NoLeaderError, NotLeaderError,
         NoCapacityError, RequestTimeoutError, BackpressureError, FencedError,
     )

@@ -6,8 +6,9 @@ import re
 
 from roq.errors import InvalidNameError
 
-# ZooKeeper-safe, shell-safe, and short enough to show in a table.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# ZooKeeper-safe, shell-safe, and short enough to show in a table. Used with fullmatch:
+# `$` would also match before a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MAX_TOPIC_BYTES = 255
 
 
@@ -24,7 +25,7 @@ def check_subscriber_name(name: object) -> str:
 
 
 def _check(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
         raise InvalidNameError(
             f"invalid {kind} name {name!r}: use 1-63 letters, digits, '_', '.', '-', "
             "starting with a letter or digit"

@@ -3,6 +3,7 @@
     <root>/gcm/election                 kazoo Election contenders
     <root>/gcm/epoch                    data = epoch number; every leader write checks its version
     <root>/gcm/leader                   ephemeral: {id, endpoint, epoch, pid}
+    <root>/gcm/requests/<key>           persistent: {op, name, at} of an applied control write (gcm.fence)
     <root>/hosts/<host>                 ephemeral (HCM session): {address, capacity, pid}
     <root>/queues/<queue>               persistent: queue settings
     <root>/queues/<queue>/exchanges/<x> persistent: placement {host}, written by the leader
@@ -31,6 +32,13 @@ class Paths:
     @property
     def leader(self) -> str:
         return f"{self.root}/gcm/leader"
+
+    @property
+    def requests(self) -> str:
+        return f"{self.root}/gcm/requests"
+
+    def request(self, key: str) -> str:
+        return f"{self.root}/gcm/requests/{key}"
 
     @property
     def hosts(self) -> str:
@@ -80,7 +88,7 @@ class Paths:
         return f"{self.root}/relocations/{queue}"
 
     def base_paths(self) -> list[str]:
-        return [f"{self.root}/gcm", self.election, self.hosts, self.queues, self.assignments, self.live,
+        return [f"{self.root}/gcm", self.election, self.requests, self.hosts, self.queues, self.assignments, self.live,
                 self.relocations_root]
 
 

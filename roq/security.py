@@ -14,8 +14,8 @@ subscriber and replay sockets) is a CURVE server and its context runs a `Gatekee
 handler that admits only the public keys found under `clients/` and `admins/` (and the server's
 own), and tags each connection with its role, which the control API reads from the frames. A
 refused handshake never reaches the application: libzmq drops the connection, the gatekeeper
-counts it. Unknown keys make it re-read the key directories (at most once a second), so a client
-added with `roq keys generate` is admitted without restarting anything.
+counts it. Unknown keys make it re-read the key directories (at once if they changed, else at most
+once a second), so a client added with `roq keys generate` is admitted without restarting anything.
 
 Whatever the mechanism, the gatekeeper also caps the connections one peer address may hold on one
 socket (`security.max_connections_per_client`): it learns which connections are open from the
@@ -115,6 +115,16 @@ class Keys:
                     found[public] = role
         return found
 
+    def stamp(self) -> tuple[int, ...]:
+        """When the key directories last changed: a new certificate changes this."""
+        stamps = []
+        for kind in ("clients", "admins"):
+            try:
+                stamps.append((self.keys_dir / kind).stat().st_mtime_ns)
+            except OSError:
+                stamps.append(0)
+        return tuple(stamps)
+
 
 @functools.lru_cache(maxsize=8)
 def load_keys(security: SecurityConfig) -> Keys | None:
@@ -207,6 +217,7 @@ class Gatekeeper:
         self._watched: list[_Watched] = []
         self._roles = self.keys.roles() if self.keys else {}
         self._roles_read = time.monotonic()
+        self._roles_stamp = self.keys.stamp() if self.keys else ()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._zap: zmq.Socket | None = None
@@ -325,9 +336,14 @@ class Gatekeeper:
 
     def _role_of(self, key: bytes) -> str:
         role = self._roles.get(key, "")
-        if not role and time.monotonic() - self._roles_read >= RELOAD_INTERVAL:
-            assert self.keys is not None
-            self._roles, self._roles_read = self.keys.roles(), time.monotonic()
+        if role:
+            return role
+        assert self.keys is not None
+        # A client's first connection may follow `roq keys generate` within the interval: a changed
+        # directory is read at once, so clients are not refused for being quick.
+        stamp = self.keys.stamp()
+        if stamp != self._roles_stamp or time.monotonic() - self._roles_read >= RELOAD_INTERVAL:
+            self._roles, self._roles_read, self._roles_stamp = self.keys.roles(), time.monotonic(), stamp
             role = self._roles.get(key, "")
         return role
 

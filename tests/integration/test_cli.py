@@ -65,6 +65,18 @@ def test_user_mistakes(tmp_path, config, zk, paths, procs):  # type: ignore[no-u
     assert json.loads(roq("--config", cfg, "queue", "list", "--json", cwd=tmp_path).stdout)[0]["name"] == "q"
 
 
+def test_a_name_with_a_trailing_newline_is_refused_at_once(tmp_path, config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    from roq.state import read_leader
+    procs.gcm("gcm-0")
+    wait_until(lambda: read_leader(zk, paths), message="a leader")
+    started = time.monotonic()
+    result = roq("--config", str(config_file(tmp_path, config)), "queue", "create", "abc\n", cwd=tmp_path)
+    record_figures("roq queue create $'abc\\n'", exit_code=result.returncode,
+                   seconds=round(time.monotonic() - started, 2))
+    assert_one_line_error(result, 1, "invalid queue name")  # was exit 3, "ZooKeeper is unavailable"
+    assert zk.get_children(paths.queues) == []
+
+
 def test_config_show_layers(tmp_path):  # type: ignore[no-untyped-def]
     (tmp_path / "c.toml").write_text('[zk]\nhosts = "zk1:2181"\n[hcm]\ncapacity = 3\n')
     result = roq("--config", str(tmp_path / "c.toml"), "--set", "hcm.capacity=5", "config", "show",

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
+import uuid
 
 import msgpack
 import pytest
 import zmq
 
-from gcm.fence import LeaderFence
+from gcm.fence import LeaderFence, RequestContext, serving
 from roq.client.admin import Admin
 from roq.errors import (FencedError, InvalidNameError, NotLeaderError, QueueExistsError,
                         QueueNotFoundError, UnknownCommandError, UserError,
@@ -207,3 +209,147 @@ def test_queue_lifecycle_and_scaling(config, zk, paths, procs):  # type: ignore[
                    message="exchanges stopped")
         for host in ("host-1", "host-2"):
             assert zk.get_children(paths.host_assignments(host)) == []
+
+
+# ------------------------------------------------------------------ names, retries, deadlines
+
+
+def test_names_with_a_trailing_newline_are_refused_at_once(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    wait_until(lambda: leader(zk, paths), message="a leader")
+    with Admin(config, zk) as admin:
+        started = time.monotonic()
+        for name in ("abc\n", "abc\r", "abc\r\n", "abc ", "abc\t"):
+            with pytest.raises(InvalidNameError):  # not ZooKeeper's BadArguments, retried for 10 s
+                admin.create_queue(name)
+        record_figures("5 creates of names with trailing whitespace", refused_in_s=round(time.monotonic() - started, 3))
+        assert admin.list_queues() == []
+    assert zk.get_children(paths.queues) == []
+
+
+def test_parallel_creates_with_short_attempts_all_succeed(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    """8 creators, each its own Admin: attempts time out while requests queue at the GCM, and the
+    retries carry the key of an attempt the leader may already have applied."""
+    procs.gcm("gcm-a")
+    wait_until(lambda: leader(zk, paths), message="a leader")
+    impatient = config.replace(client={"attempt_timeout": 0.15})
+    workers, per_worker = 8, 16
+    results: dict[str, dict] = {}  # type: ignore[type-arg]
+    errors: list[tuple[str, Exception]] = []
+
+    def create_many(worker: int) -> None:
+        with Admin(impatient) as admin:
+            for i in range(per_worker):
+                name = f"w{worker}-q{i}"
+                try:
+                    results[name] = admin.create_queue(name)
+                except Exception as exc:  # reported below, with the queue it happened to
+                    errors.append((name, exc))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=create_many, args=(w,)) for w in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    took = time.monotonic() - started
+    answered_retries = procs.logs["gcm-a"].read_text().count("was applied before: answering the retry")
+    record_figures("8 parallel creators, attempt_timeout 0.15 s", queues=len(results), seconds=round(took, 1),
+                   retries_answered_from_keys=answered_retries)
+    assert errors == []
+    assert all(info["name"] == name for name, info in results.items()) and len(results) == workers * per_worker
+    assert sorted(zk.get_children(paths.queues)) == sorted(results)
+
+
+def test_a_retried_write_is_applied_once_even_after_a_failover(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    procs.gcm("gcm-a")
+    procs.gcm("gcm-b")
+    first = wait_until(lambda: leader(zk, paths), message="a leader")
+    wait_until(lambda: len(zk.get_children(paths.election)) == 2, message="both GCMs contending")
+    create = {"name": "orders", "exchanges": 2}
+    key = uuid.uuid4().hex
+    with Admin(config, zk) as admin:
+        assert admin.request(first["endpoint"], "queue.create", create, 5, key)["name"] == "orders"
+        again = admin.request(first["endpoint"], "queue.create", create, 5, key)
+        assert again["name"] == "orders" and [x["id"] for x in again["exchanges"]] == ["x1", "x2"]
+        with pytest.raises(QueueExistsError):  # another call
+            admin.request(first["endpoint"], "queue.create", create, 5, uuid.uuid4().hex)
+        with pytest.raises(QueueExistsError):  # an old client, without a key
+            admin.request(first["endpoint"], "queue.create", create, 5)
+        with pytest.raises(UserError, match="already used"):  # a key reused for another change
+            admin.request(first["endpoint"], "queue.delete", {"name": "orders"}, 5, key)
+        scale_key = uuid.uuid4().hex
+        assert len(admin.request(first["endpoint"], "queue.scale", {"name": "orders", "exchanges": 3}, 5,
+                                 scale_key)["exchanges"]) == 3
+        assert zk.exists(paths.request(key)) and zk.exists(paths.request(scale_key))
+
+        victim = next(n for n, p in procs.procs.items() if p.pid == first["pid"])
+        procs.kill(victim, signal.SIGKILL)
+        new = wait_until(lambda: (l := leader(zk, paths)) and l["id"] != first["id"] and l, timeout=15,
+                         message="a backup to take over")
+        # The keys live in ZooKeeper: the new leader recognises retries of its predecessor's writes.
+        assert admin.request(new["endpoint"], "queue.create", create, 5, key)["name"] == "orders"
+        assert len(admin.request(new["endpoint"], "queue.scale", {"name": "orders", "exchanges": 3}, 5,
+                                 scale_key)["exchanges"]) == 3
+        delete_key = uuid.uuid4().hex
+        for _ in range(2):
+            assert admin.request(new["endpoint"], "queue.delete", {"name": "orders"}, 5, delete_key) == \
+                {"name": "orders", "deleted": True}
+        with pytest.raises(QueueNotFoundError):
+            admin.request(new["endpoint"], "queue.delete", {"name": "orders"}, 5, uuid.uuid4().hex)
+        assert admin.list_queues() == []
+
+
+def test_writes_that_waited_past_the_deadline_are_refused_and_change_nothing(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+    """A burst of slow creates (64 exchanges each) on one socket: the GCM stamps them all at arrival,
+    serves what it can within the deadline and refuses the rest unapplied."""
+    from gcm.api import REQUEST_DEADLINE
+    procs.gcm("gcm-a")
+    endpoint = wait_until(lambda: leader(zk, paths), message="a leader")["endpoint"]
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    burst = 200
+    try:
+        for i in range(burst):
+            sock.send(encode_request(i, "queue.create", {"name": f"b{i}", "exchanges": 64}, uuid.uuid4().hex))
+        replies = {}
+        while len(replies) < burst:
+            assert sock.poll(30_000), f"the GCM answered {len(replies)} of {burst} requests"
+            reply = decode_reply(sock.recv())
+            replies[reply.id] = reply
+    finally:
+        sock.close()
+        context.term()
+    applied = sorted(f"b{i}" for i, r in replies.items() if r.ok)
+    refused = [r for r in replies.values() if not r.ok]
+    record_figures(f"burst of {burst} creates of 64 exchanges, deadline {REQUEST_DEADLINE} s",
+                   applied=len(applied), refused=len(refused))
+    assert refused and all(r.code == "unavailable" for r in refused), {r.code for r in refused}
+    assert any("waited" in r.message for r in refused)
+    assert sorted(zk.get_children(paths.queues)) == applied  # a refused create left nothing behind
+
+
+def test_request_keys_are_recorded_with_the_write_and_bounded(config, zk, paths):  # type: ignore[no-untyped-def]
+    from kazoo.exceptions import NodeExistsError
+    from roq.zk import ensure_base_paths
+    ensure_base_paths(zk, paths)
+    fence = LeaderFence(zk, paths)
+    fence.claim({"id": "me"})
+    keys = [uuid.uuid4().hex for _ in range(25)]
+
+    def create(i: int, key: str) -> None:
+        with serving(RequestContext(time.monotonic() + 5, "queue.create", key, f"q{i}")):
+            fence.write(lambda txn: txn.create(paths.queue(f"q{i}"), b"{}"))
+
+    for i, key in enumerate(keys):
+        create(i, key)
+    assert sorted(zk.get_children(paths.requests)) == sorted(keys)
+    failed_key = uuid.uuid4().hex
+    with pytest.raises(NodeExistsError):
+        create(0, failed_key)  # q0 exists: the transaction fails as a whole, its key with it
+    assert not zk.exists(paths.request(failed_key))
+    assert fence.prune_keys(keep=20) == 0  # not yet twice as many as kept
+    assert fence.prune_keys(keep=10) == 15
+    assert sorted(zk.get_children(paths.requests)) == sorted(keys[-10:])  # the newest stay

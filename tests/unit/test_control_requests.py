@@ -1,0 +1,61 @@
+"""Control requests: the optional request key on the wire, and the deadline counted from arrival."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgpack
+import pytest
+
+from gcm.api import REQUEST_DEADLINE, ControlServer
+from roq import protocol
+from roq.errors import ProtocolError
+
+
+def test_a_key_travels_with_the_request() -> None:
+    key = uuid.uuid4().hex
+    req = protocol.decode_request(protocol.encode_request(5, "queue.create", {"name": "q"}, key))
+    assert (req.id, req.op, req.args, req.key) == (5, "queue.create", {"name": "q"}, key)
+
+
+def test_requests_of_old_clients_have_no_key() -> None:
+    frame = msgpack.packb({"v": 1, "id": 1, "op": "queue.create", "args": {"name": "q"}})
+    assert protocol.decode_request(frame).key is None
+    assert b"key" not in protocol.encode_request(1, "queue.list")
+
+
+@pytest.mark.parametrize("key", ["", "short", "a" * 65, "../../gcm/leader", "abc/defgh", "abcdefgh\n", 12345678,
+                                 b"abcdefgh", ["abcdefgh"]])
+def test_bad_keys_are_malformed(key: object) -> None:
+    # The key names a znode: nothing but ZooKeeper-safe characters may reach it.
+    frame = msgpack.packb({"v": 1, "id": 1, "op": "queue.create", "args": {}, "key": key})
+    with pytest.raises(ProtocolError, match="key"):
+        protocol.decode_request(frame)
+
+
+def server() -> ControlServer:
+    server = ControlServer.__new__(ControlServer)  # dispatch needs no socket
+    server._route, server.errors = (lambda op: (lambda args: "done")), 0
+    return server
+
+
+def test_a_write_that_waited_past_the_deadline_is_refused_unapplied() -> None:
+    ran: list[str] = []
+    stale = server()
+    stale._route = lambda op: (lambda args: ran.append(op))
+    long_ago = time.monotonic() - REQUEST_DEADLINE - 0.5
+    for op, args in (("queue.create", {"name": "q"}), ("queue.delete", {"name": "q"}),
+                     ("queue.scale", {"name": "q", "exchanges": 2}), ("queue.rules", {"name": "q", "clear": True})):
+        reply = protocol.decode_reply(stale.dispatch(protocol.encode_request(1, op, args, uuid.uuid4().hex),
+                                                     "admin", long_ago))
+        assert not reply.ok and reply.code == "unavailable" and "waited" in reply.message, (op, reply)
+    assert ran == []  # no handler ran
+    reply = protocol.decode_reply(stale.dispatch(protocol.encode_request(2, "queue.list"), "admin", long_ago))
+    assert reply.ok  # a read is still answered
+
+
+def test_a_fresh_write_is_served() -> None:
+    reply = protocol.decode_reply(server().dispatch(protocol.encode_request(1, "queue.create", {"name": "q"}),
+                                                    "admin", time.monotonic()))
+    assert reply.ok and reply.result == "done"
