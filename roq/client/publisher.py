@@ -38,16 +38,14 @@ import random
 import secrets
 import threading
 import time
-from bisect import bisect_left
-from collections import deque
-from collections.abc import Iterable, Iterator
-from itertools import accumulate
+from collections.abc import Iterable
 from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
 
 from roq import protocol
+from roq.client.chunks import ChunkLog, merge
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import (BackpressureError, MessageTooLargeError, ProtocolError, QueueNotFoundError,
@@ -65,44 +63,9 @@ log = logging.getLogger(__name__)
 # that is 2 to 3 full batches the exchange should not go without.
 MAX_IN_FLIGHT = 4
 TOPIC_CACHE = 10_000
-REPLAY_MERGE_SECONDS = 1.0  # confirmed messages merged into one replay chunk at most this far apart
 AVOID_SECONDS = 30.0  # an exchange that failed us is not chosen again for this long while others run
 HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have been lost with a connection)
 STALE_STATS = 3.0  # exchange statistics this many report intervals older than the newest are ignored
-
-
-class _Chunk:
-    """Consecutive messages first..last as one flat [topic, payload, ...] list: a batch's worth.
-    Messages move between the publisher's queues a chunk at a time, never one by one."""
-
-    __slots__ = ("first", "flat", "size", "confirmed_at", "since")
-
-    def __init__(self, first: int, flat: list[bytes], size: int | None = None) -> None:
-        self.first = first
-        self.flat = flat
-        self.size = sum(map(len, flat)) if size is None else size
-        self.confirmed_at = 0.0  # in the replay window: when its newest message was confirmed ...
-        self.since = 0.0  # ... and its oldest
-
-    @property
-    def count(self) -> int:
-        return len(self.flat) // 2
-
-    @property
-    def last(self) -> int:
-        return self.first + len(self.flat) // 2 - 1
-
-    def split_copy(self, count: int) -> _Chunk:
-        """A new chunk of the messages after the first `count` (this one stays as it is)."""
-        return _Chunk(self.first + count, self.flat[2 * count:])
-
-    def split(self, count: int) -> _Chunk:
-        """Cut off and return the first `count` messages."""
-        head = _Chunk(self.first, self.flat[:2 * count])
-        self.flat = self.flat[2 * count:]
-        self.first += count
-        self.size -= head.size
-        return head
 
 
 class Publisher:
@@ -121,21 +84,11 @@ class Publisher:
         # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        # Unconfirmed messages, oldest first: sent (awaiting an ack), sealed but unsent, and the
-        # newest in `_open` as [topic, payload, ...] starting at `_open_first`.
-        self._sent: deque[_Chunk] = deque()
-        self._unsent: deque[_Chunk] = deque()
-        self._open: list[bytes] = []
-        self._open_first = 1
-        self._replay: deque[_Chunk] = deque()  # confirmed, kept for resending after a move
-        self._replay_size = 0
-        self._resend: list[_Chunk] = []  # replay window, queued for the new exchange
-        self._next_seq = 1
+        client = config.client
+        self._log = ChunkLog(client.max_batch, client.max_batch_bytes, client.replay_seconds, client.replay_bytes)
         self._topics: dict[str | bytes, bytes] = {}  # validated topics, so publish() checks each once
         self._max_message = config.exchange.max_message_bytes
         self._max_unconfirmed = config.client.max_unconfirmed
-        self._acked = 0
-        self._in_flight: deque[int] = deque()  # last seq of each batch in flight
         self._closed = False
         self._move_lock = threading.Lock()
         self._move_request: str | None = None  # set by any thread, taken by the I/O thread
@@ -193,16 +146,17 @@ class Publisher:
                                        f"exchange.max_message_bytes={self._max_message}")
         limit = self._max_unconfirmed
         topic = checked
+        log = self._log
         with self._lock:
             if self._closed or self.queue_deleted:
                 self._raise_closed()
-            seq = self._next_seq
-            if seq - 1 - self._acked >= limit:
+            seq = log.next_seq
+            if seq - 1 - log.acked >= limit:
                 self._wait_for_room(self.config.client.publish_timeout if timeout is None else timeout)
-                seq = self._next_seq
-            self._next_seq = seq + 1
-            self._open.append(topic)
-            self._open.append(payload)
+                seq = log.next_seq
+            log.next_seq = seq + 1
+            log.open.append(topic)
+            log.open.append(payload)
         if not self._wake_pending:  # one wake-up per batch, not one system call per message
             self._wake_pending = True
             self._wake()
@@ -222,7 +176,7 @@ class Publisher:
         items = _checked_payloads(payloads, self._max_message)
         wait = self.config.client.publish_timeout if timeout is None else timeout
         with self._lock:
-            first = self._next_seq
+            first = self._log.next_seq
             done = 0
             while done < len(items):
                 done += self._append_part(checked, items, done, wait)
@@ -237,26 +191,25 @@ class Publisher:
         if self._closed or self.queue_deleted:
             self._raise_closed()
         limit = self._max_unconfirmed
-        if self._next_seq - 1 - self._acked >= limit:
+        if self._log.unconfirmed >= limit:
             try:
                 self._wait_for_room(wait, f" ({done} of {len(items)} queued)")
             except BackpressureError as err:
                 err.queued = done
                 raise
-        take = min(limit - (self._next_seq - 1 - self._acked), len(items) - done)
+        take = min(limit - self._log.unconfirmed, len(items) - done)
         part = items if take == len(items) else items[done:done + take]
         flat = [topic] * (2 * take)
         flat[1::2] = part  # interleave topic and payload with one C-level slice assignment
-        self._open += flat
-        self._next_seq += take
+        self._log.append(flat, take)
         return take
 
     def _wait_for_room(self, wait: float, detail: str = "") -> None:
         """Block until fewer than `client.max_unconfirmed` messages await a confirm (caller holds
         the lock): BackpressureError after `wait` seconds, RoqError if closed meanwhile."""
         limit = self._max_unconfirmed
-        if not self._cond.wait_for(lambda: self._next_seq - 1 - self._acked < limit or self._closed, wait):
-            raise BackpressureError(f"{self._next_seq - 1 - self._acked} messages unconfirmed for {wait:.1f}s"
+        if not self._cond.wait_for(lambda: self._log.unconfirmed < limit or self._closed, wait):
+            raise BackpressureError(f"{self._log.unconfirmed} messages unconfirmed for {wait:.1f}s"
                                     f"{detail}; is the queue's exchange reachable?")
         if self._closed or self.queue_deleted:
             self._raise_closed()
@@ -269,7 +222,7 @@ class Publisher:
 
     @property
     def unconfirmed_unlocked(self) -> int:
-        return self._next_seq - 1 - self._acked
+        return self._log.unconfirmed
 
     def _remember_topic(self, topic: str | bytes) -> bytes:
         checked = check_topic(topic)
@@ -281,9 +234,9 @@ class Publisher:
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every message published so far is confirmed."""
         with self._cond:
-            target = self._next_seq - 1
-            if not self._cond.wait_for(lambda: self._acked >= target, timeout):
-                raise RequestTimeoutError(f"{target - self._acked} messages still unconfirmed after {timeout:.1f}s")
+            target = self._log.next_seq - 1
+            if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
+                raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after {timeout:.1f}s")
 
     def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> None:
         """Wait until our exchange reports `count` RoQ subscribers connected to it (each one
@@ -302,11 +255,11 @@ class Publisher:
     @property
     def unconfirmed(self) -> int:
         with self._cond:
-            return self._next_seq - 1 - self._acked
+            return self._log.unconfirmed
 
     @property
     def confirmed(self) -> int:
-        return self._acked
+        return self._log.acked
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush (up to `timeout`), say goodbye, stop the I/O thread."""
@@ -429,7 +382,7 @@ class Publisher:
                     self._say_hello(sock, rewind=True)
                 if not self._awaiting_welcome:
                     self._send_batches(sock)
-                    if len(self._in_flight) < MAX_IN_FLIGHT:
+                    if len(self._log.in_flight) < MAX_IN_FLIGHT:
                         self._wake_pending = False  # from here on publish() must wake us ...
                         self._send_batches(sock)  # ... and what came before is taken now
                 if self._want_hello or (self._awaiting_welcome and time.monotonic() - self._hello_sent > HELLO_RETRY):
@@ -439,7 +392,7 @@ class Publisher:
                 while sock.poll(0):
                     self._handle_reply(sock, sock.recv())
                     last_reply = time.monotonic()
-                waiting = self._in_flight or self._awaiting_welcome
+                waiting = self._log.in_flight or self._awaiting_welcome
                 if waiting and time.monotonic() - last_reply > self.config.client.confirm_timeout:
                     self._avoid_current()
                     self._request_move(f"no answer from {self.exchange} for {self.config.client.confirm_timeout:.1f}s")
@@ -508,8 +461,8 @@ class Publisher:
         """`hello` with the lowest sequence number we may send. With `rewind`, batches wait for
         the welcome, which says from where to send again."""
         with self._cond:
-            self._trim_replay(time.monotonic())
-            from_seq = self._replay[0].first if self._replay else self._acked + 1
+            self._log.trim_replay(time.monotonic())
+            from_seq = self._log.lowest_held()
             if rewind:
                 self._awaiting_welcome = True
         self._hello_sent = time.monotonic()
@@ -523,18 +476,7 @@ class Publisher:
         the replay window's part first (caller: the I/O thread, awaiting a welcome)."""
         with self._cond:
             self._awaiting_welcome = False
-            self._unsent.extendleft(reversed(self._sent))  # resend everything unconfirmed ...
-            self._sent.clear()
-            self._in_flight.clear()
-            resend = []
-            for chunk in self._replay:  # ... preceded by what was confirmed but this exchange lacks
-                if chunk.last <= last:
-                    continue
-                if chunk.first <= last:
-                    chunk = chunk.split_copy(last + 1 - chunk.first)
-                resend.append(chunk)
-            self._resend = resend
-            count = sum(chunk.count for chunk in resend)
+            count = self._log.rewind(last, time.monotonic())
             self.replayed += count
         if count:
             log.info("publisher %s resending %d confirmed messages to %s", self.id, count, self.exchange)
@@ -573,19 +515,17 @@ class Publisher:
     def _send_batches(self, sock: zmq.Socket) -> None:
         # The replay window goes first, merged back into full batches (chunks sealed at a low
         # rate hold a message or two); its seqs are consecutive and end where the log starts.
-        resend, self._resend = self._resend, []
-        for first, flat in _merge(resend, self.config.client.max_batch, self.config.client.max_batch_bytes):
+        log, client = self._log, self.config.client
+        with self._cond:
+            resend = log.take_resend()
+        for first, flat in merge(resend, client.max_batch, client.max_batch_bytes):
             if not self._send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat)):
                 return
-        while len(self._in_flight) < MAX_IN_FLIGHT:
+        while len(log.in_flight) < MAX_IN_FLIGHT:
             with self._cond:
-                if not self._unsent:
-                    self._seal()
-                if not self._unsent:
-                    return
-                chunk = self._unsent.popleft()
-                self._sent.append(chunk)
-                self._in_flight.append(chunk.last)
+                chunk = log.take()
+            if chunk is None:
+                return
             if not self._send_frame(sock, protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat)):
                 return
 
@@ -598,63 +538,6 @@ class Publisher:
             self._avoid_current()
             self._request_move(f"exchange {self.exchange} is not taking batches")
             return False
-
-    def _seal(self) -> None:
-        """Turn the oldest open messages into a chunk of at most one batch (caller holds the lock)."""
-        pending = self._open
-        items = min(len(pending), 2 * self.config.client.max_batch)
-        if not items:
-            return
-        limit = self.config.client.max_batch_bytes
-        flat = pending if items == len(pending) else pending[:items]
-        size = sum(map(len, flat))  # one C-level pass; the cut below is the rare case
-        if size > limit:
-            ends = list(accumulate(map(len, flat)))
-            items = max(2, (bisect_left(ends, limit) // 2 + 1) * 2)  # the message that crosses the limit goes too
-            flat, size = flat[:items], ends[items - 1]
-        if flat is pending:
-            self._open = []  # all of it: no copy, no shift
-        else:
-            del pending[:items]
-        self._unsent.append(_Chunk(self._open_first, flat, size))
-        self._open_first += items // 2
-
-    def _confirm(self, chunks: deque[_Chunk], seq: int, now: float) -> None:
-        """Move the messages up to `seq` from `chunks` to the replay window (caller holds the lock)."""
-        keep = self.config.client.replay_seconds > 0
-        while chunks and chunks[0].first <= seq:
-            chunk = chunks[0]
-            if chunk.last <= seq:
-                chunks.popleft()
-            else:
-                chunk = chunk.split(seq - chunk.first + 1)
-            if keep:
-                self._remember(chunk, now)
-
-    def _remember(self, chunk: _Chunk, now: float) -> None:
-        """Keep confirmed messages in the replay window (caller holds the lock). A slow publisher
-        confirms one message per chunk: those are appended to the newest chunk (up to a batch,
-        within REPLAY_MERGE_SECONDS), or the window would hold two objects per message for the
-        garbage collector to walk (a 40 ms pause at 150k). Messages are kept at least
-        `client.replay_seconds`, at most REPLAY_MERGE_SECONDS longer."""
-        self._replay_size += chunk.size
-        tail = self._replay[-1] if self._replay else None
-        if tail is not None and tail.last + 1 == chunk.first and now - tail.since < REPLAY_MERGE_SECONDS \
-                and tail.count + chunk.count <= self.config.client.max_batch \
-                and tail.size + chunk.size <= self.config.client.max_batch_bytes:
-            tail.flat += chunk.flat  # the window's chunks are its own: resends copy them (_merge)
-            tail.size += chunk.size
-            tail.confirmed_at = now
-            return
-        chunk.confirmed_at = chunk.since = now
-        self._replay.append(chunk)
-
-    def _trim_replay(self, now: float) -> None:
-        """Keep the replay window within its age and byte limits (caller holds the lock)."""
-        horizon = now - self.config.client.replay_seconds
-        limit = self.config.client.replay_bytes
-        while self._replay and (self._replay[0].confirmed_at < horizon or self._replay_size > limit):
-            self._replay_size -= self._replay.popleft().size
 
     def _handle_reply(self, sock: zmq.Socket, frame: bytes) -> None:
         try:
@@ -693,19 +576,7 @@ class Publisher:
         with self._cond:
             if subscribers is not None:
                 self.subscribers = subscribers
-            if seq > self._acked:
-                # A fresh exchange says 0 (or an old position): only ever move forward.
-                seq = min(seq, self._next_seq - 1)
-                now = time.monotonic()
-                self._confirm(self._sent, seq, now)
-                self._confirm(self._unsent, seq, now)
-                while self._open and self._open_first <= seq:  # a welcome can cover messages not yet sent
-                    self._seal()
-                    self._confirm(self._unsent, seq, now)
-                self._trim_replay(now)
-                self._acked = seq
-            while self._in_flight and self._in_flight[0] <= self._acked:
-                self._in_flight.popleft()
+            self._log.confirm(seq, time.monotonic())
             self._cond.notify_all()
 
 
@@ -723,18 +594,3 @@ def _checked_payloads(payloads: Iterable[bytes], max_size: int) -> list[bytes]:
         raise MessageTooLargeError(f"payload {i} of {len(items[i])} bytes exceeds "
                                    f"exchange.max_message_bytes={max_size}")
     return items
-
-
-def _merge(chunks: list[_Chunk], max_count: int, max_bytes: int) -> Iterator[tuple[int, list[bytes]]]:
-    """Consecutive chunks as (first seq, flat) batches of at most max_count messages / about max_bytes."""
-    first, flat, size = 0, [], 0
-    for chunk in chunks:
-        if flat and (len(flat) // 2 + chunk.count > max_count or size + chunk.size > max_bytes):
-            yield first, flat
-            flat, size = [], 0
-        if not flat:
-            first = chunk.first
-        flat.extend(chunk.flat)  # a new list: the chunks stay as they are
-        size += chunk.size
-    if flat:
-        yield first, flat
