@@ -8,15 +8,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import IN_CI
+from tests.conftest import unavailable
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     if importlib.util.find_spec("pyspark") is None:
-        if IN_CI:
-            pytest.fail("pyspark is required in CI (make test installs the spark extra)")
-        pytest.skip("pyspark not installed (pip install -e '.[spark]')")
+        unavailable("pyspark not installed (pip install -e '.[spark]')", "the Spark tests")
     from roq.spark.session import spark_session
     session = spark_session("local[2]", "roq-tests")
     yield session
