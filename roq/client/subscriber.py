@@ -59,7 +59,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
 from roq.client.position import Position, load_position, position_file, save_position
-from roq.client.streams import FetchFailed, Stream, StreamSet
+from roq.client.replay import ReplayClient
+from roq.client.streams import Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import ProtocolError, QueueNotFoundError
@@ -71,8 +72,6 @@ from roq.zk import start_client, stop_client
 log = logging.getLogger(__name__)
 
 HANDOFF_LIMIT = 100_000  # messages buffered between the I/O thread and the application
-MAX_FETCH_REPLY = 1 << 30
-BUSY_RETRY = 0.05  # pause before asking again an exchange that answered a fetch with "busy"
 QUEUE_GONE_GRACE = 5.0  # receive() raises once the queue has been deleted this long (not re-created)
 
 
@@ -134,7 +133,8 @@ class Subscriber:
         self._taken_lock = threading.Lock()
         self._recovered_waiting: dict[str, list[int]] = {}  # incarnation → positions of fetched frames in the inbox
         self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
-        self._streams = StreamSet(self.topics, _Replay(self), self._hand_over)
+        self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed)
+        self._streams = StreamSet(self.topics, self._replay, self._hand_over)
         for inc, pos in self._taken.streams.items():
             self._streams.resume(inc, pos)
         self.topics = self._streams.prefixes  # subscribed as normalised: "a" covers "ab"
@@ -145,9 +145,6 @@ class Subscriber:
         self.duplicates = 0
         self.recovered = 0  # frames fetched from retention and handed over
         self.callback_errors = 0
-        self._fetchers: dict[str, zmq.Socket] = {}
-        self._context: zmq.Context | None = None
-        self._request_id = 0
         self._gone_since: float | None = None
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
@@ -286,6 +283,9 @@ class Subscriber:
                     seen.add(seqs[i])
             self._taken.advance(d.incarnation, d.pos - 1)
 
+    def topology_snapshot(self) -> dict[str, dict[str, Any]]:
+        return self.topology.snapshot() if hasattr(self, "topology") else {}
+
     def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
         inc = live.get("incarnation")
         if not inc:
@@ -324,7 +324,7 @@ class Subscriber:
         # Last, so the exchange sees it together with (after) the topics.
         sock.setsockopt(zmq.SUBSCRIBE, self._sync_topic)
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._context = context
+        self._replay.bind(context)
         endpoints: dict[str, str] = {}
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -352,8 +352,7 @@ class Subscriber:
         finally:
             sock.disable_monitor()
             monitor.close(linger=0)
-            for fetcher in self._fetchers.values():
-                fetcher.close(linger=0)
+            self._replay.close()
             sock.close(linger=0)
             context.term()
 
@@ -366,9 +365,7 @@ class Subscriber:
                     sock.disconnect(endpoint)
                 except zmq.ZMQError:
                     pass
-                fetcher = self._fetchers.pop(xid, None)
-                if fetcher is not None:
-                    fetcher.close(linger=0)
+                self._replay.drop(xid)
                 log.info("subscriber left %s/%s", self.queue, xid)
         for xid, endpoint in wanted.items():
             if current.get(xid) != endpoint:
@@ -474,89 +471,3 @@ class Subscriber:
             log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",
                           d.publisher, seqs[0], seqs[-1])
         self._note_frame_taken(d, fresh)
-
-
-
-class _Replay:
-    """The subscriber's way to its exchanges' retention: one DEALER per exchange, owned by the
-    I/O thread; a request waits for its answer (older answers, after a timeout, are skipped)."""
-
-    def __init__(self, subscriber: Subscriber) -> None:
-        self.sub = subscriber
-
-    def fetch(self, exchange: str, incarnation: str, after: int, before: int,
-              prefix: bytes) -> Iterator[protocol.Frames]:
-        max_bytes = self.sub.config.exchange.fetch_max_bytes
-        while after < before - 1 and not self.sub._closed:
-            request = lambda rid: protocol.encode_fetch(rid, incarnation, after, before, [prefix], max_bytes)  # noqa: E731
-            page = self._ask(exchange, request)
-            if not isinstance(page, protocol.Frames):
-                raise FetchFailed(f"{exchange} answered a fetch with {type(page).__name__}")
-            yield page
-            if page.done:
-                return
-            after = max(after + 1, page.scanned_to)
-
-    def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
-        answer = self._ask(exchange, lambda rid: protocol.encode_position_request(rid, prefixes))
-        if not isinstance(answer, protocol.StreamPosition):
-            raise FetchFailed(f"{exchange} answered a position request with {type(answer).__name__}")
-        return answer
-
-    def _ask(self, exchange: str, encode: Callable[[int], bytes]) -> protocol.Frames | protocol.StreamPosition:
-        sub = self.sub
-        deadline = time.monotonic() + sub.config.client.fetch_timeout
-        while not sub._closed:
-            fetcher = self._fetcher(exchange)
-            if fetcher is None:
-                raise FetchFailed(f"{exchange} has no replay endpoint")
-            sub._request_id += 1
-            request_id = sub._request_id
-            fetcher.send(encode(request_id))
-            try:
-                return self._await(fetcher, request_id, deadline)
-            except protocol.ReplayRefused as refused:
-                if refused.refusal != "busy" or time.monotonic() + BUSY_RETRY > deadline:
-                    raise FetchFailed(str(refused)) from None
-                time.sleep(BUSY_RETRY)  # the exchange holds too many unsent replies: let them go
-            except FetchFailed:
-                self._drop(exchange)
-                raise
-        raise FetchFailed("subscriber closed")
-
-    def _await(self, fetcher: zmq.Socket, request_id: int,
-               deadline: float) -> protocol.Frames | protocol.StreamPosition:
-        while not self.sub._closed:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not fetcher.poll(int(remaining * 1000)):
-                raise FetchFailed("no answer in time")
-            try:
-                answer = protocol.decode_replay_reply(fetcher.recv(), MAX_FETCH_REPLY)
-            except protocol.ReplayRefused as refused:
-                if refused.request_id == request_id:
-                    raise
-                continue
-            except ProtocolError as exc:
-                raise FetchFailed(f"bad answer: {exc}") from None
-            if answer.request_id == request_id:
-                return answer
-        raise FetchFailed("subscriber closed")
-
-    def _fetcher(self, xid: str) -> zmq.Socket | None:
-        sub = self.sub
-        fetcher = sub._fetchers.get(xid)
-        if fetcher is None and sub._context is not None:
-            endpoint = (sub.topology.snapshot().get(xid) or {}).get("replay")
-            if not endpoint:
-                return None
-            fetcher = sub._context.socket(zmq.DEALER)
-            fetcher.linger = 0
-            secure_client(fetcher, sub.config)
-            fetcher.connect(endpoint)
-            sub._fetchers[xid] = fetcher
-        return fetcher
-
-    def _drop(self, xid: str) -> None:
-        fetcher = self.sub._fetchers.pop(xid, None)
-        if fetcher is not None:
-            fetcher.close(linger=0)

@@ -1,0 +1,122 @@
+"""A subscriber's way to its exchanges' retention (the `ReplayTransport` of roq/client/streams.py).
+
+One DEALER per exchange on its replay endpoint, created on first use by the subscriber's I/O
+thread (which owns them all). A request waits for its own answer up to `client.fetch_timeout`:
+older answers, left over from a request that timed out, are skipped by request id. An exchange
+that answers `busy` (too many reply bytes it has not yet sent) is asked again after a short
+pause within the same deadline. Anything else raises FetchFailed and the connection is dropped,
+so the next request starts on a fresh one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import zmq
+
+from roq import protocol
+from roq.client.streams import FetchFailed
+from roq.config import Config
+from roq.errors import ProtocolError
+from roq.security import secure_client
+
+MAX_REPLY = 1 << 30
+BUSY_RETRY = 0.05  # pause before asking again an exchange that answered "busy"
+
+Answer = protocol.Frames | protocol.StreamPosition
+
+
+class ReplayClient:
+    def __init__(self, config: Config, live: Callable[[], dict[str, dict[str, Any]]],
+                 closed: Callable[[], bool]) -> None:
+        """`live()` gives the running exchanges (their `replay` endpoints); `closed()` ends waits."""
+        self.config = config
+        self._live = live
+        self._closed = closed
+        self._context: zmq.Context | None = None
+        self._fetchers: dict[str, zmq.Socket] = {}
+        self._request_id = 0
+
+    def bind(self, context: zmq.Context) -> None:
+        """The I/O thread's context: sockets are made in the thread that uses them."""
+        self._context = context
+
+    def close(self) -> None:
+        for xid in list(self._fetchers):
+            self.drop(xid)
+
+    def drop(self, xid: str) -> None:
+        fetcher = self._fetchers.pop(xid, None)
+        if fetcher is not None:
+            fetcher.close(linger=0)
+
+    def fetch(self, exchange: str, incarnation: str, after: int, before: int,
+              prefix: bytes) -> Iterator[protocol.Frames]:
+        max_bytes = self.config.exchange.fetch_max_bytes
+        while after < before - 1 and not self._closed():
+            page = self._ask(exchange, lambda rid, a=after: protocol.encode_fetch(
+                rid, incarnation, a, before, [prefix], max_bytes))
+            if not isinstance(page, protocol.Frames):
+                raise FetchFailed(f"{exchange} answered a fetch with {type(page).__name__}")
+            yield page
+            if page.done:
+                return
+            after = max(after + 1, page.scanned_to)
+
+    def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        answer = self._ask(exchange, lambda rid: protocol.encode_position_request(rid, prefixes))
+        if not isinstance(answer, protocol.StreamPosition):
+            raise FetchFailed(f"{exchange} answered a position request with {type(answer).__name__}")
+        return answer
+
+    def _ask(self, exchange: str, encode: Callable[[int], bytes]) -> Answer:
+        deadline = time.monotonic() + self.config.client.fetch_timeout
+        while not self._closed():
+            fetcher = self._fetcher(exchange)
+            if fetcher is None:
+                raise FetchFailed(f"{exchange} has no replay endpoint")
+            self._request_id += 1
+            request_id = self._request_id
+            fetcher.send(encode(request_id))
+            try:
+                return self._await(fetcher, request_id, deadline)
+            except protocol.ReplayRefused as refused:
+                if refused.refusal != "busy" or time.monotonic() + BUSY_RETRY > deadline:
+                    raise FetchFailed(str(refused)) from None
+                time.sleep(BUSY_RETRY)  # the exchange holds too many unsent replies: let them go
+            except FetchFailed:
+                self.drop(exchange)
+                raise
+        raise FetchFailed("subscriber closed")
+
+    def _await(self, fetcher: zmq.Socket, request_id: int, deadline: float) -> Answer:
+        while not self._closed():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not fetcher.poll(int(remaining * 1000)):
+                raise FetchFailed("no answer in time")
+            try:
+                answer = protocol.decode_replay_reply(fetcher.recv(), MAX_REPLY)
+            except protocol.ReplayRefused as refused:
+                if refused.request_id == request_id:
+                    raise
+                continue
+            except ProtocolError as exc:
+                raise FetchFailed(f"bad answer: {exc}") from None
+            if answer.request_id == request_id:
+                return answer
+        raise FetchFailed("subscriber closed")
+
+    def _fetcher(self, xid: str) -> zmq.Socket | None:
+        fetcher = self._fetchers.get(xid)
+        if fetcher is None and self._context is not None:
+            endpoint = (self._live().get(xid) or {}).get("replay")
+            if not endpoint:
+                return None
+            fetcher = self._context.socket(zmq.DEALER)
+            fetcher.linger = 0
+            secure_client(fetcher, self.config)
+            fetcher.connect(endpoint)
+            self._fetchers[xid] = fetcher
+        return fetcher
