@@ -2,10 +2,13 @@
 
 Talks to its parent through stdout, one JSON object per line: first
 {"event": "ready", "pub": ..., "sub": ..., "replay": ...} once its sockets are bound, then
-{"event": "stats", ...} every `exchange.stats_interval`. Logs go to stderr.
+{"event": "stats", ...} every `exchange.stats_interval`. Logs go to stderr,
+as JSON lines under an HCM (`--json-logs`), which re-logs them.
 It dies with its parent: PR_SET_PDEATHSIG on Linux, and EOF on stdin
 everywhere (the parent holds the other end). On SIGTERM it asks its
-publishers to move, then exits.
+publishers to move, then exits. A configuration it refuses (including CURVE
+keys it cannot read) exits with `Exit.CONFIG`, before it reports ready; entry
+point, signals and exit codes: roq/daemon.py.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import click
 import zmq
 
 from exchange.forwarder import Forwarder
-from roq.config import config_from_json, load_config
-from roq.errors import RoqError
-from roq.logs import configure
+from roq.config import Config, config_from_json, load_config
+from roq.daemon import Stop, run_daemon
+from roq.errors import Exit
 from roq.security import Gatekeeper
 
 log = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ def die_with_parent(parent_pid: int | None) -> None:
     except OSError:
         pass  # not Linux: the stdin watch below still applies
     if parent_pid and os.getppid() != parent_pid:
-        os._exit(1)  # the parent died before prctl took effect
+        os._exit(Exit.OK)  # the parent died before prctl took effect: as on stdin EOF, nothing to serve
 
 
 def watch_stdin(stop: threading.Event) -> None:
@@ -96,27 +100,34 @@ def emit(event: dict) -> None:
                    "(never on the command line, where other users could read its secrets)")
 @click.option("--parent-pid", type=int, default=None)
 @click.option("--watch-stdin/--no-watch-stdin", "watch_parent", default=True)
+@click.option("--json-logs", is_flag=True, help="log JSON lines, for the HCM to re-log (as it passes)")
 def main(queue: str, exchange_id: str, host: str, config_json: str | None, config_stdin: bool,
-         parent_pid: int | None, watch_parent: bool) -> None:
+         parent_pid: int | None, watch_parent: bool, json_logs: bool) -> None:
     """Run one exchange of QUEUE (normally started by roq-hcm)."""
     die_with_parent(parent_pid)
+
+    def load() -> Config:
+        text = read_config_line() if config_stdin else config_json
+        return config_from_json(text) if text else load_config()
+
+    def body(config: Config, stop: Stop) -> None:
+        if watch_parent:
+            watch_stdin(stop)
+        serve(config, stop, queue, exchange_id)
+
+    run_daemon("roq-exchange", load, f"exchange {queue}/{exchange_id}", body, json_logs=json_logs)
+
+
+def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str) -> None:
+    """Bind, report ready, forward until `stop` is set, then ask publishers to move and close."""
+    context = zmq.Context()
     try:
-        if config_stdin:
-            config_json = read_config_line()
-        config = config_from_json(config_json) if config_json else load_config()
-        context = zmq.Context()
-        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")
-    except RoqError as exc:
-        click.echo(f"roq-exchange: {exc}", err=True)
-        sys.exit(2)
-    configure(config.log.level, f"exchange {queue}/{exchange_id}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    if watch_parent:
-        watch_stdin(stop)
-    advertise = config.hcm.advertise or config.hcm.bind
-    forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper)
+        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
+        advertise = config.hcm.advertise or config.hcm.bind
+        forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper)
+    except BaseException:
+        context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
+        raise
     gatekeeper.start()
     interval = config.exchange.stats_interval
     next_report = [time.monotonic() + interval]
@@ -125,12 +136,14 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, confi
         if time.monotonic() >= next_report[0]:
             next_report[0] = time.monotonic() + interval
             retention = forwarder.retention
-            emit({"event": "stats", **forwarder.stats.snapshot(), **gatekeeper.snapshot(),
-                  "retained_frames": len(retention),
-                  "retained_bytes": retention.bytes, "evicted_frames": retention.evicted,
-                  "known_publishers": len(forwarder.sessions.sessions), "expired_publishers": forwarder.sessions.expired,
-                  "tracked_prefixes": len(forwarder.chains.last), "replay_held_bytes": forwarder.replay.held,
-                  "rss_bytes": _rss_bytes()})
+            report = replace(forwarder.stats.snapshot(), refused_connections=gatekeeper.refused,
+                             refused_over_limit=gatekeeper.refused_limit,
+                             retained_frames=len(retention), retained_bytes=retention.bytes,
+                             evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
+                             expired_publishers=forwarder.sessions.expired,
+                             tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
+                             rss_bytes=_rss_bytes())
+            emit({"event": "stats", **report.to_dict()})
 
     try:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,

@@ -1,11 +1,15 @@
-"""Per-interval statistics of one exchange, reported to its HCM as a JSON line."""
+"""Per-interval statistics of one exchange, reported to its HCM as a JSON line.
+
+`Counters` are the running totals the forwarder increments; `snapshot()` turns them into the
+typed report (`roq.records.ExchangeStats`), whose fields include every counter.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from roq import records
 
 TOP_PUBLISHERS = 5
 LATENCY_SAMPLES = 10_000
@@ -55,13 +59,19 @@ class ExchangeStats:
         if len(self.latencies_ns) < LATENCY_SAMPLES:
             self.latencies_ns.append(nanoseconds)
 
-    def snapshot(self, active_window: float = 10.0) -> dict[str, Any]:
-        """Totals plus per-second rates since the previous snapshot."""
+    def snapshot(self, active_window: float = 10.0) -> records.ExchangeStats:
+        """Totals plus per-second rates since the previous snapshot (exchange/main.py adds the rest)."""
         now = time.monotonic()
         elapsed = max(now - self._last_time, 1e-6)
         t, last = self.totals, self._last
-        report: dict[str, Any] = dict(asdict(t))
-        report.update(
+        heaviest = sorted(self.interval_by_publisher.items(), key=lambda item: -item[1])[:TOP_PUBLISHERS]
+        ordered = sorted(self.latencies_ns)
+        latency_p50_ms = latency_p99_ms = None
+        if ordered:  # publisher → exchange, on the wall clocks of both hosts
+            latency_p50_ms = round(ordered[len(ordered) // 2] / 1e6, 3)
+            latency_p99_ms = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1e6, 3)
+        report = records.ExchangeStats(
+            **asdict(t),
             msgs_in_per_s=round((t.msgs_in - last.msgs_in) / elapsed, 1),
             bytes_in_per_s=round((t.bytes_in - last.bytes_in) / elapsed, 1),
             msgs_out_per_s=round((t.msgs_out - last.msgs_out) / elapsed, 1),
@@ -71,15 +81,12 @@ class ExchangeStats:
             subscriptions=self.subscriptions,
             subscribers=self.subscribers,
             # The heaviest publishers: the leader relocates one of them off an overloaded exchange.
-            top_publishers=[[pub, round(count / elapsed, 1)] for pub, count in
-                            sorted(self.interval_by_publisher.items(), key=lambda item: -item[1])[:TOP_PUBLISHERS]],
+            top_publishers=tuple((pub, round(count / elapsed, 1)) for pub, count in heaviest),
+            latency_p50_ms=latency_p50_ms,
+            latency_p99_ms=latency_p99_ms,
         )
         self.interval_by_publisher = {}
-        ordered = sorted(self.latencies_ns)
         self.latencies_ns = []
-        if ordered:  # publisher → exchange, on the wall clocks of both hosts
-            report["latency_p50_ms"] = round(ordered[len(ordered) // 2] / 1e6, 3)
-            report["latency_p99_ms"] = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1e6, 3)
         self._last = Counters(**asdict(t))
         self._last_time = now
         return report

@@ -40,6 +40,8 @@ from roq.config import AutoscaleConfig, Config
 from roq.errors import QueueNotFoundError, RoqError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
+from roq.records import (ClusterStats, ExchangeSample, ExchangeStats, ExchangeSummary, HostSample, HostStats,
+                         HostSummary, QueueStats)
 from roq.state import HostInfo, exchange_order, queue_names, read_live, read_queue
 from roq.zk import encode, read_json
 
@@ -101,7 +103,7 @@ class Autoscaler:
         self.write_lock = write_lock
         self.config = config
         self.states: dict[str, QueueState] = {}
-        self.snapshot: dict[str, Any] = {"queues": {}, "hosts": {}, "time": 0.0}
+        self.stats = ClusterStats()  # replaced whole each tick: readers on other threads see one tick's
         self.stats_stream = stats_stream
 
     # ------------------------------------------------------------ rules (control API)
@@ -133,7 +135,7 @@ class Autoscaler:
     def tick(self, hosts: dict[str, HostInfo]) -> None:
         """`hosts`: as the reconciler just read them."""
         now = time.monotonic()
-        queues: dict[str, Any] = {}
+        queues: dict[str, QueueStats] = {}
         for name in queue_names(self.client, self.paths):
             info = read_queue(self.client, self.paths, name)
             if info is None:
@@ -147,13 +149,14 @@ class Autoscaler:
                 self._apply(name, state, summary, rules, hosts, now)
         for gone in set(self.states) - set(queues):
             del self.states[gone]
-        self.snapshot = {"queues": queues, "hosts": {h.name: dict(h.stats, capacity=h.capacity)
-                                                     for h in hosts.values()}, "time": time.time()}
-        self.stats_stream.publish(self.snapshot)
+        self.stats = ClusterStats(
+            queues=queues, time=time.time(),
+            hosts={h.name: HostSummary.of(HostStats.from_dict(h.stats), h.capacity) for h in hosts.values()})
+        self.stats_stream.publish(self.stats)
 
-    def _apply(self, name: str, state: QueueState, summary: dict[str, Any], rules: dict[str, Any],
-               hosts: dict[str, Any], now: float) -> None:
-        count = summary["exchanges"]
+    def _apply(self, name: str, state: QueueState, summary: QueueStats, rules: dict[str, Any],
+               hosts: dict[str, HostInfo], now: float) -> None:
+        count = summary.exchanges
         if count < rules["min_exchanges"] or count > rules["max_exchanges"]:
             target = min(max(count, rules["min_exchanges"]), rules["max_exchanges"])
             self._scale(name, state, summary, count, target, "outside min/max exchanges", now)
@@ -163,7 +166,7 @@ class Autoscaler:
             state.low_since = None
             state.firing_since = state.firing_since or now
             if now - state.firing_since >= self.config.scale_out_after and count < rules["max_exchanges"] \
-                    and summary["running"] == count and self._cooled(state, now):
+                    and summary.running == count and self._cooled(state, now):
                 self._scale(name, state, summary, count, count + 1, "; ".join(reasons), now)
         else:
             state.firing_since = None
@@ -178,7 +181,7 @@ class Autoscaler:
     def _cooled(self, state: QueueState, now: float) -> bool:
         return now - state.last_action >= self.config.cooldown
 
-    def _scale(self, name: str, state: QueueState, summary: dict[str, Any], count: int, target: int, reason: str,
+    def _scale(self, name: str, state: QueueState, summary: QueueStats, count: int, target: int, reason: str,
                now: float) -> None:
         log.info("autoscaling queue %s from %d to %d exchanges: %s", name, count, target, reason)
         self.queues.scale(name, target)
@@ -193,7 +196,7 @@ class Autoscaler:
             info = read_queue(self.client, self.paths, name)
             newest = max((x.id for x in info.exchanges), key=exchange_order) if info else None
             state.waiting_for = {"exchange": newest, "since": now, "event": event}
-            busiest = max(summary["by_exchange"], key=lambda x: x["msgs_in_per_s"], default=None)
+            busiest = max(summary.by_exchange, key=lambda x: x.msgs_in_per_s, default=None)
             if newest and busiest and self._shed(name, state, busiest, newest, 0.0, now):
                 event["relocated_ahead"] = True
         state.events = (state.events + [event])[-EVENT_LIMIT:]
@@ -203,43 +206,43 @@ class Autoscaler:
         waiting = state.waiting_for
         if not waiting:
             return
-        stats = (live.get(waiting["exchange"]) or {}).get("stats") or {}
-        if stats.get("msgs_in_per_s", 0) > 0:
+        stats = ExchangeStats.from_dict((live.get(waiting["exchange"]) or {}).get("stats"))
+        if stats.msgs_in_per_s > 0:
             waiting["event"]["carrying_traffic_after_s"] = round(now - waiting["since"], 2)
             state.waiting_for = None
         elif now - waiting["since"] > 120:
             state.waiting_for = None
 
-    def _maybe_relocate(self, name: str, state: QueueState, summary: dict[str, Any], rules: dict[str, Any],
+    def _maybe_relocate(self, name: str, state: QueueState, summary: QueueStats, rules: dict[str, Any],
                         now: float) -> None:
         limit = rules["max_rate"]
-        exchanges = [x for x in summary["by_exchange"] if x["running"]]
+        exchanges = [x for x in summary.by_exchange if x.running]
         if not limit or len(exchanges) < 2:
             state.overloaded_since = None
             return
-        heavy = max(exchanges, key=lambda x: x["msgs_in_per_s"])
-        light = min(exchanges, key=lambda x: x["msgs_in_per_s"])
-        if heavy["msgs_in_per_s"] <= limit:
+        heavy = max(exchanges, key=lambda x: x.msgs_in_per_s)
+        light = min(exchanges, key=lambda x: x.msgs_in_per_s)
+        if heavy.msgs_in_per_s <= limit:
             state.overloaded_since = None
             return
         state.overloaded_since = state.overloaded_since or now
         if now - state.overloaded_since < self.config.relocate_after or \
                 now - state.last_relocation < self.config.relocate_cooldown:
             return
-        self._shed(name, state, heavy, light["id"], light["msgs_in_per_s"], now)
+        self._shed(name, state, heavy, light.id, light.msgs_in_per_s, now)
 
-    def _shed(self, name: str, state: QueueState, heavy: dict[str, Any], target: str, target_rate: float,
+    def _shed(self, name: str, state: QueueState, heavy: ExchangeSummary, target: str, target_rate: float,
               now: float) -> bool:
         """Relocate the heaviest publisher of `heavy` whose move makes the two exchanges more even."""
-        gap = heavy["msgs_in_per_s"] - target_rate
-        movable = [(pub, rate) for pub, rate in heavy["top_publishers"] if 0 < rate < gap]
+        gap = heavy.msgs_in_per_s - target_rate
+        movable = [(pub, rate) for pub, rate in heavy.top_publishers if 0 < rate < gap]
         if not movable:
             return False  # moving any publisher would only move the overload
         publisher, rate = max(movable, key=lambda item: item[1])
-        self._relocate(name, publisher, heavy["id"], target)
+        self._relocate(name, publisher, heavy.id, target)
         state.last_relocation = now
         state.overloaded_since = None
-        state.events = (state.events + [{"at": time.time(), "relocated": publisher, "from": heavy["id"],
+        state.events = (state.events + [{"at": time.time(), "relocated": publisher, "from": heavy.id,
                                          "to": target, "rate": rate}])[-EVENT_LIMIT:]
         return True
 
@@ -273,16 +276,16 @@ class StatsStream:
         self.publisher: Any = None
         self.dropped = 0  # records not queued because the publisher was backed up
 
-    def publish(self, snapshot: dict[str, Any]) -> None:
-        if not self.queue or self.queue not in snapshot["queues"]:
+    def publish(self, stats: ClusterStats) -> None:
+        if not self.queue or self.queue not in stats.queues:
             self.close()
             return
         if self.publisher is None:
             from roq.client.publisher import Publisher
             self.publisher = Publisher(self.queue, self.config, zk=self.client)
-        for record in stats_records(snapshot):
+        for record in stats_records(stats):
             try:
-                self.publisher.publish(record["kind"], json.dumps(record).encode(), timeout=0)
+                self.publisher.publish(record.kind, json.dumps(record.to_dict()).encode(), timeout=0)
             except RoqError:
                 self.dropped += 1  # never hold the leader's tick for statistics
 
@@ -295,68 +298,59 @@ class StatsStream:
                 log.info("statistics stream closed with %s", exc)
 
 
-def stats_records(snapshot: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    now = snapshot["time"]
-    for name, q in snapshot["queues"].items():
-        for x in q["by_exchange"]:
-            if x["running"]:
-                yield {"kind": "exchange", "ts": now, "queue": name, "exchange": x["id"], "host": x["host"],
-                       **{k: x.get(k) for k in STREAM_FIELDS}}
-    for host, h in snapshot["hosts"].items():
-        yield {"kind": "host", "ts": now, "host": host, "cpu_percent": h.get("cpu_percent"),
-               "memory_percent": h.get("memory_percent"), "exchanges": h.get("exchanges")}
-
-
-STREAM_FIELDS = ("msgs_in_per_s", "msgs_out_per_s", "bytes_in_per_s", "bytes_out_per_s", "publishers",
-                 "subscriptions", "drops", "latency_p50_ms", "latency_p99_ms")
+def stats_records(stats: ClusterStats) -> Iterator[ExchangeSample | HostSample]:
+    now = stats.time
+    for name, q in stats.queues.items():
+        for x in q.by_exchange:
+            if x.running:
+                yield ExchangeSample(ts=now, queue=name, exchange=x.id, host=x.host, msgs_in_per_s=x.msgs_in_per_s,
+                                     msgs_out_per_s=x.msgs_out_per_s, bytes_in_per_s=x.bytes_in_per_s,
+                                     bytes_out_per_s=x.bytes_out_per_s, publishers=x.publishers,
+                                     subscriptions=x.subscriptions, drops=x.drops, latency_p50_ms=x.latency_p50_ms,
+                                     latency_p99_ms=x.latency_p99_ms)
+    for host, h in stats.hosts.items():
+        yield HostSample(ts=now, host=host, cpu_percent=h.cpu_percent, memory_percent=h.memory_percent,
+                         exchanges=h.exchanges)
 
 
 # ---------------------------------------------------------------- pure functions (unit-tested)
 
 
 def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules: dict[str, Any] | None,
-                    state: QueueState) -> dict[str, Any]:
+                    state: QueueState) -> QueueStats:
     by_exchange = []
-    totals = {"msgs_in_per_s": 0.0, "msgs_out_per_s": 0.0, "bytes_in_per_s": 0.0, "bytes_out_per_s": 0.0,
-              "publishers": 0, "subscriptions": 0, "drops": 0, "retained_bytes": 0}
     for x in sorted(exchanges, key=lambda x: exchange_order(x.id)):
         data = live.get(x.id) or {}
-        stats = data.get("stats") or {}
-        row = {"id": x.id, "host": x.host, "running": x.id in live, "restarts": data.get("restarts", 0),
-               "top_publishers": stats.get("top_publishers") or [],
-               "latency_p50_ms": stats.get("latency_p50_ms"), "latency_p99_ms": stats.get("latency_p99_ms")}
-        for key in totals:
-            value = stats.get(key, 0)
-            row[key] = value if isinstance(value, (int, float)) else 0
-            totals[key] += row[key]
-        by_exchange.append(row)
-    return dict(totals, name=name, exchanges=len(exchanges), running=sum(1 for x in by_exchange if x["running"]),
-                by_exchange=by_exchange, rules=rules, events=list(state.events))
+        restarts = data.get("restarts")
+        restarts = restarts if isinstance(restarts, int) else 0
+        by_exchange.append(ExchangeSummary.of(x.id, x.host, x.id in live, restarts,
+                                              ExchangeStats.from_dict(data.get("stats"))))
+    return QueueStats.of(name, len(exchanges), tuple(by_exchange), rules, tuple(state.events))
 
 
-def firing_rules(summary: dict[str, Any], rules: dict[str, Any], hosts: dict[str, Any]) -> list[str]:
+def firing_rules(summary: QueueStats, rules: dict[str, Any], hosts: dict[str, HostInfo]) -> list[str]:
     """Which scale-out rules fire now, in words."""
     reasons = []
-    for x in summary["by_exchange"]:
-        if rules["max_rate"] and x["msgs_in_per_s"] > rules["max_rate"]:
-            reasons.append(f"{x['id']} receives {x['msgs_in_per_s']:,.0f} msg/s > {rules['max_rate']:,.0f}")
-        if rules["max_publishers"] and x["publishers"] > rules["max_publishers"]:
-            reasons.append(f"{x['id']} has {x['publishers']} publishers > {rules['max_publishers']}")
-        host = hosts.get(x["host"]) if x["host"] else None
-        stats = host.stats if host is not None else {}
-        if rules["max_cpu"] and stats.get("cpu_percent", 0) > rules["max_cpu"]:
-            reasons.append(f"host {x['host']} CPU {stats['cpu_percent']:.0f}% > {rules['max_cpu']:.0f}%")
-        if rules["max_memory"] and stats.get("memory_percent", 0) > rules["max_memory"]:
-            reasons.append(f"host {x['host']} memory {stats['memory_percent']:.0f}% > {rules['max_memory']:.0f}%")
+    for x in summary.by_exchange:
+        if rules["max_rate"] and x.msgs_in_per_s > rules["max_rate"]:
+            reasons.append(f"{x.id} receives {x.msgs_in_per_s:,.0f} msg/s > {rules['max_rate']:,.0f}")
+        if rules["max_publishers"] and x.publishers > rules["max_publishers"]:
+            reasons.append(f"{x.id} has {x.publishers} publishers > {rules['max_publishers']}")
+        host = hosts.get(x.host) if x.host else None
+        figures = HostStats.from_dict(host.stats if host is not None else None)
+        if rules["max_cpu"] and figures.cpu_percent > rules["max_cpu"]:
+            reasons.append(f"host {x.host} CPU {figures.cpu_percent:.0f}% > {rules['max_cpu']:.0f}%")
+        if rules["max_memory"] and figures.memory_percent > rules["max_memory"]:
+            reasons.append(f"host {x.host} memory {figures.memory_percent:.0f}% > {rules['max_memory']:.0f}%")
     return sorted(set(reasons))
 
 
-def is_low(summary: dict[str, Any], rules: dict[str, Any], count: int) -> bool:
+def is_low(summary: QueueStats, rules: dict[str, Any], count: int) -> bool:
     """Would one exchange fewer still be comfortably below the limits? Needs a rate or publisher rule."""
     fewer = count - 1
     checks = []
     if rules["max_rate"]:
-        checks.append(summary["msgs_in_per_s"] < rules["scale_in_below"] * rules["max_rate"] * fewer)
+        checks.append(summary.msgs_in_per_s < rules["scale_in_below"] * rules["max_rate"] * fewer)
     if rules["max_publishers"]:
-        checks.append(summary["publishers"] <= rules["scale_in_below"] * rules["max_publishers"] * fewer)
+        checks.append(summary.publishers <= rules["scale_in_below"] * rules["max_publishers"] * fewer)
     return bool(checks) and all(checks)

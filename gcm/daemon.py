@@ -4,17 +4,16 @@ Starts its control API, then contends for leadership. As leader it runs the
 reconciler on every tick and whenever hosts or queues change; as backup it
 answers `not_leader` with the leader's endpoint. SIGTERM/SIGINT step down
 cleanly (the leader record is removed so a backup takes over at once). An
-unexpected error in the leader loop stops the daemon with exit code 1 rather
-than leaving a leader that does nothing.
+unexpected error in the leader loop stops the daemon with `Exit.INTERNAL`
+rather than leaving a leader that does nothing. Entry point, signals, exit
+codes and logging: roq/daemon.py.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -29,31 +28,30 @@ from gcm.leader import Leadership
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
 from roq.config import Config, load_config
-from roq.errors import (NotLeaderError, RoqError, UnavailableError, UserError,
+from roq.daemon import Stop, run_daemon
+from roq.errors import (Exit, NotLeaderError, RoqError, UnavailableError, UserError,
                         ZooKeeperUnavailableError)
-from roq.logs import configure
-from roq.metrics import Sample, exchange_samples, serve_metrics
+from roq.metrics import LEADER_HOST_GAUGES, Sample, exchange_samples, host_samples, queue_samples, serve_metrics
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader, queue_names
 from roq.zk import ensure_base_paths, start_client, stop_client
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-
 
 class Gcm:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, stop: Stop | None = None) -> None:
         self.config = config
         self.paths = Paths(config.zk.root)
         self.id = f"gcm-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.stopping = threading.Event()
+        self.stopping = stop or Stop()
         self.wake = threading.Event()
+        self.stopping.also_wake(self.wake)  # the leader loop leaves its tick wait at once
         self.write_lock = threading.Lock()
         self.failed: BaseException | None = None
         self.reconciler: Reconciler | None = None
 
-    def run(self) -> int:
+    def run(self) -> Exit:
         self.client = start_client(self.config)
         ensure_base_paths(self.client, self.paths)
         advertise = self.config.gcm.advertise or self.config.gcm.bind
@@ -85,12 +83,11 @@ class Gcm:
         stop_client(self.client)
         if self.failed:
             log.error("GCM stopped after an unexpected error: %r", self.failed)
-            return EXIT_FAILED
-        return EXIT_OK
+            return Exit.INTERNAL
+        return Exit.OK
 
     def stop(self) -> None:
         self.stopping.set()
-        self.wake.set()
 
     def _guard(self, target: Any, *args: Any) -> None:
         """Run a managed thread; an unexpected error stops the daemon loudly."""
@@ -163,22 +160,17 @@ class Gcm:
         yield "roq_gcm_leader", "1 on the leader GCM", {"gcm": self.id}, 1 if leading else 0
         if not leading:
             return
-        snapshot = self.autoscaler.snapshot
-        for name, q in snapshot["queues"].items():
-            labels = {"queue": name}
-            for key in ("exchanges", "running", "msgs_in_per_s", "msgs_out_per_s", "bytes_in_per_s",
-                        "bytes_out_per_s", "publishers", "subscriptions", "drops", "retained_bytes"):
-                yield f"roq_queue_{key}", f"queue {key.replace('_', ' ')}, summed over its exchanges", labels, q[key]
-            for x in q["by_exchange"]:
-                yield from exchange_samples(name, x["id"], x["host"] or "", x)
-        for host, stats in snapshot["hosts"].items():
-            for key in ("cpu_percent", "memory_percent", "capacity", "exchanges"):
-                if isinstance(stats.get(key), (int, float)):
-                    yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", {"host": host}, stats[key]
+        stats = self.autoscaler.stats
+        for name, q in stats.queues.items():
+            yield from queue_samples(q)
+            for x in q.by_exchange:
+                yield from exchange_samples(name, x.id, x.host or "", x)
+        for host, figures in stats.hosts.items():
+            yield from host_samples(host, figures, LEADER_HOST_GAUGES)
 
     def _stats(self, args: dict[str, Any]) -> dict[str, Any]:
         _args(args, [])
-        return self.autoscaler.snapshot
+        return self.autoscaler.stats.to_dict()
 
     def _ping(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "leader": self.leadership.is_leader, "epoch": self.leadership.epoch}
@@ -221,20 +213,8 @@ def _args(args: dict[str, Any], required: list[str], optional: list[str] = ()) -
 @click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", help="override a setting")
 def main(config_path: str | None, settings: tuple[str, ...]) -> None:
     """Run a Global Configuration Manager (leader or backup)."""
-    try:
-        config = load_config(config_path, flags=settings)
-    except RoqError as exc:
-        click.echo(f"roq-gcm: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    configure(config.log.level, "gcm")
-    gcm = Gcm(config)
-    signal.signal(signal.SIGTERM, lambda *_: gcm.stop())
-    signal.signal(signal.SIGINT, lambda *_: gcm.stop())
-    try:
-        sys.exit(gcm.run())
-    except RoqError as exc:
-        log.error("%s", exc)
-        sys.exit(EXIT_FAILED)
+    run_daemon("roq-gcm", lambda: load_config(config_path, flags=settings), "gcm",
+               lambda config, stop: Gcm(config, stop).run())
 
 
 if __name__ == "__main__":

@@ -5,50 +5,48 @@ keeps one exchange process per assignment running (hcm/supervisor.py). On
 session loss it re-registers and re-publishes endpoints once reconnected. On
 SIGTERM/SIGINT it stops its exchanges (SIGTERM, grace, SIGKILL) before
 leaving; on SIGKILL its children die with it (PR_SET_PDEATHSIG and stdin EOF).
+Entry point, signals, exit codes and logging: roq/daemon.py.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
 
 import click
 from kazoo.protocol.states import KazooState
-
-import time
-from collections.abc import Iterator
 
 from hcm.hoststats import host_figures
 from hcm.registration import HostRegistration
 from hcm.supervisor import Supervisor
 from roq.config import Config, load_config
-from roq.errors import RoqError
-from roq.logs import configure
-from roq.metrics import Sample, exchange_samples, serve_metrics
+from roq.daemon import Stop, run_daemon
+from roq.errors import Exit, RoqError
+from roq.metrics import HCM_HOST_GAUGES, Sample, exchange_samples, host_samples, serve_metrics
 from roq.paths import Paths, split_assignment
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-
 
 class Hcm:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, stop: Stop | None = None) -> None:
         self.config = config
         self.paths = Paths(config.zk.root)
         self.host = config.host_name
-        self.stopping = threading.Event()
+        self.stopping = stop or Stop()
         self._session_lost = threading.Event()
 
-    def run(self) -> int:
+    def run(self) -> Exit:
         self.client = start_client(self.config)
         address = self.config.hcm.advertise or self.config.hcm.bind
         self.registration = HostRegistration(self.client, self.paths, self.host, address,
                                              self.config.hcm.capacity)
         self.supervisor = Supervisor(self.client, self.paths, self.config, self.host)
+        self.stopping.also_wake(self.supervisor.changed)  # the loop leaves its tick wait at once
         self.figures = host_figures()
         self._next_report = 0.0
         metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._samples)
@@ -68,12 +66,10 @@ class Hcm:
             self.supervisor.stop_all()
             self.registration.unregister()
             stop_client(self.client)
-        return EXIT_OK
+        return Exit.OK
 
     def stop(self) -> None:
         self.stopping.set()
-        if hasattr(self, "supervisor"):
-            self.supervisor.changed.set()
 
     def _tick(self) -> None:
         if self._session_lost.is_set() and self.client.connected:
@@ -86,7 +82,7 @@ class Hcm:
             self.supervisor.tick()
             if time.monotonic() >= self._next_report:
                 self._next_report = time.monotonic() + self.config.hcm.stats_interval
-                self.figures = dict(host_figures(), exchanges=len(self.supervisor.children))
+                self.figures = replace(host_figures(), exchanges=len(self.supervisor.children))
                 self.registration.report(self.figures)
         except RoqError as exc:
             log.warning("tick failed: %s", exc)
@@ -96,14 +92,14 @@ class Hcm:
             log.warning("ZooKeeper trouble during tick: %r", exc)
 
     def _samples(self) -> Iterator[Sample]:
-        labels = {"host": self.host}
-        for key in ("cpu_percent", "memory_percent", "memory_used_bytes", "load1", "exchanges"):
-            if isinstance(self.figures.get(key), (int, float)):
-                yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", labels, self.figures[key]
+        yield from host_samples(self.host, self.figures, HCM_HOST_GAUGES)
         for (queue, xid), child in list(self.supervisor.children.items()):
-            yield "roq_exchange_restarts", "restarts of the exchange process", \
-                {"queue": queue, "exchange": xid, "host": self.host}, child.restarts
-            yield from exchange_samples(queue, xid, self.host, child.stats or {})
+            labels = {"queue": queue, "exchange": xid, "host": self.host}
+            yield "roq_exchange_restarts", "restarts of the exchange process", labels, child.restarts
+            yield "roq_exchange_failed", "1 while the exchange crashed too often and is left alone", \
+                labels, 1 if child.failed_until is not None else 0
+            if child.stats:
+                yield from exchange_samples(queue, xid, self.host, child.stats)
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:
@@ -119,20 +115,8 @@ class Hcm:
 @click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", help="override a setting")
 def main(config_path: str | None, settings: tuple[str, ...]) -> None:
     """Run the Host Configuration Manager of this host."""
-    try:
-        config = load_config(config_path, flags=settings)
-    except RoqError as exc:
-        click.echo(f"roq-hcm: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    configure(config.log.level, f"hcm {config.host_name}")
-    hcm = Hcm(config)
-    signal.signal(signal.SIGTERM, lambda *_: hcm.stop())
-    signal.signal(signal.SIGINT, lambda *_: hcm.stop())
-    try:
-        sys.exit(hcm.run())
-    except RoqError as exc:
-        log.error("%s", exc)
-        sys.exit(EXIT_FAILED)
+    run_daemon("roq-hcm", lambda: load_config(config_path, flags=settings),
+               lambda config: f"hcm {config.host_name}", lambda config, stop: Hcm(config, stop).run())
 
 
 if __name__ == "__main__":

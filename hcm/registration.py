@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from roq.paths import Paths
+from roq.records import HostStats
 from roq.zk import create_ephemeral, encode
 
 log = logging.getLogger(__name__)
@@ -48,11 +50,14 @@ class HostRegistration:
         self._warned = False
         return True
 
-    def report(self, stats: dict[str, Any]) -> None:
-        """Publish the host's figures in its registration (the HCM's own ephemeral node)."""
+    def report(self, stats: HostStats | Mapping[str, Any]) -> None:
+        """Publish the host's figures in its registration (the HCM's own ephemeral node).
+
+        A map is read as a `HostStats` (keys it does not define are dropped)."""
         if not self.registered:
             return
-        self.data["stats"] = stats
+        figures = stats if isinstance(stats, HostStats) else HostStats.from_dict(stats)
+        self.data["stats"] = figures.to_dict()
         try:
             self.client.set(self.paths.host(self.host), encode(self.data))
         except NoNodeError:

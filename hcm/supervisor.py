@@ -6,10 +6,24 @@ elapsed, publish endpoints of children that reported ready, kill children
 that never became ready. Restarts back off exponentially up to a cap and the
 backoff resets once a child has stayed up `stable_after` seconds.
 
+Flapping (like circus's `max_retry`): every exit the HCM did not ask for is a
+crash, whatever its code (`Exit.CONFIG` included), a signal, or a kill for not
+becoming ready. An exchange that crashes more than `hcm.max_restarts` times
+within `hcm.restart_window` seconds (so was restarted `max_restarts` times
+already) is marked failed: one ERROR line, no live endpoint, no restart, and the
+`roq_exchange_failed` gauge at 1. It is left alone for `hcm.failed_cooloff`
+seconds (at least the window), then started again with a fresh budget; or
+sooner if its assignment changes: once unassigned, its record is dropped, and
+a later assignment starts from scratch. The GCM is not told; clients see the
+exchange as not running.
+
 Children are started from the thread that runs `tick()` — the daemon's main
 thread — because PR_SET_PDEATHSIG fires when the spawning thread exits.
 Their stdout (ready and stats events) and stderr (logs) are read by one
-thread each; logs go through this process's logging, so lines never interleave.
+thread each. Logs go through this process's logging (`_forward_logs`): the
+child writes one JSON record per line (`--json-logs`), re-logged here at its
+level under its logger's name, prefixed with the child's queue/id[pid]; so
+lines, tracebacks included, never interleave.
 """
 
 from __future__ import annotations
@@ -22,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, IO
 
 from kazoo.client import KazooClient
@@ -30,6 +44,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from roq.config import Config
 from roq.paths import Paths
+from roq.records import ExchangeStats
 from roq.zk import create_ephemeral, encode
 
 log = logging.getLogger(__name__)
@@ -43,13 +58,15 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ready: dict[str, Any] | None = None
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: ExchangeStats | None = None  # the latest report, None until the first
     published: bool = False
     stats_published: float = 0.0
     failures: int = 0
     next_start: float = 0.0
     stop_deadline: float | None = None
     restarts: int = 0
+    crashes: tuple[float, ...] = ()  # when it crashed, within the last restart_window
+    failed_until: float | None = None  # crashed too often: left alone until then
 
 
 class Supervisor:
@@ -78,8 +95,9 @@ class Supervisor:
 
     # ------------------------------------------------------------ tick
 
-    def tick(self) -> None:
-        now = time.monotonic()
+    def tick(self, now: float | None = None) -> None:
+        """One comparison of desired with actual; `now` (time.monotonic()) is for tests."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             desired = set(self.desired)
         for child in list(self.children.values()):
@@ -105,6 +123,14 @@ class Supervisor:
         if expected:
             log.info("exchange %s/%s stopped", *child.key)
             return
+        child.crashes = tuple(t for t in child.crashes if now - t < self.hcm.restart_window) + (now,)
+        if len(child.crashes) > self.hcm.max_restarts:
+            child.failed_until = now + self.hcm.failed_cooloff
+            log.error("exchange %s/%s exited with code %s after %.1fs: FAILED, %d crashes within %.0fs "
+                      "(hcm.max_restarts = %d); not restarted for %.0fs or until it is reassigned",
+                      *child.key, code, uptime, len(child.crashes), self.hcm.restart_window,
+                      self.hcm.max_restarts, self.hcm.failed_cooloff)
+            return
         child.failures = 0 if uptime >= self.hcm.stable_after else child.failures + 1
         delay = min(self.hcm.restart_backoff * 2 ** max(child.failures - 1, 0), self.hcm.restart_backoff_max)
         child.next_start = now + delay
@@ -113,6 +139,12 @@ class Supervisor:
 
     def _keep_running(self, child: Child, now: float) -> None:
         if child.process is None:
+            if child.failed_until is not None:
+                if now < child.failed_until:
+                    return
+                log.warning("exchange %s/%s: cool-off over, starting it again", *child.key)
+                child.failed_until, child.crashes, child.failures = None, (), 0
+                child.next_start = now
             if now >= child.next_start:
                 self._spawn(child, now)
             return
@@ -140,7 +172,7 @@ class Supervisor:
     def _spawn(self, child: Child, now: float) -> None:
         queue, xid = child.key
         command = [sys.executable, "-m", "exchange.main", "--queue", queue, "--id", xid,
-                   "--host", self.host, "--config-stdin", "--parent-pid", str(os.getpid())]
+                   "--host", self.host, "--config-stdin", "--parent-pid", str(os.getpid()), "--json-logs"]
         child.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, close_fds=True)
         # The configuration goes through the pipe, not argv (which every local user can read);
@@ -157,7 +189,7 @@ class Supervisor:
         log.info("started exchange %s/%s (pid %d)", queue, xid, child.process.pid)
         threading.Thread(target=self._read_events, args=(child, child.process.stdout),
                          name=f"events-{queue}-{xid}", daemon=True).start()
-        threading.Thread(target=_forward_logs, args=(child.process.stderr,),
+        threading.Thread(target=_forward_logs, args=(child.key, child.process.pid, child.process.stderr),
                          name=f"logs-{queue}-{xid}", daemon=True).start()
 
     def _read_events(self, child: Child, stream: IO[bytes]) -> None:
@@ -170,10 +202,8 @@ class Supervisor:
                 child.ready = {key: event.get(key) for key in ("pub", "sub", "replay", "incarnation", "pid")}
                 self.changed.set()
             elif event.get("event") == "stats":
-                event.pop("event")
                 # When it arrived: a frozen exchange stops reporting, and clients see its figures age.
-                event["at"] = round(time.time(), 3)
-                child.stats = event
+                child.stats = replace(ExchangeStats.from_dict(event), at=round(time.time(), 3))
 
     def stop_all(self) -> None:
         """SIGTERM every child, wait out the grace period, SIGKILL the rest."""
@@ -192,7 +222,8 @@ class Supervisor:
     def _publish(self, child: Child) -> None:
         queue, xid = child.key
         assert child.ready is not None
-        data = dict(child.ready, host=self.host, stats=child.stats, restarts=child.restarts)
+        stats = child.stats.to_dict() if child.stats else {}  # {} until the first report
+        data = dict(child.ready, host=self.host, stats=stats, restarts=child.restarts)
         path = self.paths.live_exchange(queue, xid)
         try:
             if child.published:
@@ -226,9 +257,26 @@ def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
-def _forward_logs(stream: IO[bytes]) -> None:
+def _forward_logs(key: Key, pid: int, stream: IO[bytes]) -> None:
+    """Re-log a child's stderr through our logging, one record per line it writes.
+
+    A JSON record (roq/daemon.py `JsonLinesFormatter`) keeps its level and logger name; any
+    other line (a failure before the child's logging was set up, a C library's complaint) is
+    a warning of the `exchange` logger."""
+    prefix = f"{key[0]}/{key[1]}[{pid}]"
     for line in stream:
         text = line.decode(errors="replace").rstrip()
-        if text:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("msg"), str):
+            logging.getLogger("exchange").warning("%s %s", prefix, text)
+            continue
+        level = logging.getLevelName(str(record.get("level")))
+        name = record.get("name")
+        message = "\n".join(str(record[k]) for k in ("msg", "exc", "stack") if record.get(k))
+        logging.getLogger(name if isinstance(name, str) and name else "exchange").log(
+            level if isinstance(level, int) else logging.WARNING, "%s %s", prefix, message)

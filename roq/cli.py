@@ -6,7 +6,6 @@ with a named code; tracebacks are for bugs only.
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 import os
@@ -18,18 +17,7 @@ from typing import Any
 
 import click
 
-from roq.errors import QueueExistsError, RefusedError, RoqError, UnavailableError, UserError
-
-
-class Exit(enum.IntEnum):
-    OK = 0
-    USER_ERROR = 1  # bad input, unknown queue, ...
-    USAGE = 2  # click's own code for bad flags
-    UNAVAILABLE = 3  # ZooKeeper or the leader cannot be reached
-    INTERNAL = 4
-    REFUSED = 5  # a server refused the connection: connection limit or unknown key
-    INTERRUPTED = 130
-
+from roq.errors import Exit, QueueExistsError, RoqError, UserError
 
 DEFAULT_LOCAL_CONFIG = Path(".roq/cluster/config.toml")
 
@@ -44,14 +32,8 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except RefusedError as exc:
-            fail(str(exc), Exit.REFUSED)
-        except UserError as exc:
-            fail(str(exc), Exit.USER_ERROR)
-        except UnavailableError as exc:
-            fail(str(exc), Exit.UNAVAILABLE)
         except RoqError as exc:
-            fail(str(exc), Exit.INTERNAL)
+            fail(str(exc), Exit.for_error(exc))  # one mapping for the command and the daemons
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(Exit.INTERRUPTED)

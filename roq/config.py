@@ -62,6 +62,11 @@ class HcmConfig:
     restart_backoff: float = 0.5  # first restart delay of a crashed exchange, doubled each time
     restart_backoff_max: float = 10.0
     stable_after: float = 10.0  # a child up this long has its backoff reset
+    # An exchange that crashes more than max_restarts times within restart_window seconds is
+    # marked failed and left alone for failed_cooloff seconds, or until its assignment changes.
+    max_restarts: int = 5
+    restart_window: float = 60.0
+    failed_cooloff: float = 300.0
     ready_timeout: float = 15.0
     stop_grace: float = 5.0  # SIGTERM → SIGKILL delay
     stats_interval: float = 1.0  # host CPU and memory reported to ZooKeeper
@@ -326,6 +331,11 @@ def _validate(c: Config) -> None:
         positive(where, value)
     if c.hcm.restart_backoff_max < c.hcm.restart_backoff:
         raise ConfigError("hcm.restart_backoff_max must be >= hcm.restart_backoff")
+    for where, value in (("hcm.max_restarts", c.hcm.max_restarts), ("hcm.restart_window", c.hcm.restart_window)):
+        positive(where, value)
+    if c.hcm.failed_cooloff < c.hcm.restart_window:
+        raise ConfigError("hcm.failed_cooloff must be >= hcm.restart_window: a shorter cool-off would "
+                          "restart a flapping exchange more often than hcm.max_restarts allows")
     if c.exchange.publisher_ttl <= c.client.replay_seconds:
         raise ConfigError("exchange.publisher_ttl must be longer than client.replay_seconds: a publisher "
                           "forgotten sooner could resend messages the exchange no longer knows it had")

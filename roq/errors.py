@@ -3,10 +3,13 @@
 `UserError` subclasses are the caller's mistake (fix the input and retry);
 `UnavailableError` subclasses are transient conditions of the cluster (retry
 later); `FencedError` means this process lost leadership and must stop acting.
-Every error that crosses the control API has a stable string `code`.
+Every error that crosses the control API has a stable string `code`; every
+process exits with a member of `Exit`, chosen by `Exit.for_error`.
 """
 
 from __future__ import annotations
+
+import enum
 
 
 class RoqError(Exception):
@@ -135,3 +138,33 @@ def error_from_code(code: str, message: str, leader: str | None = None) -> RoqEr
     err = cls(message)
     err.code = code
     return err
+
+
+class Exit(enum.IntEnum):
+    """Exit codes of every RoQ process: the `roq` command, `roq-gcm`, `roq-hcm` and `roq-exchange`."""
+
+    OK = 0
+    USER_ERROR = 1  # bad input, unknown queue, ...
+    # A bad configuration (unknown key, bad value, unreadable key file): the user's mistake, so the
+    # same code from `roq` and from a daemon that refuses to start; an HCM counts it as a crash.
+    CONFIG = 1
+    USAGE = 2  # click's own code for bad flags
+    UNAVAILABLE = 3  # ZooKeeper or the leader cannot be reached
+    INTERNAL = 4  # a bug: an unexpected error stopped the command or the daemon
+    REFUSED = 5  # a server refused the connection: connection limit or unknown key
+    INTERRUPTED = 130
+
+    @classmethod
+    def for_error(cls, exc: BaseException) -> Exit:
+        """The code a process exits with when `exc` ends it."""
+        if isinstance(exc, RefusedError):
+            return cls.REFUSED
+        if isinstance(exc, ConfigError):
+            return cls.CONFIG
+        if isinstance(exc, UserError):
+            return cls.USER_ERROR
+        if isinstance(exc, UnavailableError):
+            return cls.UNAVAILABLE
+        if isinstance(exc, KeyboardInterrupt):
+            return cls.INTERRUPTED
+        return cls.INTERNAL

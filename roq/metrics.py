@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from roq.records import LOAD_FIELDS, ExchangeStats, ExchangeSummary, HostStats, QueueStats
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +51,37 @@ def serve_metrics(port: int, bind: str, advertise: str, source: Callable[[], Ite
     return url
 
 
-def exchange_samples(queue: str, exchange: str, host: str, stats: dict[str, Any]) -> Iterator[Sample]:
-    """The figures one exchange reports, as gauges labelled by queue, exchange and host."""
+def exchange_samples(queue: str, exchange: str, host: str,
+                     stats: ExchangeStats | ExchangeSummary | Mapping[str, Any]) -> Iterator[Sample]:
+    """The figures one exchange reports, as gauges labelled by queue, exchange and host.
+
+    `stats`: its report (the HCM), or its row in the queue aggregate (the leader: the gauges that
+    the row has). A map is the wire form of either, read key by key."""
     labels = {"queue": queue, "exchange": exchange, "host": host}
     for key, help_text in EXCHANGE_GAUGES.items():
-        if isinstance(stats.get(key), (int, float)):
-            yield f"roq_exchange_{key}", help_text, labels, stats[key]
+        value = stats.get(key) if isinstance(stats, Mapping) else getattr(stats, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"roq_exchange_{key}", help_text, labels, value
 
 
-EXCHANGE_GAUGES = {
+def queue_samples(queue: QueueStats) -> Iterator[Sample]:
+    """The leader's per-queue aggregate, as gauges labelled by queue."""
+    labels = {"queue": queue.name}
+    for key in QUEUE_GAUGES:
+        yield f"roq_queue_{key}", f"queue {key.replace('_', ' ')}, summed over its exchanges", labels, \
+            getattr(queue, key)
+
+
+def host_samples(host: str, stats: HostStats, keys: Iterable[str]) -> Iterator[Sample]:
+    """A host's figures (`keys`: HCM_HOST_GAUGES or LEADER_HOST_GAUGES), as gauges labelled by host."""
+    for key in keys:
+        yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", {"host": host}, getattr(stats, key)
+
+
+QUEUE_GAUGES = ("exchanges", "running", *LOAD_FIELDS)  # QueueStats fields
+HCM_HOST_GAUGES = ("cpu_percent", "memory_percent", "memory_used_bytes", "load1", "exchanges")  # HostStats fields
+LEADER_HOST_GAUGES = ("cpu_percent", "memory_percent", "capacity", "exchanges")  # HostSummary fields
+EXCHANGE_GAUGES = {  # ExchangeStats fields
     "msgs_in_per_s": "messages received from publishers per second",
     "msgs_out_per_s": "messages sent to subscribers per second",
     "bytes_in_per_s": "payload bytes received per second",

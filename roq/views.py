@@ -10,6 +10,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from roq.records import ClusterStats, ExchangeStats, Load
+
 console = Console()
 
 
@@ -44,9 +46,8 @@ def print_queue(info: dict[str, Any]) -> None:
                   title=f"queue {info['name']}")
     for x in info["exchanges"]:
         live = x.get("live") or {}
-        stats = live.get("stats") or {}
-        table.add_row(x["id"], x["host"] or "(unplaced)", live.get("pub", "(not running)"),
-                      live.get("sub", ""), str(stats.get("msgs_in_per_s", "")))
+        rate = str(ExchangeStats.from_dict(live["stats"]).msgs_in_per_s) if live.get("stats") else ""
+        table.add_row(x["id"], x["host"] or "(unplaced)", live.get("pub", "(not running)"), live.get("sub", ""), rate)
     console.print(table)
 
 
@@ -59,18 +60,21 @@ def print_rules(name: str, rules: dict[str, Any]) -> None:
 
 
 def stats_view(snapshot: dict[str, Any]) -> Group:
-    """Queues (with their exchanges), hosts and recent scaling events, as one renderable."""
+    """Queues (with their exchanges), hosts and recent scaling events, as one renderable.
+
+    `snapshot`: the answer to `cluster.stats` (a `ClusterStats` on the wire)."""
+    cluster = ClusterStats.from_dict(snapshot)
     queues = Table(title="queues")
     queues.add_column("queue / exchange", no_wrap=True)
     queues.add_column("host", no_wrap=True)
     for header in ("msg/s in", "msg/s out", "MB/s in", "pubs", "subs", "drops", "kept MB"):
         queues.add_column(header, justify="right")
     events = Table("queue", "when", "what", title="recent scaling and relocation")
-    for name, q in sorted(snapshot.get("queues", {}).items()):
-        queues.add_row(f"{name} ({q['running']}/{q['exchanges']})", "", *_figures(q), style="bold")
-        for x in q["by_exchange"]:
-            queues.add_row(f"  {x['id']}" + ("" if x["running"] else " (down)"), x["host"] or "-", *_figures(x))
-        for e in q.get("events", [])[-5:]:
+    for name, q in sorted(cluster.queues.items()):
+        queues.add_row(f"{name} ({q.running}/{q.exchanges})", "", *_figures(q), style="bold")
+        for x in q.by_exchange:
+            queues.add_row(f"  {x.id}" + ("" if x.running else " (down)"), x.host or "-", *_figures(x))
+        for e in q.events[-5:]:
             when = time.strftime("%H:%M:%S", time.localtime(e["at"]))
             if "relocated" in e:
                 what = f"publisher {e['relocated']} {e['from']} → {e['to']} ({e['rate']:,.0f} msg/s)"
@@ -80,13 +84,12 @@ def stats_view(snapshot: dict[str, Any]) -> Group:
                     what += f" (carrying traffic after {e['carrying_traffic_after_s']} s)"
             events.add_row(name, when, what)
     hosts = Table("host", "CPU %", "memory %", "exchanges", "capacity", title="hosts")
-    for name, h in sorted(snapshot.get("hosts", {}).items()):
-        hosts.add_row(name, _num(h.get("cpu_percent")), _num(h.get("memory_percent")),
-                      str(h.get("exchanges", "-")), str(h.get("capacity", "-")))
+    for name, h in sorted(cluster.hosts.items()):
+        hosts.add_row(name, _num(h.cpu_percent), _num(h.memory_percent), str(h.exchanges), str(h.capacity))
     parts: list[Any] = [queues, hosts]
     if events.row_count:
         parts.append(events)
-    parts.append(f"as of {time.strftime('%H:%M:%S', time.localtime(snapshot.get('time') or time.time()))}")
+    parts.append(f"as of {time.strftime('%H:%M:%S', time.localtime(cluster.time or time.time()))}")
     return Group(*parts)
 
 
@@ -100,10 +103,9 @@ def live_stats(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
             pass
 
 
-def _figures(row: dict[str, Any]) -> list[str]:
-    return [f"{row['msgs_in_per_s']:,.0f}", f"{row['msgs_out_per_s']:,.0f}", f"{row['bytes_in_per_s'] / 1e6:,.1f}",
-            str(row["publishers"]), str(row["subscriptions"]), str(row["drops"]),
-            f"{row['retained_bytes'] / 1e6:,.1f}"]
+def _figures(row: Load) -> list[str]:
+    return [f"{row.msgs_in_per_s:,.0f}", f"{row.msgs_out_per_s:,.0f}", f"{row.bytes_in_per_s / 1e6:,.1f}",
+            str(row.publishers), str(row.subscriptions), str(row.drops), f"{row.retained_bytes / 1e6:,.1f}"]
 
 
 def _num(value: Any) -> str:

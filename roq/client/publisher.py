@@ -51,6 +51,7 @@ from roq.config import Config
 from roq.errors import (BackpressureError, MessageTooLargeError, ProtocolError, QueueNotFoundError,
                         RequestTimeoutError, RoqError)
 from roq.names import check_topic
+from roq.records import ExchangeStats
 from roq.paths import Paths
 from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
@@ -498,16 +499,17 @@ class Publisher:
             return self._relocated_to, live[self._relocated_to]  # type: ignore[index]
         now = time.monotonic()
         self._avoid = {key: until for key, until in self._avoid.items() if until > now}
-        newest = max(((data.get("stats") or {}).get("at", 0) for data in live.values()), default=0)
+        reports = {xid: ExchangeStats.from_dict(data.get("stats")) for xid, data in live.items()}
+        newest = max((report.at or 0.0 for report in reports.values()), default=0.0)
         stale_after = STALE_STATS * self.config.exchange.stats_interval
 
         def rank(item: tuple[str, dict[str, Any]]) -> tuple[float, int, float, float]:
             xid, data = item
-            stats = data.get("stats") or {}
+            stats = reports[xid]
             avoided_until = self._avoid.get((xid, str(data.get("incarnation", ""))), 0.0)
             # A frozen exchange stops reporting: its statistics age, and it goes last.
-            stale = int(newest - stats.get("at", 0) > stale_after)
-            return (avoided_until, stale, stats.get("publishers", 0), random.random())
+            stale = int(newest - (stats.at or 0.0) > stale_after)
+            return (avoided_until, stale, stats.publishers, random.random())
 
         xid, data = min(live.items(), key=rank)
         return xid, data

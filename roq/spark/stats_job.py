@@ -27,16 +27,25 @@ from typing import Any
 
 import click
 
-RECORD_SCHEMA = ("kind string, ts double, queue string, exchange string, host string, msgs_in_per_s double, "
-                   "msgs_out_per_s double, bytes_in_per_s double, bytes_out_per_s double, publishers long, "
-                   "subscriptions long, drops long, latency_p50_ms double, latency_p99_ms double, "
-                   "cpu_percent double, memory_percent double, exchanges long")
+SPARK_TYPES = {float: "double", int: "long", str: "string", bool: "boolean"}
+
+
+def record_schema() -> str:
+    """The stream's records (roq.records ExchangeSample and HostSample) as one Spark DDL schema.
+
+    Imported here, not at the top: under spark-submit the checkout joins sys.path only in `__main__`."""
+    from roq.records import ExchangeSample, HostSample, column_types
+    columns: dict[str, type] = {}
+    for record in (ExchangeSample, HostSample):
+        for name, kind in column_types(record).items():
+            columns.setdefault(name, kind)
+    return ", ".join(f"{name} {SPARK_TYPES[kind]}" for name, kind in columns.items())
 
 
 def parse(frame: Any) -> Any:
     """Rows of the `roq` source → typed statistics records with an event time."""
     from pyspark.sql import functions as F
-    return (frame.select(F.from_json(F.col("payload").cast("string"), RECORD_SCHEMA).alias("r"))
+    return (frame.select(F.from_json(F.col("payload").cast("string"), record_schema()).alias("r"))
             .select("r.*").withColumn("time", F.col("ts").cast("timestamp")))
 
 

@@ -6,10 +6,11 @@ import pytest
 
 from gcm.autoscaler import DEFAULT_RULES, QueueState, check_rules, firing_rules, is_low, summarise_queue
 from roq.errors import UserError
+from roq.records import QueueStats
 from roq.state import ExchangeInfo, HostInfo
 
 
-def summary(rates: list[float], publishers: int = 1) -> dict:  # type: ignore[type-arg]
+def summary(rates: list[float], publishers: int = 1) -> QueueStats:
     exchanges = [ExchangeInfo("q", f"x{i + 1}", f"h{i + 1}") for i in range(len(rates))]
     live = {f"x{i + 1}": {"stats": {"msgs_in_per_s": r, "publishers": publishers,
                                     "top_publishers": [["p", r]]}} for i, r in enumerate(rates)}
@@ -53,4 +54,4 @@ def test_scale_in_needs_room_below_the_limit_with_one_exchange_fewer() -> None:
 
 def test_summary_adds_up_the_exchanges() -> None:
     s = summary([100, 250], publishers=2)
-    assert s["msgs_in_per_s"] == 350 and s["publishers"] == 4 and s["running"] == s["exchanges"] == 2
+    assert s.msgs_in_per_s == 350 and s.publishers == 4 and s.running == s.exchanges == 2

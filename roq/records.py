@@ -1,0 +1,322 @@
+"""Typed statistics records: what the exchanges, the HCMs and the leader report.
+
+Each record is a frozen dataclass whose field names are the keys on the wire:
+the exchange's JSON lines to its HCM, the JSON in ZooKeeper
+(`<root>/live/...` and `<root>/hosts/<host>`), the control API's msgpack
+answer to `cluster.stats`, and the JSON records of the statistics stream.
+docs/protocol.md describes those keys; this module is the one place that
+spells them in code.
+
+* `ExchangeStats`: one exchange's report (`stats` of its live znode).
+* `HostStats`: one HCM's figures (`stats` of its host znode).
+* `QueueStats` (with one `ExchangeSummary` per exchange) and `ClusterStats`
+  (with one `HostSummary` per host): the leader's aggregates.
+* `ExchangeSample`, `HostSample`: the statistics stream's records.
+
+`to_dict()` gives the wire map. `from_dict()` reads a map written by any
+version, so it never fails: unknown keys are ignored, and a missing key, or
+one holding the wrong type (or a number that is not finite), takes the
+field's default. A reader of an older or newer writer sees zeros, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+R = TypeVar("R", bound="Record")
+TopPublishers = tuple[tuple[str, float], ...]  # (publisher id, msgs/s), heaviest first
+
+
+@dataclass(frozen=True)
+class Record:
+    """The base of the records: the wire map, and a reader that tolerates any input."""
+
+    # Fields left out of the wire map while None (keys that only some reports carry).
+    OMITTED_WHEN_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _encode(value) for f in fields(self)
+                if (value := getattr(self, f.name)) is not None or f.name not in self.OMITTED_WHEN_NONE}
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any) -> R:
+        """The record in `data`; anything but a map gives the defaults."""
+        if not isinstance(data, Mapping):
+            return cls()
+        hints = _hints(cls)
+        values = {}
+        for f in fields(cls):
+            if f.name in data:
+                value = _decode(hints[f.name], data[f.name])
+                if value is not _INVALID:
+                    values[f.name] = value
+        return cls(**values)
+
+
+# ---------------------------------------------------------------- exchanges
+
+
+@dataclass(frozen=True)
+class ExchangeStats(Record):
+    """One exchange's report: counters since its process (incarnation) started, rates over the
+    interval since its previous report. The exchange writes everything but `at`, which its HCM
+    sets when the report arrives (a frozen exchange stops reporting, and its `at` ages)."""
+
+    OMITTED_WHEN_NONE = frozenset({"latency_p50_ms", "latency_p99_ms", "at"})
+
+    # Counters (exchange/stats.py Counters).
+    msgs_in: int = 0
+    bytes_in: int = 0
+    msgs_out: int = 0
+    bytes_out: int = 0
+    frames_out: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    malformed: int = 0
+    fetches: int = 0
+    fetched_frames: int = 0
+    busy: int = 0
+    refused_batches: int = 0
+    refused_hellos: int = 0
+    internal_errors: int = 0
+    # Rates and the interval's figures.
+    msgs_in_per_s: float = 0.0
+    bytes_in_per_s: float = 0.0
+    msgs_out_per_s: float = 0.0
+    bytes_out_per_s: float = 0.0
+    drops: int = 0  # rejected + malformed
+    publishers: int = 0  # active in the last 10 s
+    subscriptions: int = 0
+    subscribers: int = 0
+    top_publishers: TopPublishers = ()
+    latency_p50_ms: float | None = None  # only when batches with new messages arrived
+    latency_p99_ms: float | None = None
+    # Security (roq/security.py Gatekeeper).
+    refused_connections: int = 0
+    refused_over_limit: int = 0
+    # Retention, publisher state and memory (exchange/main.py).
+    retained_frames: int = 0
+    retained_bytes: int = 0
+    evicted_frames: int = 0
+    known_publishers: int = 0
+    expired_publishers: int = 0
+    tracked_prefixes: int = 0
+    replay_held_bytes: int = 0
+    rss_bytes: int = 0
+    # Set by the HCM: wall clock of arrival, seconds since the epoch.
+    at: float | None = None
+
+
+# ---------------------------------------------------------------- hosts
+
+
+@dataclass(frozen=True)
+class HostStats(Record):
+    """One HCM's figures for its host, refreshed every `hcm.stats_interval`."""
+
+    cpu_percent: float = 0.0  # since the previous report
+    memory_percent: float = 0.0
+    memory_used_bytes: int = 0
+    load1: float = 0.0
+    cpus: int = 0  # 0: unknown
+    exchanges: int = 0  # exchange processes the HCM supervises
+    at: float = 0.0  # wall clock, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class HostSummary(HostStats):
+    """A host in the cluster aggregate: its figures and its registered capacity."""
+
+    capacity: int = 0
+
+    @classmethod
+    def of(cls, stats: HostStats, capacity: int) -> HostSummary:
+        return cls(**{**asdict(stats), "capacity": capacity})
+
+
+# ---------------------------------------------------------------- the leader's aggregates
+
+
+@dataclass(frozen=True)
+class Load(Record):
+    """The figures the leader sums over a queue's exchanges (each also an `ExchangeStats` field)."""
+
+    msgs_in_per_s: float = 0.0
+    msgs_out_per_s: float = 0.0
+    bytes_in_per_s: float = 0.0
+    bytes_out_per_s: float = 0.0
+    publishers: int = 0
+    subscriptions: int = 0
+    drops: int = 0
+    retained_bytes: int = 0
+
+
+LOAD_FIELDS = tuple(f.name for f in fields(Load))
+
+
+@dataclass(frozen=True)
+class ExchangeSummary(Load):
+    """One exchange of a queue in the aggregate; figures 0 while it does not run."""
+
+    id: str = ""
+    host: str | None = None  # None: not placed
+    running: bool = False
+    restarts: int = 0
+    top_publishers: TopPublishers = ()
+    latency_p50_ms: float | None = None  # None (null on the wire): no samples
+    latency_p99_ms: float | None = None
+
+    @classmethod
+    def of(cls, xid: str, host: str | None, running: bool, restarts: int, stats: ExchangeStats) -> ExchangeSummary:
+        return cls(id=xid, host=host, running=running, restarts=restarts, top_publishers=stats.top_publishers,
+                   latency_p50_ms=stats.latency_p50_ms, latency_p99_ms=stats.latency_p99_ms,
+                   **{name: getattr(stats, name) for name in LOAD_FIELDS})
+
+
+@dataclass(frozen=True)
+class QueueStats(Load):
+    """One queue: the `Load` figures summed over its exchanges, its rules and recent scaling events."""
+
+    name: str = ""
+    exchanges: int = 0
+    running: int = 0
+    by_exchange: tuple[ExchangeSummary, ...] = ()
+    rules: dict[str, Any] | None = None  # None: no autoscaling rules set
+    events: tuple[dict[str, Any], ...] = ()  # scaling and relocation events, oldest first
+
+    @classmethod
+    def of(cls, name: str, exchanges: int, by_exchange: tuple[ExchangeSummary, ...], rules: dict[str, Any] | None,
+           events: tuple[dict[str, Any], ...]) -> QueueStats:
+        base = Load()
+        totals = {key: sum((getattr(x, key) for x in by_exchange), start=getattr(base, key)) for key in LOAD_FIELDS}
+        return cls(name=name, exchanges=exchanges, running=sum(1 for x in by_exchange if x.running),
+                   by_exchange=by_exchange, rules=rules, events=events, **totals)
+
+
+@dataclass(frozen=True)
+class ClusterStats(Record):
+    """The leader's answer to `cluster.stats`, rebuilt every tick."""
+
+    queues: dict[str, QueueStats] = field(default_factory=dict)
+    hosts: dict[str, HostSummary] = field(default_factory=dict)
+    time: float = 0.0  # wall clock of the tick that built it
+
+
+# ---------------------------------------------------------------- the statistics stream
+
+
+@dataclass(frozen=True)
+class ExchangeSample(Record):
+    """Topic "exchange" of the statistics stream: one running exchange at one leader tick."""
+
+    kind: str = "exchange"
+    ts: float = 0.0
+    queue: str = ""
+    exchange: str = ""
+    host: str | None = None
+    msgs_in_per_s: float = 0.0
+    msgs_out_per_s: float = 0.0
+    bytes_in_per_s: float = 0.0
+    bytes_out_per_s: float = 0.0
+    publishers: int = 0
+    subscriptions: int = 0
+    drops: int = 0
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class HostSample(Record):
+    """Topic "host" of the statistics stream: one host at one leader tick."""
+
+    kind: str = "host"
+    ts: float = 0.0
+    host: str = ""
+    cpu_percent: float = 0.0
+    memory_percent: float = 0.0
+    exchanges: int = 0
+
+
+def column_types(record: type[Record]) -> dict[str, type]:
+    """Field name → its scalar type (int, float, str or bool; optional ones unwrapped), in field order."""
+    result = {}
+    for name, hint in _hints(record).items():
+        hint = _optional_of(hint) or hint
+        if hint in (int, float, str, bool):
+            result[name] = hint
+    return result
+
+
+# ---------------------------------------------------------------- encoding and decoding
+
+_INVALID = object()  # a value of the wrong type: the field keeps its default
+_HINTS: dict[type, dict[str, Any]] = {}  # record → field name → its type, resolved once
+
+
+def _hints(record: type[Record]) -> dict[str, Any]:
+    hints = _HINTS.get(record)
+    if hints is None:
+        resolved = typing.get_type_hints(record)
+        hints = _HINTS[record] = {f.name: resolved[f.name] for f in fields(record)}
+    return hints
+
+
+def _optional_of(hint: Any) -> Any:
+    """X for `X | None`, else None."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        rest = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return rest[0] if len(rest) == 1 else Any
+    return None
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, (tuple, list)):
+        return [_encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _encode(item) for key, item in value.items()}
+    return value
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    """`value` as `hint`, or _INVALID."""
+    inner = _optional_of(hint)
+    if inner is not None:
+        return None if value is None else _decode(inner, value)
+    if hint is Any:
+        return value
+    if hint is bool:
+        return value if isinstance(value, bool) else _INVALID
+    if isinstance(value, bool):  # a bool is an int in Python, never a figure here
+        return _INVALID
+    if hint is int:
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        return value if isinstance(value, int) else _INVALID
+    if hint is float:
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else _INVALID
+    if hint is str:
+        return value if isinstance(value, str) else _INVALID
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_dict(value) if isinstance(value, Mapping) else _INVALID
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return _INVALID
+        if len(args) == 2 and args[1] is Ellipsis:  # homogeneous: bad items are dropped
+            return tuple(item for item in (_decode(args[0], v) for v in value) if item is not _INVALID)
+        items = tuple(_decode(arg, v) for arg, v in zip(args, value))
+        return items if len(value) == len(args) and _INVALID not in items else _INVALID
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            return _INVALID
+        decoded = {key: _decode(args[1], item) for key, item in value.items() if isinstance(key, str)}
+        return {key: item for key, item in decoded.items() if item is not _INVALID}
+    raise TypeError(f"no decoder for {hint!r}")  # a field of a type this module does not handle
