@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """RoQ against raw ZeroMQ, NATS, Redis and RabbitMQ: one invocation, same machine, same harness.
 
-For each message size, each system gets two runs through roq.bench (one
+For each message size, each system gets two runs through roq.tools.bench (one
 publisher process, one subscriber process):
 * throughput: `--messages` messages as fast as the publisher can send them;
 * latency: `--latency-messages` messages paced at `--rate` per second, for p50/p99.
@@ -45,12 +45,12 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from bench import machine, servers  # noqa: E402
-from roq.bench import RunResult, run  # noqa: E402
+from roq.tools.bench import RunResult, run  # noqa: E402
 
 console = Console(stderr=True, width=150)  # the table with spreads is wide; logs are not a terminal
 ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.ZmqBatchAdapter",
             "python-hop": "bench.peers.PythonHopAdapter",
-            "roq": "roq.bench.RoqAdapter", "roq-batch": "roq.bench.RoqBatchAdapter",
+            "roq": "roq.tools.bench.RoqAdapter", "roq-batch": "roq.tools.bench.RoqBatchAdapter",
             "nats": "bench.peers.NatsAdapter", "redis": "bench.peers.RedisAdapter",
             "rabbitmq": "bench.peers.RabbitAdapter"}
 ALL = list(ADAPTERS)
@@ -72,8 +72,8 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
 
 @contextlib.contextmanager
 def roq_cluster(workdir: Path) -> Iterator[dict[str, Any]]:
-    from roq.bench_cli import ensure_queue
-    from roq.cluster import LocalCluster
+    from roq.tools.bench_cli import ensure_queue
+    from roq.tools.cluster import LocalCluster
     from roq.config import Config, load_config
     local = LocalCluster(Config(), workdir / "cluster")
     local.up()

@@ -1,4 +1,4 @@
-"""The systems RoQ is compared with, behind roq.bench's adapter interface.
+"""The systems RoQ is compared with, behind roq.tools.bench's adapter interface.
 
 Each is used the way its Python client is normally used for pub/sub, with the
 batching its client offers, and with limits raised so that nothing is dropped
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from roq.bench import Adapter, BatchAdapter
+from roq.tools.bench import Adapter, BatchAdapter
 
 SUBJECT = "bench"
 

@@ -137,7 +137,7 @@ def cluster() -> None:
 @handle_errors
 def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | None) -> None:
     """Start ZooKeeper, the GCMs and the HCMs in the background."""
-    from roq.cluster import LocalCluster
+    from roq.tools.cluster import LocalCluster
     changes = {k: v for k, v in {"gcms": gcms, "hcms": hcms, "run_dir": run_dir}.items() if v is not None}
     cfg = _base_config(ctx).replace(cluster=changes)
     local = LocalCluster(cfg)
@@ -159,7 +159,7 @@ def _base_config(ctx: Context):  # type: ignore[no-untyped-def]
 @handle_errors
 def cluster_down(ctx: Context, run_dir: str | None) -> None:
     """Stop the local cluster."""
-    from roq.cluster import LocalCluster
+    from roq.tools.cluster import LocalCluster
     cfg = _base_config(ctx)
     stopped = LocalCluster(cfg, run_dir).down()
     click.echo(f"stopped {stopped} processes" if stopped else "no local cluster was running")
@@ -176,7 +176,7 @@ def cluster_status(ctx: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
-    from roq.views import print_status
+    from roq.tools.views import print_status
     print_status(status)
 
 
@@ -234,7 +234,7 @@ def queue_list(ctx: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(queues, indent=2))
         return
-    from roq.views import print_queue_list
+    from roq.tools.views import print_queue_list
     print_queue_list(queues)
 
 
@@ -250,7 +250,7 @@ def queue_show(ctx: Context, name: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    from roq.views import print_queue
+    from roq.tools.views import print_queue
     print_queue(info)
 
 
@@ -276,7 +276,7 @@ def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: A
     if as_json:
         click.echo(json.dumps(rules, indent=2))
         return
-    from roq.views import print_rules
+    from roq.tools.views import print_rules
     print_rules(name, rules)
 
 
@@ -288,12 +288,12 @@ def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: A
 @handle_errors
 def stats(ctx: Context, once: bool, as_json: bool, interval: float) -> None:
     """Live view of queues, exchanges and hosts (Ctrl-C to leave)."""
-    from roq.views import live_stats, stats_view
+    from roq.tools.views import live_stats, stats_view
     with ctx.admin() as admin:
         if as_json:
             click.echo(json.dumps(admin.cluster_stats(), indent=2))
         elif once:
-            from roq.views import console
+            from roq.tools.views import console
             console.print(stats_view(admin.cluster_stats()))
         else:
             live_stats(admin.cluster_stats, interval)
@@ -416,7 +416,7 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
 def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: int, publishers: int,
           subscribers: int, rate: float, batch: bool, json_out: str | None) -> None:
     """Measure throughput and latency percentiles of the running cluster."""
-    from roq.bench_cli import run_bench
+    from roq.tools.bench_cli import run_bench
     run_bench(ctx.config, queue_name, exchanges, size, messages, publishers, subscribers, rate, json_out, batch)
 
 
@@ -428,7 +428,7 @@ def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: in
 @handle_errors
 def demo(ctx: Context, messages: int, size: int, keep: bool) -> None:
     """Start a local cluster, run a publish/subscribe round trip, print the figures."""
-    from roq.demo import run_demo
+    from roq.tools.demo import run_demo
     ok = run_demo(_base_config(ctx), messages, size, keep)
     sys.exit(Exit.OK if ok else Exit.INTERNAL)
 

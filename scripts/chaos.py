@@ -51,9 +51,9 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.security import secure_client
 from roq.state import read_hosts, read_leader, read_live
-from roq.testing import Processes, SteadyTraffic, fast_config, wait_until
+from roq.tools.testing import Processes, SteadyTraffic, fast_config, wait_until
+from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
-from roq.zookeeper import ZooKeeperServer
 
 console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from roq.client.admin import Admin  # noqa: E402
 from roq.client.subscriber import Subscriber  # noqa: E402
-from roq.cluster import LocalCluster  # noqa: E402
 from roq.config import Config, load_config  # noqa: E402
-from roq.testing import PacedPublisher  # noqa: E402
-from roq.views import stats_view  # noqa: E402
+from roq.tools.cluster import LocalCluster  # noqa: E402
+from roq.tools.testing import PacedPublisher  # noqa: E402
+from roq.tools.views import stats_view  # noqa: E402
 
 console = Console()
 

@@ -12,9 +12,9 @@ import pytest
 
 from roq.config import Config
 from roq.paths import Paths
-from roq.testing import Processes, fast_config
+from roq.tools.testing import Processes, fast_config
+from roq.tools.zkserver import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 from roq.zk import start_client, stop_client
-from roq.zookeeper import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -48,7 +48,7 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 
 
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
-    from roq.testing import FIGURES
+    from roq.tools.testing import FIGURES
     if FIGURES:
         terminalreporter.section("measured figures")
         for name, values in FIGURES:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from roq.testing import wait_until
-from roq.zookeeper import free_port
+from roq.tools.testing import wait_until
+from roq.tools.zkserver import free_port
 from tests.deploy.conftest import ANSIBLE, BIN, recaps, run_playbook, tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

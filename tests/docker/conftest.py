@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from roq.config import Config
-from roq.testing import wait_until
+from roq.tools.testing import wait_until
 from roq.zk import start_client, stop_client
 from tests.conftest import docker_engine, failed
 
@@ -65,7 +65,7 @@ class Lab:
 
 @pytest.fixture
 def lab(docker_client, request) -> Iterator[Lab]:  # type: ignore[no-untyped-def]
-    from roq.docker_launcher import DockerLauncher
+    from roq.tools.docker_launcher import DockerLauncher
     launcher = DockerLauncher(client=docker_client, env=dict(ENV))
     the_lab = Lab(launcher)
     try:

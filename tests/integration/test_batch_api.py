@@ -13,7 +13,7 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import MessageBatch, Subscriber
 from roq.errors import BackpressureError, MessageTooLargeError
 from roq.state import read_live
-from roq.testing import wait_until
+from roq.tools.testing import wait_until
 from tests.integration.conftest import create
 
 pytestmark = pytest.mark.integration

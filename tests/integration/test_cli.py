@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from roq.testing import record_figures, wait_until
-from roq.zookeeper import free_port
+from roq.tools.testing import record_figures, wait_until
+from roq.tools.zkserver import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from roq.errors import (FencedError, InvalidNameError, NotLeaderError, QueueExis
                         RequestTimeoutError, ZooKeeperUnavailableError)
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_exchanges, read_hosts, read_leader
-from roq.testing import record_figures, wait_until
+from roq.tools.testing import record_figures, wait_until
 from roq.zk import start_client, stop_client
 
 pytestmark = pytest.mark.integration

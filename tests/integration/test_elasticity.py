@@ -9,7 +9,7 @@ import pytest
 from roq.client.admin import Admin
 from roq.client.subscriber import Subscriber
 from roq.state import read_live
-from roq.testing import PacedPublisher, record_figures, wait_until
+from roq.tools.testing import PacedPublisher, record_figures, wait_until
 from tests.integration.conftest import create, start_cluster
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 
 from roq.client.admin import Admin
 from roq.state import read_hosts, read_leader
-from roq.testing import wait_until
+from roq.tools.testing import wait_until
 from tests.integration.conftest import create, start_cluster
 from tests.integration.test_cli import assert_one_line_error, config_file, roq
 

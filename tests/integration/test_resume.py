@@ -13,7 +13,7 @@ import pytest
 
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.testing import record_figures, wait_until
+from roq.tools.testing import record_figures, wait_until
 from tests.integration.conftest import create, start_cluster
 
 pytestmark = pytest.mark.integration

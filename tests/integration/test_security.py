@@ -27,7 +27,7 @@ from roq.errors import ForbiddenError, InvalidNameError, LimitExceededError, Mes
 from roq.paths import Paths
 from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
-from roq.testing import OK, REFUSED, Processes, fast_config, handshake, record_figures, wait_until
+from roq.tools.testing import OK, REFUSED, Processes, fast_config, handshake, record_figures, wait_until
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 

@@ -10,7 +10,7 @@ import pytest
 
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.testing import wait_until
+from roq.tools.testing import wait_until
 from tests.integration.conftest import create, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

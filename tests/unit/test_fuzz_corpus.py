@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from roq.fuzz_targets import TARGETS, seeds
+from roq.tools.fuzz_targets import TARGETS, seeds
 from tests.conftest import unavailable
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "corpus"

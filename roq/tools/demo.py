@@ -16,9 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.cluster import ClusterState, LocalCluster
 from roq.config import Config, load_config
 from roq.errors import QueueNotFoundError
+from roq.tools.cluster import ClusterState, LocalCluster
 
 QUEUE = "demo"
 console = Console(stderr=True)

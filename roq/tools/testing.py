@@ -23,7 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq.config import Config
 from roq.security import HANDSHAKE_FAILED, secure_client
-from roq.zookeeper import stop_process_group
+from roq.tools.zkserver import stop_process_group
 
 T = TypeVar("T")
 

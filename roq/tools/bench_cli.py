@@ -1,4 +1,4 @@
-"""`roq bench` against a running cluster: a queue, the harness of roq.bench, a table and JSON."""
+"""`roq bench` against a running cluster: a queue, the harness of roq.tools.bench, a table and JSON."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from roq.bench import RunResult, run
 from roq.client.admin import Admin
 from roq.config import Config
 from roq.errors import QueueNotFoundError
+from roq.tools.bench import RunResult, run
 
 console = Console(stderr=True)
 
@@ -21,7 +21,7 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
               subscribers: int, rate: float, json_out: str | None, batch: bool = False) -> RunResult:
     """One run of the harness; `batch` measures the batch API (publish_many, batch_callback)."""
     created = ensure_queue(config, queue, exchanges)
-    adapter = "roq.bench.RoqBatchAdapter" if batch else "roq.bench.RoqAdapter"
+    adapter = "roq.tools.bench.RoqBatchAdapter" if batch else "roq.tools.bench.RoqAdapter"
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:

@@ -23,8 +23,8 @@ from roq.config import Config
 from roq.errors import RoqError, UserError
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader
+from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
 from roq.zk import start_client, stop_client
-from roq.zookeeper import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
 
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "config.toml"
