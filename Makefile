@@ -1,11 +1,16 @@
 # The two commands of the README. Each sets up what it needs first.
-.PHONY: demo test setup setup-test docker-images deploy-images bench-servers clean
+.PHONY: demo test lint setup setup-test docker-images deploy-images bench-servers clean
 
 demo: setup
 	.venv/bin/roq demo
 
-test: setup-test docker-images deploy-images bench-servers
+test: setup-test lint docker-images deploy-images bench-servers
 	.venv/bin/python -m pytest
+
+# Lint (ruff: errors, warnings, import order) and types (mypy on the core and the roles).
+lint: setup-test
+	.venv/bin/ruff check .
+	.venv/bin/mypy
 
 # The failover suite needs a Docker engine and the roq:test image, both made here.
 docker-images: setup

@@ -72,9 +72,9 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
 
 @contextlib.contextmanager
 def roq_cluster(workdir: Path) -> Iterator[dict[str, Any]]:
+    from roq.config import Config, load_config
     from roq.tools.bench_cli import ensure_queue
     from roq.tools.cluster import LocalCluster
-    from roq.config import Config, load_config
     local = LocalCluster(Config(), workdir / "cluster")
     local.up()
     try:

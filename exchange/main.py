@@ -67,7 +67,7 @@ def watch_stdin(stop: threading.Event) -> None:
 
 def read_config_line() -> str:
     """The one JSON line the HCM writes first, read unbuffered so nothing after it is consumed."""
-    chunks = []
+    chunks: list[bytes] = []
     while not chunks or not chunks[-1].endswith(b"\n"):
         chunk = os.read(STDIN, 1 << 16)
         if not chunk:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 
@@ -104,7 +103,7 @@ class ReplayServer:
         except zmq.ZMQError:
             return  # the subscriber is gone or its queue is full; it will ask again
         size = len(body)
-        self._in_flight.append((tracker, ident, size))  # type: ignore[arg-type]
+        self._in_flight.append((tracker, ident, size))
         self.held += size
         self._held_by[ident] = self._held_by.get(ident, 0) + size
 

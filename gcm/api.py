@@ -33,8 +33,15 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from gcm.fence import RequestContext, serving
 from roq.config import Config
-from roq.errors import (ForbiddenError, ProtocolError, RoqError, UnavailableError, UnknownCommandError,
-                        UserError, ZooKeeperUnavailableError)
+from roq.errors import (
+    ForbiddenError,
+    ProtocolError,
+    RoqError,
+    UnavailableError,
+    UnknownCommandError,
+    UserError,
+    ZooKeeperUnavailableError,
+)
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
 from roq.security import ADMIN, Gatekeeper, peer_role
 

@@ -40,8 +40,16 @@ from roq.config import AutoscaleConfig, Config
 from roq.errors import QueueNotFoundError, RoqError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
-from roq.records import (ClusterStats, ExchangeSample, ExchangeStats, ExchangeSummary, HostSample, HostStats,
-                         HostSummary, QueueStats)
+from roq.records import (
+    ClusterStats,
+    ExchangeSample,
+    ExchangeStats,
+    ExchangeSummary,
+    HostSample,
+    HostStats,
+    HostSummary,
+    QueueStats,
+)
 from roq.state import HostInfo, exchange_order, queue_names, read_live, read_queue
 from roq.zk import encode, read_json
 

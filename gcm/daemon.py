@@ -29,11 +29,10 @@ from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
-from roq.errors import (Exit, NotLeaderError, RoqError, UnavailableError, UserError,
-                        ZooKeeperUnavailableError)
+from roq.errors import Exit, NotLeaderError, RoqError, UnavailableError, UserError, ZooKeeperUnavailableError
 from roq.metrics import LEADER_HOST_GAUGES, Sample, exchange_samples, host_samples, queue_samples, serve_metrics
 from roq.paths import Paths
-from roq.state import read_hosts, read_leader, queue_names
+from roq.state import queue_names, read_hosts, read_leader
 from roq.zk import ensure_base_paths, start_client, stop_client
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+
 import psutil
 
 from roq.records import HostStats

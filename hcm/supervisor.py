@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, IO
+from typing import IO, Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError

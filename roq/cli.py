@@ -13,11 +13,15 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from roq.errors import Exit, QueueExistsError, RoqError, UserError
+
+if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
+    from roq.client.admin import Admin
+    from roq.config import Config
 
 DEFAULT_LOCAL_CONFIG = Path(".roq/cluster/config.toml")
 
@@ -44,7 +48,7 @@ class Context:
     def __init__(self, config_path: str | None, settings: tuple[str, ...]) -> None:
         self.config_path = config_path
         self.settings = settings
-        self._config = None
+        self._config: Config | None = None
 
     @property
     def source(self) -> str | None:
@@ -56,13 +60,13 @@ class Context:
         return str(DEFAULT_LOCAL_CONFIG) if DEFAULT_LOCAL_CONFIG.is_file() else None
 
     @property
-    def config(self):  # type: ignore[no-untyped-def]
+    def config(self) -> Config:
         if self._config is None:
             from roq.config import load_config
             self._config = load_config(self.source, flags=self.settings)
         return self._config
 
-    def admin(self):  # type: ignore[no-untyped-def]
+    def admin(self) -> Admin:
         from roq.client.admin import Admin
         return Admin(self.config)
 
@@ -147,7 +151,7 @@ def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | 
     click.echo(f"configuration: {local.config_path}")
 
 
-def _base_config(ctx: Context):  # type: ignore[no-untyped-def]
+def _base_config(ctx: Context) -> Config:
     """Defaults + environment + flags, ignoring a previous cluster's file."""
     from roq.config import load_config
     return load_config(ctx.config_path or os.environ.get("ROQ_CONFIG"), flags=ctx.settings)
@@ -375,7 +379,7 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
     """Print the messages of QUEUE, one per line: topic<TAB>payload."""
     from roq.client.subscriber import Subscriber
     received = 0
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     # SIGTERM leaves through the with-block, so a durable position is saved.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))
     with Subscriber(queue_name, ctx.config, topics, durable=durable) as sub:
@@ -408,7 +412,8 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
 @click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
               help="total messages per second (0 = as fast as possible)")
 @click.option("--batch", is_flag=True,
-              help="use the batch API (Publisher.publish_many, Subscriber batch_callback) instead of one call per message")
+              help="use the batch API (Publisher.publish_many, Subscriber batch_callback) "
+                   "instead of one call per message")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the result as JSON to this file (- for stdout)")
 @pass_ctx

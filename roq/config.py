@@ -324,7 +324,8 @@ def _validate(c: Config) -> None:
         ("autoscale.relocate_cooldown", c.autoscale.relocate_cooldown),
         ("client.request_timeout", c.client.request_timeout), ("client.attempt_timeout", c.client.attempt_timeout),
         ("client.max_unconfirmed", c.client.max_unconfirmed),
-        ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes), ("client.publish_timeout", c.client.publish_timeout),
+        ("client.max_batch", c.client.max_batch), ("client.max_batch_bytes", c.client.max_batch_bytes),
+        ("client.publish_timeout", c.client.publish_timeout),
         ("client.confirm_timeout", c.client.confirm_timeout), ("client.replay_bytes", c.client.replay_bytes),
         ("cluster.gcms", c.cluster.gcms), ("cluster.hcms", c.cluster.hcms),
     ):
@@ -363,8 +364,10 @@ def _validate(c: Config) -> None:
         raise ConfigError("security.max_connections_per_client must be >= 0 (0 = no limit)")
     if c.security.curve and not c.security.keys_dir:
         raise ConfigError("security.curve needs security.keys_dir (make one with `roq keys generate DIR`)")
-    for where, value in (("zk.auth", c.zk.auth), *(("zk.readers", r) for r in credential_list(c.zk.readers))):
-        if value and not _is_credential(value):
+    credentials: list[tuple[str, str]] = [("zk.auth", c.zk.auth)]
+    credentials += [("zk.readers", r) for r in credential_list(c.zk.readers)]
+    for where, credential in credentials:
+        if credential and not _is_credential(credential):
             raise ConfigError(f"{where} must be user:password with a non-empty user, got an invalid value")
     if c.zk.readers and not c.zk.auth:
         raise ConfigError("zk.readers needs zk.auth: read-only identities only mean something on protected znodes")

@@ -237,9 +237,9 @@ def decode_publisher_frame(frame: bytes, max_size: int) -> Hello | Batch | Bye:
 
 
 def _decode_batch(msg: list[Any], publisher: str) -> Batch:
-    first_seq = msg[3] if len(msg) > 3 else None
-    if not _is_int(first_seq, 1):
+    if len(msg) < 4 or not _is_int(msg[3], 1):
         raise ProtocolError("batch first_seq must be an integer from 1 to 2^63-1")
+    first_seq: int = msg[3]
     if len(msg) != 6:
         raise RefusedBatch(f"batch must be [\"batch\", {DATA_VERSION}, publisher, first_seq, sent_ns, "
                            "[topic, payload, ...]]", publisher, first_seq)

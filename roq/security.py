@@ -172,7 +172,7 @@ def peer_role(frame: zmq.Frame) -> str | None:
         user = frame.get("User-Id")
     except zmq.ZMQError:
         return None
-    return user.partition(":")[0] if user else None
+    return str(user).partition(":")[0] if user else None
 
 
 # ---------------------------------------------------------------- gatekeeper

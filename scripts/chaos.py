@@ -322,7 +322,8 @@ class Chaos:
             third = reply_of(sock)
         finally:
             sock.close()
-        return f"forged {victim} on {xid}: batch far ahead → {first}; batch at 1 → {second}; hello, wrong token → {third}"
+        return (f"forged {victim} on {xid}: batch far ahead → {first}; batch at 1 → {second}; "
+                f"hello, wrong token → {third}")
 
     def overflow(self, xid: str, data: dict[str, Any]) -> str:
         sock = dealer(data["pub"], self.config)

@@ -15,6 +15,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import zmq
@@ -24,11 +25,18 @@ from kazoo.handlers.threading import KazooTimeoutError
 from zmq.utils.monitor import recv_monitor_message
 
 from roq.config import Config
-from roq.errors import (NoLeaderError, NotLeaderError, RefusedError, RequestTimeoutError, UnavailableError,
-                        ZooKeeperUnavailableError, error_from_code)
+from roq.errors import (
+    NoLeaderError,
+    NotLeaderError,
+    RefusedError,
+    RequestTimeoutError,
+    UnavailableError,
+    ZooKeeperUnavailableError,
+    error_from_code,
+)
 from roq.paths import Paths
-from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
 from roq.protocol import decode_reply, encode_request
+from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
 from roq.state import read_leader
 from roq.zk import start_client, stop_client
 
@@ -190,7 +198,7 @@ class Admin:
             sock.close(linger=0)
 
 
-def refusal(endpoint: str, event: dict[str, Any]) -> RefusedError:
+def refusal(endpoint: str, event: Mapping[str, Any]) -> RefusedError:
     """The error for a failed handshake, saying what the GCM may hold against us."""
     if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return RefusedError(

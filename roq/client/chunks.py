@@ -195,7 +195,8 @@ class ChunkLog:
 
 def merge(chunks: list[Chunk], max_count: int, max_bytes: int) -> Iterator[tuple[int, list[bytes]]]:
     """Consecutive chunks as (first seq, flat) batches of at most max_count messages / about max_bytes."""
-    first, flat, size = 0, [], 0
+    first, size = 0, 0
+    flat: list[bytes] = []
     for chunk in chunks:
         if flat and (len(flat) // 2 + chunk.count > max_count or size + chunk.size > max_bytes):
             yield first, flat

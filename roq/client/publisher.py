@@ -43,19 +43,25 @@ from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
+from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
 from roq.client.chunks import ChunkLog, merge
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import (BackpressureError, MessageTooLargeError, ProtocolError, QueueNotFoundError,
-                        RequestTimeoutError, RoqError)
+from roq.errors import (
+    BackpressureError,
+    MessageTooLargeError,
+    ProtocolError,
+    QueueNotFoundError,
+    RequestTimeoutError,
+    RoqError,
+)
 from roq.names import check_topic
-from roq.records import ExchangeStats
 from roq.paths import Paths
+from roq.records import ExchangeStats
 from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
-from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
 
@@ -495,8 +501,9 @@ class Publisher:
             return None
         if self.prefer in live:
             return self.prefer, live[self.prefer]
-        if self._relocated_to in live:
-            return self._relocated_to, live[self._relocated_to]  # type: ignore[index]
+        relocated = self._relocated_to
+        if relocated is not None and relocated in live:
+            return relocated, live[relocated]
         now = time.monotonic()
         self._avoid = {key: until for key, until in self._avoid.items() if until > now}
         reports = {xid: ExchangeStats.from_dict(data.get("stats")) for xid, data in live.items()}

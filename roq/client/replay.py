@@ -56,8 +56,7 @@ class ReplayClient:
               prefix: bytes) -> Iterator[protocol.Frames]:
         max_bytes = self.config.exchange.fetch_max_bytes
         while after < before - 1 and not self._closed():
-            page = self._ask(exchange, lambda rid, a=after: protocol.encode_fetch(
-                rid, incarnation, a, before, [prefix], max_bytes))
+            page = self._ask(exchange, _fetch_request(incarnation, after, before, prefix, max_bytes))
             if not isinstance(page, protocol.Frames):
                 raise FetchFailed(f"{exchange} answered a fetch with {type(page).__name__}")
             yield page
@@ -120,3 +119,10 @@ class ReplayClient:
             fetcher.connect(endpoint)
             self._fetchers[xid] = fetcher
         return fetcher
+
+
+def _fetch_request(incarnation: str, after: int, before: int, prefix: bytes,
+                   max_bytes: int) -> Callable[[int], bytes]:
+    def encode(request_id: int) -> bytes:
+        return protocol.encode_fetch(request_id, incarnation, after, before, [prefix], max_bytes)
+    return encode

@@ -49,7 +49,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -418,6 +417,7 @@ class Subscriber:
         if not seqs:
             return
         seen = self._handed.seen(d.publisher)
+        fresh: range | list[int]
         if seen.add_run(seqs[0], seqs[-1]):
             fresh = range(len(seqs))
         else:

@@ -18,10 +18,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import docker
 from docker.errors import APIError, NotFound
 from docker.models.containers import Container
 from docker.types import IPAMConfig, IPAMPool
+
+import docker
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ def leader_node(lab):  # type: ignore[no-untyped-def]
 
 
 def new_leader(lab, old, timeout=30.0):  # type: ignore[no-untyped-def]
-    return wait_until(lambda: (l := read_leader(lab.zk, lab.paths)) and l["id"] != old["id"] and l,
+    return wait_until(lambda: (led := read_leader(lab.zk, lab.paths)) and led["id"] != old["id"] and led,
                       timeout=timeout, message="a backup GCM to take over")
 
 
@@ -139,7 +139,8 @@ def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):  # type: ignore[
         assert lab.zk.get_children(lab.paths.queues) == queues_stat
         assert sorted(q["name"] for q in admin.list_queues()) == ["before", "during"]
     assert read_leader(lab.zk, lab.paths)["id"] == new["id"]
-    figures({"pause": "paused leader", "disconnect": "partitioned leader"}[fault], takeover_s=round(took_over, 2), old=node.name, new_epoch=new["epoch"])
+    figures({"pause": "paused leader", "disconnect": "partitioned leader"}[fault], takeover_s=round(took_over, 2),
+            old=node.name, new_epoch=new["epoch"])
 
 
 def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no-untyped-def]

@@ -13,9 +13,17 @@ import zmq
 
 from gcm.fence import LeaderFence, RequestContext, serving
 from roq.client.admin import Admin
-from roq.errors import (FencedError, InvalidNameError, NotLeaderError, QueueExistsError,
-                        QueueNotFoundError, UnknownCommandError, UserError,
-                        RequestTimeoutError, ZooKeeperUnavailableError)
+from roq.errors import (
+    FencedError,
+    InvalidNameError,
+    NotLeaderError,
+    QueueExistsError,
+    QueueNotFoundError,
+    RequestTimeoutError,
+    UnknownCommandError,
+    UserError,
+    ZooKeeperUnavailableError,
+)
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_exchanges, read_hosts, read_leader
 from roq.tools.testing import record_figures, wait_until
@@ -43,7 +51,7 @@ def test_leader_failover_keeps_every_queue(config, zk, paths, procs):  # type: i
         victim = next(n for n, p in procs.procs.items() if p.pid == old["pid"])
         killed_at = time.monotonic()
         procs.kill(victim, signal.SIGKILL)
-        new = wait_until(lambda: (l := leader(zk, paths)) and l["id"] != old["id"] and l,
+        new = wait_until(lambda: (led := leader(zk, paths)) and led["id"] != old["id"] and led,
                          timeout=15, message="a backup to take over")
         listed = wait_until(lambda: admin.list_queues(), timeout=10, message="queue list from the new leader")
         took = time.monotonic() - killed_at
@@ -127,7 +135,7 @@ def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs)
     wait_until(lambda: len(zk.get_children(paths.election)) == 2, message="both contending")
     victim = next(n for n, p in procs.procs.items() if p.pid == old["pid"])
     procs.kill(victim, signal.SIGSTOP)  # like `docker pause`
-    new = wait_until(lambda: (l := leader(zk, paths)) and l["id"] != old["id"] and l, timeout=15,
+    new = wait_until(lambda: (led := leader(zk, paths)) and led["id"] != old["id"] and led, timeout=15,
                      message="a backup to take over from the paused leader")
     with Admin(config, zk) as admin:
         admin.create_queue("after-pause")
@@ -285,7 +293,7 @@ def test_a_retried_write_is_applied_once_even_after_a_failover(config, zk, paths
 
         victim = next(n for n, p in procs.procs.items() if p.pid == first["pid"])
         procs.kill(victim, signal.SIGKILL)
-        new = wait_until(lambda: (l := leader(zk, paths)) and l["id"] != first["id"] and l, timeout=15,
+        new = wait_until(lambda: (led := leader(zk, paths)) and led["id"] != first["id"] and led, timeout=15,
                          message="a backup to take over")
         # The keys live in ZooKeeper: the new leader recognises retries of its predecessor's writes.
         assert admin.request(new["endpoint"], "queue.create", create, 5, key)["name"] == "orders"
@@ -333,6 +341,7 @@ def test_writes_that_waited_past_the_deadline_are_refused_and_change_nothing(con
 
 def test_request_keys_are_recorded_with_the_write_and_bounded(config, zk, paths):  # type: ignore[no-untyped-def]
     from kazoo.exceptions import NodeExistsError
+
     from roq.zk import ensure_base_paths
     ensure_base_paths(zk, paths)
     fence = LeaderFence(zk, paths)

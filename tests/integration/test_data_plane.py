@@ -270,7 +270,8 @@ def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type
     context = zmq.Context.instance()
     sock = publisher_socket(context, ready)
     try:
-        sock.send(protocol.encode_batch(say_hello(sock, b"rejects"), 1, 0, [b"ok", b"small", b"ok", b"x" * 2000, b"", b"no-topic"]))
+        pid = say_hello(sock, b"rejects")
+        sock.send(protocol.encode_batch(pid, 1, 0, [b"ok", b"small", b"ok", b"x" * 2000, b"", b"no-topic"]))
         replies = []
         while len(replies) < 3 and sock.poll(5000):
             replies.append(msgpack.unpackb(sock.recv()))
@@ -286,6 +287,7 @@ def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type
 def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path):  # type: ignore[no-untyped-def]
     """Memory stays within the retention bound plus the high-water marks, whoever stops reading."""
     import psutil
+
     from roq.tools.testing import Processes
     retention_mb = 16
     small = config.replace(exchange={"sub_hwm": 50, "retention_bytes": retention_mb << 20})
@@ -335,6 +337,7 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
 def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
     import os
     import signal
+
     from roq.tools.testing import SteadyTraffic
     create(config, zk, paths, "stream", 2)
     traffic = SteadyTraffic("stream", config, zk, rate=10_000, max_messages=200_000)

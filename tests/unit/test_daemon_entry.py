@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 
 from roq.daemon import JsonLinesFormatter, Stop
-from roq.errors import (ConfigError, Exit, NoLeaderError, QueueNotFoundError, RefusedError, RoqError,
-                        ZooKeeperUnavailableError)
+from roq.errors import (
+    ConfigError,
+    Exit,
+    NoLeaderError,
+    QueueNotFoundError,
+    RefusedError,
+    RoqError,
+    ZooKeeperUnavailableError,
+)
 
 BIN = Path(sys.executable).parent
 

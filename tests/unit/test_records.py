@@ -16,8 +16,17 @@ from exchange.stats import Counters
 from exchange.stats import ExchangeStats as Accumulator
 from gcm.autoscaler import QueueState, stats_records, summarise_queue
 from roq.metrics import EXCHANGE_GAUGES, HCM_HOST_GAUGES, LEADER_HOST_GAUGES, QUEUE_GAUGES, exchange_samples
-from roq.records import (ClusterStats, ExchangeSample, ExchangeStats, ExchangeSummary, HostSample, HostStats,
-                         HostSummary, QueueStats, Record)
+from roq.records import (
+    ClusterStats,
+    ExchangeSample,
+    ExchangeStats,
+    ExchangeSummary,
+    HostSample,
+    HostStats,
+    HostSummary,
+    QueueStats,
+    Record,
+)
 from roq.state import ExchangeInfo
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
