@@ -144,11 +144,13 @@ class Autoscaler:
         """`hosts`: as the reconciler just read them."""
         now = time.monotonic()
         queues: dict[str, QueueStats] = {}
-        for name in queue_names(self.client, self.paths):
-            info = read_queue(self.client, self.paths, name)
+        # Through the leader's cache: polling every queue each tick was most of its ZooKeeper reads.
+        cache = self.queues.cache
+        for name in queue_names(cache, self.paths):
+            info = read_queue(cache, self.paths, name)
             if info is None:
                 continue
-            live = read_live(self.client, self.paths, name)
+            live = read_live(cache, self.paths, name)
             rules = info.settings.get("rules")
             state = self.states.setdefault(name, QueueState())
             queues[name] = summary = summarise_queue(name, info.exchanges, live, rules, state)

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
@@ -197,7 +197,7 @@ class Gcm:
         }
 
 
-def _args(args: dict[str, Any], required: list[str], optional: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def _args(args: dict[str, Any], required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Any]:
     unknown = set(args) - set(required) - set(optional)
     missing = [k for k in required if k not in args]
     if unknown:

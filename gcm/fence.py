@@ -1,17 +1,31 @@
-"""Leader fencing: every write of a leader is a ZooKeeper transaction that checks
-the epoch it was elected with.
+"""Leader fencing: the one place that decides whether this GCM may write, and the only writer of
+the leader's changes.
+
+Every write the leader makes — queue operations (gcm.queues), the reconcile tick (gcm.reconciler),
+the autoscaler, the directories those writes need (`ensure_path`) — is `write()` or `ensure_path()`
+here: one ZooKeeper transaction that checks the epoch the leader was elected with. Nothing in gcm/
+calls the client's create, set, delete or ensure_path itself (tests/unit/test_fence_only_writer.py).
+The rest of the answer to "may this GCM write?" lives here too: `may_write()` (a term is held and
+ZooKeeper is connected; gcm.leader's `can_write()` asks it), and the request's deadline, checked
+before anything is sent. The control API refuses a write that waited past that deadline before its
+handler even starts (gcm.api), with the same REQUEST_DEADLINE.
 
 A new leader bumps `<root>/gcm/epoch` (a compare-and-set on the znode's
 version) in the same transaction that creates the ephemeral leader record.
 From then on, any transaction of an older leader fails its version check and
 is refused as a whole: a paused, partitioned or expired ex-leader cannot
-change anything, even if its own session is still alive.
+change anything, even if its own session is still alive. A term ends at `release()` or when the
+session is LOST; after either, this fence refuses every write without sending it.
 
 Idempotent retries: a client sends one key with every attempt of one logical call
 (roq.client.admin). The first fenced write made while serving a keyed request also creates
 `<root>/gcm/requests/<key>` in the same transaction, so a retry — to this leader or, after a
 failover, to the next — finds it (`already_applied()`) and is answered with success instead of
 `queue_exists` or `queue_not_found`. The leader keeps the newest KEEP_KEYS keys (`prune_keys()`).
+
+Listeners: term listeners hear the epoch at each claim and None at each release; commit listeners
+hear the operations of every committed transaction, in the writer's thread, before `write()`
+returns (gcm.cache uses both: built anew each term, it lets the leader read its own writes).
 """
 
 from __future__ import annotations
@@ -25,14 +39,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.client import KazooClient
-from kazoo.client import TransactionRequest
-from kazoo.exceptions import (BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError,
-                              OperationTimeoutError, RolledBackError, SessionExpiredError)
+from kazoo.client import KazooClient, TransactionRequest
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState
 
-from roq.errors import (FencedError, RequestTimeoutError, UnavailableError, UserError,
-                        ZooKeeperUnavailableError)
+from roq.errors import FencedError, RequestTimeoutError, UnavailableError, UserError, ZooKeeperUnavailableError
 from roq.paths import Paths
 from roq.zk import decode, encode
 
@@ -42,6 +62,10 @@ log = logging.getLogger(__name__)
 # busiest control traffic, far beyond any client's retries (client.request_timeout).
 KEEP_KEYS = 1000
 PRUNE_BATCH = 200  # deletes per pruning transaction
+ENSURE_ATTEMPTS = 3  # an ensure_path whose directory another client made meanwhile looks again
+
+TermListener = Callable[[int | None], None]
+CommitListener = Callable[[list[Any]], None]
 
 _request = threading.local()
 
@@ -80,7 +104,25 @@ class LeaderFence:
         self.client = client
         self.paths = paths
         self.epoch: int | None = None
-        self._version: int | None = None  # version of the epoch znode our claim wrote
+        self._version: int | None = None  # version of the epoch znode our claim wrote; None: no term
+        self._term_listeners: list[TermListener] = []
+        self._commit_listeners: list[CommitListener] = []
+        client.add_listener(self._on_state)
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._version = None  # the session that won the election is gone, and the term with it
+
+    def add_term_listener(self, listener: TermListener) -> None:
+        self._term_listeners.append(listener)
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        self._commit_listeners.append(listener)
+
+    def may_write(self) -> bool:
+        """A term is held (claimed, not released, its session not lost) and ZooKeeper is connected.
+        `write()` checks this and the request's deadline before sending, and the epoch in ZooKeeper."""
+        return self._version is not None and self.client.connected
 
     def claim(self, identity: dict[str, Any]) -> int:
         """Become the fenced leader: bump the epoch and publish the leader record atomically."""
@@ -99,14 +141,48 @@ class LeaderFence:
             if not failures:
                 self.epoch, self._version = epoch, stat.version + 1
                 log.info("claimed leadership with epoch %d", epoch)
+                for listener in self._term_listeners:
+                    listener(epoch)
                 return epoch
             log.info("leadership claim raced (%s), retrying", type(failures[0]).__name__)
 
     def write(self, build: Callable[[TransactionRequest], None]) -> list[Any]:
-        """Commit the operations `build` adds, only if our epoch is still current."""
+        """Commit the operations `build` adds, only if our epoch is still current. The first write
+        made while serving a keyed request records its key (see the module docstring)."""
+        return self._commit(build, for_request=True)
+
+    def ensure_path(self, path: str) -> None:
+        """Create `path` and whichever of its parents are missing, in one fenced transaction; a path
+        that is there already is success and writes nothing.
+
+        What is missing is read from ZooKeeper itself, never a cache. Neither the request's key nor its
+        deadline applies: an empty directory is no change a client asked for (the write that is comes
+        before or after it), and made late it changes nothing anyone sees as a change."""
+        for attempt in range(ENSURE_ATTEMPTS):
+            missing = self._missing(path)
+            if not missing:
+                return
+            try:
+                self._commit(functools.partial(_create_all, missing), for_request=False)
+                return
+            except NodeExistsError:
+                if attempt == ENSURE_ATTEMPTS - 1:
+                    raise
+                log.info("%s was created by another client meanwhile; looking again", path)
+
+    def _missing(self, path: str) -> list[str]:
+        """`path` and its parents that do not exist, the shallowest first."""
+        missing: list[str] = []
+        while path not in ("", "/") and self.client.retry(self.client.exists, path) is None:
+            missing.insert(0, path)
+            path = path.rsplit("/", 1)[0]
+        return missing
+
+    def _commit(self, build: Callable[[TransactionRequest], None], for_request: bool) -> list[Any]:
+        """The fenced transaction; `for_request`: bound by the request's deadline, recording its key."""
         if self._version is None:
             raise FencedError("this GCM is not the leader")
-        request = current_request()
+        request = current_request() if for_request else None
         if request is not None and time.monotonic() > request.deadline:
             raise UnavailableError("ZooKeeper was too slow to answer; the request expired and changed nothing")
         if not self.client.connected:
@@ -134,6 +210,8 @@ class LeaderFence:
         if keyed is not None:
             keyed.recorded = True  # a second write of the same request must not record it again
             results.pop()
+        for listener in self._commit_listeners:
+            listener(txn.operations[1:])
         return results[1:]
 
     def already_applied(self) -> bool:
@@ -173,9 +251,14 @@ class LeaderFence:
         for name in names:
             txn.delete(self.paths.request(name))
 
-    def release(self) -> None:
-        """Step down: forget the epoch and remove our leader record if it is still ours."""
+    def release(self, remove_record: bool = True) -> None:
+        """End the term: forget the epoch, tell the term listeners, and remove our leader record if it
+        is still ours (`remove_record` false without a connection: the session's end removes it)."""
         self._version = None
+        for listener in self._term_listeners:
+            listener(None)
+        if not remove_record:
+            return
         try:
             _, stat = self.client.get(self.paths.leader)
             if stat.ephemeralOwner == self.client.client_id[0]:
@@ -184,3 +267,8 @@ class LeaderFence:
             pass
         except Exception as exc:  # connection gone: the session's end removes it anyway
             log.info("could not remove the leader record on step-down: %s", exc)
+
+
+def _create_all(paths: list[str], txn: TransactionRequest) -> None:
+    for path in paths:
+        txn.create(path, b"")

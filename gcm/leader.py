@@ -2,10 +2,12 @@
 
 `Leadership.run()` contends in a loop. When elected it claims a new epoch
 (`LeaderFence.claim`) and calls the leader loop, which must return soon after
-`should_lead()` turns false. Connection states (kazoo's advice, kept):
+`should_lead()` turns false; the term ends with `LeaderFence.release` whatever
+happened. Connection states (kazoo's advice, kept):
 SUSPENDED pauses leader-only work (`can_write()` is false) without giving up;
 LOST ends the leadership — the session and its lock node are gone — and the
-loop contends again once reconnected. Listeners only set flags.
+loop contends again once reconnected. Listeners only set flags. Whether a
+write may be made is the fence's answer (`LeaderFence.may_write`), not ours.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class Leadership:
         return self.fence.epoch if self.is_leader else None
 
     def can_write(self) -> bool:
-        return self._leading.is_set() and self._connected.is_set() and not self._lost.is_set()
+        """Leader-only work may run now: the fence holds a term and ZooKeeper is connected."""
+        return self.fence.may_write()
 
     def should_lead(self) -> bool:
         return not self.stopping.is_set() and not self._lost.is_set()
@@ -105,6 +108,6 @@ class Leadership:
             lead(epoch)
         finally:
             self._leading.clear()
-            if self._connected.is_set():
-                self.fence.release()
+            # Without a connection the record cannot be removed, but the term still ends here.
+            self.fence.release(remove_record=self._connected.is_set())
             log.info("no longer leader (epoch %d)", epoch)

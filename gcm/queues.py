@@ -2,30 +2,39 @@
 
 Every change is one fenced transaction that writes the queue, its exchanges'
 placements and the hosts' assignment lists together, so ZooKeeper never holds
-a half-created queue and a deposed leader changes nothing. A retry of a change
-already applied (same request key, gcm.fence) gets the same success answer and
-changes nothing more. Placements come from the leader's view (gcm.view), not
-from a read of every queue.
+a half-created queue and a deposed leader changes nothing; the directories
+those writes need are made through the fence too (`LeaderFence.ensure_path`). A
+retry of a change already applied (same request key, gcm.fence) gets the same
+success answer and changes nothing more.
+
+Reads come from the leader's cache (gcm.cache), which shows the leader's own
+writes: `list`, `describe`, the hosts and placements `create` and `scale` choose
+from, and create's check that the name is free — if the cache were behind, the
+create's transaction fails on the existing queue and is answered `queue_exists`
+after a read of ZooKeeper itself. `delete` and `scale` read the queue they
+change from ZooKeeper itself: what they delete or number must be exact.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import time
 from typing import Any
 
 from kazoo.client import KazooClient, TransactionRequest
+from kazoo.exceptions import NodeExistsError
 
+from gcm.cache import ClusterCache
 from gcm.fence import LeaderFence
 from gcm.placement import choose_hosts, host_loads
 from gcm.view import PlacementView
 from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths
-from roq.state import (ExchangeInfo, read_exchanges, read_hosts, read_live, read_queue,
-                       queue_names, exchange_order)
-from roq.zk import encode
+from roq.state import ExchangeInfo, exchange_order, queue_names, read_exchanges, read_hosts, read_live, read_queue
+from roq.zk import encode, read_json
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +55,23 @@ class QueueManager:
         self.paths = paths
         self.fence = fence
         self.write_lock = write_lock
-        self.view = PlacementView(client, paths, fence)
+        self.cache = ClusterCache(client, paths, fence)
+        self.view = PlacementView(self.cache, paths)
 
     # ------------------------------------------------------------ reads
 
     def list(self) -> list[dict[str, Any]]:
         result = []
-        for name in queue_names(self.client, self.paths):
-            exchanges = read_exchanges(self.client, self.paths, name, live=False)
-            live = read_live(self.client, self.paths, name)
+        for name in queue_names(self.cache, self.paths):
+            exchanges = read_exchanges(self.cache, self.paths, name, live=False)
+            live = read_live(self.cache, self.paths, name)
             result.append({"name": name, "exchanges": len(exchanges),
                            "placed": sum(1 for x in exchanges if x.host),
                            "running": sum(1 for x in exchanges if x.id in live)})
         return result
 
     def describe(self, name: Any) -> dict[str, Any]:
-        info = read_queue(self.client, self.paths, check_queue_name(name))
+        info = read_queue(self.cache, self.paths, check_queue_name(name))
         if info is None:
             raise QueueNotFoundError(f"queue {name!r} does not exist")
         return info.to_dict()
@@ -73,7 +83,7 @@ class QueueManager:
         with self.write_lock:
             if self.fence.already_applied():
                 return self.describe(name)
-            names = queue_names(self.client, self.paths)
+            names = queue_names(self.cache, self.paths)
             if name in names:
                 raise QueueExistsError(f"queue {name!r} already exists")
             existing = len(names)
@@ -91,10 +101,14 @@ class QueueManager:
                     self._add_exchange(txn, name, xid, picks[i] if i < len(picks) else None)
 
             self._ensure_assignment_dirs(picks)
-            self.view.commit(build, placed={(name, xid): picks[i] if i < len(picks) else None
-                                            for i, xid in enumerate(ids)})
+            try:
+                self.fence.write(build)
+            except NodeExistsError:
+                if self.client.retry(self.client.exists, self.paths.queue(name)):  # the cache was behind
+                    raise QueueExistsError(f"queue {name!r} already exists") from None
+                raise
             # Clients with a read-only ZooKeeper identity watch it and cannot create it themselves.
-            self.client.ensure_path(self.paths.live_queue(name))
+            self.fence.ensure_path(self.paths.live_queue(name))
         log.info("created queue %s with %d exchanges on %s", name, count, picks)
         return self.describe(name)
 
@@ -116,7 +130,7 @@ class QueueManager:
                 if relocations:
                     txn.delete(self.paths.relocations(name))
 
-            self.view.commit(build, removed=[(name, x.id) for x in exchanges])
+            self.fence.write(build)
         log.info("deleted queue %s", name)
         return {"name": name, "deleted": True}
 
@@ -126,26 +140,22 @@ class QueueManager:
         with self.write_lock:
             if self.fence.already_applied():
                 return self.describe(name)
-            raw = self.client.exists(self.paths.queue(name))
-            if not raw:
+            found = read_json(self.client, self.paths.queue(name))
+            if found is None:
                 raise QueueNotFoundError(f"queue {name!r} does not exist")
-            info = read_queue(self.client, self.paths, name)
-            assert info is not None
-            current = info.exchanges
-            settings = dict(info.settings)
-            placed: dict[tuple[str, str], str | None] = {}
-            doomed: list[ExchangeInfo] = []
+            current = read_exchanges(self.client, self.paths, name, live=False)
+            settings = dict(found)
             if target > len(current):
                 first = int(settings.get("next_exchange", len(current) + 1))
                 ids = [f"x{first + i}" for i in range(target - len(current))]
                 picks = self._choose(len(ids), queue=name)
                 settings["next_exchange"] = first + len(ids)
-                placed = {(name, xid): picks[i] if i < len(picks) else None for i, xid in enumerate(ids)}
+                placed = {xid: picks[i] if i < len(picks) else None for i, xid in enumerate(ids)}
                 self._ensure_assignment_dirs(picks)
 
                 def build(txn: TransactionRequest) -> None:
                     txn.set_data(self.paths.queue(name), encode(settings))
-                    for (_, xid), host in placed.items():
+                    for xid, host in placed.items():
                         self._add_exchange(txn, name, xid, host)
             else:
                 doomed = sorted(current, key=lambda x: exchange_order(x.id))[target:]
@@ -154,14 +164,14 @@ class QueueManager:
                     for x in doomed:
                         self._remove_exchange(txn, x)
 
-            self.view.commit(build, placed, removed=[(name, x.id) for x in doomed])
+            self.fence.write(build)
         log.info("scaled queue %s to %d exchanges", name, target)
         return self.describe(name)
 
     # ------------------------------------------------------------ helpers
 
-    def _choose(self, count: int, queue: str) -> list[str]:
-        hosts = read_hosts(self.client, self.paths)
+    def _choose(self, count: int, queue: str) -> builtins.list[str]:  # `list` is also a method here
+        hosts = read_hosts(self.cache, self.paths)
         placements = self.all_placements()
         spread: dict[str, int] = {}
         for (q, _), host in placements.items():
@@ -171,12 +181,12 @@ class QueueManager:
         return choose_hosts(count, loads, spread)
 
     def all_placements(self) -> dict[tuple[str, str], str | None]:
-        """Every exchange's host (None: unplaced), from the view: hold the write lock."""
+        """Every exchange's host (None: unplaced), from the cache."""
         return self.view.get()
 
-    def _ensure_assignment_dirs(self, hosts: list[str]) -> None:
-        for host in set(hosts):
-            self.client.ensure_path(self.paths.host_assignments(host))
+    def _ensure_assignment_dirs(self, hosts: builtins.list[str]) -> None:
+        for host in sorted(set(hosts)):
+            self.fence.ensure_path(self.paths.host_assignments(host))
 
     def _add_exchange(self, txn: TransactionRequest, queue: str, xid: str, host: str | None) -> None:
         txn.create(self.paths.exchange(queue, xid), encode({"host": host}))

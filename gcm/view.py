@@ -1,67 +1,38 @@
-"""The leader's in-memory view of where every exchange is placed: (queue, exchange) → host or None.
+"""Where every exchange is placed: (queue, exchange) → host, or None while unplaced.
 
-Reading placements from ZooKeeper costs two round trips per queue. `queue.create`, `queue.scale`
-and every reconciler tick needed all of them, so a create cost O(number of queues) reads: 52 ms
-with 10 queues, 411 ms with 250 on a 2-core VM (about 20 ms at either with the view). The leader is the only writer of placements and
-makes every write holding its write lock, so the view is read in full once and then kept current
-by the writers themselves, after each committed transaction (`commit`). Whenever that chain may be
-broken — a new term, a write that failed or whose outcome is unknown, a mismatch the reconciler
-finds with the hosts' assignment lists — the view is dropped (`invalidate`) and read in full at
-its next use. Every method must be called with the write lock held.
+`PlacementView` reads the placements from the leader's cache (gcm.cache), kept current by
+ZooKeeper and showing the leader's own committed writes, so `queue.create`, `queue.scale` and the
+reconcile tick read them without a round trip (from ZooKeeper they cost two reads per queue and
+one per exchange). `read_placements(source)` reads the same from any source: the reconciler reads
+ZooKeeper itself with it before it repairs anything.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Mapping
-
-from kazoo.client import KazooClient, TransactionRequest
-
-from gcm.fence import LeaderFence
+from gcm.cache import ClusterCache
 from roq.paths import Paths
-from roq.state import queue_names, read_exchanges
-
-log = logging.getLogger(__name__)
+from roq.state import Source, queue_names, read_exchanges
 
 Placements = dict[tuple[str, str], str | None]
 
 
 class PlacementView:
-    def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence) -> None:
-        self.client = client
+    def __init__(self, cache: ClusterCache, paths: Paths) -> None:
+        self.cache = cache
         self.paths = paths
-        self.fence = fence
-        self._placements: Placements | None = None
-        self.full_reads = 0  # how often the view was read from ZooKeeper in full
 
     def get(self) -> Placements:
-        """A copy the caller may change; read from ZooKeeper first if the view was dropped."""
-        if self._placements is None:
-            self._placements = self._read_all()
-            self.full_reads += 1
-        return dict(self._placements)
+        """A dict the caller may change."""
+        return read_placements(self.cache, self.paths)
 
     def invalidate(self) -> None:
-        self._placements = None
+        """Read everything from ZooKeeper again at the next use (a new term, a doubt)."""
+        self.cache.reset()
 
-    def commit(self, build: Callable[[TransactionRequest], None],
-               placed: Mapping[tuple[str, str], str | None] | None = None,
-               removed: Iterable[tuple[str, str]] = ()) -> None:
-        """A fenced write that places and removes exchanges, applied to the view once committed."""
-        try:
-            self.fence.write(build)
-        except BaseException:
-            self.invalidate()  # refused, or sent without an answer: ZooKeeper may hold either state
-            raise
-        if self._placements is not None:
-            self._placements.update(placed or {})
-            for exchange in removed:
-                self._placements.pop(exchange, None)
 
-    def _read_all(self) -> Placements:
-        placements: Placements = {}
-        for queue in queue_names(self.client, self.paths):
-            for x in read_exchanges(self.client, self.paths, queue, live=False):
-                placements[(queue, x.id)] = x.host
-        log.info("read the placements of %d exchanges from ZooKeeper", len(placements))
-        return placements
+def read_placements(source: Source, paths: Paths) -> Placements:
+    found: Placements = {}
+    for queue in queue_names(source, paths):
+        for x in read_exchanges(source, paths, queue, live=False):
+            found[(queue, x.id)] = x.host
+    return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -403,7 +404,7 @@ def encode_fetch(request_id: int, incarnation: str, after: int, before: int, pre
     return pack([FETCH, DATA_VERSION, request_id, incarnation, after, before, prefixes, max_bytes])
 
 
-def encode_position_request(request_id: int, prefixes: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
+def encode_position_request(request_id: int, prefixes: Sequence[bytes] = ()) -> bytes:
     return pack([POSITION, DATA_VERSION, request_id, list(prefixes)])
 
 

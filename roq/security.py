@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ _MONITORED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED | zm
 # ---------------------------------------------------------------- keys
 
 
-def generate_keys(directory: str | os.PathLike[str], clients: list[str] = (), admins: list[str] = ()  # type: ignore[assignment]
+def generate_keys(directory: str | os.PathLike[str], clients: Sequence[str] = (), admins: Sequence[str] = ()
                   ) -> list[Path]:
     """Create the server keypair if missing, and one keypair per new client and admin name.
 

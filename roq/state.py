@@ -1,14 +1,50 @@
-"""Reading the cluster's state from ZooKeeper: shared by the GCM and the clients."""
+"""Reading the cluster's state from ZooKeeper: shared by the GCM and the clients.
+
+Every reader takes a `Source`: a KazooClient reads ZooKeeper itself (a round trip per znode), and
+anything else answering `children` and `read_json` the same way is read instead — the leader
+passes its cache of the tree (gcm.cache), kept current by ZooKeeper's watches.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from kazoo.client import KazooClient
 
+from roq import zk
 from roq.paths import Paths
-from roq.zk import children, read_json
+
+
+@runtime_checkable
+class Tree(Protocol):
+    """The tree as a reader sees it: a missing znode lists no children and reads as None."""
+
+    def children(self, path: str) -> list[str]:
+        """Names of the children of `path`, sorted."""
+
+    def read_json(self, path: str) -> dict[str, Any] | None:
+        """The znode's data as a dict (roq.zk.decode), or None if there is no such znode."""
+
+
+Source: TypeAlias = KazooClient | Tree
+
+
+class _ZooKeeper:
+    """ZooKeeper itself, read through the client's retry."""
+
+    def __init__(self, client: KazooClient) -> None:
+        self.client = client
+
+    def children(self, path: str) -> list[str]:
+        return zk.children(self.client, path)
+
+    def read_json(self, path: str) -> dict[str, Any] | None:
+        return zk.read_json(self.client, path)
+
+
+def tree(source: Source) -> Tree:
+    return source if isinstance(source, Tree) else _ZooKeeper(source)
 
 
 @dataclass(frozen=True)
@@ -46,14 +82,15 @@ class QueueInfo:
         return asdict(self)
 
 
-def read_leader(client: KazooClient, paths: Paths) -> dict[str, Any] | None:
-    return read_json(client, paths.leader)
+def read_leader(source: Source, paths: Paths) -> dict[str, Any] | None:
+    return tree(source).read_json(paths.leader)
 
 
-def read_hosts(client: KazooClient, paths: Paths) -> dict[str, HostInfo]:
+def read_hosts(source: Source, paths: Paths) -> dict[str, HostInfo]:
     hosts = {}
-    for name in children(client, paths.hosts):
-        data = read_json(client, paths.host(name))
+    reader = tree(source)
+    for name in reader.children(paths.hosts):
+        data = reader.read_json(paths.host(name))
         if data is None:  # vanished between the listing and the read
             continue
         hosts[name] = HostInfo(name, str(data.get("address", "")), int(data.get("capacity", 0)),
@@ -61,33 +98,36 @@ def read_hosts(client: KazooClient, paths: Paths) -> dict[str, HostInfo]:
     return hosts
 
 
-def queue_names(client: KazooClient, paths: Paths) -> list[str]:
-    return children(client, paths.queues)
+def queue_names(source: Source, paths: Paths) -> list[str]:
+    return tree(source).children(paths.queues)
 
 
-def read_exchanges(client: KazooClient, paths: Paths, queue: str, live: bool = True) -> list[ExchangeInfo]:
+def read_exchanges(source: Source, paths: Paths, queue: str, live: bool = True) -> list[ExchangeInfo]:
     result = []
-    for xid in children(client, paths.exchanges(queue)):
-        data = read_json(client, paths.exchange(queue, xid))
+    reader = tree(source)
+    for xid in reader.children(paths.exchanges(queue)):
+        data = reader.read_json(paths.exchange(queue, xid))
         if data is None:
             continue
-        running = read_json(client, paths.live_exchange(queue, xid)) if live else None
+        running = reader.read_json(paths.live_exchange(queue, xid)) if live else None
         result.append(ExchangeInfo(queue, xid, data.get("host"), running))
     return sorted(result, key=lambda x: exchange_order(x.id))
 
 
-def read_queue(client: KazooClient, paths: Paths, queue: str) -> QueueInfo | None:
-    settings = read_json(client, paths.queue(queue))
+def read_queue(source: Source, paths: Paths, queue: str) -> QueueInfo | None:
+    reader = tree(source)
+    settings = reader.read_json(paths.queue(queue))
     if settings is None:
         return None
-    return QueueInfo(queue, settings, read_exchanges(client, paths, queue))
+    return QueueInfo(queue, settings, read_exchanges(reader, paths, queue))
 
 
-def read_live(client: KazooClient, paths: Paths, queue: str) -> dict[str, dict[str, Any]]:
+def read_live(source: Source, paths: Paths, queue: str) -> dict[str, dict[str, Any]]:
     """Running exchanges of a queue: id → {pub, sub, host, stats}."""
     live = {}
-    for xid in children(client, paths.live_queue(queue)):
-        data = read_json(client, paths.live_exchange(queue, xid))
+    reader = tree(source)
+    for xid in reader.children(paths.live_queue(queue)):
+        data = reader.read_json(paths.live_exchange(queue, xid))
         if data:
             live[xid] = data
     return live

@@ -83,7 +83,7 @@ class Stall:
     """A second subscriber on "fresh-" whose callback blocks once per round, and a second
     publisher sending STALL_MESSAGES messages on distinct topics per round."""
 
-    def __init__(self, config, zk) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config, zk) -> None:
         self.counts: Counter[bytes] = Counter()
         self.lock = threading.Lock()
         self.block_next = threading.Event()
@@ -151,7 +151,7 @@ class Stall:
 class Watch:
     """Exchange pids from the live znodes: which exited, which of those we killed, peak RSS."""
 
-    def __init__(self, zk, paths) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, zk, paths) -> None:
         self.zk, self.paths = zk, paths
         self.seen: dict[int, tuple[str, str, int]] = {}  # pid → (xid, host, restarts)
         self.procs: dict[int, psutil.Process] = {}
@@ -213,7 +213,7 @@ def hcm_fates(procs: Processes) -> dict[int, str]:
     return fates
 
 
-def dealer(endpoint: str, config) -> zmq.Socket:  # type: ignore[no-untyped-def]
+def dealer(endpoint: str, config) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.sndtimeo = 3000  # a frozen exchange never takes the frames: give up, do not hang
@@ -233,7 +233,7 @@ def reply_of(sock: zmq.Socket, timeout_ms: int = 5000) -> str:
 
 
 class Chaos:
-    def __init__(self, procs: Processes, zk, paths, config, rng: random.Random, traffic: Traffic,  # type: ignore[no-untyped-def]
+    def __init__(self, procs: Processes, zk, paths, config, rng: random.Random, traffic: Traffic,
                  stall: Stall, watch: Watch) -> None:
         self.procs, self.zk, self.paths, self.config, self.rng = procs, zk, paths, config, rng
         self.traffic, self.stall, self.watch = traffic, stall, watch

@@ -41,13 +41,13 @@ def docker_engine(image: str, what: str, hint: str) -> Any:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
 
 
-def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
+def pytest_terminal_summary(terminalreporter):
     from roq.tools.testing import FIGURES
     if FIGURES:
         terminalreporter.section("measured figures")
@@ -78,7 +78,7 @@ def config(zookeeper: ZooKeeperServer) -> Config:
 
 
 @pytest.fixture
-def zk(config: Config, request: pytest.FixtureRequest, zookeeper: ZooKeeperServer):  # type: ignore[no-untyped-def]
+def zk(config: Config, request: pytest.FixtureRequest, zookeeper: ZooKeeperServer):
     client = start_client(config)
     yield client
     if failed(request):

@@ -409,8 +409,8 @@ class Publisher:
                 except zmq.Again:
                     pass  # a full pipe: the exchange forgets us after exchange.publisher_ttl
         finally:
-            if monitor is not None:
-                sock.disable_monitor()  # type: ignore[union-attr]
+            if monitor is not None and sock is not None:
+                sock.disable_monitor()
                 monitor.close(linger=0)
             if sock is not None:
                 sock.close(linger=100)

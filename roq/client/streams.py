@@ -29,7 +29,8 @@ from roq import protocol
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT = 2.0  # no sync answer this long: catch up from the first live frame instead
-UNCHAINED_LIMIT = 100_000  # frames remembered per prefix that came without a chain (see Stream.unchained)
+IN_HAND_LIMIT = 100_000  # frames remembered per prefix in Stream.in_hand; beyond, gaps may count some
+ENDED_LIMIT = 1_000  # forgotten incarnations whose late frames are still recognised
 
 
 class FetchFailed(Exception):
@@ -70,9 +71,9 @@ class Stream:
     unverified: set[bytes] = field(default_factory=set)  # prefixes with frames that carried no chain
     high: int = 0  # highest position handed over
     holes: list[tuple[bytes, int, int, bool]] = field(default_factory=list)  # (prefix, after, before, strict) to fetch
-    # Per prefix, {pos: messages} of frames handed over without a chain, above done: a later fetch
-    # over them must not count them lost when retention has evicted them meanwhile.
-    unchained: dict[bytes, dict[int, int]] = field(default_factory=dict)
+    # Per prefix, {pos: messages} of frames handed over that a later fetch may cover (they came
+    # without a chain, or inside a hole not yet fetched): it must not count them lost.
+    in_hand: dict[bytes, dict[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class StreamSet:
     deliver: Deliver
     start_at_sync: set[str] = field(default_factory=set)  # exchanges running when we started
     streams: dict[str, Stream] = field(default_factory=dict)
+    ended: dict[str, Stream] = field(default_factory=dict)  # forgotten incarnations, oldest first
     gaps: int = 0  # messages of our prefixes evicted before we could fetch them
     unknown_gaps: int = 0  # holes whose size the exchange no longer knew (counted at least 1 in gaps)
     fetches: int = 0
@@ -112,6 +114,10 @@ class StreamSet:
     # ------------------------------------------------------------ events
 
     def on_live(self, topic: bytes, d: protocol.Delivery) -> None:
+        ended = self.ended.get(d.incarnation)
+        if ended is not None:  # read from the socket after its incarnation was forgotten
+            self._late(ended, topic, d)
+            return
         stream = self.stream(d.incarnation, d.exchange)
         if not stream.synced:
             stream.pending.append((topic, d))
@@ -119,6 +125,8 @@ class StreamSet:
         self._accept(stream, topic, d)
 
     def on_sync(self, sync: protocol.Sync) -> None:
+        if sync.incarnation in self.ended:
+            return
         stream = self.stream(sync.incarnation, sync.exchange)
         if not stream.synced:
             self._catch_up(stream, sync.next_pos)
@@ -201,14 +209,19 @@ class StreamSet:
     def _accept(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
         """A live frame: fill the hole before it in its prefix's chain, then hand it over."""
         prefix = self.prefix_of(topic)
-        if prefix is None or d.pos <= stream.done[prefix]:
-            return  # not ours (another subscriber's marker), or fetched already
+        if prefix is None:
+            return  # not ours (another subscriber's marker)
+        if d.pos <= stream.done[prefix]:
+            if any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
+                # In a hole the exchange did not answer for (a frame held up on the way): hand it
+                # over late rather than drop it and count it lost when the hole is fetched.
+                self._keep(stream, prefix, d)
+                self._hand_over(stream, topic, d, recovered=False)
+            return  # else fetched already
         prev = d.chains.get(len(prefix))
         if prev is None:
             stream.unverified.add(prefix)  # the exchange was not following our prefix: check at the beat
-            unchained = stream.unchained.setdefault(prefix, {})
-            if len(unchained) < UNCHAINED_LIMIT:  # beyond, a later fetch may count some of them lost
-                unchained[d.pos] = len(d.seqs)
+            self._keep(stream, prefix, d)
         else:
             if prev > stream.done[prefix]:
                 self._fill_or_remember(stream, prefix, stream.done[prefix], d.pos)
@@ -246,14 +259,15 @@ class StreamSet:
                     if after < d.pos < before and topic.startswith(prefix):
                         fetched.add(d.pos)
                         self._hand_over(stream, topic, d, recovered=True)
-                handled = before - 1 if page.done else max(handled, page.scanned_to)
+                handled = before - 1 if page.done else min(max(handled, page.scanned_to), before - 1)
         except FetchFailed:
             pass
-        unchained = stream.unchained.get(prefix, {})
-        for pos in [p for p in unchained if after < p <= handled]:
-            count = unchained.pop(pos)
+        in_hand = stream.in_hand.get(prefix, {})
+        for pos in [p for p in in_hand if after < p <= handled]:
+            count = in_hand.pop(pos)
             if pos not in fetched and not inexact:
                 lost -= count  # handed over before, evicted since: counted in `lost`, yet not lost
+        lost = max(lost, 0)
         if strict and (lost or inexact):
             self.gaps += lost + unknown
             self.unknown_gaps += inexact
@@ -262,12 +276,33 @@ class StreamSet:
         stream.done[prefix] = max(stream.done[prefix], handled)
         return handled
 
+    def _keep(self, stream: Stream, prefix: bytes, d: protocol.Delivery) -> None:
+        in_hand = stream.in_hand.setdefault(prefix, {})
+        if len(in_hand) < IN_HAND_LIMIT:
+            in_hand[d.pos] = len(d.seqs)
+
     def forget(self, incarnation: str) -> None:
-        """The exchange incarnation is gone: its open holes can never be filled now."""
-        stream = self.streams.pop(incarnation, None)
-        open_holes = sum(1 for hole in stream.holes if hole[3]) if stream is not None else 0
+        """The exchange incarnation is gone: its open holes can never be filled now. Its frames
+        still in hand, or read later, are handed over if they are newer than what was handled."""
+        stream = self.streams.pop(incarnation, None) or Stream(
+            incarnation.rsplit(".", 1)[0], incarnation, {p: 0 for p in self.prefixes})
+        open_holes = sum(1 for hole in stream.holes if hole[3])  # the others were never ours to lose
         self.unknown_gaps += open_holes
         self.gaps += open_holes
+        pending = sorted(stream.pending, key=lambda item: item[1].pos)
+        stream.synced, stream.pending, stream.holes, stream.in_hand = False, [], [], {}
+        self.ended[incarnation] = stream
+        if len(self.ended) > ENDED_LIMIT:
+            del self.ended[next(iter(self.ended))]
+        for topic, d in pending:
+            self._late(stream, topic, d)
+
+    def _late(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
+        """A frame of a forgotten incarnation: no chain can be followed any more."""
+        prefix = self.prefix_of(topic)
+        if prefix is not None and d.pos > stream.done[prefix]:
+            stream.done[prefix] = d.pos
+            self._hand_over(stream, topic, d, recovered=False)
 
     def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
         if d.pos > stream.high:

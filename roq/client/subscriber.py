@@ -373,7 +373,9 @@ class Subscriber:
         self.connected = set(wanted)
         running = {str(data.get("incarnation")) for data in live.values()}
         for stream in list(self._streams.streams.values()):
-            if stream.exchange not in live or (stream.incarnation not in running and stream.synced):
+            # `known`: followed before, so an incarnation missing from `running` has ended (a new
+            # one is only ever met through an endpoint the topology already showed).
+            if stream.exchange not in live or (stream.incarnation not in running and stream.known):
                 self._streams.forget(stream.incarnation)  # that process is gone, and its retention
         return wanted
 

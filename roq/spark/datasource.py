@@ -253,7 +253,7 @@ class RoqStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ExchangeRange]:
         return plan_ranges(start, end, self.topics, self.fail_on_loss, self.options)
 
-    def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
+    def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:
         return read_range(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -267,13 +267,13 @@ class RoqBatchReader(DataSourceReader):
         self.options = _lower(options)
         self.topics = _topics(self.options)
 
-    def partitions(self) -> list[ExchangeRange]:  # type: ignore[override]
+    def partitions(self) -> list[ExchangeRange]:
         positions = current_positions(self.options)
         start = {x: {"inc": p["inc"], "pos": p["oldest"] - 1} for x, p in positions.items()}
         # The oldest frames may leave the retention before the tasks run: that is not a loss here.
         return plan_ranges(start, positions, self.topics, fail_on_loss=False, options=self.options)
 
-    def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
+    def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:
         return read_range(partition)
 
 

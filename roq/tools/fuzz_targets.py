@@ -66,7 +66,7 @@ def config_json(data: bytes) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def _forwarder():  # type: ignore[no-untyped-def]
+def _forwarder():
     import zmq
 
     from exchange.forwarder import Forwarder

@@ -160,7 +160,7 @@ class SteadyTraffic:
 
         self.counts: Counter[int] = Counter()
         self._lock = threading.Lock()
-        self.sub = Subscriber(queue, config, zk=zk, callback=self._on_message)  # type: ignore[arg-type]
+        self.sub = Subscriber(queue, config, zk=zk, callback=self._on_message)
         self.load = PacedPublisher(queue, config, zk, rate, max_messages, start=False)
         self.pub = self.load.pub
         self.longest_pause = 0.0
@@ -169,7 +169,7 @@ class SteadyTraffic:
     def _on_message(self, msg: object) -> None:
         now = time.monotonic()
         with self._lock:
-            self.counts[int(msg.payload)] += 1  # type: ignore[attr-defined]
+            self.counts[int(msg.payload)] += 1
             self.longest_pause = max(self.longest_pause, now - self._last_arrival)
             self._last_arrival = now
 

@@ -58,7 +58,7 @@ def cluster_view(endpoint: str) -> tuple[Counter[str], list[tuple[int, int]]]:
     return roles, ports
 
 
-def test_provision_creates_the_cluster_idempotently_and_teardown_removes_it(ec2_emulator):  # type: ignore[no-untyped-def]
+def test_provision_creates_the_cluster_idempotently_and_teardown_removes_it(ec2_emulator):
     first = recap(playbook("provision.yml", ec2_emulator, "-e", '{"roq_counts": {"zookeeper": 3, "gcm": 2, "hcm": 4}}'))
     assert first["changed"] >= 6
     roles, ports = cluster_view(ec2_emulator)
@@ -72,7 +72,7 @@ def test_provision_creates_the_cluster_idempotently_and_teardown_removes_it(ec2_
     assert cluster_view(ec2_emulator) == (Counter(), [])
 
 
-def test_provision_refuses_an_even_zookeeper_ensemble(ec2_emulator):  # type: ignore[no-untyped-def]
+def test_provision_refuses_an_even_zookeeper_ensemble(ec2_emulator):
     result = playbook("provision.yml", ec2_emulator, "-e", '{"roq_counts": {"zookeeper": 2, "gcm": 2, "hcm": 2}}')
     assert result.returncode != 0 and "odd ZooKeeper count" in result.stdout
     assert cluster_view(ec2_emulator) == (Counter(), [])  # nothing was created

@@ -176,7 +176,7 @@ def changed_checkout(into: Path, marker: str) -> Path:
     return into
 
 
-def test_site_yml_succeeds_and_a_second_run_changes_nothing(deployment):  # type: ignore[no-untyped-def]
+def test_site_yml_succeeds_and_a_second_run_changes_nothing(deployment):
     assert all(r["changed"] > 0 for r in deployment.first_run.values()), deployment.first_run
     again, again_s = site(deployment.inventory)
     assert {h: r["changed"] for h, r in again.items()} == {n: 0 for n in NODES}, again
@@ -184,7 +184,7 @@ def test_site_yml_succeeds_and_a_second_run_changes_nothing(deployment):  # type
                    second_run_s=round(again_s, 1))
 
 
-def test_the_ensemble_has_every_member_with_its_id_and_a_quorum(deployment):  # type: ignore[no-untyped-def]
+def test_the_ensemble_has_every_member_with_its_id_and_a_quorum(deployment):
     hosts = deployment.hosts
     members = {i: hosts.ips[n] for i, n in enumerate(NODES, 1)}
     for i, name in enumerate(NODES, 1):
@@ -200,7 +200,7 @@ def test_the_ensemble_has_every_member_with_its_id_and_a_quorum(deployment):  # 
                message="one ZooKeeper leader and two followers")
 
 
-def test_daemons_run_under_systemd_where_their_group_says(deployment, tmp_path):  # type: ignore[no-untyped-def]
+def test_daemons_run_under_systemd_where_their_group_says(deployment, tmp_path):
     hosts = deployment.hosts
     for daemon in ("gcm", "hcm"):
         for name in NODES:
@@ -221,12 +221,12 @@ def test_daemons_run_under_systemd_where_their_group_says(deployment, tmp_path):
                 assert config.hcm.host == name
 
 
-def test_a_round_trip_through_the_deployed_cluster_loses_nothing(deployment):  # type: ignore[no-untyped-def]
+def test_a_round_trip_through_the_deployed_cluster_loses_nothing(deployment):
     figures = round_trip(deployment, "deployed")
     record_figures("round trip through the deployed cluster", **figures)
 
 
-def test_an_upgrade_reinstalls_roq_and_restarts_its_daemons(deployment, tmp_path):  # type: ignore[no-untyped-def]
+def test_an_upgrade_reinstalls_roq_and_restarts_its_daemons(deployment, tmp_path):
     hosts = deployment.hosts
     marker = f"upgrade-{uuid.uuid4().hex[:8]}"
     source = changed_checkout(tmp_path / "src", marker)
@@ -245,7 +245,7 @@ def test_an_upgrade_reinstalls_roq_and_restarts_its_daemons(deployment, tmp_path
     round_trip(deployment, "upgraded")
 
 
-def test_the_deployed_cluster_lets_in_only_known_keys_and_zookeeper_credentials(deployment):  # type: ignore[no-untyped-def]
+def test_the_deployed_cluster_lets_in_only_known_keys_and_zookeeper_credentials(deployment):
     """Security is on in deployments: CURVE at the GCM and the exchanges, admin rights, ZooKeeper ACLs."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoAuthError

@@ -24,14 +24,14 @@ ENV = {
 
 
 @pytest.fixture(scope="session")
-def docker_client():  # type: ignore[no-untyped-def]
+def docker_client():
     return docker_engine("roq:test", "the Docker failover suite", "`make docker-images` starts dockerd and builds it")
 
 
 class Lab:
     """A launcher plus the test-side view of the containerised cluster."""
 
-    def __init__(self, launcher) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, launcher) -> None:
         self.launcher = launcher
         self.config: Config | None = None
         self.zk = None
@@ -64,7 +64,7 @@ class Lab:
 
 
 @pytest.fixture
-def lab(docker_client, request) -> Iterator[Lab]:  # type: ignore[no-untyped-def]
+def lab(docker_client, request) -> Iterator[Lab]:
     from roq.tools.docker_launcher import DockerLauncher
     launcher = DockerLauncher(client=docker_client, env=dict(ENV))
     the_lab = Lab(launcher)

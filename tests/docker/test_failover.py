@@ -17,33 +17,33 @@ from roq.tools.testing import SteadyTraffic, record_figures, wait_until
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 
-def leader_node(lab):  # type: ignore[no-untyped-def]
+def leader_node(lab):
     info = read_leader(lab.zk, lab.paths)
     ip = info["endpoint"].split("//")[1].split(":")[0]
     return info, lab.launcher.node_by_ip(ip)
 
 
-def new_leader(lab, old, timeout=30.0):  # type: ignore[no-untyped-def]
+def new_leader(lab, old, timeout=30.0):
     return wait_until(lambda: (led := read_leader(lab.zk, lab.paths)) and led["id"] != old["id"] and led,
                       timeout=timeout, message="a backup GCM to take over")
 
 
-def placements(lab, queues):  # type: ignore[no-untyped-def]
+def placements(lab, queues):
     return {q: [(x.id, x.host) for x in read_exchanges(lab.zk, lab.paths, q, live=False)] for q in queues}
 
 
-def assignments(lab):  # type: ignore[no-untyped-def]
+def assignments(lab):
     result = {}
     for host in lab.zk.get_children(lab.paths.assignments):
         result[host] = sorted(lab.zk.get_children(lab.paths.host_assignments(host)))
     return result
 
 
-def all_live(lab, queue, count):  # type: ignore[no-untyped-def]
+def all_live(lab, queue, count):
     return len(read_live(lab.zk, lab.paths, queue)) == count
 
 
-def loaded_queue(lab, rate: float, zookeepers: int = 1) -> SteadyTraffic:  # type: ignore[no-untyped-def]
+def loaded_queue(lab, rate: float, zookeepers: int = 1) -> SteadyTraffic:
     """A cluster with queue "load" (2 exchanges on 2 hosts) and traffic already flowing."""
     lab.start(zookeepers=zookeepers, gcms=2, hcms=2)
     with Admin(lab.config, lab.zk) as admin:
@@ -63,7 +63,7 @@ def figures(name: str, **values: object) -> None:
     record_figures(name, **values)
 
 
-def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):  # type: ignore[no-untyped-def]
+def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):
     lab.start(gcms=3, hcms=2)
     names = [f"q{i}" for i in range(8)]
     with Admin(lab.config, lab.zk) as admin:
@@ -85,7 +85,7 @@ def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):  # type: ignore[n
     figures("gcm failover", queues=len(names), recovery_s=round(recovered, 2), old=node.name)
 
 
-def test_b_complete_slave_failover_under_load(lab):  # type: ignore[no-untyped-def]
+def test_b_complete_slave_failover_under_load(lab):
     traffic = loaded_queue(lab, rate=1000)
     try:
         victim = read_live(lab.zk, lab.paths, "load")[traffic.pub.exchange]["host"]
@@ -107,7 +107,7 @@ def test_b_complete_slave_failover_under_load(lab):  # type: ignore[no-untyped-d
 
 
 @pytest.mark.parametrize("fault", ["pause", "disconnect"])
-def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):  # type: ignore[no-untyped-def]
+def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):
     """c: `docker pause` the leader; d: disconnect it from the network. Same assertions."""
     lab.start(gcms=2, hcms=1)
     with Admin(lab.config, lab.zk) as admin:
@@ -143,7 +143,7 @@ def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):  # type: ignore[
             old=node.name, new_epoch=new["epoch"])
 
 
-def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no-untyped-def]
+def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):
     traffic = loaded_queue(lab, rate=500, zookeepers=3)
     try:
         lab.launcher.kill("zk1")
@@ -181,7 +181,7 @@ def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):  # type: ignore[no
     assert report["lost"] == 0 and report["duplicated"] == 0
 
 
-def test_f_restarted_host_comes_back_and_clients_follow(lab):  # type: ignore[no-untyped-def]
+def test_f_restarted_host_comes_back_and_clients_follow(lab):
     traffic = loaded_queue(lab, rate=1000)
     try:
         victim = read_live(lab.zk, lab.paths, "load")[traffic.pub.exchange]["host"]

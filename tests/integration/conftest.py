@@ -10,11 +10,11 @@ from roq.tools.testing import wait_until
 
 
 @pytest.fixture
-def cluster(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def cluster(config, zk, paths, procs):
     return start_cluster(procs, zk, paths)
 
 
-def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str, ...] = ()):
     """One GCM and two HCMs; `host_settings` ("exchange.sub_hwm=5") reach the exchanges."""
     procs.start("gcm", "gcm-0", *gcm_settings)
     for host in ("host-1", "host-2"):
@@ -23,7 +23,7 @@ def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str
     return procs
 
 
-def create(config, zk, paths, name, exchanges):  # type: ignore[no-untyped-def]
+def create(config, zk, paths, name, exchanges):
     """Create a queue and wait until all its exchanges run."""
     with Admin(config, zk) as admin:
         admin.create_queue(name, exchanges=exchanges)

@@ -59,7 +59,7 @@ def hello(sock: zmq.Socket, token: bytes | None = None, from_seq: int = 1) -> st
 
 
 @pytest.fixture(scope="module")
-def lone(zookeeper):  # type: ignore[no-untyped-def]
+def lone(zookeeper):
     """One exchange process on its own, and a queue "lone" in ZooKeeper pointing at it (so the
     client library can use it), for tests that talk to it raw."""
     from roq.tools.testing import fast_config
@@ -70,13 +70,13 @@ def lone(zookeeper):  # type: ignore[no-untyped-def]
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None
     ready = json.loads(proc.stdout.readline())
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
     yield config, proc, ready
     proc.kill()
     proc.wait()
 
 
-def advertise(zk, config, queue: str, ready: dict, pub: str | None = None) -> None:  # type: ignore[no-untyped-def]
+def advertise(zk, config, queue: str, ready: dict, pub: str | None = None) -> None:
     """Make `queue` exist in ZooKeeper with the lone exchange as its x1 (publishing through `pub`)."""
     from roq.paths import Paths
     paths = Paths(config.zk.root)
@@ -90,7 +90,7 @@ def advertise(zk, config, queue: str, ready: dict, pub: str | None = None) -> No
 # ------------------------------------------------------------------ 1: forged publisher ids
 
 
-def test_1_a_forged_publisher_id_is_refused_and_the_victim_loses_nothing(lone, zookeeper):  # type: ignore[no-untyped-def]
+def test_1_a_forged_publisher_id_is_refused_and_the_victim_loses_nothing(lone, zookeeper):
     config, proc, ready = lone
     from roq.zk import start_client, stop_client
     zk = start_client(config)
@@ -116,7 +116,7 @@ def test_1_a_forged_publisher_id_is_refused_and_the_victim_loses_nothing(lone, z
             victim.flush(10)
             got = [sub.receive(timeout=5) for _ in range(201)]
             assert None not in got
-            assert [m.payload for m in got[1:]] == [b"%d" % i for i in range(200)]  # type: ignore[union-attr]
+            assert [m.payload for m in got[1:]] == [b"%d" % i for i in range(200)]
             assert sub.stats()["gaps"] == 0 and victim.confirmed == 201
     finally:
         stop_client(zk)
@@ -126,7 +126,7 @@ def test_1_a_forged_publisher_id_is_refused_and_the_victim_loses_nothing(lone, z
 # ------------------------------------------------------------------ 2: acks never cover holes
 
 
-def test_2_an_ack_never_covers_a_refused_batch_or_a_jump_ahead(lone):  # type: ignore[no-untyped-def]
+def test_2_an_ack_never_covers_a_refused_batch_or_a_jump_ahead(lone):
     _, proc, ready = lone
     sock = dealer(ready["pub"])
     sub = zmq.Context.instance().socket(zmq.SUB)
@@ -213,7 +213,7 @@ class CuttingProxy:
         self.listener.close()
 
 
-def test_2_connections_cut_mid_frame_under_load_lose_nothing(lone):  # type: ignore[no-untyped-def]
+def test_2_connections_cut_mid_frame_under_load_lose_nothing(lone):
     """Bytes in flight die with the connection while ZeroMQ reconnects underneath: the exchange
     sees the next batch start past what it holds and asks for a resend; lost = 0."""
     config, proc, ready = lone
@@ -248,7 +248,7 @@ def test_2_connections_cut_mid_frame_under_load_lose_nothing(lone):  # type: ign
 
 
 @pytest.mark.parametrize("first_seq, count", [(2**64 - 1, 2), (2**63 - 1, 2), (2**63, 1)])
-def test_6_sequence_numbers_at_the_edge_are_refused_and_the_exchange_lives(lone, first_seq, count):  # type: ignore[no-untyped-def]
+def test_6_sequence_numbers_at_the_edge_are_refused_and_the_exchange_lives(lone, first_seq, count):
     _, proc, ready = lone
     sock = dealer(ready["pub"])
     try:
@@ -265,7 +265,7 @@ def test_6_sequence_numbers_at_the_edge_are_refused_and_the_exchange_lives(lone,
 # ------------------------------------------------------------------ 8, 9: bounded memory
 
 
-def test_8_hoarded_fetches_cannot_pin_exchange_memory(lone):  # type: ignore[no-untyped-def]
+def test_8_hoarded_fetches_cannot_pin_exchange_memory(lone):
     """300 fetches of 1 MiB pages never read: the exchange answers `busy` beyond its budget."""
     config, proc, ready = lone
     sock = dealer(ready["pub"])
@@ -301,7 +301,7 @@ def test_8_hoarded_fetches_cannot_pin_exchange_memory(lone):  # type: ignore[no-
     assert proc.poll() is None
 
 
-def test_9_a_flood_of_hellos_is_capped_per_connection(lone):  # type: ignore[no-untyped-def]
+def test_9_a_flood_of_hellos_is_capped_per_connection(lone):
     config, proc, ready = lone
     sock = dealer(ready["pub"])
     refused = 0
@@ -321,7 +321,7 @@ def test_9_a_flood_of_hellos_is_capped_per_connection(lone):  # type: ignore[no-
 # ------------------------------------------------------------------ 3, 5: subscribers
 
 
-def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, procs):
     """20,000 messages on distinct topics while a subscriber does not read: the XPUB queue drops
     most of their first (and only) frames; the prefix chains reveal every one of them."""
     start_cluster(procs, zk, paths, "exchange.sub_hwm=20")
@@ -330,7 +330,7 @@ def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, pro
     gate = threading.Event()
     got: list[bytes] = []
 
-    def slow(msg):  # type: ignore[no-untyped-def]
+    def slow(msg):
         gate.wait(30)
         got.append(msg.topic)
 
@@ -366,7 +366,7 @@ def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, pro
     assert len(fresh) == len(set(fresh)) == total and stats["gaps"] == 0
 
 
-def test_5_a_quiet_stream_after_long_traffic_reports_no_false_gap(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_5_a_quiet_stream_after_long_traffic_reports_no_false_gap(config, zk, paths, procs):
     start_cluster(procs, zk, paths, "exchange.retention_seconds=1.0")
     create(config, zk, paths, "quiet", 1)
     with Subscriber("quiet", config, zk=zk, topics=["a"]) as sub, Publisher("quiet", config, zk=zk) as pub:
@@ -392,7 +392,7 @@ def test_5_a_quiet_stream_after_long_traffic_reports_no_false_gap(config, zk, pa
 # ------------------------------------------------------------------ 7: frozen exchanges
 
 
-def test_7_a_frozen_exchange_is_not_chosen_again(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_7_a_frozen_exchange_is_not_chosen_again(config, zk, paths, cluster):
     create(config, zk, paths, "frozen", 2)
     with Publisher("frozen", config, zk=zk, prefer="x1") as pub:
         pub.publish("t", b"first")
@@ -418,7 +418,7 @@ def test_7_a_frozen_exchange_is_not_chosen_again(config, zk, paths, cluster):  #
 # ------------------------------------------------------------------ 10, 12: topology
 
 
-def test_10_a_closed_publisher_stops_watching_the_queue(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_10_a_closed_publisher_stops_watching_the_queue(config, zk, paths, cluster):
     create(config, zk, paths, "closed", 1)
     pub = Publisher("closed", config, zk=zk)
     pub.close()
@@ -429,14 +429,14 @@ def test_10_a_closed_publisher_stops_watching_the_queue(config, zk, paths, clust
     assert pub.topology.version == version and pub._wake_w == -1
 
 
-def test_12_clients_follow_a_queue_deleted_and_created_again(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_12_clients_follow_a_queue_deleted_and_created_again(config, zk, paths, cluster):
     create(config, zk, paths, "again", 1)
     with Subscriber("again", config, zk=zk) as sub, Publisher("again", config, zk=zk) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         pub.publish("t", b"old")
         pub.flush(10)
-        assert sub.receive(timeout=5).payload == b"old"  # type: ignore[union-attr]
+        assert sub.receive(timeout=5).payload == b"old"
         with Admin(config, zk) as admin:
             admin.delete_queue("again")
             wait_until(lambda: pub.queue_deleted, timeout=10, message="the publisher to see the deletion")
@@ -449,4 +449,4 @@ def test_12_clients_follow_a_queue_deleted_and_created_again(config, zk, paths, 
         pub.wait_for_subscribers(1, timeout=20)
         pub.publish("t", b"new")
         pub.flush(10)
-        assert sub.receive(timeout=10).payload == b"new"  # type: ignore[union-attr]
+        assert sub.receive(timeout=10).payload == b"new"

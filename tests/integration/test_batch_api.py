@@ -42,7 +42,7 @@ def payloads(start: int, stop: int) -> list[bytes]:
     return [b"%d" % i for i in range(start, stop)]
 
 
-def test_publish_many_reaches_batch_and_single_subscribers_exactly_once_in_order(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_publish_many_reaches_batch_and_single_subscribers_exactly_once_in_order(config, zk, paths, cluster):
     create(config, zk, paths, "bulk", 2)
     collector = Collector()
     with Subscriber("bulk", config, zk=zk, batch_callback=collector) as batch_sub, \
@@ -84,11 +84,11 @@ def test_publish_many_reaches_batch_and_single_subscribers_exactly_once_in_order
         assert batch_sub.stats()["duplicates"] == 0 and batch_sub.stats()["gaps"] == 0
 
 
-def test_publish_many_checks_every_payload_before_queueing_any(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_publish_many_checks_every_payload_before_queueing_any(config, zk, paths, cluster):
     create(config, zk, paths, "check", 1)
     with Publisher("check", config, zk=zk) as pub:
         with pytest.raises(TypeError, match="payload 1"):
-            pub.publish_many("t", [b"ok", "text"])  # type: ignore[list-item]
+            pub.publish_many("t", [b"ok", "text"])
         too_big = b"x" * (config.exchange.max_message_bytes + 1)
         with pytest.raises(MessageTooLargeError, match="payload 2"):
             pub.publish_many("t", [b"a", b"b", too_big])
@@ -97,7 +97,7 @@ def test_publish_many_checks_every_payload_before_queueing_any(config, zk, paths
         pub.flush(10)
 
 
-def test_publish_many_blocks_under_backpressure_and_says_how_much_was_queued(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_publish_many_blocks_under_backpressure_and_says_how_much_was_queued(config, zk, paths, cluster):
     tight = config.replace(client={"max_unconfirmed": 100, "confirm_timeout": 30.0})
     create(tight, zk, paths, "tight", 1)
     collector = Collector()
@@ -121,7 +121,7 @@ def test_publish_many_blocks_under_backpressure_and_says_how_much_was_queued(con
         assert collector.by_publisher == {pub.id: list(range(1000))}
 
 
-def test_batch_subscriber_sees_each_message_once_across_a_publisher_move(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_batch_subscriber_sees_each_message_once_across_a_publisher_move(config, zk, paths, cluster):
     create(config, zk, paths, "bmove", 2)
     collector = Collector()
     with Subscriber("bmove", config, zk=zk, batch_callback=collector) as sub, \
@@ -140,7 +140,7 @@ def test_batch_subscriber_sees_each_message_once_across_a_publisher_move(config,
         assert pub.replayed > 0 and sub.stats()["duplicates"] >= pub.replayed
 
 
-def test_a_failing_batch_callback_is_counted_and_the_stream_goes_on(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_a_failing_batch_callback_is_counted_and_the_stream_goes_on(config, zk, paths, cluster):
     create(config, zk, paths, "boom", 1)
     collector = Collector()
     calls = [0]

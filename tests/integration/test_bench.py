@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["single", "batch"])
-def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode):  # type: ignore[no-untyped-def]
+def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode):
     out = tmp_path / "bench.json"
     env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     flags = ["--batch"] if mode == "batch" else []
@@ -34,7 +34,7 @@ def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode): 
     assert "deliveries" in done.stderr.decode()  # the progress bar
 
 
-def test_roq_bench_refuses_bad_input_clearly(config, cluster):  # type: ignore[no-untyped-def]
+def test_roq_bench_refuses_bad_input_clearly(config, cluster):
     env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "--size", "4"], env=env,
                           capture_output=True, timeout=60)
@@ -42,7 +42,7 @@ def test_roq_bench_refuses_bad_input_clearly(config, cluster):  # type: ignore[n
 
 
 @pytest.mark.timeout(300)
-def test_comparison_script_runs_every_system(tmp_path):  # type: ignore[no-untyped-def]
+def test_comparison_script_runs_every_system(tmp_path):
     missing = [path for path in BINARIES.values() if not Path(path).exists()]
     if missing:
         unavailable(f"not installed: {missing} (make bench-servers)", "the benchmark comparison")

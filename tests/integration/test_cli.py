@@ -32,24 +32,24 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, f
     assert "Traceback" not in result.stderr
 
 
-def config_file(tmp_path: Path, config) -> Path:  # type: ignore[no-untyped-def]
+def config_file(tmp_path: Path, config) -> Path:
     path = tmp_path / "roq.toml"
     path.write_text(config.replace(client={"request_timeout": 2.0}).to_toml())
     return path
 
 
-def test_zookeeper_unreachable(tmp_path):  # type: ignore[no-untyped-def]
+def test_zookeeper_unreachable(tmp_path):
     result = roq("--set", f"zk.hosts=127.0.0.1:{free_port()}", "--set", "zk.connect_timeout=1",
                  "queue", "list", cwd=tmp_path)
     assert_one_line_error(result, 3, "cannot reach ZooKeeper")
 
 
-def test_no_leader_yet(tmp_path, config, zk):  # type: ignore[no-untyped-def]
+def test_no_leader_yet(tmp_path, config, zk):
     result = roq("--config", str(config_file(tmp_path, config)), "queue", "list", cwd=tmp_path)
     assert_one_line_error(result, 3, "no GCM leader")
 
 
-def test_user_mistakes(tmp_path, config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_user_mistakes(tmp_path, config, zk, paths, procs):
     from roq.state import read_leader
     procs.gcm("gcm-0")
     wait_until(lambda: read_leader(zk, paths), message="a leader")
@@ -65,7 +65,7 @@ def test_user_mistakes(tmp_path, config, zk, paths, procs):  # type: ignore[no-u
     assert json.loads(roq("--config", cfg, "queue", "list", "--json", cwd=tmp_path).stdout)[0]["name"] == "q"
 
 
-def test_a_name_with_a_trailing_newline_is_refused_at_once(tmp_path, config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_a_name_with_a_trailing_newline_is_refused_at_once(tmp_path, config, zk, paths, procs):
     from roq.state import read_leader
     procs.gcm("gcm-0")
     wait_until(lambda: read_leader(zk, paths), message="a leader")
@@ -77,7 +77,7 @@ def test_a_name_with_a_trailing_newline_is_refused_at_once(tmp_path, config, zk,
     assert zk.get_children(paths.queues) == []
 
 
-def test_config_show_layers(tmp_path):  # type: ignore[no-untyped-def]
+def test_config_show_layers(tmp_path):
     (tmp_path / "c.toml").write_text('[zk]\nhosts = "zk1:2181"\n[hcm]\ncapacity = 3\n')
     result = roq("--config", str(tmp_path / "c.toml"), "--set", "hcm.capacity=5", "config", "show",
                  cwd=tmp_path, env={"ROQ_GCM_TICK": "0.5"})
@@ -85,7 +85,7 @@ def test_config_show_layers(tmp_path):  # type: ignore[no-untyped-def]
     assert 'hosts = "zk1:2181"' in result.stdout and "capacity = 5" in result.stdout and "tick = 0.5" in result.stdout
 
 
-def test_local_cluster_survives_killing_the_leader(tmp_path):  # type: ignore[no-untyped-def]
+def test_local_cluster_survives_killing_the_leader(tmp_path):
     """The issue's acceptance path: cluster up, queue create, SIGKILL the leader, queue list."""
     env = {"ROQ_ZK_SESSION_TIMEOUT": "2"}
     try:
@@ -111,7 +111,7 @@ def test_local_cluster_survives_killing_the_leader(tmp_path):  # type: ignore[no
     assert not state.exists()
 
 
-def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):
     from roq.client.admin import Admin
     from roq.state import read_hosts, read_leader, read_live
     procs.gcm("gcm-0")
@@ -138,7 +138,7 @@ def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):  # 
     assert_one_line_error(roq("--config", cfg, "publish", "nope", cwd=tmp_path), 1, "does not exist")
 
 
-def test_demo_round_trip(tmp_path):  # type: ignore[no-untyped-def]
+def test_demo_round_trip(tmp_path):
     """The README's main job, small: starts its own cluster, delivers everything, stops it."""
     result = roq("demo", "-n", "3000", cwd=tmp_path, env={"ROQ_ZK_SESSION_TIMEOUT": "2"}, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

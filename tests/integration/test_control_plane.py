@@ -32,11 +32,11 @@ from roq.zk import start_client, stop_client
 pytestmark = pytest.mark.integration
 
 
-def leader(zk, paths):  # type: ignore[no-untyped-def]
+def leader(zk, paths):
     return read_leader(zk, paths)
 
 
-def test_leader_failover_keeps_every_queue(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_leader_failover_keeps_every_queue(config, zk, paths, procs):
     procs.gcm("gcm-a")
     procs.gcm("gcm-b")
     procs.hcm("host-1")
@@ -63,7 +63,7 @@ def test_leader_failover_keeps_every_queue(config, zk, paths, procs):  # type: i
             assert [(x["id"], x["host"]) for x in after] == [(x["id"], x["host"]) for x in before[name]]
 
 
-def test_backup_answers_not_leader_with_the_leader_endpoint(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_backup_answers_not_leader_with_the_leader_endpoint(config, zk, paths, procs):
     procs.gcm("gcm-a")
     procs.gcm("gcm-b")
     current = wait_until(lambda: leader(zk, paths), message="a leader")
@@ -81,7 +81,7 @@ def test_backup_answers_not_leader_with_the_leader_endpoint(config, zk, paths, p
         assert admin.request(backup, "ping", {}, timeout=5)["leader"] is False
 
 
-def test_fenced_leader_cannot_write(config, zk, paths):  # type: ignore[no-untyped-def]
+def test_fenced_leader_cannot_write(config, zk, paths):
     from roq.zk import ensure_base_paths
     ensure_base_paths(zk, paths)
     other = start_client(config)
@@ -102,7 +102,7 @@ def test_fenced_leader_cannot_write(config, zk, paths):  # type: ignore[no-untyp
         stop_client(other)
 
 
-def test_expired_leader_session_cannot_write(config, zk, paths):  # type: ignore[no-untyped-def]
+def test_expired_leader_session_cannot_write(config, zk, paths):
     from roq.zk import ensure_base_paths
     ensure_base_paths(zk, paths)
     victim = start_client(config)
@@ -128,7 +128,7 @@ def test_expired_leader_session_cannot_write(config, zk, paths):  # type: ignore
     stop_client(victim)
 
 
-def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs):
     procs.gcm("gcm-a")
     procs.gcm("gcm-b")
     old = wait_until(lambda: leader(zk, paths), message="a leader")
@@ -152,7 +152,7 @@ def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs)
                    message="the old leader to contend again")
 
 
-def test_control_api_survives_bad_input(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_control_api_survives_bad_input(config, zk, paths, procs):
     procs.gcm("gcm-a")
     endpoint = wait_until(lambda: leader(zk, paths), message="a leader")["endpoint"]
     context = zmq.Context()
@@ -160,7 +160,7 @@ def test_control_api_survives_bad_input(config, zk, paths, procs):  # type: igno
     sock.linger = 0
     sock.connect(endpoint)
 
-    def ask(*frames: bytes):  # type: ignore[no-untyped-def]
+    def ask(*frames: bytes):
         sock.send_multipart(list(frames))
         assert sock.poll(5000), "no reply: the GCM went silent"
         return decode_reply(sock.recv())
@@ -197,7 +197,7 @@ def test_control_api_survives_bad_input(config, zk, paths, procs):  # type: igno
         context.term()
 
 
-def test_queue_lifecycle_and_scaling(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_queue_lifecycle_and_scaling(config, zk, paths, procs):
     procs.gcm("gcm-a")
     procs.hcm("host-1")
     procs.hcm("host-2")
@@ -222,7 +222,7 @@ def test_queue_lifecycle_and_scaling(config, zk, paths, procs):  # type: ignore[
 # ------------------------------------------------------------------ names, retries, deadlines
 
 
-def test_names_with_a_trailing_newline_are_refused_at_once(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_names_with_a_trailing_newline_are_refused_at_once(config, zk, paths, procs):
     procs.gcm("gcm-a")
     wait_until(lambda: leader(zk, paths), message="a leader")
     with Admin(config, zk) as admin:
@@ -235,14 +235,14 @@ def test_names_with_a_trailing_newline_are_refused_at_once(config, zk, paths, pr
     assert zk.get_children(paths.queues) == []
 
 
-def test_parallel_creates_with_short_attempts_all_succeed(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_parallel_creates_with_short_attempts_all_succeed(config, zk, paths, procs):
     """8 creators, each its own Admin: attempts time out while requests queue at the GCM, and the
     retries carry the key of an attempt the leader may already have applied."""
     procs.gcm("gcm-a")
     wait_until(lambda: leader(zk, paths), message="a leader")
     impatient = config.replace(client={"attempt_timeout": 0.15})
     workers, per_worker = 8, 16
-    results: dict[str, dict] = {}  # type: ignore[type-arg]
+    results: dict[str, dict] = {}
     errors: list[tuple[str, Exception]] = []
 
     def create_many(worker: int) -> None:
@@ -269,7 +269,7 @@ def test_parallel_creates_with_short_attempts_all_succeed(config, zk, paths, pro
     assert sorted(zk.get_children(paths.queues)) == sorted(results)
 
 
-def test_a_retried_write_is_applied_once_even_after_a_failover(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_a_retried_write_is_applied_once_even_after_a_failover(config, zk, paths, procs):
     procs.gcm("gcm-a")
     procs.gcm("gcm-b")
     first = wait_until(lambda: leader(zk, paths), message="a leader")
@@ -308,7 +308,7 @@ def test_a_retried_write_is_applied_once_even_after_a_failover(config, zk, paths
         assert admin.list_queues() == []
 
 
-def test_writes_that_waited_past_the_deadline_are_refused_and_change_nothing(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_writes_that_waited_past_the_deadline_are_refused_and_change_nothing(config, zk, paths, procs):
     """A burst of slow creates (64 exchanges each) on one socket: the GCM stamps them all at arrival,
     serves what it can within the deadline and refuses the rest unapplied."""
     from gcm.api import REQUEST_DEADLINE
@@ -339,7 +339,7 @@ def test_writes_that_waited_past_the_deadline_are_refused_and_change_nothing(con
     assert sorted(zk.get_children(paths.queues)) == applied  # a refused create left nothing behind
 
 
-def test_request_keys_are_recorded_with_the_write_and_bounded(config, zk, paths):  # type: ignore[no-untyped-def]
+def test_request_keys_are_recorded_with_the_write_and_bounded(config, zk, paths):
     from kazoo.exceptions import NodeExistsError
 
     from roq.zk import ensure_base_paths

@@ -24,7 +24,7 @@ from tests.integration.conftest import create
 pytestmark = pytest.mark.integration
 
 
-def test_two_publishers_two_subscribers_exactly_once_in_order(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_two_publishers_two_subscribers_exactly_once_in_order(config, zk, paths, cluster):
     create(config, zk, paths, "q", 2)
     per_publisher = 50_000
     subs = [Subscriber("q", config, zk=zk) for _ in range(2)]
@@ -62,7 +62,7 @@ def test_two_publishers_two_subscribers_exactly_once_in_order(config, zk, paths,
             s.close()
 
 
-def test_running_subscriber_joins_a_new_exchange(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_running_subscriber_joins_a_new_exchange(config, zk, paths, cluster):
     create(config, zk, paths, "grow", 1)
     with Subscriber("grow", config, zk=zk) as sub:
         sub.wait_connected(1)
@@ -79,7 +79,7 @@ def test_running_subscriber_joins_a_new_exchange(config, zk, paths, cluster):  #
         assert msg is not None and msg.payload == b"via-x2" and msg.exchange == "x2"
 
 
-def test_topic_prefix_filtering(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_topic_prefix_filtering(config, zk, paths, cluster):
     create(config, zk, paths, "topics", 1)
     with Subscriber("topics", config, zk=zk, topics=["eu."]) as sub, Publisher("topics", config, zk=zk) as pub:
         sub.wait_connected(1)
@@ -92,7 +92,7 @@ def test_topic_prefix_filtering(config, zk, paths, cluster):  # type: ignore[no-
         assert sub.receive(timeout=0.3) is None
 
 
-def test_publisher_moves_when_its_exchange_dies(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_publisher_moves_when_its_exchange_dies(config, zk, paths, cluster):
     import os
     import signal
     create(config, zk, paths, "move", 2)
@@ -121,7 +121,7 @@ def test_publisher_moves_when_its_exchange_dies(config, zk, paths, cluster):  # 
 
 
 @pytest.fixture(scope="module")
-def lone_exchange(zookeeper):  # type: ignore[no-untyped-def]
+def lone_exchange(zookeeper):
     """An exchange process on its own (no HCM), with a small message limit."""
     from roq.tools.testing import fast_config
     cfg = fast_config(zookeeper.connect_string).replace(exchange={"max_message_bytes": 1024,
@@ -132,13 +132,13 @@ def lone_exchange(zookeeper):  # type: ignore[no-untyped-def]
     assert proc.stdout is not None
     ready = json.loads(proc.stdout.readline())
     assert ready["event"] == "ready"
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
     yield proc, ready
     proc.kill()
     proc.wait()
 
 
-def publisher_socket(context, ready):  # type: ignore[no-untyped-def]
+def publisher_socket(context, ready):
     """A raw DEALER on the lone exchange's publisher endpoint."""
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
@@ -146,7 +146,7 @@ def publisher_socket(context, ready):  # type: ignore[no-untyped-def]
     return sock
 
 
-def say_hello(sock, name: bytes, from_seq: int = 1) -> str:  # type: ignore[no-untyped-def]
+def say_hello(sock, name: bytes, from_seq: int = 1) -> str:
     """Claim the publisher id of token `name` on `sock`; returns the id once welcomed."""
     token = name.ljust(16, b".")
     pid = protocol.publisher_id_for(token)
@@ -157,7 +157,7 @@ def say_hello(sock, name: bytes, from_seq: int = 1) -> str:  # type: ignore[no-u
     return pid
 
 
-def _round_trip(ready, context, tag: bytes) -> None:  # type: ignore[no-untyped-def]
+def _round_trip(ready, context, tag: bytes) -> None:
     """A well-behaved publisher and subscriber still work."""
     sub = context.socket(zmq.SUB)
     sub.linger = 0
@@ -203,7 +203,7 @@ frames = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(st.lists(frames, min_size=1, max_size=3), min_size=1, max_size=5))
-def test_random_frames_never_break_an_exchange(lone_exchange, batch):  # type: ignore[no-untyped-def]
+def test_random_frames_never_break_an_exchange(lone_exchange, batch):
     proc, ready = lone_exchange
     context = zmq.Context.instance()
     sock = publisher_socket(context, ready)
@@ -228,7 +228,7 @@ fetches = st.one_of(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(st.lists(fetches, min_size=1, max_size=3), min_size=1, max_size=4))
-def test_random_fetches_never_break_an_exchange(lone_exchange, requests):  # type: ignore[no-untyped-def]
+def test_random_fetches_never_break_an_exchange(lone_exchange, requests):
     proc, ready = lone_exchange
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
@@ -241,13 +241,13 @@ def test_random_fetches_never_break_an_exchange(lone_exchange, requests):  # typ
     assert proc.poll() is None
 
 
-def test_exchange_forwards_after_the_fuzzing(lone_exchange):  # type: ignore[no-untyped-def]
+def test_exchange_forwards_after_the_fuzzing(lone_exchange):
     proc, ready = lone_exchange
     _round_trip(ready, zmq.Context.instance(), b"after-fuzz")
     assert proc.poll() is None
 
 
-def test_retained_frames_are_fetched_after_the_fuzzing(lone_exchange):  # type: ignore[no-untyped-def]
+def test_retained_frames_are_fetched_after_the_fuzzing(lone_exchange):
     proc, ready = lone_exchange
     _round_trip(ready, zmq.Context.instance(), b"to-fetch")
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -265,7 +265,7 @@ def test_retained_frames_are_fetched_after_the_fuzzing(lone_exchange):  # type: 
     assert proc.poll() is None
 
 
-def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type: ignore[no-untyped-def]
+def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):
     proc, ready = lone_exchange
     context = zmq.Context.instance()
     sock = publisher_socket(context, ready)
@@ -284,7 +284,7 @@ def test_oversize_and_bad_topics_are_rejected_one_by_one(lone_exchange):  # type
     _round_trip(ready, context, b"after-rejects")
 
 
-def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path):  # type: ignore[no-untyped-def]
+def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path):
     """Memory stays within the retention bound plus the high-water marks, whoever stops reading."""
     import psutil
 
@@ -334,7 +334,7 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
         procs.stop_all()
 
 
-def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, paths, cluster):
     import os
     import signal
 
@@ -356,7 +356,7 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
     assert report["lost"] == 0 and report["duplicated"] == 0
 
 
-def test_exchange_reports_statistics(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_exchange_reports_statistics(config, zk, paths, cluster):
     create(config, zk, paths, "stats", 1)
     with Subscriber("stats", config, zk=zk) as sub, Publisher("stats", config, zk=zk) as pub:
         sub.wait_connected(1)

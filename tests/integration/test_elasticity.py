@@ -22,12 +22,12 @@ FAST_LEADER = ("gcm.tick=0.5", "autoscale.scale_out_after=1", "autoscale.scale_i
 class Counting:
     """A subscriber that records every (publisher, number) it gets."""
 
-    def __init__(self, queue: str, config, zk) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, queue: str, config, zk) -> None:
         self.got: dict[str, list[int]] = {}
         self.sub = Subscriber(queue, config, zk=zk, callback=self._on)
         self.sub.wait_connected()
 
-    def _on(self, msg) -> None:  # type: ignore[no-untyped-def]
+    def _on(self, msg) -> None:
         self.got.setdefault(msg.publisher, []).append(int(msg.payload))
 
     def assert_everything_once(self, publishers: list[PacedPublisher]) -> int:
@@ -39,7 +39,7 @@ class Counting:
         return sum(p.sent for p in publishers)
 
 
-def elastic_queue(config, zk, paths, procs, exchanges: int, rules: dict | None = None) -> None:  # type: ignore[no-untyped-def,type-arg]
+def elastic_queue(config, zk, paths, procs, exchanges: int, rules: dict | None = None) -> None:
     """A cluster with fast statistics and a fast leader, and the queue "elastic" with `rules`."""
     start_cluster(procs, zk, paths, *FAST_HOSTS, gcm_settings=FAST_LEADER)
     create(config, zk, paths, "elastic", exchanges)
@@ -47,18 +47,18 @@ def elastic_queue(config, zk, paths, procs, exchanges: int, rules: dict | None =
         set_rules(config, zk, rules)
 
 
-def set_rules(config, zk, rules: dict) -> None:  # type: ignore[no-untyped-def,type-arg]
+def set_rules(config, zk, rules: dict) -> None:
     with Admin(config, zk) as admin:
         admin.queue_rules("elastic", rules)
 
 
-def exchange_count(config, zk) -> int:  # type: ignore[no-untyped-def]
+def exchange_count(config, zk) -> int:
     with Admin(config, zk) as admin:
         return len(admin.describe_queue("elastic")["exchanges"])
 
 
 @pytest.mark.timeout(150)
-def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths, procs):
     elastic_queue(config, zk, paths, procs, 1, {"max_rate": 1500, "min_exchanges": 1, "max_exchanges": 3,
                                                 "scale_in_below": 0.5})
     sink = Counting("elastic", config, zk)
@@ -96,7 +96,7 @@ def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths
 
 
 @pytest.mark.timeout(90)
-def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, paths, procs):
     elastic_queue(config, zk, paths, procs, 1)
     sink = Counting("elastic", config, zk)
     heavy = PacedPublisher("elastic", config, zk, rate=1200)
@@ -119,7 +119,7 @@ def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, pa
 
 
 @pytest.mark.timeout(90)
-def test_a_steady_load_between_the_thresholds_never_flaps(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_a_steady_load_between_the_thresholds_never_flaps(config, zk, paths, procs):
     # Out above 1,000 msg/s on an exchange; in only below 0.5 × 1,000 in total. 700 msg/s is neither.
     elastic_queue(config, zk, paths, procs, 2, {"max_rate": 1000, "min_exchanges": 1, "max_exchanges": 4,
                                                 "scale_in_below": 0.5})

@@ -23,7 +23,7 @@ def pid_gone(pid: int) -> bool:
         return True
 
 
-def start(procs, zk, paths, hosts=("host-1",), gcms=1):  # type: ignore[no-untyped-def]
+def start(procs, zk, paths, hosts=("host-1",), gcms=1):
     for i in range(gcms):
         procs.gcm(f"gcm-{i}")
     for host in hosts:
@@ -32,11 +32,11 @@ def start(procs, zk, paths, hosts=("host-1",), gcms=1):  # type: ignore[no-untyp
                message="a leader and every host")
 
 
-def live_pids(zk, paths, queue):  # type: ignore[no-untyped-def]
+def live_pids(zk, paths, queue):
     return {xid: data["pid"] for xid, data in read_live(zk, paths, queue).items()}
 
 
-def test_crashed_exchange_is_restarted_and_its_endpoint_follows(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_crashed_exchange_is_restarted_and_its_endpoint_follows(config, zk, paths, procs):
     start(procs, zk, paths)
     with Admin(config, zk) as admin:
         admin.create_queue("q", exchanges=1)
@@ -50,7 +50,7 @@ def test_crashed_exchange_is_restarted_and_its_endpoint_follows(config, zk, path
     assert read_live(zk, paths, "q")["x1"]["restarts"] >= 1
 
 
-def test_repeated_crashes_back_off(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_repeated_crashes_back_off(config, zk, paths, procs):
     start(procs, zk, paths)
     with Admin(config, zk) as admin:
         admin.create_queue("q")
@@ -67,7 +67,7 @@ def test_repeated_crashes_back_off(config, zk, paths, procs):  # type: ignore[no
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_stopping_an_hcm_leaves_no_orphan_exchange(config, zk, paths, procs, sig):  # type: ignore[no-untyped-def]
+def test_stopping_an_hcm_leaves_no_orphan_exchange(config, zk, paths, procs, sig):
     start(procs, zk, paths)
     with Admin(config, zk) as admin:
         admin.create_queue("q", exchanges=3)
@@ -80,7 +80,7 @@ def test_stopping_an_hcm_leaves_no_orphan_exchange(config, zk, paths, procs, sig
     hcm.wait(timeout=10)
 
 
-def test_lost_host_exchanges_move_to_survivors(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_lost_host_exchanges_move_to_survivors(config, zk, paths, procs):
     start(procs, zk, paths, hosts=("host-1", "host-2"))
     with Admin(config, zk) as admin:
         admin.create_queue("q", exchanges=2)
@@ -100,7 +100,7 @@ def test_lost_host_exchanges_move_to_survivors(config, zk, paths, procs):  # typ
     assert zk.get_children(paths.host_assignments(lost)) == []
 
 
-def test_restarted_hcm_registers_again_and_runs_its_exchanges(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_restarted_hcm_registers_again_and_runs_its_exchanges(config, zk, paths, procs):
     start(procs, zk, paths, hosts=("host-1",))
     with Admin(config, zk) as admin:
         admin.create_queue("q", exchanges=2)
@@ -115,7 +115,7 @@ def test_restarted_hcm_registers_again_and_runs_its_exchanges(config, zk, paths,
     assert {x.host for x in read_exchanges(zk, paths, "q")} == {"host-1"}
 
 
-def test_queue_waits_for_capacity_then_gets_placed(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_queue_waits_for_capacity_then_gets_placed(config, zk, paths, procs):
     procs.gcm("gcm-0")
     wait_until(lambda: read_leader(zk, paths), message="a leader")
     with Admin(config, zk) as admin:

@@ -22,13 +22,13 @@ def scrape(url: str) -> str:
 
 
 @pytest.fixture
-def monitored(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def monitored(config, zk, paths, procs):
     start_cluster(procs, zk, paths, "exchange.stats_interval=0.5", "hcm.stats_interval=0.5")
     create(config, zk, paths, "watched", 2)
     return procs
 
 
-def test_hosts_report_cpu_and_memory(config, zk, paths, monitored):  # type: ignore[no-untyped-def]
+def test_hosts_report_cpu_and_memory(config, zk, paths, monitored):
     # The queue's two exchanges are spread over both hosts: each reports one.
     hosts = wait_until(lambda: (h := read_hosts(zk, paths)) and all(x.stats.get("exchanges") == 1
                                                                     for x in h.values()) and h,
@@ -37,7 +37,7 @@ def test_hosts_report_cpu_and_memory(config, zk, paths, monitored):  # type: ign
         assert 0 <= host.stats["cpu_percent"] <= 100 and 0 < host.stats["memory_percent"] < 100
 
 
-def test_prometheus_endpoints_of_the_leader_and_the_hosts(config, zk, paths, monitored):  # type: ignore[no-untyped-def]
+def test_prometheus_endpoints_of_the_leader_and_the_hosts(config, zk, paths, monitored):
     leader = wait_until(lambda: read_leader(zk, paths), message="leader")
     wait_until(lambda: 'roq_queue_exchanges{queue="watched"} 2.0' in scrape(leader["metrics"]),
                message="the leader's per-queue aggregates")
@@ -51,7 +51,7 @@ def test_prometheus_endpoints_of_the_leader_and_the_hosts(config, zk, paths, mon
         assert "roq_host_cpu_percent" in scrape(url)
 
 
-def test_roq_stats_and_rules_from_the_command_line(config, zk, paths, monitored, tmp_path):  # type: ignore[no-untyped-def]
+def test_roq_stats_and_rules_from_the_command_line(config, zk, paths, monitored, tmp_path):
     cfg = str(config_file(tmp_path, config))
     shown = roq("--config", cfg, "queue", "rules", "watched", "--max-rate", "5000", "--max", "4", "--json")
     assert shown.returncode == 0, shown.stderr

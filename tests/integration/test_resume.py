@@ -36,7 +36,7 @@ def take(sub: Subscriber, count: int) -> list[tuple[str, int]]:
     return got
 
 
-def test_a_subscriber_resumes_from_its_position_with_nothing_lost_or_repeated(config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_a_subscriber_resumes_from_its_position_with_nothing_lost_or_repeated(config, zk, paths, cluster):
     create(config, zk, paths, "resume", 2)
     pubs = [Publisher("resume", config, zk=zk, prefer=x) for x in ("x1", "x2")]
     try:
@@ -65,7 +65,7 @@ def test_a_subscriber_resumes_from_its_position_with_nothing_lost_or_repeated(co
             pub.close(timeout=0)
 
 
-def test_a_stalled_subscriber_refills_dropped_frames_from_retention(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_a_stalled_subscriber_refills_dropped_frames_from_retention(config, zk, paths, procs):
     """Tiny queues force XPUB to drop frames for the stalled subscriber; it fetches them back."""
     start_cluster(procs, zk, paths, "exchange.sub_hwm=5")
     tight = config.replace(client={"receive_hwm": 5, "max_batch": 1})
@@ -73,7 +73,7 @@ def test_a_stalled_subscriber_refills_dropped_frames_from_retention(config, zk, 
     release = threading.Event()
     got: list[int] = []
 
-    def slow_start(msg) -> None:  # type: ignore[no-untyped-def]
+    def slow_start(msg) -> None:
         release.wait(30)  # holds the I/O thread: the socket and then the exchange queue fill up
         got.append(int.from_bytes(msg.payload[:4], "big"))
 
@@ -94,7 +94,7 @@ def test_a_stalled_subscriber_refills_dropped_frames_from_retention(config, zk, 
                    fetches=stats["fetches"], lost=0)
 
 
-def test_beyond_retention_the_loss_is_counted_not_hidden(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def test_beyond_retention_the_loss_is_counted_not_hidden(config, zk, paths, procs):
     start_cluster(procs, zk, paths, "exchange.retention_bytes=300000")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create(small, zk, paths, "short", 1)
@@ -118,13 +118,13 @@ def test_beyond_retention_the_loss_is_counted_not_hidden(config, zk, paths, proc
     assert resumed == sorted(set(resumed)) and resumed[-1] == 209  # ... what is left arrives once, in order
 
 
-def saved_up_to(path) -> int:  # type: ignore[no-untyped-def]
+def saved_up_to(path) -> int:
     """Highest publisher sequence a saved position covers."""
     data = json.loads(path.read_text())
     return max((run[1] for seqs in data["publishers"].values() for run in seqs["runs"]), default=0)
 
 
-def test_a_durable_subscriber_killed_and_restarted_loses_nothing(config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_durable_subscriber_killed_and_restarted_loses_nothing(config, zk, paths, cluster, tmp_path):
     """`roq subscribe --durable`: SIGTERM saves the exact position; SIGKILL repeats at most the
     last save interval's messages (at least once), never loses one."""
     create(config, zk, paths, "durable", 1)
@@ -141,7 +141,7 @@ def test_a_durable_subscriber_killed_and_restarted_loses_nothing(config, zk, pat
         out = []
         while len(out) < count:
             line = proc.stdout.readline()
-            assert line, f"subscriber exited after {len(out)} lines: {proc.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+            assert line, f"subscriber exited after {len(out)} lines: {proc.stderr.read().decode()[-2000:]}"
             out.append(int(line.split(b"\t")[1]))
         return out
 

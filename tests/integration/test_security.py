@@ -47,7 +47,7 @@ def keys_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def daemon_config(zookeeper, keys_dir: Path) -> Config:  # type: ignore[no-untyped-def]
+def daemon_config(zookeeper, keys_dir: Path) -> Config:
     return fast_config(zookeeper.connect_string).replace(
         security={"curve": True, "keys_dir": str(keys_dir)},
         zk={"auth": DAEMON_ZK, "readers": READER_ZK})
@@ -82,7 +82,7 @@ def secure_cluster(daemon_config: Config, tmp_path: Path, request: pytest.Fixtur
             print(procs.dump_logs())
 
 
-def live_exchange(config: Config) -> dict:  # type: ignore[type-arg]
+def live_exchange(config: Config) -> dict:
     zk = start_client(config)
     try:
         return next(iter(read_live(zk, Paths(config.zk.root), "orders").values()))
@@ -199,7 +199,7 @@ def test_zookeeper_state_is_closed_to_clients_without_credentials(
 
 
 @pytest.fixture
-def limited_exchange(zookeeper) -> Iterator[dict]:  # type: ignore[no-untyped-def, type-arg]
+def limited_exchange(zookeeper) -> Iterator[dict]:
     """An exchange process on its own, allowing 3 connections per client address and socket."""
     config = fast_config(zookeeper.connect_string).replace(
         security={"max_connections_per_client": 3}, exchange={"max_message_bytes": 1024, "max_batch_bytes": 65536})
@@ -211,15 +211,15 @@ def limited_exchange(zookeeper) -> Iterator[dict]:  # type: ignore[no-untyped-de
     proc.stdin.close()
     ready = json.loads(proc.stdout.readline())
     assert ready["event"] == "ready"
-    stats: list[dict] = []  # type: ignore[type-arg]
-    threading.Thread(target=lambda: [stats.append(json.loads(line)) for line in proc.stdout],  # type: ignore[union-attr]
+    stats: list[dict] = []
+    threading.Thread(target=lambda: [stats.append(json.loads(line)) for line in proc.stdout],
                      daemon=True).start()
     yield dict(ready, stats=stats, proc=proc)
     proc.kill()
     proc.wait()
 
 
-def test_connections_per_client_are_capped(limited_exchange: dict) -> None:  # type: ignore[type-arg]
+def test_connections_per_client_are_capped(limited_exchange: dict) -> None:
     context = zmq.Context.instance()
     held = []
     try:
@@ -244,7 +244,7 @@ def test_connections_per_client_are_capped(limited_exchange: dict) -> None:  # t
             sock.close()
 
 
-def test_an_admin_over_the_gcm_connection_limit_is_refused_at_once(config: Config, zk, paths, procs,  # type: ignore[no-untyped-def]
+def test_an_admin_over_the_gcm_connection_limit_is_refused_at_once(config: Config, zk, paths, procs,
                                                                    tmp_path: Path) -> None:
     procs.start("gcm", "gcm-0", "security.max_connections_per_client=3")
     endpoint = wait_until(lambda: read_leader(zk, paths), message="a leader")["endpoint"]
@@ -286,7 +286,7 @@ def test_an_admin_over_the_gcm_connection_limit_is_refused_at_once(config: Confi
         context.term()
 
 
-def test_message_size_and_topic_length_are_enforced(limited_exchange: dict, config: Config) -> None:  # type: ignore[type-arg]
+def test_message_size_and_topic_length_are_enforced(limited_exchange: dict, config: Config) -> None:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(limited_exchange["pub"])
@@ -313,7 +313,7 @@ def test_message_size_and_topic_length_are_enforced(limited_exchange: dict, conf
     assert check_topic(b"t" * 255)
 
 
-def test_queue_count_is_capped(config: Config, zk, paths, procs) -> None:  # type: ignore[no-untyped-def]
+def test_queue_count_is_capped(config: Config, zk, paths, procs) -> None:
     from tests.integration.conftest import start_cluster
     start_cluster(procs, zk, paths, gcm_settings=("gcm.max_queues=2",))
     with Admin(config, zk) as admin:

@@ -27,7 +27,7 @@ def gauge(url: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def test_an_exchange_that_always_crashes_is_left_alone_after_max_restarts(config, zk, paths, procs,  # type: ignore[no-untyped-def]
+def test_an_exchange_that_always_crashes_is_left_alone_after_max_restarts(config, zk, paths, procs,
                                                                           tmp_path):
     procs.gcm("gcm-0")
     # CURVE keys the exchange cannot read: the HCM passes the setting through without using it,

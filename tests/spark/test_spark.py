@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
-def cluster(config, zk, paths, procs):  # type: ignore[no-untyped-def]
+def cluster(config, zk, paths, procs):
     return start_cluster(procs, zk, paths)
 
 
-def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:  # type: ignore[no-untyped-def]
+def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:
     with Publisher(queue, config, zk=zk, prefer=prefer) as pub:
         for i in range(first, first + count):
             pub.publish("t", str(i).encode())
@@ -29,7 +29,7 @@ def publish(config, zk, queue: str, first: int, count: int, prefer: str | None =
         return pub.id
 
 
-def read_to_parquet(spark, config, queue: str, out: Path) -> int:  # type: ignore[no-untyped-def]
+def read_to_parquet(spark, config, queue: str, out: Path) -> int:
     """One availableNow run of a query from `queue` into Parquet, checkpointed next to it."""
     query = (spark.readStream.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
              .option("queue", queue).option("startingOffsets", "earliest").load()
@@ -41,7 +41,7 @@ def read_to_parquet(spark, config, queue: str, out: Path) -> int:  # type: ignor
 
 
 def test_the_stream_reads_exactly_what_was_published_and_resumes_from_its_checkpoint(
-        spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+        spark, config, zk, paths, cluster, tmp_path):
     create(config, zk, paths, "rows", 2)
     ids = [publish(config, zk, "rows", 0, 1500, prefer=x) for x in ("x1", "x2")]
     assert read_to_parquet(spark, config, "rows", tmp_path) == 3000
@@ -55,7 +55,7 @@ def test_the_stream_reads_exactly_what_was_published_and_resumes_from_its_checkp
     assert sorted(by_publisher.values()) == [1000, 1500, 1500]
 
 
-def test_the_sink_publishes_a_dataframe_with_confirms(spark, config, zk, paths, cluster):  # type: ignore[no-untyped-def]
+def test_the_sink_publishes_a_dataframe_with_confirms(spark, config, zk, paths, cluster):
     create(config, zk, paths, "sunk", 1)
     got: list[bytes] = []
     with Subscriber("sunk", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
@@ -68,7 +68,7 @@ def test_the_sink_publishes_a_dataframe_with_confirms(spark, config, zk, paths, 
     assert sorted(got) == sorted(f"order-{i}".encode() for i in range(500))
 
 
-def test_a_streaming_query_copies_one_queue_to_another(spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_streaming_query_copies_one_queue_to_another(spark, config, zk, paths, cluster, tmp_path):
     create(config, zk, paths, "source", 1)
     create(config, zk, paths, "copy", 1)
     got: list[bytes] = []
@@ -91,7 +91,7 @@ def stats_record(kind: str, ts: float, **values: float) -> bytes:
     return json.dumps(dict(base, **values)).encode()
 
 
-def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cluster, tmp_path):
     from roq.spark.report import report
     from roq.spark.stats_job import aggregate_retained
     create(config, zk, paths, "known-stats", 1)
@@ -119,7 +119,7 @@ def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cl
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, paths, cluster, tmp_path):  # type: ignore[no-untyped-def]
+def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, paths, cluster, tmp_path):
     from roq.spark.stats_job import start_queries
     create(config, zk, paths, "stream-stats", 1)
     t0 = (time.time() // 10) * 10 - 60
@@ -131,7 +131,7 @@ def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, 
     out = tmp_path / "pipeline"
     queries = start_queries(spark, config.zk.hosts, config.zk.root, "stream-stats", str(out), 10)
     try:
-        def closed_windows() -> list:  # type: ignore[type-arg]
+        def closed_windows() -> list:
             for q in queries:
                 assert q.exception() is None, q.exception()
             path = out / "exchanges"

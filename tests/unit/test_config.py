@@ -10,7 +10,7 @@ def test_defaults_are_valid() -> None:
     assert load_config(env={}).zk.hosts == "127.0.0.1:2181"
 
 
-def test_layers_apply_in_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_layers_apply_in_order(tmp_path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('[zk]\nhosts = "a:1"\nsession_timeout = 7\n[hcm]\ncapacity = 2\n')
     c = load_config(f, env={"ROQ_ZK_HOSTS": "b:2", "ROQ_HCM_CAPACITY": "3"}, flags=["hcm.capacity=4"])
@@ -32,7 +32,7 @@ def test_unknown_environment_variable_is_refused() -> None:
         load_config(env={"ROQ_ZK": "x"})
 
 
-def test_missing_or_broken_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_missing_or_broken_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "none.toml", env={})
     (tmp_path / "bad.toml").write_text("[zk\n")
@@ -40,7 +40,7 @@ def test_missing_or_broken_file(tmp_path) -> None:  # type: ignore[no-untyped-de
         load_config(tmp_path / "bad.toml", env={})
 
 
-def test_round_trips_through_json_and_toml(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_round_trips_through_json_and_toml(tmp_path) -> None:
     c = Config().replace(zk={"hosts": "x:1"}, hcm={"capacity": 3})
     assert config_from_json(c.to_json()) == c
     (tmp_path / "c.toml").write_text(c.to_toml())
@@ -49,4 +49,4 @@ def test_round_trips_through_json_and_toml(tmp_path) -> None:  # type: ignore[no
 
 def test_config_is_frozen() -> None:
     with pytest.raises(Exception):
-        Config().zk.hosts = "x"  # type: ignore[misc]
+        Config().zk.hosts = "x"

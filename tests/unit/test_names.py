@@ -17,20 +17,20 @@ BAD = ["abc\n", "abc\r", "abc\r\n", "\nabc", "ab\nc", "abc ", " abc", "abc\t", "
 
 @pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("name", BAD)
-def test_bad_names_are_refused(check, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_names_are_refused(check, name: str) -> None:
     with pytest.raises(InvalidNameError):
         check(name)
 
 
 @pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("name", ["a", "abc", "Q-1.two_3", "9", "a" * 63])
-def test_good_names_pass_unchanged(check, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_good_names_pass_unchanged(check, name: str) -> None:
     assert check(name) == name
 
 
 @pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("value", [None, 3, b"abc", ["abc"]])
-def test_non_strings_are_refused(check, value: object) -> None:  # type: ignore[no-untyped-def]
+def test_non_strings_are_refused(check, value: object) -> None:
     with pytest.raises(InvalidNameError):
         check(value)
 

@@ -32,7 +32,7 @@ def test_host_loads_counts_only_live_hosts() -> None:
 
 
 @given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 5)), min_size=0, max_size=6), st.integers(0, 30))
-def test_never_over_capacity(specs, count) -> None:  # type: ignore[no-untyped-def]
+def test_never_over_capacity(specs, count) -> None:
     hosts = [HostLoad(f"h{i}", cap, min(used, cap)) for i, (cap, used) in enumerate(specs)]
     picks = choose_hosts(count, hosts)
     free = sum(h.capacity - h.assigned for h in hosts)

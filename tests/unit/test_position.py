@@ -37,7 +37,7 @@ def test_older_messages_recovered_late_are_still_new() -> None:
     assert (seen.starts, seen.ends) == ([1], [20])
 
 
-def test_position_round_trips_through_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_position_round_trips_through_a_file(tmp_path) -> None:
     position = Position()
     for seq in (1, 2, 3, 7):
         position.seen("pub-a").add(seq)
@@ -49,7 +49,7 @@ def test_position_round_trips_through_a_file(tmp_path) -> None:  # type: ignore[
     assert not loaded.seen("pub-a").add(7) and loaded.seen("pub-a").add(4)
 
 
-def test_a_damaged_position_file_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_damaged_position_file_is_a_clear_error(tmp_path) -> None:
     path = tmp_path / "bad.json"
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not a subscriber position"):

@@ -81,7 +81,7 @@ def test_names() -> None:
             check_topic(bad)
 
 
-def _route(op: str):  # type: ignore[no-untyped-def]
+def _route(op: str):
     if op == "boom":
         return lambda args: 1 / 0
     if op == "echo":

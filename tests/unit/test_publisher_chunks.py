@@ -72,7 +72,7 @@ def test_acks_confirm_prefixes_and_a_welcome_rewinds_to_what_the_exchange_holds(
     log = replay_window()
     fill(log, 250)
     sent = [log.take() for _ in range(3)]
-    assert [(c.first, c.last) for c in sent] == [(1, 100), (101, 200), (201, 250)]  # type: ignore[union-attr]
+    assert [(c.first, c.last) for c in sent] == [(1, 100), (101, 200), (201, 250)]
     assert log.confirm(150, now=10.0) and log.acked == 150 and list(log.in_flight) == [200, 250]
     assert not log.confirm(120, now=10.0)  # an older ack changes nothing
     # A new exchange holds up to 60 (say, from an earlier visit): everything above goes again.

@@ -45,7 +45,7 @@ def supervisor(monkeypatch: pytest.MonkeyPatch) -> Supervisor:
     monkeypatch.setattr(FakeProcess, "crash_at_start", True)
     config = Config().replace(hcm={"restart_backoff": 0.5, "restart_backoff_max": 4.0, "max_restarts": 3,
                                    "restart_window": 60.0, "failed_cooloff": 120.0})
-    sup = Supervisor(None, Paths("/test"), config, "host-1")  # type: ignore[arg-type]  # no endpoint is ever published
+    sup = Supervisor(None, Paths("/test"), config, "host-1")  # no endpoint is ever published
     sup.set_desired({KEY})
     return sup
 
@@ -63,7 +63,7 @@ def run(sup: Supervisor, start: float, seconds: float) -> list[float]:
     return starts
 
 
-def test_an_exchange_that_always_crashes_is_restarted_max_restarts_times_then_left_alone(supervisor) -> None:  # type: ignore[no-untyped-def]
+def test_an_exchange_that_always_crashes_is_restarted_max_restarts_times_then_left_alone(supervisor) -> None:
     starts = run(supervisor, T0, 119)
     child = supervisor.children[KEY]
     assert len(starts) == 1 + 3 and child.restarts == 3  # the first start, then hcm.max_restarts restarts
@@ -72,7 +72,7 @@ def test_an_exchange_that_always_crashes_is_restarted_max_restarts_times_then_le
     assert child.failed_until == pytest.approx(starts[-1] + TICK + 120.0)
 
 
-def test_after_the_cool_off_it_gets_a_fresh_budget(supervisor) -> None:  # type: ignore[no-untyped-def]
+def test_after_the_cool_off_it_gets_a_fresh_budget(supervisor) -> None:
     first = run(supervisor, T0, 10)
     until = supervisor.children[KEY].failed_until
     assert until is not None and run(supervisor, T0 + 10, until - T0 - 10 - TICK / 2) == []  # left alone
@@ -82,7 +82,7 @@ def test_after_the_cool_off_it_gets_a_fresh_budget(supervisor) -> None:  # type:
     assert supervisor.children[KEY].restarts == len(first) + len(again) - 1
 
 
-def test_a_new_assignment_starts_from_scratch(supervisor) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_assignment_starts_from_scratch(supervisor) -> None:
     run(supervisor, T0, 20)
     assert supervisor.children[KEY].failed_until is not None
     supervisor.set_desired(set())
@@ -93,7 +93,7 @@ def test_a_new_assignment_starts_from_scratch(supervisor) -> None:  # type: igno
     assert supervisor.children[KEY].restarts == 0 and supervisor.children[KEY].failed_until is None
 
 
-def test_crashes_spread_wider_than_the_window_never_mark_it_failed(supervisor) -> None:  # type: ignore[no-untyped-def]
+def test_crashes_spread_wider_than_the_window_never_mark_it_failed(supervisor) -> None:
     FakeProcess.crash_at_start = False
     now = T0
     for _ in range(12):  # a crash every 25 s: at most 3 in any 60 s, the cap is "more than 3"
@@ -101,7 +101,7 @@ def test_crashes_spread_wider_than_the_window_never_mark_it_failed(supervisor) -
         supervisor.tick(now)
         process = supervisor.children[KEY].process
         assert process is not None, "restarted after each crash"
-        process.crash()  # type: ignore[attr-defined]
+        process.crash()
         supervisor.tick(now + TICK)
         assert supervisor.children[KEY].failed_until is None
     assert supervisor.children[KEY].restarts == 11
