@@ -66,7 +66,7 @@ class ZmqAdapter(Adapter):
         self.sock.linger = 1000
         self.sock.sndhwm = 0
         getattr(self.sock, attach)(self.settings[endpoint])
-        self.publish = self.sock.send  # type: ignore[method-assign]
+        self.publish = self.sock.send
 
     def close(self) -> None:
         if hasattr(self, "_thread"):
@@ -91,8 +91,8 @@ class ZmqBatchAdapter(ZmqAdapter, BatchAdapter):
         import msgpack
         super().open_publisher()
         send, pack = self.sock.send, msgpack.packb
-        self.publish = lambda payload: send(pack([payload]))  # type: ignore[method-assign]
-        self.publish_many = lambda payloads: send(pack(payloads))  # type: ignore[method-assign]
+        self.publish = lambda payload: send(pack([payload]))
+        self.publish_many = lambda payloads: send(pack(payloads))
 
 
 class PythonHopAdapter(ZmqAdapter):
