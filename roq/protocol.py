@@ -23,10 +23,12 @@ MAX_CONTROL_FRAME = 1 << 20  # control requests are small; refuse anything bigge
 
 
 def pack(value: Any) -> bytes:
+    """One frame body: msgpack with `bin` for bytes and `str` for text."""
     return msgpack.packb(value, use_bin_type=True)
 
 
 def unpack(frame: bytes, max_size: int) -> Any:
+    """Decode one frame body of at most `max_size` bytes; ProtocolError on anything else."""
     if len(frame) > max_size:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {max_size}")
     try:
@@ -41,6 +43,7 @@ def unpack(frame: bytes, max_size: int) -> Any:
 
 @dataclass(frozen=True)
 class Request:
+    """A decoded control request (section 2)."""
     id: int
     op: str
     args: dict[str, Any]
@@ -52,6 +55,7 @@ _KEY = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
 
 def encode_request(req_id: int, op: str, args: dict[str, Any] | None = None, key: str | None = None) -> bytes:
+    """A control request; `key` makes a write idempotent across retries (same key = same request)."""
     msg = {"v": VERSION, "id": req_id, "op": op, "args": args or {}}
     if key is not None:
         msg["key"] = key
@@ -59,6 +63,7 @@ def encode_request(req_id: int, op: str, args: dict[str, Any] | None = None, key
 
 
 def decode_request(frame: bytes) -> Request:
+    """A control request, checked: version, integer id, string op, map args, optional key."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
     if not isinstance(msg, dict):
         raise ProtocolError("request must be a map")
@@ -88,10 +93,12 @@ def request_id_of(frame: bytes) -> int | None:
 
 
 def encode_reply(req_id: int | None, result: Any) -> bytes:
+    """A successful control reply echoing the request id."""
     return pack({"v": VERSION, "id": req_id, "ok": True, "result": result})
 
 
 def encode_error(req_id: int | None, err: RoqError) -> bytes:
+    """A control error reply: the error's code and message (and the leader, for not_leader)."""
     body = {"code": err.code, "message": str(err)}
     leader = getattr(err, "leader", None)
     if leader:
@@ -101,6 +108,7 @@ def encode_error(req_id: int | None, err: RoqError) -> bytes:
 
 @dataclass(frozen=True)
 class Reply:
+    """A decoded control reply: `result` when ok, else `code`, `message` and maybe `leader`."""
     id: int | None
     ok: bool
     result: Any = None
@@ -110,6 +118,7 @@ class Reply:
 
 
 def decode_reply(frame: bytes) -> Reply:
+    """A control reply, checked enough to route it by id and raise its error."""
     msg = unpack(frame, 64 << 20)
     if not isinstance(msg, dict) or not isinstance(msg.get("ok"), bool):
         raise ProtocolError("reply must be a map with a boolean 'ok'")
@@ -123,10 +132,10 @@ def decode_reply(frame: bytes) -> Reply:
 
 
 # ---------------------------------------------------------------- data path
-# Specified in docs/protocol.md (sections 3-5); the layout of every data-path frame is
-# [kind, DATA_VERSION, ...] except deliveries, whose body starts with the version (the
-# topic travels in the ZeroMQ frame before it). Every integer a peer sends is range-checked
-# here, so nothing downstream can overflow or loop on it.
+# Specified in docs/protocol.md (sections 3-5). One layout rule: every data-path body is a
+# msgpack array [kind, DATA_VERSION, ...fields] (a delivery's topic travels in the ZeroMQ frame
+# before its body, so that libzmq can filter by prefix). Every integer a peer sends is
+# range-checked here, so nothing downstream can overflow or loop on it.
 
 DATA_VERSION = 2
 MAX_SEQ = (1 << 63) - 1  # sequence numbers, positions and request ids fit a signed 64-bit integer
@@ -138,6 +147,7 @@ MAX_TOPIC = 255
 HELLO, BATCH, BYE = "hello", "batch", "bye"
 WELCOME, ACK, REJECT, RESEND, ERROR, MOVE = "welcome", "ack", "reject", "resend", "error", "move"
 SYNC, BEAT, FETCH, FRAMES, POSITION = "sync", "beat", "fetch", "frames", "position"
+DELIVERY = "delivery"
 SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
 BEAT_TOPIC = b"\x00roq.beat"
 
@@ -170,6 +180,7 @@ def _kind_and_version(msg: Any, what: str) -> str:
 
 @dataclass(frozen=True)
 class Hello:
+    """A publisher's claim of its id on a connection (section 3.2)."""
     publisher: str
     token: bytes
     from_seq: int  # the lowest sequence number the publisher will send on this connection
@@ -177,6 +188,7 @@ class Hello:
 
 @dataclass(frozen=True)
 class Batch:
+    """Consecutive messages of one publisher (section 3.2); each message is checked by the exchange."""
     publisher: str
     first_seq: int
     sent_ns: int
@@ -189,6 +201,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class Bye:
+    """A publisher leaving a connection."""
     publisher: str
 
 
@@ -203,14 +216,17 @@ class RefusedBatch(ProtocolError):
 
 
 def encode_hello(publisher: str, token: bytes, from_seq: int) -> bytes:
+    """`hello`: the id, the token it derives from, and the lowest sequence number still to send."""
     return pack([HELLO, DATA_VERSION, publisher, token, from_seq])
 
 
 def encode_batch(publisher: str, first_seq: int, sent_ns: int, flat: list[bytes]) -> bytes:
+    """`batch`: messages first_seq, first_seq+1, ... as [topic, payload, ...]."""
     return pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, flat])
 
 
 def encode_bye(publisher: str) -> bytes:
+    """`bye`: the publisher leaves this connection."""
     return pack([BYE, DATA_VERSION, publisher])
 
 
@@ -272,30 +288,37 @@ class ExchangeReply:
 
 
 def encode_welcome(exchange_id: str, last_seq: int, subscribers: int) -> bytes:
+    """Answer to `hello`: everything of the publisher up to `last_seq` is held here."""
     return pack([WELCOME, DATA_VERSION, exchange_id, last_seq, subscribers])
 
 
 def encode_ack(seq: int, subscribers: int) -> bytes:
+    """Cumulative confirm: every message up to `seq` was forwarded or rejected one by one."""
     return pack([ACK, DATA_VERSION, seq, subscribers])
 
 
 def encode_reject(seq: int, code: str, message: str) -> bytes:
+    """One message refused (too large, bad topic); it still counts as handled."""
     return pack([REJECT, DATA_VERSION, seq, code, message])
 
 
 def encode_resend(next_seq: int, code: str, message: str) -> bytes:
+    """Nothing from `next_seq` on is held: say hello again if `code` asks, then send from there."""
     return pack([RESEND, DATA_VERSION, next_seq, code, message])
 
 
 def encode_publisher_error(code: str, message: str) -> bytes:
+    """A frame refused that names no sequence numbers (undecodable, a refused hello)."""
     return pack([ERROR, DATA_VERSION, code, message])
 
 
 def encode_move(reason: str) -> bytes:
+    """Please publish to another exchange of the queue (this one is shutting down)."""
     return pack([MOVE, DATA_VERSION, reason])
 
 
 def decode_exchange_reply(frame: bytes) -> ExchangeReply:
+    """Any reply to a publisher, each kind checked field by field."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
     kind = _kind_and_version(msg, "exchange reply")
     n = len(msg)
@@ -318,6 +341,7 @@ def decode_exchange_reply(frame: bytes) -> ExchangeReply:
 
 @dataclass(frozen=True)
 class Delivery:
+    """A decoded delivery (section 4.2)."""
     exchange: str
     incarnation: str
     pos: int
@@ -330,18 +354,20 @@ class Delivery:
 
 def encode_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]], publisher: str,
                     sent_ns: int, seqs: list[int], payloads: list[bytes]) -> bytes:
-    return pack([DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads])
+    """A frame of messages for subscribers; `chains` as PrefixChains.links gives them."""
+    return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads])
 
 
 def decode_delivery(frame: bytes) -> Delivery:
+    """A delivery body, every field checked (section 4.2)."""
     try:
         msg = msgpack.unpackb(frame, raw=False)
     except Exception:
         raise ProtocolError("delivery is not valid msgpack") from None
-    if not isinstance(msg, list) or len(msg) != 9 or msg[0] != DATA_VERSION:
-        raise ProtocolError("delivery must be [2, exchange, incarnation, pos, chains, publisher, "
+    if not isinstance(msg, list) or len(msg) != 10 or msg[0] != DELIVERY or msg[1] != DATA_VERSION:
+        raise ProtocolError("delivery must be [\"delivery\", 2, exchange, incarnation, pos, chains, publisher, "
                             "sent_ns, seqs, payloads]")
-    _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads = msg
+    _, _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads = msg
     if not _is_int(pos, 1) or not isinstance(incarnation, str) or not isinstance(exchange_id, str) \
             or not isinstance(publisher, str) or not _is_int(sent_ns, 0, MAX_U64):
         raise ProtocolError("delivery pos must be a positive integer, exchange, incarnation and publisher strings")
@@ -358,25 +384,28 @@ def decode_delivery(frame: bytes) -> Delivery:
 
 @dataclass(frozen=True)
 class Sync:
+    """A decoded `sync` or `beat`: the position the exchange's next frame will take."""
     exchange: str
     incarnation: str
     next_pos: int
 
 
 def sync_topic(subscriber_id: str) -> bytes:
+    """The private marker topic whose subscription the exchange answers with `sync`."""
     return SYNC_PREFIX + subscriber_id.encode()
 
 
 def encode_sync(exchange_id: str, incarnation: str, next_pos: int, kind: str = SYNC) -> bytes:
-    return pack([DATA_VERSION, kind, exchange_id, incarnation, next_pos])
+    """A sync answer (or, kind=BEAT, a heartbeat): the position the next frame will take."""
+    return pack([kind, DATA_VERSION, exchange_id, incarnation, next_pos])
 
 
 def decode_sync(frame: bytes, kind: str = SYNC) -> Sync:
     """A sync answer, or (kind=BEAT) a heartbeat: both tell the next position."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
-    if not isinstance(msg, list) or len(msg) != 5 or msg[:2] != [DATA_VERSION, kind] \
+    if not isinstance(msg, list) or len(msg) != 5 or msg[:2] != [kind, DATA_VERSION] \
             or not isinstance(msg[2], str) or not isinstance(msg[3], str) or not _is_int(msg[4], 1):
-        raise ProtocolError(f"{kind} must be [{DATA_VERSION}, \"{kind}\", exchange, incarnation, next_pos]")
+        raise ProtocolError(f"{kind} must be [\"{kind}\", {DATA_VERSION}, exchange, incarnation, next_pos]")
     return Sync(msg[2], msg[3], msg[4])
 
 
@@ -385,6 +414,7 @@ def decode_sync(frame: bytes, kind: str = SYNC) -> Sync:
 
 @dataclass(frozen=True)
 class Fetch:
+    """A decoded `fetch` request (section 5.1)."""
     request_id: int
     incarnation: str  # "" = whichever runs
     after: int
@@ -395,16 +425,19 @@ class Fetch:
 
 @dataclass(frozen=True)
 class PositionRequest:
+    """A decoded `position` request (section 5.2)."""
     request_id: int
     prefixes: list[bytes]
 
 
 def encode_fetch(request_id: int, incarnation: str, after: int, before: int, prefixes: list[bytes],
                  max_bytes: int) -> bytes:
+    """`fetch`: frames after < pos < before (0: no bound) of the prefixes (none: all)."""
     return pack([FETCH, DATA_VERSION, request_id, incarnation, after, before, prefixes, max_bytes])
 
 
 def encode_position_request(request_id: int, prefixes: Sequence[bytes] = ()) -> bytes:
+    """`position`: where the stream is, and where each prefix's chain ends."""
     return pack([POSITION, DATA_VERSION, request_id, list(prefixes)])
 
 
@@ -414,6 +447,7 @@ def _prefixes(value: Any) -> bool:
 
 
 def decode_replay_request(frame: bytes) -> Fetch | PositionRequest:
+    """A `fetch` or `position` request, every field range-checked."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
     kind = _kind_and_version(msg, "replay request")
     if kind == POSITION:
@@ -436,6 +470,7 @@ def decode_replay_request(frame: bytes) -> Fetch | PositionRequest:
 
 @dataclass(frozen=True)
 class Frames:
+    """A decoded `frames` answer: one page of a fetch."""
     request_id: int
     incarnation: str
     oldest: int  # oldest position still retained
@@ -448,6 +483,7 @@ class Frames:
 
 @dataclass(frozen=True)
 class StreamPosition:
+    """A decoded `position` answer."""
     request_id: int
     incarnation: str
     oldest: int
@@ -457,15 +493,18 @@ class StreamPosition:
 
 def encode_frames(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, bytes]],
                   scanned_to: int, done: bool, lost: int, lost_exact: bool) -> bytes:
+    """One page of a fetch, with what was evicted from the range before it was asked for."""
     return pack([FRAMES, DATA_VERSION, request_id, incarnation, oldest, frames, scanned_to, done,
                  [lost, lost_exact]])
 
 
 def encode_position(request_id: int, incarnation: str, oldest: int, next_pos: int, last: list[int]) -> bytes:
+    """The answer to a position request: `last[i]` for `prefixes[i]`."""
     return pack([POSITION, DATA_VERSION, request_id, incarnation, oldest, next_pos, last])
 
 
 def encode_replay_error(request_id: int | None, code: str, message: str) -> bytes:
+    """A refused replay request, echoing its id when it could be read."""
     return pack([ERROR, DATA_VERSION, request_id, code, message])
 
 
