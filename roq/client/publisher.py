@@ -1,78 +1,45 @@
 """Publisher: thread-safe `publish()`, adaptive batching, confirms, backpressure, failover.
 
-`publish()` only appends to the unconfirmed log and wakes the I/O thread,
-which owns the ZeroMQ socket. Batching needs no timer: while batches are in
-flight, new messages accumulate and leave together in the next batch; an idle
-publisher's lone message leaves at once. Every message has a sequence number;
-the exchange acks cumulatively and confirmed messages leave the log.
+`publish()` only appends to the unconfirmed log (roq.client.chunks) and wakes the I/O thread
+(roq.client.link, `PublisherLink`), which owns the ZeroMQ socket. Batching needs no timer: while
+batches are in flight, new messages accumulate and leave together in the next batch; an idle
+publisher's lone message leaves at once. Every message has a sequence number; the exchange acks
+cumulatively and confirmed messages leave the log. The log is only touched under the
+Publisher's lock, by the application's threads and the I/O thread alike.
 
 When more than `client.max_unconfirmed` messages wait, `publish()` blocks, and
 raises BackpressureError after `client.publish_timeout` — nothing is dropped.
-Every connection starts with `hello`: the publisher proves it owns its id (derived from a
-secret token, roq.protocol.publisher_id_for) and says the lowest sequence number it will send;
-the exchange's `welcome` names the highest it already holds, and the publisher sends everything
-it has above that. Batches are only sent after the welcome. An exchange that receives a batch
-that does not continue where the last one ended (bytes lost with a broken connection) answers
-`resend`, and the publisher says hello again and resends from the welcome: an ack never covers
-a message the exchange did not get.
-
-When the exchange asks us to move, disappears from ZooKeeper, or confirms
-nothing for `client.confirm_timeout`, we connect to another exchange of the
-queue (least loaded first, never one that just failed us while another runs)
-and resend every unconfirmed message, preceded by the replay window: the
-messages confirmed in the last `client.replay_seconds` (at most
-`client.replay_bytes`), which a dying exchange may have confirmed without its
-subscribers getting them. Exchanges and subscribers drop what they already
-had, by sequence number, so the application sees each message once.
-
-Moves are requested by ZooKeeper watch threads and by the I/O thread itself through one
-lock-guarded request (`_request_move` / `_take_move`): a request is never lost.
+The link says hello to each exchange, resends from its welcome, and moves to another exchange
+(resending the replay window and everything unconfirmed) when one asks, disappears or stops
+confirming: see roq.client.link. A deleted queue makes `publish()` raise QueueNotFoundError.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import random
 import secrets
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
-import zmq
 from kazoo.client import KazooClient
-from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
-from roq.client.chunks import ChunkLog, merge
+from roq.client.chunks import ChunkLog
+from roq.client.link import PublisherLink
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import (
     BackpressureError,
     MessageTooLargeError,
-    ProtocolError,
     QueueNotFoundError,
     RequestTimeoutError,
     RoqError,
 )
 from roq.names import check_topic
-from roq.paths import Paths
-from roq.records import ExchangeStats
-from roq.security import load_keys, secure_client
+from roq.security import load_keys
 from roq.zk import start_client, stop_client
 
-log = logging.getLogger(__name__)
-
-# Batches sent but not yet acked. More than one round trip's worth: the I/O thread may wait up to
-# a GIL switch interval (5 ms) while the application thread builds messages, and at 1M msg/s
-# that is 2 to 3 full batches the exchange should not go without.
-MAX_IN_FLIGHT = 4
-TOPIC_CACHE = 10_000
-AVOID_SECONDS = 30.0  # an exchange that failed us is not chosen again for this long while others run
-HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have been lost with a connection)
-STALE_STATS = 3.0  # exchange statistics this many report intervals older than the newest are ignored
+TOPIC_CACHE = 10_000  # validated topics remembered; the cache starts again when full
 
 
 class Publisher:
@@ -82,10 +49,9 @@ class Publisher:
         the publisher's secret (default: random); its id is derived from it."""
         self.config = config
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
-        self.prefer = prefer
         self.queue = queue
-        self._token = token if token is not None else secrets.token_bytes(16)
-        self.id = protocol.publisher_id_for(self._token)
+        token = token if token is not None else secrets.token_bytes(16)
+        self.id = protocol.publisher_id_for(token)
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
@@ -97,42 +63,14 @@ class Publisher:
         self._max_message = config.exchange.max_message_bytes
         self._max_unconfirmed = config.client.max_unconfirmed
         self._closed = False
-        self._move_lock = threading.Lock()
-        self._move_request: str | None = None  # set by any thread, taken by the I/O thread
-        self._awaiting_welcome = False  # batches wait until the exchange said what it holds
-        self._handshakes = 0  # of the current socket's connections
-        self._hello_sent = 0.0
-        self._avoid: dict[tuple[str, str], float] = {}  # (exchange, incarnation) → avoided until
-        self._incarnation = ""  # of the exchange we publish to
-        self.exchange: str | None = None  # id of the exchange we publish to
-        self.subscribers = 0  # RoQ subscribers connected to our exchange, as it last reported
         self.queue_deleted = False
-        self._want_hello = False
-        self._endpoint: str | None = None  # where the current exchange was when we connected
-        # Set by publish() when it wakes the I/O thread; cleared by the I/O thread when it can take
-        # more messages, so while batches are in flight publish() costs no system call.
-        self._wake_pending = False
-        self.moves = 0
-        self.resends = 0  # times an exchange asked us to resend (lost bytes, a refused batch)
-        self.reconnects = 0  # connections ZeroMQ re-established under us (each followed by a hello)
-        self.replayed = 0  # confirmed messages resent after moves
-        self.rejected: list[tuple[int, str, str]] = []
-        self._relocated_to: str | None = None  # where the leader asked us to publish
-        self._relocation_seen = 0.0
-        self.relocations = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        paths = Paths(config.zk.root)
         try:
-            self.topology = QueueTopology(self.zk, paths, queue, self._topology_changed)
+            self._link = PublisherLink(queue, config, self.zk, self.id, token, self._log, self._cond, prefer,
+                                       self._queue_changed)
         except Exception:
-            self._close_fds()
             if self._own_zk:
                 stop_client(self.zk)
             raise
-        self.zk.DataWatch(paths.relocations(queue), self._on_relocations)
-        self._thread = threading.Thread(target=self._run, name=f"publisher-{self.id}", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------ API
 
@@ -164,9 +102,10 @@ class Publisher:
             log.next_seq = seq + 1
             log.open.append(topic)
             log.open.append(payload)
-        if not self._wake_pending:  # one wake-up per batch, not one system call per message
-            self._wake_pending = True
-            self._wake()
+        link = self._link
+        if not link.wake_pending:  # one wake-up per batch, not one system call per message
+            link.wake_pending = True
+            link.wake()
         return seq
 
     def publish_many(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
@@ -182,14 +121,15 @@ class Publisher:
         checked = self._remember_topic(topic)  # once per list: no need for publish()'s cache lookup
         items = _checked_payloads(payloads, self._max_message)
         wait = self.config.client.publish_timeout if timeout is None else timeout
+        link = self._link
         with self._lock:
             first = self._log.next_seq
             done = 0
             while done < len(items):
                 done += self._append_part(checked, items, done, wait)
-                if not self._wake_pending:
-                    self._wake_pending = True
-                    self._wake()  # before waiting for room: the I/O thread must send what is queued
+                if not link.wake_pending:
+                    link.wake_pending = True
+                    link.wake()  # before waiting for room: the I/O thread must send what is queued
         return range(first, first + len(items))
 
     def _append_part(self, topic: bytes, items: list[bytes], done: int, wait: float) -> int:
@@ -250,13 +190,12 @@ class Publisher:
         counts once, whatever its topics; it is live on the exchange from then on)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self.subscribers < count:
+            while self._link.subscribers < count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RequestTimeoutError(f"exchange reports {self.subscribers} subscribers, "
                                               f"wanted {count}, after {timeout:.1f}s")
-                self._want_hello = True
-                self._wake()
+                self._link.request_hello()
                 self._cond.wait(min(remaining, 0.05))
 
     @property
@@ -277,10 +216,7 @@ class Publisher:
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()
-            self._wake()
-            self._thread.join(timeout=5)
-            self.topology.close()
-            self._close_fds()
+            self._link.close()
             if self._own_zk:
                 stop_client(self.zk)
 
@@ -290,302 +226,68 @@ class Publisher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------ I/O thread
+    # ------------------------------------------------------------ the link's state, read from outside
 
-    def _wake(self) -> None:
-        fd = self._wake_w
-        if fd < 0:
-            return  # closed: never write to a number the OS may have given to another file
-        try:
-            os.write(fd, b"x")
-        except (BlockingIOError, OSError):
-            pass  # already awake, or closing
+    @property
+    def topology(self) -> QueueTopology:
+        return self._link.topology
 
-    def _close_fds(self) -> None:
-        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    @property
+    def prefer(self) -> str | None:
+        """An exchange id to use while it runs (None: least loaded); read whenever the link chooses one."""
+        return self._link.prefer
+
+    @prefer.setter
+    def prefer(self, value: str | None) -> None:
+        self._link.prefer = value
+
+    @property
+    def exchange(self) -> str | None:
+        """Id of the exchange we publish to (None while choosing)."""
+        return self._link.exchange
+
+    @property
+    def subscribers(self) -> int:
+        """RoQ subscribers connected to our exchange, as it last reported."""
+        return self._link.subscribers
+
+    @property
+    def moves(self) -> int:
+        return self._link.moves
+
+    @property
+    def resends(self) -> int:
+        """Times an exchange asked us to resend (lost bytes, a refused batch)."""
+        return self._link.resends
+
+    @property
+    def reconnects(self) -> int:
+        """Connections ZeroMQ re-established under us (each followed by a hello)."""
+        return self._link.reconnects
+
+    @property
+    def replayed(self) -> int:
+        """Confirmed messages resent after moves."""
+        return self._link.replayed
+
+    @property
+    def rejected(self) -> list[tuple[int, str, str]]:
+        """(seq, code, message) of each message an exchange rejected."""
+        return self._link.rejected
+
+    @property
+    def relocations(self) -> int:
+        """Moves the leader asked for."""
+        return self._link.relocations
 
     def _request_move(self, reason: str) -> None:
         """Ask the I/O thread to move (any thread); the first reason since the last move wins."""
-        with self._move_lock:
-            if self._move_request is None:
-                self._move_request = reason
-        self._wake()
+        self._link.request_move(reason)
 
-    def _take_move(self) -> str | None:
-        with self._move_lock:
-            reason, self._move_request = self._move_request, None
-        return reason
-
-    def _on_relocations(self, data: bytes | None, _stat: object) -> bool | None:
-        """The leader moves a heavy publisher off an overloaded exchange by naming it here."""
-        if self._closed:
-            return False  # ends the watch
-        try:
-            entry = json.loads(data or b"{}").get(self.id)
-        except (ValueError, AttributeError):
-            return None
-        if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) \
-                or entry["at"] <= self._relocation_seen or not isinstance(entry.get("to"), str):
-            return None
-        self._relocation_seen = entry["at"]
-        self._relocated_to = entry["to"]
-        self._follow_relocation()
-        return None
-
-    def _follow_relocation(self) -> None:
-        """Move to the exchange the leader named, as soon as it runs (a new one may still be starting)."""
-        target = self._relocated_to
-        if target and self.prefer is None and self.exchange != target and target in self.topology.snapshot():
-            self.relocations += 1
-            self._request_move(f"relocated by the leader to {target}")
-
-    def _topology_changed(self) -> None:
+    def _queue_changed(self, deleted: bool) -> None:
+        """The link's watch: the queue was deleted or created again (or its endpoints changed)."""
         with self._cond:
-            self.queue_deleted = self.topology.deleted
-            self._cond.notify_all()
-        self._follow_relocation()
-        live = self.topology.snapshot()
-        current = self.exchange
-        if current is not None and current not in live:
-            self._request_move(f"exchange {current} disappeared")
-        elif current is not None and live[current].get("pub") != self._endpoint:
-            self._request_move(f"exchange {current} restarted elsewhere")  # same id, new process
-        self._wake()
-
-    def _run(self) -> None:
-        context = zmq.Context()
-        sock: zmq.Socket | None = None
-        monitor: zmq.Socket | None = None
-        poller = zmq.Poller()  # one for the thread's life; the socket is swapped in and out
-        poller.register(self._wake_r, zmq.POLLIN)
-        last_reply = time.monotonic()
-        try:
-            while not self._closed:
-                reason = self._take_move()
-                if reason and sock is not None:
-                    log.info("publisher %s moving: %s", self.id, reason)
-                    self._drop_socket(poller, sock, monitor)
-                    sock, monitor, self.exchange = None, None, None
-                    self.moves += 1
-                if sock is None:
-                    sock = self._connect(context)
-                    last_reply = time.monotonic()
-                    if sock is None:
-                        self._idle(poller, 100)
-                        continue
-                    # A connection that breaks takes the frames in flight with it (ZeroMQ reconnects
-                    # underneath): each new handshake starts with a hello, and the welcome says
-                    # from where to resend.
-                    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-                    poller.register(sock, zmq.POLLIN)
-                    poller.register(monitor, zmq.POLLIN)
-                if monitor is not None and self._reconnected(monitor):
-                    self.reconnects += 1
-                    self._say_hello(sock, rewind=True)
-                if not self._awaiting_welcome:
-                    self._send_batches(sock)
-                    if len(self._log.in_flight) < MAX_IN_FLIGHT:
-                        self._wake_pending = False  # from here on publish() must wake us ...
-                        self._send_batches(sock)  # ... and what came before is taken now
-                if self._want_hello or (self._awaiting_welcome and time.monotonic() - self._hello_sent > HELLO_RETRY):
-                    self._want_hello = False
-                    self._say_hello(sock)
-                self._idle(poller, 100)
-                while sock.poll(0):
-                    self._handle_reply(sock, sock.recv())
-                    last_reply = time.monotonic()
-                waiting = self._log.in_flight or self._awaiting_welcome
-                if waiting and time.monotonic() - last_reply > self.config.client.confirm_timeout:
-                    self._avoid_current()
-                    self._request_move(f"no answer from {self.exchange} for {self.config.client.confirm_timeout:.1f}s")
-            if sock is not None:
-                try:
-                    sock.send(protocol.encode_bye(self.id), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass  # a full pipe: the exchange forgets us after exchange.publisher_ttl
-        finally:
-            if monitor is not None and sock is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            if sock is not None:
-                sock.close(linger=100)
-            context.term()
-
-    def _drop_socket(self, poller: zmq.Poller, sock: zmq.Socket, monitor: zmq.Socket | None) -> None:
-        poller.unregister(sock)
-        if monitor is not None:
-            poller.unregister(monitor)
-            sock.disable_monitor()
-            monitor.close(linger=0)
-        sock.close(linger=0)
-
-    def _reconnected(self, monitor: zmq.Socket) -> bool:
-        """True when a handshake other than the socket's first one succeeded since the last look."""
-        again = False
-        while True:
-            try:
-                recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return again
-            self._handshakes += 1
-            again = again or self._handshakes > 1
-
-    def _idle(self, poller: zmq.Poller, timeout_ms: int) -> None:
-        """Wait for a reply, a wake-up from publish(), or the timeout."""
-        if dict(poller.poll(timeout_ms)).get(self._wake_r):
-            try:
-                os.read(self._wake_r, 4096)
-            except OSError:
-                pass
-
-    def _connect(self, context: zmq.Context) -> zmq.Socket | None:
-        choice = self._choose_exchange()
-        if choice is None:
-            return None
-        xid, data = choice
-        endpoint = data["pub"]
-        sock = context.socket(zmq.DEALER)
-        sock.linger = 0
-        secure_client(sock, self.config)
-        sock.connect(endpoint)
-        self._handshakes = 0
-        self._endpoint = endpoint
-        self._incarnation = str(data.get("incarnation", ""))
-        if xid == self._relocated_to:
-            self._relocated_to = None  # done; from now on it is just our exchange
-        with self._cond:
-            self.exchange = xid
-        self._say_hello(sock, rewind=True)
-        log.info("publisher %s publishing to %s/%s at %s", self.id, self.queue, xid, endpoint)
-        return sock
-
-    def _say_hello(self, sock: zmq.Socket, rewind: bool = False) -> None:
-        """`hello` with the lowest sequence number we may send. With `rewind`, batches wait for
-        the welcome, which says from where to send again."""
-        with self._cond:
-            self._log.trim_replay(time.monotonic())
-            from_seq = self._log.lowest_held()
-            if rewind:
-                self._awaiting_welcome = True
-        self._hello_sent = time.monotonic()
-        try:
-            sock.send(protocol.encode_hello(self.id, self._token, from_seq), zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # retried after HELLO_RETRY, or we move on the confirm timeout
-
-    def _on_welcome(self, last: int) -> None:
-        """The exchange holds everything of ours up to `last`: send everything above it again,
-        the replay window's part first (caller: the I/O thread, awaiting a welcome)."""
-        with self._cond:
-            self._awaiting_welcome = False
-            count = self._log.rewind(last, time.monotonic())
-            self.replayed += count
-        if count:
-            log.info("publisher %s resending %d confirmed messages to %s", self.id, count, self.exchange)
-
-    def _avoid_current(self) -> None:
-        if self.exchange is not None:
-            self._avoid[(self.exchange, self._incarnation)] = time.monotonic() + AVOID_SECONDS
-
-    def _choose_exchange(self) -> tuple[str, dict[str, Any]] | None:
-        try:
-            live = self.topology.refresh()  # fresh statistics: the watch only follows endpoints
-        except Exception:  # ZooKeeper unreachable: what we saw last will do
-            live = self.topology.snapshot()
-        if not live:
-            return None
-        if self.prefer in live:
-            return self.prefer, live[self.prefer]
-        relocated = self._relocated_to
-        if relocated is not None and relocated in live:
-            return relocated, live[relocated]
-        now = time.monotonic()
-        self._avoid = {key: until for key, until in self._avoid.items() if until > now}
-        reports = {xid: ExchangeStats.from_dict(data.get("stats")) for xid, data in live.items()}
-        newest = max((report.at or 0.0 for report in reports.values()), default=0.0)
-        stale_after = STALE_STATS * self.config.exchange.stats_interval
-
-        def rank(item: tuple[str, dict[str, Any]]) -> tuple[float, int, float, float]:
-            xid, data = item
-            stats = reports[xid]
-            avoided_until = self._avoid.get((xid, str(data.get("incarnation", ""))), 0.0)
-            # A frozen exchange stops reporting: its statistics age, and it goes last.
-            stale = int(newest - (stats.at or 0.0) > stale_after)
-            return (avoided_until, stale, stats.publishers, random.random())
-
-        xid, data = min(live.items(), key=rank)
-        return xid, data
-
-    def _send_batches(self, sock: zmq.Socket) -> None:
-        # The replay window goes first, merged back into full batches (chunks sealed at a low
-        # rate hold a message or two); its seqs are consecutive and end where the log starts.
-        log, client = self._log, self.config.client
-        with self._cond:
-            resend = log.take_resend()
-        for first, flat in merge(resend, client.max_batch, client.max_batch_bytes):
-            if not self._send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat)):
-                return
-        while len(log.in_flight) < MAX_IN_FLIGHT:
-            with self._cond:
-                chunk = log.take()
-            if chunk is None:
-                return
-            if not self._send_frame(sock, protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat)):
-                return
-
-    def _send_frame(self, sock: zmq.Socket, frame: bytes) -> bool:
-        """Never block: an exchange whose queue to us is full is not reading (dead or stuck)."""
-        try:
-            sock.send(frame, zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            self._avoid_current()
-            self._request_move(f"exchange {self.exchange} is not taking batches")
-            return False
-
-    def _handle_reply(self, sock: zmq.Socket, frame: bytes) -> None:
-        try:
-            reply = protocol.decode_exchange_reply(frame)
-        except ProtocolError as err:
-            log.warning("publisher %s: bad reply from exchange: %s", self.id, err)
-            return
-        kind = reply.kind
-        if kind == protocol.ACK:
-            self._on_ack(reply.seq, reply.subscribers)
-        elif kind == protocol.WELCOME:
-            self._on_ack(reply.seq, reply.subscribers)
-            if self._awaiting_welcome:
-                self._on_welcome(reply.seq)
-        elif kind == protocol.RESEND:
-            # Replies to batches sent before our hello arrive before its welcome: ignore them.
-            if not self._awaiting_welcome:
-                log.info("publisher %s: %s asks to resend from %d (%s); saying hello again",
-                         self.id, self.exchange, reply.seq, reply.code)
-                if reply.code == protocol.MALFORMED:
-                    log.error("publisher %s: exchange refused a batch as malformed: %s", self.id, reply.message)
-                self.resends += 1
-                self._say_hello(sock, rewind=True)
-        elif kind == protocol.REJECT:
-            self.rejected.append((reply.seq, reply.code, reply.message))
-            log.error("publisher %s: message %s rejected: %s", self.id, reply.seq, reply.message)
-        elif kind == protocol.MOVE:
-            self._request_move(f"exchange asked: {reply.message}")
-        elif kind == protocol.ERROR:
-            log.error("publisher %s: exchange refused a frame: %s: %s", self.id, reply.code, reply.message)
-            if reply.code == "refused":  # our hello: limits, or (never from us) a token mismatch
-                self._avoid_current()
-                self._request_move(f"exchange {self.exchange} refused us: {reply.message}")
-
-    def _on_ack(self, seq: int, subscribers: int | None) -> None:
-        with self._cond:
-            if subscribers is not None:
-                self.subscribers = subscribers
-            self._log.confirm(seq, time.monotonic())
+            self.queue_deleted = deleted
             self._cond.notify_all()
 
 

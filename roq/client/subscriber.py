@@ -1,8 +1,9 @@
 """Subscriber: receives every message of its topics from all exchanges of a queue.
 
-One SUB socket, owned by the I/O thread, is connected to every running
-exchange; ZooKeeper watches add new exchanges and drop removed ones while it
-runs. Topic filtering is by prefix, inside libzmq.
+One SUB socket, owned by the I/O thread (roq/client/receiver.py), is connected
+to every running exchange; ZooKeeper watches add new exchanges and drop removed
+ones while it runs. Topic filtering is by prefix, inside libzmq. The Subscriber
+drops duplicates and hands messages over to the application.
 
 Nothing is lost between the exchanges and the application while the
 exchanges' retention lasts (roq/client/streams.py has the rules):
@@ -43,7 +44,6 @@ the rest.
 from __future__ import annotations
 
 import logging
-import os
 import queue as queue_module
 import threading
 import time
@@ -52,20 +52,18 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import zmq
 from kazoo.client import KazooClient
-from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
 from roq.client.position import Position, load_position, position_file, save_position
+from roq.client.receiver import SubscriberReceiver
 from roq.client.replay import ReplayClient
 from roq.client.streams import Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import ProtocolError, QueueNotFoundError
+from roq.errors import QueueNotFoundError
 from roq.names import check_subscriber_name, check_topic
-from roq.paths import Paths
-from roq.security import load_keys, secure_client
+from roq.security import load_keys
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
@@ -145,27 +143,29 @@ class Subscriber:
         self.recovered = 0  # frames fetched from retention and handed over
         self.callback_errors = 0
         self._gone_since: float | None = None
-        self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
         try:
-            self.topology = QueueTopology(self.zk, Paths(config.zk.root), queue, self._wake)
+            self._receiver = SubscriberReceiver(queue, config, self.zk, self.topics, self._sync_topic, self._streams,
+                                                self._replay, self._save_position if self._position_path else None)
         except Exception:
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
             if self._own_zk:
                 stop_client(self.zk)
             raise
         # A new subscriber starts at the sync point of the exchanges running now; an
         # exchange that appears later is read from the start of its retention.
         self._streams.start_at_sync = set() if self.resumed else set(self.topology.snapshot())
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
-        self._thread.start()
-        self._ready.wait(5)
+        self._receiver.start()
 
     # ------------------------------------------------------------ API
+
+    @property
+    def topology(self) -> QueueTopology:
+        return self._receiver.topology
+
+    @property
+    def connected(self) -> set[str]:
+        """Ids of the exchanges the socket is connected to."""
+        return self._receiver.connected
 
     @property
     def gaps(self) -> int:
@@ -241,15 +241,7 @@ class Subscriber:
 
     def close(self) -> None:
         self._closed = True
-        self._wake()
-        self._thread.join(timeout=5)
-        self.topology.close()
-        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._receiver.close()
         self._save_position()
         if self._own_zk:
             stop_client(self.zk)
@@ -283,7 +275,8 @@ class Subscriber:
             self._taken.advance(d.incarnation, d.pos - 1)
 
     def topology_snapshot(self) -> dict[str, dict[str, Any]]:
-        return self.topology.snapshot() if hasattr(self, "topology") else {}
+        receiver = getattr(self, "_receiver", None)  # None until the constructor made it
+        return receiver.topology.snapshot() if receiver is not None else {}
 
     def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
         inc = live.get("incarnation")
@@ -300,118 +293,7 @@ class Subscriber:
         except OSError as exc:
             log.warning("could not save the subscriber position to %s: %s", self._position_path, exc)
 
-    # ------------------------------------------------------------ I/O thread
-
-    def _wake(self) -> None:
-        fd = self._wake_w
-        if fd < 0:
-            return  # closed: the number may belong to another file by now
-        try:
-            os.write(fd, b"x")
-        except OSError:
-            pass
-
-    def _run(self) -> None:
-        context = zmq.Context()
-        sock = context.socket(zmq.SUB)
-        sock.linger = 0
-        secure_client(sock, self.config)
-        sock.rcvhwm = self.config.client.receive_hwm
-        for topic in self.topics:
-            sock.setsockopt(zmq.SUBSCRIBE, topic)
-        sock.setsockopt(zmq.SUBSCRIBE, protocol.BEAT_TOPIC)
-        # Last, so the exchange sees it together with (after) the topics.
-        sock.setsockopt(zmq.SUBSCRIBE, self._sync_topic)
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._replay.bind(context)
-        endpoints: dict[str, str] = {}
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        seen_version = -1
-        next_save = time.monotonic() + self.config.client.position_save_interval
-        self._ready.set()
-        try:
-            while not self._closed:
-                if self.topology.version != seen_version:
-                    seen_version = self.topology.version
-                    endpoints = self._follow(sock, endpoints)
-                events = dict(poller.poll(200))
-                if events.get(self._wake_r):
-                    os.read(self._wake_r, 4096)
-                if events.get(monitor):
-                    self._on_disconnects(monitor, endpoints)
-                if events.get(sock):
-                    self._drain(sock)
-                self._streams.expire_syncs(time.monotonic())
-                if self._position_path and time.monotonic() >= next_save:
-                    next_save = time.monotonic() + self.config.client.position_save_interval
-                    self._save_position()
-        finally:
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            self._replay.close()
-            sock.close(linger=0)
-            context.term()
-
-    def _follow(self, sock: zmq.Socket, current: dict[str, str]) -> dict[str, str]:
-        live = self.topology.snapshot()
-        wanted = {xid: data["sub"] for xid, data in live.items() if data.get("sub")}
-        for xid, endpoint in current.items():
-            if wanted.get(xid) != endpoint:
-                try:
-                    sock.disconnect(endpoint)
-                except zmq.ZMQError:
-                    pass
-                self._replay.drop(xid)
-                log.info("subscriber left %s/%s", self.queue, xid)
-        for xid, endpoint in wanted.items():
-            if current.get(xid) != endpoint:
-                sock.connect(endpoint)
-                log.info("subscriber joined %s/%s at %s", self.queue, xid, endpoint)
-        self.connected = set(wanted)
-        running = {str(data.get("incarnation")) for data in live.values()}
-        for stream in list(self._streams.streams.values()):
-            # `known`: followed before, so an incarnation missing from `running` has ended (a new
-            # one is only ever met through an endpoint the topology already showed).
-            if stream.exchange not in live or (stream.incarnation not in running and stream.known):
-                self._streams.forget(stream.incarnation)  # that process is gone, and its retention
-        return wanted
-
-    def _on_disconnects(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:
-        """A dropped connection loses whatever was in flight: catch up at the next sync."""
-        by_endpoint = {endpoint: xid for xid, endpoint in endpoints.items()}
-        while True:
-            try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            xid = by_endpoint.get(event.get("endpoint", b"").decode(errors="replace"))
-            if xid is not None:
-                self._streams.on_disconnect(xid)
-
-    def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:
-        streams = self._streams
-        for _ in range(budget):
-            try:
-                topic, body = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except ValueError:
-                continue  # not two frames: not from an exchange
-            try:
-                if topic[:1] == b"\x00":
-                    if topic == protocol.BEAT_TOPIC:
-                        streams.on_beat(protocol.decode_sync(body, protocol.BEAT))
-                    elif topic == self._sync_topic:
-                        streams.on_sync(protocol.decode_sync(body))
-                    continue  # another subscriber's marker (we follow every topic)
-                delivery = protocol.decode_delivery(body)
-            except ProtocolError as exc:
-                log.warning("dropping an undecodable frame: %s", exc)
-                continue
-            streams.on_live(topic, delivery)
+    # ------------------------------------------------------------ the I/O thread's hand-over
 
     def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
         """Drop what was handed over before (by publisher and sequence), pass on the rest."""

@@ -143,13 +143,14 @@ def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs)
     with Admin(config, zk) as admin:
         wait_until(lambda: admin.request(old["endpoint"], "ping", {}, timeout=2)["leader"] is False,
                    timeout=15, message="the old leader to step down")
+        # Contending again means its new session is up: until then it answers zookeeper_unavailable.
+        wait_until(lambda: len(zk.get_children(paths.election)) == 2, timeout=15,
+                   message="the old leader to contend again")
         with pytest.raises(NotLeaderError):
             admin.request(old["endpoint"], "queue.create", {"name": "by-old"}, timeout=5)
         assert leader(zk, paths)["id"] == new["id"]
         assert int(zk.get(paths.epoch)[0]) == new["epoch"]
         assert [q["name"] for q in admin.list_queues()] == ["after-pause"]
-        wait_until(lambda: len(zk.get_children(paths.election)) == 2, timeout=15,
-                   message="the old leader to contend again")
 
 
 def test_control_api_survives_bad_input(config, zk, paths, procs):

@@ -116,14 +116,14 @@ def test_a_move_requested_by_a_watch_thread_is_never_lost() -> None:
     loop lost requests; now a request is taken atomically, and one made after a take is kept."""
     import threading
 
-    from roq.client.publisher import Publisher
-    pub = Publisher.__new__(Publisher)  # the request itself needs no socket
+    from roq.client.link import PublisherLink
+    pub = PublisherLink.__new__(PublisherLink)  # the request itself needs no socket
     pub._move_lock, pub._move_request, pub._wake_w = threading.Lock(), None, -1
-    pub._request_move("exchange x1 disappeared")
+    pub.request_move("exchange x1 disappeared")
     assert pub._take_move() == "exchange x1 disappeared"
     assert pub._take_move() is None
     taken: list[str | None] = []
-    threads = [threading.Thread(target=pub._request_move, args=(f"r{i}",)) for i in range(50)]
+    threads = [threading.Thread(target=pub.request_move, args=(f"r{i}",)) for i in range(50)]
     for thread in threads:
         thread.start()
         taken.append(pub._take_move())

@@ -1,0 +1,191 @@
+"""SubscriberReceiver: a subscriber's I/O thread and its one SUB socket.
+
+The socket is connected to every running exchange of the queue; ZooKeeper watches (the queue's
+QueueTopology, which the receiver owns) wake the thread, and it connects to new exchanges and
+disconnects from removed ones while it runs. Topic filtering is by prefix, inside libzmq: the
+receiver subscribes to the topics, the beat topic and, last, the subscriber's private sync
+marker. Every frame goes to the stream rules (roq.client.streams), which fetch what was dropped
+and hand the rest over to the Subscriber (roq.client.subscriber); a dropped connection makes
+the stream catch up at its next sync. A durable subscriber's position is saved from this thread
+every `client.position_save_interval`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+from kazoo.client import KazooClient
+from zmq.utils.monitor import recv_monitor_message
+
+from roq import protocol
+from roq.client.replay import ReplayClient
+from roq.client.streams import StreamSet
+from roq.client.topology import QueueTopology
+from roq.config import Config
+from roq.errors import ProtocolError
+from roq.paths import Paths
+from roq.security import secure_client
+
+log = logging.getLogger(__name__)
+
+
+class SubscriberReceiver:
+    def __init__(self, queue: str, config: Config, zk: KazooClient, topics: list[bytes], sync_topic: bytes,
+                 streams: StreamSet, replay: ReplayClient, save_position: Callable[[], None] | None) -> None:
+        """Watch the queue; `start()` starts the I/O thread. `save_position` (durable subscribers
+        only) is called from the I/O thread every `client.position_save_interval`."""
+        self.config = config
+        self.queue = queue
+        self._topics = topics
+        self._sync_topic = sync_topic
+        self._streams = streams
+        self._replay = replay
+        self._save_position = save_position
+        self.connected: set[str] = set()  # exchange ids we are connected to
+        self._closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        try:
+            self.topology = QueueTopology(zk, Paths(config.zk.root), queue, self._wake)
+        except Exception:
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            raise
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
+
+    def start(self) -> None:
+        """Start the I/O thread; returns once its socket is subscribed (at most 5 s)."""
+        self._thread.start()
+        self._ready.wait(5)
+
+    def close(self) -> None:
+        """Stop the I/O thread and the watches; close the wake-up pipe."""
+        self._closed = True
+        self._wake()
+        self._thread.join(timeout=5)
+        self.topology.close()
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _wake(self) -> None:
+        fd = self._wake_w
+        if fd < 0:
+            return  # closed: the number may belong to another file by now
+        try:
+            os.write(fd, b"x")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------ I/O thread
+
+    def _run(self) -> None:
+        context = zmq.Context()
+        sock = context.socket(zmq.SUB)
+        sock.linger = 0
+        secure_client(sock, self.config)
+        sock.rcvhwm = self.config.client.receive_hwm
+        for topic in self._topics:
+            sock.setsockopt(zmq.SUBSCRIBE, topic)
+        sock.setsockopt(zmq.SUBSCRIBE, protocol.BEAT_TOPIC)
+        # Last, so the exchange sees it together with (after) the topics.
+        sock.setsockopt(zmq.SUBSCRIBE, self._sync_topic)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._replay.bind(context)
+        endpoints: dict[str, str] = {}
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        seen_version = -1
+        next_save = time.monotonic() + self.config.client.position_save_interval
+        self._ready.set()
+        try:
+            while not self._closed:
+                if self.topology.version != seen_version:
+                    seen_version = self.topology.version
+                    endpoints = self._follow(sock, endpoints)
+                events = dict(poller.poll(200))
+                if events.get(self._wake_r):
+                    os.read(self._wake_r, 4096)
+                if events.get(monitor):
+                    self._on_disconnects(monitor, endpoints)
+                if events.get(sock):
+                    self._drain(sock)
+                self._streams.expire_syncs(time.monotonic())
+                if self._save_position and time.monotonic() >= next_save:
+                    next_save = time.monotonic() + self.config.client.position_save_interval
+                    self._save_position()
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            self._replay.close()
+            sock.close(linger=0)
+            context.term()
+
+    def _follow(self, sock: zmq.Socket, current: dict[str, str]) -> dict[str, str]:
+        live = self.topology.snapshot()
+        wanted = {xid: data["sub"] for xid, data in live.items() if data.get("sub")}
+        for xid, endpoint in current.items():
+            if wanted.get(xid) != endpoint:
+                try:
+                    sock.disconnect(endpoint)
+                except zmq.ZMQError:
+                    pass
+                self._replay.drop(xid)
+                log.info("subscriber left %s/%s", self.queue, xid)
+        for xid, endpoint in wanted.items():
+            if current.get(xid) != endpoint:
+                sock.connect(endpoint)
+                log.info("subscriber joined %s/%s at %s", self.queue, xid, endpoint)
+        self.connected = set(wanted)
+        running = {str(data.get("incarnation")) for data in live.values()}
+        for stream in list(self._streams.streams.values()):
+            # `known`: followed before, so an incarnation missing from `running` has ended (a new
+            # one is only ever met through an endpoint the topology already showed).
+            if stream.exchange not in live or (stream.incarnation not in running and stream.known):
+                self._streams.forget(stream.incarnation)  # that process is gone, and its retention
+        return wanted
+
+    def _on_disconnects(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:
+        """A dropped connection loses whatever was in flight: catch up at the next sync."""
+        by_endpoint = {endpoint: xid for xid, endpoint in endpoints.items()}
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            xid = by_endpoint.get(event.get("endpoint", b"").decode(errors="replace"))
+            if xid is not None:
+                self._streams.on_disconnect(xid)
+
+    def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:
+        streams = self._streams
+        for _ in range(budget):
+            try:
+                topic, body = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:
+                continue  # not two frames: not from an exchange
+            try:
+                if topic[:1] == b"\x00":
+                    if topic == protocol.BEAT_TOPIC:
+                        streams.on_beat(protocol.decode_sync(body, protocol.BEAT))
+                    elif topic == self._sync_topic:
+                        streams.on_sync(protocol.decode_sync(body))
+                    continue  # another subscriber's marker (we follow every topic)
+                delivery = protocol.decode_delivery(body)
+            except ProtocolError as exc:
+                log.warning("dropping an undecodable frame: %s", exc)
+                continue
+            streams.on_live(topic, delivery)
