@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -43,6 +42,7 @@ from zmq.utils.monitor import recv_monitor_message
 from roq import protocol
 from roq.client.chunks import ChunkLog, merge
 from roq.client.topology import QueueTopology
+from roq.client.wake import WakePipe
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.paths import Paths
@@ -98,13 +98,12 @@ class PublisherLink:
         self._relocated_to: str | None = None  # where the leader asked us to publish
         self._relocation_seen = 0.0
         self.relocations = 0
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        self._wake = WakePipe()
         paths = Paths(config.zk.root)
         try:
             self.topology = QueueTopology(zk, paths, queue, self._topology_changed)
         except Exception:
-            self._close_fds()
+            self._wake.close()
             raise
         zk.DataWatch(paths.relocations(queue), self._on_relocations)
         self._thread = threading.Thread(target=self._run, name=f"publisher-{publisher_id}", daemon=True)
@@ -116,17 +115,11 @@ class PublisherLink:
         self.wake()
         self._thread.join(timeout=5)
         self.topology.close()
-        self._close_fds()
+        self._wake.close()
 
     def wake(self) -> None:
         """Wake the I/O thread (any thread)."""
-        fd = self._wake_w
-        if fd < 0:
-            return  # closed: never write to a number the OS may have given to another file
-        try:
-            os.write(fd, b"x")
-        except (BlockingIOError, OSError):
-            pass  # already awake, or closing
+        self._wake.wake()
 
     def request_hello(self) -> None:
         """Ask the I/O thread to say hello again (the welcome reports the subscribers)."""
@@ -144,14 +137,6 @@ class PublisherLink:
         with self._move_lock:
             reason, self._move_request = self._move_request, None
         return reason
-
-    def _close_fds(self) -> None:
-        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
     # ------------------------------------------------------------ ZooKeeper watches
 
@@ -196,7 +181,7 @@ class PublisherLink:
         sock: zmq.Socket | None = None
         monitor: zmq.Socket | None = None
         poller = zmq.Poller()  # one for the thread's life; the socket is swapped in and out
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         last_reply = time.monotonic()
         try:
             while not self._closed:
@@ -271,11 +256,8 @@ class PublisherLink:
 
     def _idle(self, poller: zmq.Poller, timeout_ms: int) -> None:
         """Wait for a reply, a wake-up from publish(), or the timeout."""
-        if dict(poller.poll(timeout_ms)).get(self._wake_r):
-            try:
-                os.read(self._wake_r, 4096)
-            except OSError:
-                pass
+        if dict(poller.poll(timeout_ms)).get(self._wake.fd):
+            self._wake.drain()
 
     def _connect(self, context: zmq.Context) -> zmq.Socket | None:
         choice = self._choose_exchange()

@@ -13,7 +13,6 @@ every `client.position_save_interval`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from roq import protocol
 from roq.client.replay import ReplayClient
 from roq.client.streams import StreamSet
 from roq.client.topology import QueueTopology
+from roq.client.wake import WakePipe
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.paths import Paths
@@ -48,13 +48,11 @@ class SubscriberReceiver:
         self._save_position = save_position
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._closed = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        self._wake = WakePipe()
         try:
-            self.topology = QueueTopology(zk, Paths(config.zk.root), queue, self._wake)
+            self.topology = QueueTopology(zk, Paths(config.zk.root), queue, self._wake.wake)
         except Exception:
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
+            self._wake.close()
             raise
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
@@ -67,24 +65,10 @@ class SubscriberReceiver:
     def close(self) -> None:
         """Stop the I/O thread and the watches; close the wake-up pipe."""
         self._closed = True
-        self._wake()
+        self._wake.wake()
         self._thread.join(timeout=5)
         self.topology.close()
-        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def _wake(self) -> None:
-        fd = self._wake_w
-        if fd < 0:
-            return  # closed: the number may belong to another file by now
-        try:
-            os.write(fd, b"x")
-        except OSError:
-            pass
+        self._wake.close()
 
     # ------------------------------------------------------------ I/O thread
 
@@ -105,7 +89,7 @@ class SubscriberReceiver:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._wake.fd, zmq.POLLIN)
         seen_version = -1
         next_save = time.monotonic() + self.config.client.position_save_interval
         self._ready.set()
@@ -115,8 +99,8 @@ class SubscriberReceiver:
                     seen_version = self.topology.version
                     endpoints = self._follow(sock, endpoints)
                 events = dict(poller.poll(200))
-                if events.get(self._wake_r):
-                    os.read(self._wake_r, 4096)
+                if events.get(self._wake.fd):
+                    self._wake.drain()
                 if events.get(monitor):
                     self._on_disconnects(monitor, endpoints)
                 if events.get(sock):

@@ -426,7 +426,7 @@ def test_10_a_closed_publisher_stops_watching_the_queue(config, zk, paths, clust
     with Admin(config, zk) as admin:
         admin.scale_queue("closed", 2)
     wait_until(lambda: len(read_live(zk, paths, "closed")) == 2, timeout=15, message="a second exchange")
-    assert pub.topology.version == version and pub._link._wake_w == -1
+    assert pub.topology.version == version and pub._link._wake.closed
 
 
 def test_12_clients_follow_a_queue_deleted_and_created_again(config, zk, paths, cluster):

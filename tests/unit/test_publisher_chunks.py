@@ -118,7 +118,9 @@ def test_a_move_requested_by_a_watch_thread_is_never_lost() -> None:
 
     from roq.client.link import PublisherLink
     pub = PublisherLink.__new__(PublisherLink)  # the request itself needs no socket
-    pub._move_lock, pub._move_request, pub._wake_w = threading.Lock(), None, -1
+    from roq.client.wake import WakePipe
+    pub._move_lock, pub._move_request, pub._wake = threading.Lock(), None, WakePipe()
+    pub._wake.close()  # wake-ups are no-ops: there is no I/O thread
     pub.request_move("exchange x1 disappeared")
     assert pub._take_move() == "exchange x1 disappeared"
     assert pub._take_move() is None
