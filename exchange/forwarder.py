@@ -15,6 +15,12 @@ fetches the missing frames from retention through the replay socket (exchange/re
 does a subscriber that reconnects. A subscription to a sync marker topic is answered with the
 next position, so a subscriber knows from where on its subscription is live.
 
+With replicas = 2 every retained frame is also copied to the exchange's replica on another host
+(exchange/replication.py), and with `exchange.journal = fsync` written and fsync'ed to the
+journal (exchange/journal.py); an ack then waits in the confirm gate (exchange/confirms.py) until
+everything the stream held when it was earned is durable. A journal's earlier incarnations are
+loaded at start and served on the replay socket, so positions saved before a restart stay valid.
+
 Nothing a peer sends can end the loop: decoders range-check every field, and an unexpected
 error while handling one frame is logged, counted (`internal_errors`) and the loop goes on.
 """
@@ -30,12 +36,15 @@ from typing import Any
 import zmq
 
 from exchange.chains import PrefixChains
+from exchange.confirms import ConfirmGate
+from exchange.journal import Journal
 from exchange.replay import REPLAY_HWM, ReplayServer
+from exchange.replication import ReplicaLink
 from exchange.retention import Retention
-from exchange.sessions import PublisherSessions
+from exchange.sessions import PRUNE_INTERVAL, PublisherSessions
 from exchange.stats import ExchangeStats
 from roq import protocol
-from roq.config import ExchangeConfig
+from roq.config import Config, ExchangeConfig
 from roq.errors import ProtocolError
 from roq.names import MAX_TOPIC_BYTES
 from roq.security import Gatekeeper
@@ -50,14 +59,32 @@ _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SND
 
 class Forwarder:
     def __init__(self, context: zmq.Context, config: ExchangeConfig, exchange_id: str,
-                 bind_host: str, advertise_host: str, gatekeeper: Gatekeeper | None = None) -> None:
-        """`gatekeeper` (CURVE, connection limits) guards the three sockets before they bind."""
+                 bind_host: str, advertise_host: str, gatekeeper: Gatekeeper | None = None,
+                 replicas: int = 1, cluster_config: Config | None = None,
+                 journal_dir: str | None = None, archives: dict[str, Retention] | None = None) -> None:
+        """`gatekeeper` (CURVE, connection limits) guards the three sockets before they bind.
+        `replicas` = 2 copies every frame to a replica (`cluster_config` is then required, for the
+        link's security); `journal_dir` keeps the journal there; `archives` are earlier
+        incarnations' streams (from the journal) served on the replay socket."""
         self.config = config
         self.exchange_id = exchange_id
         # A restarted exchange keeps its id but starts a new stream of positions.
         self.incarnation = f"{exchange_id}.{secrets.token_hex(4)}"
         self.stats = ExchangeStats()
         self.retention = Retention(config.retention_seconds, config.retention_bytes)
+        self.gate = ConfirmGate()
+        self.link: ReplicaLink | None = None
+        if replicas >= 2:
+            if cluster_config is None:
+                raise ValueError("replicas >= 2 needs the cluster configuration")
+            self.link = ReplicaLink(context, cluster_config, self.retention, self.incarnation, exchange_id)
+        self.replica_target: str | None = None  # set from the stdin thread; the loop connects
+        self.journal: Journal | None = None
+        if journal_dir is not None and config.journal != "off":
+            self.journal = Journal(journal_dir, self.incarnation, config.journal, config.journal_segment_bytes,
+                                   config.retention_seconds, config.retention_bytes)
+        self.gated = self.link is not None or (self.journal is not None and config.journal == "fsync")
+        self.archives: dict[str, Retention] = archives if archives is not None else {}
         self.sessions = PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
                                           max_per_connection=config.max_publishers_per_connection)
         self.chains = PrefixChains(config.max_prefixes)
@@ -85,7 +112,8 @@ class Forwarder:
         sub_port = self.back.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
         self.replay = ReplayServer(replay, self.retention, self.chains, self.incarnation, config.fetch_max_bytes,
-                                   config.replay_budget_bytes, 2 * config.fetch_max_bytes, self._count)
+                                   config.replay_budget_bytes, 2 * config.fetch_max_bytes, self._count,
+                                   archives=self.archives)
         self.pub_endpoint = f"tcp://{advertise_host}:{pub_port}"
         self.sub_endpoint = f"tcp://{advertise_host}:{sub_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
@@ -93,6 +121,24 @@ class Forwarder:
     def close(self) -> None:
         for sock in (self.front, self.back, self.replay.sock):
             sock.close(linger=0)
+        if self.link is not None:
+            self.link.close()
+        if self.journal is not None:
+            self.journal.close()
+
+    @property
+    def sealed(self) -> bool:
+        """Our replica refused to copy more of this incarnation: we must not confirm anything."""
+        return self.link is not None and self.link.sealed
+
+    def durable_pos(self) -> int:
+        """Every position below this is durable: held by the replica, and fsync'ed if we journal so."""
+        durable = self.retention.next_pos
+        if self.link is not None:
+            durable = min(durable, self.link.held)
+        if self.journal is not None and self.config.journal == "fsync":
+            durable = min(durable, self.journal.committed_pos)
+        return durable
 
     def _count(self, name: str, amount: int) -> None:
         totals = self.stats.totals
@@ -102,29 +148,79 @@ class Forwarder:
         poller = zmq.Poller()
         for sock in (self.front, self.back, self.replay.sock):
             poller.register(sock, zmq.POLLIN)
-        next_beat = 0.0
-        while not should_stop():
+        link_sock: zmq.Socket | None = None
+        reading_publishers = True
+        next_beat = next_housekeeping = 0.0
+        while not should_stop() and not self.sealed:
+            link = self.link
+            if link is not None:
+                if self.replica_target != link.endpoint:
+                    if link_sock is not None:
+                        poller.unregister(link_sock)
+                    link.point_to(self.replica_target)
+                    link_sock = link.sock
+                    if link_sock is not None:
+                        poller.register(link_sock, zmq.POLLIN)
+                if link.blocked == reading_publishers:  # stop reading batches until the replica catches up
+                    reading_publishers = not reading_publishers
+                    poller.modify(self.front, zmq.POLLIN if reading_publishers else 0)
             for sock, _ in poller.poll(POLL_MS):
                 try:
                     if sock is self.front:
                         self._drain_publishers()
                     elif sock is self.back:
                         self._drain_subscriptions()
-                    else:
+                    elif sock is self.replay.sock:
                         self.replay.drain()
+                    else:
+                        self._drain_replica(sock)  # the link's socket
                 except zmq.ContextTerminated:
                     raise
                 except Exception:  # a bug must not take the exchange (and its retention) down
                     self.stats.totals.internal_errors += 1
                     log.exception("unexpected error while handling a frame; going on")
             now = time.monotonic()
+            self._make_durable(now)
             self.retention.trim(now)
-            self.sessions.prune(now)
-            self.stats.forget_idle(now, self.config.publisher_ttl)
+            if now >= next_housekeeping:
+                next_housekeeping = now + PRUNE_INTERVAL
+                self._housekeeping(now)
             if now >= next_beat:
                 next_beat = now + self.config.beat_interval
                 self._beat()
             on_tick()
+
+    def _make_durable(self, now: float) -> None:
+        """Journal and copy what was forwarded, then release the acks that became durable."""
+        if self.journal is not None:
+            self.journal.commit()
+        if self.link is not None:
+            self.link.pump(now)
+        if self.gated and len(self.gate) and not self.sealed:
+            subscribers = self.subscriber_count
+            for ack in self.gate.release(self.durable_pos()):
+                self._reply(ack.route, protocol.encode_ack(ack.seq, subscribers))
+
+    def _housekeeping(self, now: float) -> None:
+        self.sessions.prune(now)
+        self.stats.forget_idle(now, self.config.publisher_ttl)
+        if len(self.gate.confirmed) > len(self.sessions.sessions):
+            self.gate.forget(set(self.gate.confirmed) - set(self.sessions.sessions))
+        if self.journal is not None:
+            self.journal.trim(self.retention.oldest)
+        for incarnation, archive in list(self.archives.items()):
+            archive.trim(now)
+            if not len(archive):
+                del self.archives[incarnation]
+
+    def _drain_replica(self, sock: zmq.Socket, budget: int = 256) -> None:
+        assert self.link is not None
+        for _ in range(budget):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.link.on_reply(frame)
 
     def _beat(self) -> None:
         body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos, protocol.BEAT)
@@ -218,6 +314,8 @@ class Forwarder:
                 self._reply(ident, protocol.encode_publisher_error("refused", refusal))
                 return
             self.stats.publishers[frame.publisher] = time.monotonic()
+            if self.gated:  # a welcome counts as an ack: name only what is durable
+                last = self.gate.welcome_seq(frame.publisher, frame.from_seq - 1)
             self._reply(ident, protocol.encode_welcome(self.exchange_id, last, self.subscriber_count))
         elif self.sessions.bye(ident, frame.publisher):  # only the owner's bye counts
             self.stats.publishers.pop(frame.publisher, None)
@@ -251,7 +349,10 @@ class Forwarder:
             if batch.sent_ns:  # 0: the publisher does not say when it sent
                 self.stats.note_latency(time.time_ns() - batch.sent_ns)
         last = self.sessions.advance(pub, batch.first_seq + count - 1)
-        self._reply(ident, protocol.encode_ack(last, self.subscriber_count))
+        if self.gated:
+            self.gate.hold(self.retention.next_pos, ident, pub, last)
+        else:
+            self._reply(ident, protocol.encode_ack(last, self.subscriber_count))
 
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
         """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""
@@ -286,6 +387,8 @@ class Forwarder:
         body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, self.chains.links(topic, pos),
                                         pub, sent_ns, seqs, payloads)
         self.retention.add(topic, body, len(seqs))
+        if self.journal is not None:
+            self.journal.append(pos, topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
         self.back.send(body)
         totals = self.stats.totals

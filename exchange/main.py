@@ -5,7 +5,12 @@ Talks to its parent through stdout, one JSON object per line: first
 {"event": "stats", ...} every `exchange.stats_interval`. Logs go to stderr,
 as JSON lines under an HCM (`--json-logs`), which re-logs them.
 It dies with its parent: PR_SET_PDEATHSIG on Linux, and EOF on stdin
-everywhere (the parent holds the other end). On SIGTERM it asks its
+everywhere (the parent holds the other end). After the configuration line the
+parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
+`{"replica": null}` tells an exchange with `--replicas 2` where its replica is.
+With `--role replica` the process is a replica (exchange/replica.py) instead:
+its ready event names `repl` and `replay` endpoints. An exchange whose replica
+sealed its incarnation exits (code 4) so that it restarts as a new one. On SIGTERM it asks its
 publishers to move, then exits. A configuration it refuses (including CURVE
 keys it cannot read) exits with `Exit.CONFIG`, before it reports ready; entry
 point, signals and exit codes: roq/daemon.py.
@@ -21,12 +26,18 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import click
 import zmq
 
 from exchange.forwarder import Forwarder
+from exchange.journal import load_archives
+from exchange.replica import Replica
+from exchange.retention import Retention
 from roq.config import Config, config_from_json, load_config
 from roq.daemon import Stop, run_daemon
 from roq.errors import Exit
@@ -49,15 +60,23 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(Exit.OK)  # the parent died before prctl took effect: as on stdin EOF, nothing to serve
 
 
-def watch_stdin(stop: threading.Event) -> None:
-    """Our parent holds stdin open; EOF means it is gone.
+def watch_stdin(stop: threading.Event, on_line: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Our parent holds stdin open; EOF means it is gone. Lines it writes meanwhile are JSON
+    objects handed to `on_line` (anything else is ignored).
 
     Raw reads of fd 0, not sys.stdin: a daemon thread blocked inside a buffered reader's lock
     makes the interpreter abort at exit."""
     def wait_eof() -> None:
+        pending = bytes(_after_config)
         try:
-            while os.read(STDIN, 4096):
-                pass
+            while True:
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    _hand_over(line, on_line)
+                chunk = os.read(STDIN, 4096)
+                if not chunk:
+                    break
+                pending = pending[-(1 << 16):] + chunk  # a parent never writes lines this long
         except OSError:
             pass
         log.warning("parent went away (stdin closed); exiting")
@@ -65,15 +84,30 @@ def watch_stdin(stop: threading.Event) -> None:
     threading.Thread(target=wait_eof, name="stdin-watch", daemon=True).start()
 
 
+def _hand_over(line: bytes, on_line: Callable[[dict[str, Any]], None] | None) -> None:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return
+    if on_line is not None and isinstance(message, dict):
+        on_line(message)
+
+
+_after_config = bytearray()  # what followed the configuration line in the same read: the watcher's
+
+
 def read_config_line() -> str:
-    """The one JSON line the HCM writes first, read unbuffered so nothing after it is consumed."""
-    chunks: list[bytes] = []
-    while not chunks or not chunks[-1].endswith(b"\n"):
+    """The one JSON line the HCM writes first, read unbuffered; what follows it (replica lines)
+    is kept for watch_stdin."""
+    data = b""
+    while b"\n" not in data:
         chunk = os.read(STDIN, 1 << 16)
         if not chunk:
             break
-        chunks.append(chunk)
-    return b"".join(chunks).decode()
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    _after_config[:] = rest
+    return line.decode()
 
 
 def _rss_bytes() -> int:
@@ -94,6 +128,10 @@ def emit(event: dict) -> None:
 @click.option("--queue", required=True)
 @click.option("--id", "exchange_id", required=True)
 @click.option("--host", default="", help="host name this exchange runs on (for reports)")
+@click.option("--role", type=click.Choice(["primary", "replica"]), default="primary",
+              help="an exchange (primary), or the replica of exchange ID on another host")
+@click.option("--replicas", type=click.IntRange(1, 2), default=1,
+              help="2: confirm only what the replica holds too (its endpoint comes on stdin)")
 @click.option("--config-json", default=None, help="the full configuration as JSON (for manual runs)")
 @click.option("--config-stdin", is_flag=True,
               help="read the configuration as one JSON line from stdin, as the HCM passes it "
@@ -101,8 +139,8 @@ def emit(event: dict) -> None:
 @click.option("--parent-pid", type=int, default=None)
 @click.option("--watch-stdin/--no-watch-stdin", "watch_parent", default=True)
 @click.option("--json-logs", is_flag=True, help="log JSON lines, for the HCM to re-log (as it passes)")
-def main(queue: str, exchange_id: str, host: str, config_json: str | None, config_stdin: bool,
-         parent_pid: int | None, watch_parent: bool, json_logs: bool) -> None:
+def main(queue: str, exchange_id: str, host: str, role: str, replicas: int, config_json: str | None,
+         config_stdin: bool, parent_pid: int | None, watch_parent: bool, json_logs: bool) -> None:
     """Run one exchange of QUEUE (normally started by roq-hcm)."""
     die_with_parent(parent_pid)
 
@@ -110,24 +148,53 @@ def main(queue: str, exchange_id: str, host: str, config_json: str | None, confi
         text = read_config_line() if config_stdin else config_json
         return config_from_json(text) if text else load_config()
 
-    def body(config: Config, stop: Stop) -> None:
-        if watch_parent:
-            watch_stdin(stop)
-        serve(config, stop, queue, exchange_id)
+    def body(config: Config, stop: Stop) -> Exit:
+        if role == "replica":
+            if watch_parent:
+                watch_stdin(stop)
+            serve_replica(config, stop, queue, exchange_id)
+            return Exit.OK
+        return serve(config, stop, queue, exchange_id, replicas, watch_parent)
 
     run_daemon("roq-exchange", load, f"exchange {queue}/{exchange_id}", body, json_logs=json_logs)
 
 
-def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str) -> None:
-    """Bind, report ready, forward until `stop` is set, then ask publishers to move and close."""
+def journal_dir(config: Config, queue: str, exchange_id: str) -> Path:
+    return Path(config.hcm.data_dir) / "journal" / queue / exchange_id
+
+
+def load_journal_archives(config: Config, directory: Path) -> dict[str, Retention]:
+    """Earlier incarnations' streams from the journal, as retention the replay socket serves."""
+    ex = config.exchange
+    archives: dict[str, Retention] = {}
+    for archive in load_archives(directory, "", ex.retention_seconds, ex.retention_bytes):
+        store = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=archive.lost_before)
+        for frame in archive.frames:
+            store.add(frame.topic, frame.body, frame.messages)
+        archives[archive.incarnation] = store
+        log.info("journal: incarnation %s reloaded, positions %d-%d", archive.incarnation,
+                 store.oldest, store.next_pos - 1)
+    return archives
+
+
+def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, replicas: int = 1,
+          watch_parent: bool = False) -> Exit:
+    """Bind, report ready, forward until `stop` is set, then ask publishers to move and close.
+    Returns Exit.INTERNAL if the replica sealed this incarnation (the HCM starts a new one)."""
     context = zmq.Context()
     try:
         gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
         advertise = config.hcm.advertise or config.hcm.bind
-        forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper)
+        directory = journal_dir(config, queue, exchange_id) if config.exchange.journal != "off" else None
+        archives = load_journal_archives(config, directory) if directory is not None else {}
+        forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper,
+                              replicas=replicas, cluster_config=config,
+                              journal_dir=str(directory) if directory is not None else None, archives=archives)
     except BaseException:
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
         raise
+    if watch_parent:
+        watch_stdin(stop, lambda message: _on_parent_line(forwarder, message))
     gatekeeper.start()
     interval = config.exchange.stats_interval
     next_report = [time.monotonic() + interval]
@@ -142,16 +209,20 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str) -
                              evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
                              expired_publishers=forwarder.sessions.expired,
                              tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
-                             rss_bytes=_rss_bytes())
+                             rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
+                             replicated_to=forwarder.link.held if forwarder.link else 0,
+                             next_pos=retention.next_pos)
             emit({"event": "stats", **report.to_dict()})
 
     try:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
-              "replay": forwarder.replay_endpoint, "incarnation": forwarder.incarnation, "pid": os.getpid()})
+              "replay": forwarder.replay_endpoint, "incarnation": forwarder.incarnation, "pid": os.getpid(),
+              "replicas": replicas, "archived": sorted(forwarder.archives)})
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
-        moved = forwarder.ask_publishers_to_move("exchange shutting down")
+        moved = forwarder.ask_publishers_to_move("exchange shutting down" if not forwarder.sealed
+                                                 else "exchange cut off from its replica")
         if moved:
             deadline = time.monotonic() + MOVE_GRACE
             forwarder.run(lambda: time.monotonic() > deadline, lambda: None)
@@ -162,6 +233,53 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str) -
         gatekeeper.stop()
         context.term()
     log.info("exchange %s/%s stopped", queue, exchange_id)
+    return Exit.INTERNAL if forwarder.sealed else Exit.OK
+
+
+def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:
+    """The HCM says where our replica is (runs in the stdin thread: the loop connects)."""
+    if "replica" not in message:
+        return
+    replica = message["replica"]
+    endpoint = replica.get("repl") if isinstance(replica, dict) else None
+    forwarder.replica_target = endpoint if isinstance(endpoint, str) and endpoint.startswith("tcp://") else None
+
+
+def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id: str) -> None:
+    """Bind, report ready, keep copies of exchange_id's stream until `stop` is set."""
+    context = zmq.Context()
+    try:
+        gatekeeper = Gatekeeper(context, config, f"replica {queue}/{exchange_id}")
+        advertise = config.hcm.advertise or config.hcm.bind
+        replica = Replica(context, config, exchange_id, config.hcm.bind, advertise, gatekeeper)
+    except BaseException:
+        context.destroy(linger=0)
+        raise
+    gatekeeper.start()
+    interval = config.exchange.stats_interval
+    next_report = [time.monotonic() + interval]
+
+    def on_tick() -> None:
+        if time.monotonic() >= next_report[0]:
+            next_report[0] = time.monotonic() + interval
+            report = replica.report()
+            emit({"event": "stats", "retained_frames": report["retained_frames"],
+                  "retained_bytes": report["retained_bytes"], "rss_bytes": _rss_bytes(),
+                  "copies": report["copies"], "copied_frames": report.get("copied_frames", 0)})
+
+    try:
+        emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
+              "incarnation": replica.incarnation, "pid": os.getpid()})
+        log.info("replica of %s/%s ready: copies at %s, fetches at %s", queue, exchange_id,
+                 replica.repl_endpoint, replica.replay_endpoint)
+        replica.run(stop.is_set, on_tick)
+    except BrokenPipeError:
+        pass
+    finally:
+        replica.close()
+        gatekeeper.stop()
+        context.term()
+    log.info("replica of %s/%s stopped", queue, exchange_id)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,19 @@ A ROUTER socket queues replies for peers that do not read them; unbounded, a few
 that are never read pin gigabytes. Every reply leaves as a tracked zero-copy frame, so the bytes
 libzmq still holds are known per connection and in total; a fetch beyond either budget is
 answered with a small `busy` error (retry after reading what you asked for) instead of a page.
+
+Besides its own running incarnation (none on a replica), a server may hold `archives`: copies of
+other incarnations' streams (a replica's copies of its primary, an exchange's journal of its
+earlier incarnations). Fetches naming one are served from it; a position request naming one
+answers where that copy ends (every prefix's chain is taken to end there: the asker fetches the
+whole range) and calls `on_ended`, which a replica uses to seal the copy (protocol section 6.3).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import zmq
 
@@ -25,14 +31,18 @@ REPLAY_HWM = 64  # replies queued per connection; small ones only, the byte budg
 
 
 class ReplayServer:
-    def __init__(self, sock: zmq.Socket, retention: Retention, chains: PrefixChains, incarnation: str,
-                 fetch_max_bytes: int, budget_bytes: int, per_connection_bytes: int,
-                 count: Callable[[str, int], None]) -> None:
-        """`count(name, n)` adds to the exchange's counters (fetches, fetched_frames, malformed, busy)."""
+    def __init__(self, sock: zmq.Socket, retention: Retention | None, chains: PrefixChains | None,
+                 incarnation: str, fetch_max_bytes: int, budget_bytes: int, per_connection_bytes: int,
+                 count: Callable[[str, int], None], archives: Mapping[str, Retention] | None = None,
+                 on_ended: Callable[[str], None] | None = None) -> None:
+        """`count(name, n)` adds to the exchange's counters (fetches, fetched_frames, malformed, busy).
+        `retention` and `chains` are None on a replica, which only serves `archives`."""
         self.sock = sock
         self.retention = retention
         self.chains = chains
         self.incarnation = incarnation
+        self.archives: Mapping[str, Retention] = archives if archives is not None else {}
+        self.on_ended = on_ended
         self.fetch_max_bytes = fetch_max_bytes
         self.budget = budget_bytes
         self.per_connection = per_connection_bytes
@@ -65,9 +75,9 @@ class ReplayServer:
         if isinstance(req, protocol.PositionRequest):
             self._send(ident, self._position(req))
             return
-        if req.incarnation and req.incarnation != self.incarnation:
-            self._send(ident, protocol.encode_replay_error(
-                req.request_id, "unknown_incarnation", f"this exchange is incarnation {self.incarnation}"))
+        store, incarnation = self._store(req.incarnation)
+        if store is None:
+            self._send(ident, self._unknown(req.request_id, req.incarnation))
             return
         self.release()
         limit = min(req.max_bytes or self.fetch_max_bytes, self.fetch_max_bytes)
@@ -77,18 +87,40 @@ class ReplayServer:
                 req.request_id, "busy", f"{self._held_by.get(ident, 0)} bytes of replies to this connection "
                 f"and {self.held} in all are not yet sent: read them, then ask again"))
             return
-        retention = self.retention
-        before = req.before or retention.next_pos
-        found, scanned_to, done = retention.read(req.after, before, req.prefixes, limit)
-        lost, exact = retention.lost(req.after, before, req.prefixes)
+        before = req.before or store.next_pos
+        found, scanned_to, done = store.read(req.after, before, req.prefixes, limit)
+        lost, exact = store.lost(req.after, before, req.prefixes)
         self._count("fetches", 1)
         self._count("fetched_frames", len(found))
-        self._send(ident, protocol.encode_frames(req.request_id, self.incarnation, retention.oldest, found,
+        self._send(ident, protocol.encode_frames(req.request_id, incarnation, store.oldest, found,
                                                  scanned_to, done, lost, exact), tracked=True)
+
+    def _store(self, incarnation: str) -> tuple[Retention | None, str]:
+        """The stream a request names ("": our own running one)."""
+        if self.retention is not None and incarnation in ("", self.incarnation):
+            return self.retention, self.incarnation
+        return self.archives.get(incarnation), incarnation
+
+    def _unknown(self, request_id: int, incarnation: str) -> bytes:
+        return protocol.encode_replay_error(
+            request_id, "unknown_incarnation", f"{incarnation or 'no incarnation'} is not held here "
+            f"(running: {self.incarnation or 'none'}, stored: {len(self.archives)})")
 
     def _position(self, req: protocol.PositionRequest) -> bytes:
         """Where the stream is, and per prefix the last position of its chain (tracking it from now
-        on if it was not: the answer is then the current position, so the asker fetches the range)."""
+        on if it was not: the answer is then the current position, so the asker fetches the range).
+        For a stored, ended incarnation: where its copy ends, which seals it."""
+        if req.incarnation and req.incarnation != self.incarnation:
+            stored = self.archives.get(req.incarnation)
+            if stored is None:
+                return self._unknown(req.request_id, req.incarnation)
+            if self.on_ended is not None:
+                self.on_ended(req.incarnation)
+            end = stored.next_pos
+            return protocol.encode_position(req.request_id, req.incarnation, stored.oldest, end,
+                                            [end - 1] * len(req.prefixes))
+        if self.retention is None or self.chains is None:
+            return self._unknown(req.request_id, req.incarnation)
         next_pos = self.retention.next_pos
         last = [self.chains.track(prefix, next_pos) for prefix in req.prefixes]
         return protocol.encode_position(req.request_id, self.incarnation, self.retention.oldest, next_pos, last)

@@ -10,6 +10,11 @@ from here. Positions are consecutive, so a lookup is an index computation.
 An evicted frame leaves a tombstone (its topic and message count, no payload)
 for a while longer, so a subscriber that asks too late is told exactly how many
 of its messages it lost, not just that it lost some.
+
+With replicas (exchange/replication.py) the buffer is also what the exchange copies to its
+replica: `protect_from` keeps frames the replica has not acknowledged from being evicted (they
+are not yet confirmed to anyone, and the replica must get them all), and `entries` reads them.
+A replica's copy of a stream is a Retention too, starting at the position it was first sent.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ TOMBSTONES = 100_000  # evicted frames remembered for exact loss counts
 
 
 class Retention:
-    def __init__(self, seconds: float, max_bytes: int, tombstones: int = TOMBSTONES) -> None:
+    def __init__(self, seconds: float, max_bytes: int, tombstones: int = TOMBSTONES, first_pos: int = 1) -> None:
         self.seconds = seconds
         self.max_bytes = max_bytes
         self._frames: deque[tuple[float, bytes, bytes, int]] = deque()  # (stored at, topic, body, messages)
-        self._first_pos = 1  # position of _frames[0]
+        self._first_pos = first_pos  # position of _frames[0]
+        self.protect_from: int | None = None  # frames at or above this position are never evicted
         self._tombs: deque[tuple[bytes, int]] = deque(maxlen=tombstones)  # (topic, messages), evicted
         self.bytes = 0
         self.evicted = 0
@@ -56,12 +62,26 @@ class Retention:
         """Forget frames beyond the byte bound or older than the time bound."""
         horizon = (now if now is not None else time.monotonic()) - self.seconds
         frames = self._frames
-        while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon):
+        protected = self.protect_from
+        while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon) \
+                and (protected is None or self._first_pos < protected):
             _, topic, body, messages = frames.popleft()
             self._tombs.append((topic, messages))
             self.bytes -= len(topic) + len(body)
             self._first_pos += 1
             self.evicted += 1
+
+    def entries(self, start: int, max_bytes: int) -> list[list[object]]:
+        """[topic, body, messages] of the frames from position `start` on (at least one if any),
+        up to about `max_bytes`: what a replica is sent."""
+        found: list[list[object]] = []
+        size = 0
+        for _, topic, body, messages in islice(self._frames, max(start - self._first_pos, 0), None):
+            if found and size + len(body) > max_bytes:
+                break
+            found.append([topic, body, messages])
+            size += len(body)
+        return found
 
     def read(self, after: int, before: int, prefixes: list[bytes],
              max_bytes: int) -> tuple[list[tuple[bytes, bytes]], int, bool]:

@@ -27,6 +27,7 @@ from gcm.autoscaler import Autoscaler, StatsStream
 from gcm.leader import Leadership
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
+from gcm.view import exchanges_only, replicas_only
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
 from roq.errors import Exit, NotLeaderError, RoqError, UnavailableError, UserError, ZooKeeperUnavailableError
@@ -64,7 +65,7 @@ class Gcm:
             identity["metrics"] = metrics
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
         self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock,
-                                   self.config.gcm.max_queues)
+                                   self.config.gcm.max_queues, self.config.gcm.default_replicas)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
@@ -133,7 +134,7 @@ class Gcm:
             return self._ping
         handler = {
             "cluster.status": self._status,
-            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges"])),
+            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges", "replicas"])),
             "queue.delete": lambda a: self.queues.delete(**_args(a, ["name"])),
             "queue.scale": lambda a: self.queues.scale(**_args(a, ["name", "exchanges"])),
             "queue.list": lambda a: self.queues.list(**_args(a, [])),
@@ -178,9 +179,10 @@ class Gcm:
         _args(args, [])
         hosts = read_hosts(self.client, self.paths)
         with self.write_lock:
-            placements = self.queues.all_placements()
+            slots = self.queues.all_placements()
+        placements, replicas = exchanges_only(slots), replicas_only(slots)
         assigned: dict[str, int] = {}
-        for host in placements.values():
+        for host in slots.values():  # a replica takes a host's capacity like an exchange
             if host:
                 assigned[host] = assigned.get(host, 0) + 1
         return {
@@ -192,6 +194,8 @@ class Gcm:
             "queues": queue_names(self.client, self.paths),
             "exchanges": len(placements),
             "unplaced": sum(1 for h in placements.values() if h is None or h not in hosts),
+            "replicas": len(replicas),
+            "unplaced_replicas": sum(1 for h in replicas.values() if h is None or h not in hosts),
             "moves": self.reconciler.moves if self.reconciler else 0,
             "time": time.time(),
         }

@@ -1,8 +1,10 @@
 """Queue operations of the leader: create, delete, scale, list, describe.
 
 Every change is one fenced transaction that writes the queue, its exchanges'
-placements and the hosts' assignment lists together, so ZooKeeper never holds
-a half-created queue and a deposed leader changes nothing; the directories
+placements and the hosts' assignment lists together (with replicas 2, each
+exchange's replica too: its host in the placement, its `~r` assignment on that
+host; gcm.placement), so ZooKeeper never holds a half-created queue and a
+deposed leader changes nothing; the directories
 those writes need are made through the fence too (`LeaderFence.ensure_path`). A
 retry of a change already applied (same request key, gcm.fence) gets the same
 success answer and changes nothing more.
@@ -28,12 +30,21 @@ from kazoo.exceptions import NodeExistsError
 
 from gcm.cache import ClusterCache
 from gcm.fence import LeaderFence
-from gcm.placement import choose_hosts, host_loads
-from gcm.view import PlacementView
+from gcm.placement import host_loads, place_new_exchanges
+from gcm.view import Placements, PlacementView, assignment_data, exchanges_only, placement_data
 from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
 from roq.names import check_queue_name
-from roq.paths import Paths
-from roq.state import ExchangeInfo, exchange_order, queue_names, read_exchanges, read_hosts, read_live, read_queue
+from roq.paths import Paths, replica_slot
+from roq.state import (
+    ExchangeInfo,
+    exchange_order,
+    queue_names,
+    read_exchanges,
+    read_hosts,
+    read_live,
+    read_queue,
+    replica_count,
+)
 from roq.zk import encode, read_json
 
 log = logging.getLogger(__name__)
@@ -47,11 +58,18 @@ def check_exchange_count(value: Any) -> int:
     return value
 
 
+def check_replica_count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value not in (1, 2):
+        raise UserError(f"replicas must be 1 or 2, got {value!r}")
+    return value
+
+
 class QueueManager:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
-                 write_lock: threading.Lock, max_queues: int) -> None:
+                 write_lock: threading.Lock, max_queues: int, default_replicas: int = 1) -> None:
         self.client = client
         self.max_queues = max_queues
+        self.default_replicas = default_replicas
         self.paths = paths
         self.fence = fence
         self.write_lock = write_lock
@@ -65,7 +83,8 @@ class QueueManager:
         for name in queue_names(self.cache, self.paths):
             exchanges = read_exchanges(self.cache, self.paths, name, live=False)
             live = read_live(self.cache, self.paths, name)
-            result.append({"name": name, "exchanges": len(exchanges),
+            settings = self.cache.read_json(self.paths.queue(name)) or {}
+            result.append({"name": name, "exchanges": len(exchanges), "replicas": replica_count(settings),
                            "placed": sum(1 for x in exchanges if x.host),
                            "running": sum(1 for x in exchanges if x.id in live)})
         return result
@@ -78,8 +97,9 @@ class QueueManager:
 
     # ------------------------------------------------------------ writes
 
-    def create(self, name: Any, exchanges: Any = 1) -> dict[str, Any]:
+    def create(self, name: Any, exchanges: Any = 1, replicas: Any = None) -> dict[str, Any]:
         name, count = check_queue_name(name), check_exchange_count(exchanges)
+        replicas = check_replica_count(self.default_replicas if replicas is None else replicas)
         with self.write_lock:
             if self.fence.already_applied():
                 return self.describe(name)
@@ -90,26 +110,26 @@ class QueueManager:
             if existing >= self.max_queues:
                 raise LimitExceededError(f"the cluster has {existing} queues, the limit (gcm.max_queues) "
                                          f"is {self.max_queues}: delete one first")
-            ids = [f"x{i}" for i in range(1, count + 1)]
-            picks = self._choose(count, queue=name)
-            settings = {"created": time.time(), "next_exchange": count + 1}
+            placed = self._place([f"x{i}" for i in range(1, count + 1)], name, replicas)
+            settings = {"created": time.time(), "next_exchange": count + 1, "replicas": replicas}
 
             def build(txn: TransactionRequest) -> None:
                 txn.create(self.paths.queue(name), encode(settings))
                 txn.create(self.paths.exchanges(name), b"")
-                for i, xid in enumerate(ids):
-                    self._add_exchange(txn, name, xid, picks[i] if i < len(picks) else None)
+                self._add_exchanges(txn, name, placed)
 
-            self._ensure_assignment_dirs(picks)
+            self._ensure_assignment_dirs(placed)
             try:
                 self.fence.write(build)
             except NodeExistsError:
                 if self.client.retry(self.client.exists, self.paths.queue(name)):  # the cache was behind
                     raise QueueExistsError(f"queue {name!r} already exists") from None
                 raise
-            # Clients with a read-only ZooKeeper identity watch it and cannot create it themselves.
+            # Clients with a read-only ZooKeeper identity watch them and cannot create them themselves.
             self.fence.ensure_path(self.paths.live_queue(name))
-        log.info("created queue %s with %d exchanges on %s", name, count, picks)
+            self.fence.ensure_path(self.paths.replica_queue(name))
+        log.info("created queue %s with %d exchanges (replicas %d) on %s", name, count, replicas,
+                 _where(placed))
         return self.describe(name)
 
     def delete(self, name: Any) -> dict[str, Any]:
@@ -148,15 +168,13 @@ class QueueManager:
             if target > len(current):
                 first = int(settings.get("next_exchange", len(current) + 1))
                 ids = [f"x{first + i}" for i in range(target - len(current))]
-                picks = self._choose(len(ids), queue=name)
+                placed = self._place(ids, name, replica_count(settings))
                 settings["next_exchange"] = first + len(ids)
-                placed = {xid: picks[i] if i < len(picks) else None for i, xid in enumerate(ids)}
-                self._ensure_assignment_dirs(picks)
+                self._ensure_assignment_dirs(placed)
 
                 def build(txn: TransactionRequest) -> None:
                     txn.set_data(self.paths.queue(name), encode(settings))
-                    for xid, host in placed.items():
-                        self._add_exchange(txn, name, xid, host)
+                    self._add_exchanges(txn, name, placed)
             else:
                 doomed = sorted(current, key=lambda x: exchange_order(x.id))[target:]
 
@@ -170,7 +188,9 @@ class QueueManager:
 
     # ------------------------------------------------------------ helpers
 
-    def _choose(self, count: int, queue: str) -> builtins.list[str]:  # `list` is also a method here
+    def _place(self, ids: builtins.list[str], queue: str, replicas: int) -> Placements:
+        """Slots of new exchanges `ids` of `queue` → hosts (None: unplaced), with their replicas'
+        slots when `replicas` is 2. `list` is also a method here, hence builtins.list."""
         hosts = read_hosts(self.cache, self.paths)
         placements = self.all_placements()
         spread: dict[str, int] = {}
@@ -178,22 +198,37 @@ class QueueManager:
             if q == queue and host:
                 spread[host] = spread.get(host, 0) + 1
         loads = host_loads({h.name: h.capacity for h in hosts.values()}, placements.values())
-        return choose_hosts(count, loads, spread)
+        placed: Placements = {}
+        for xid, (host, replica) in zip(ids, place_new_exchanges(len(ids), loads, replicas, spread)):
+            placed[(queue, xid)] = host
+            if replicas == 2:
+                placed[(queue, replica_slot(xid))] = replica
+        return placed
 
-    def all_placements(self) -> dict[tuple[str, str], str | None]:
-        """Every exchange's host (None: unplaced), from the cache."""
+    def all_placements(self) -> Placements:
+        """Every slot's host (None: unplaced), replicas' included, from the cache (gcm.view)."""
         return self.view.get()
 
-    def _ensure_assignment_dirs(self, hosts: builtins.list[str]) -> None:
-        for host in sorted(set(hosts)):
+    def _ensure_assignment_dirs(self, placed: Placements) -> None:
+        for host in sorted({host for host in placed.values() if host}):
             self.fence.ensure_path(self.paths.host_assignments(host))
 
-    def _add_exchange(self, txn: TransactionRequest, queue: str, xid: str, host: str | None) -> None:
-        txn.create(self.paths.exchange(queue, xid), encode({"host": host}))
-        if host:
-            txn.create(self.paths.assignment(host, queue, xid), encode({"queue": queue, "exchange": xid}))
+    def _add_exchanges(self, txn: TransactionRequest, queue: str, placed: Placements) -> None:
+        """Placements of the new exchanges in `placed`, and the assignments of every placed slot."""
+        for xid in (slot for _, slot in exchanges_only(placed)):
+            txn.create(self.paths.exchange(queue, xid), encode(placement_data(placed, queue, xid)))
+        for (_, slot), host in placed.items():
+            if host:
+                txn.create(self.paths.assignment(host, queue, slot), encode(assignment_data(queue, slot)))
 
     def _remove_exchange(self, txn: TransactionRequest, x: ExchangeInfo) -> None:
-        if x.host and self.client.exists(self.paths.assignment(x.host, x.queue, x.id)):
-            txn.delete(self.paths.assignment(x.host, x.queue, x.id))
+        """The exchange's placement, and the assignments of it and of its replica that exist."""
+        for host, slot in ((x.host, x.id), (x.replica, replica_slot(x.id))):
+            if host and self.client.exists(self.paths.assignment(host, x.queue, slot)):
+                txn.delete(self.paths.assignment(host, x.queue, slot))
         txn.delete(self.paths.exchange(x.queue, x.id))
+
+
+def _where(placed: Placements) -> str:
+    return ", ".join(f"{slot}@{host or 'unplaced'}" for (_, slot), host in placed.items())
+

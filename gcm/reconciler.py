@@ -2,10 +2,13 @@
 
 Exchanges on a host that has been gone for `gcm.reassign_grace` seconds, and
 exchanges never placed (no capacity at the time), are moved to the least
-loaded survivors. The hosts' assignment lists are repaired to match the
-placements, and `live/` to hold one directory per queue. Every write is
-fenced (gcm.fence), the directories it needs too; a refused one simply ends
-the tick.
+loaded survivors; so are the replicas of a replicas-2 queue (a lost or missing
+replica is placed again, never on its exchange's host, and an exchange that
+moves never goes to its replica's host: gcm.placement's `plan_moves`, the
+rules' one home). The hosts' assignment lists, `~r` slots included, are
+repaired to match the placements, and `live/` and `replicas/` to hold one
+directory per queue. Every write is fenced (gcm.fence), the directories it
+needs too; a refused one simply ends the tick.
 
 Everything is read from the leader's cache (gcm.cache): a tick with nothing to do
 sends ZooKeeper nothing. When the cache's assignment lists and placements differ,
@@ -19,16 +22,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from gcm.fence import LeaderFence
-from gcm.placement import choose_hosts, host_loads
+from gcm.placement import Move, plan_moves
 from gcm.queues import QueueManager
-from gcm.view import Placements, read_placements
-from roq.paths import Paths, split_assignment
+from gcm.view import Placements, assignment_data, placement_data, read_placements
+from roq.paths import Paths, is_replica_slot, primary_of, split_assignment
 from roq.state import HostInfo, Source, queue_names, read_hosts, tree
 from roq.zk import encode
 
@@ -46,7 +50,7 @@ class Reconciler:
         self.write_lock = write_lock
         self.grace = grace
         self._missing_since: dict[str, float] = {}
-        self.moves = 0  # exchanges moved since this leader started (for status)
+        self.moves = 0  # slots (exchanges and replicas) moved since this leader started (for status)
 
     def tick(self) -> dict[str, HostInfo]:
         """One pass; returns the hosts it saw, for the rest of the leader's tick."""
@@ -72,36 +76,37 @@ class Reconciler:
         return {h for h in gone if now - self._missing_since[h] >= self.grace}
 
     def _place_orphans(self, hosts: dict[str, HostInfo], placements: Placements, evacuate: set[str]) -> None:
+        """Carry out gcm.placement's plan, one fenced transaction per exchange (its slot and its
+        replica's together); `placements` is updated to match, for the repair that follows."""
         capacities = {h.name: h.capacity for h in hosts.values()}
-        for (queue, xid), old in sorted(placements.items()):
-            if old is not None and old not in evacuate:
-                continue
-            loads = host_loads(capacities, placements.values())
-            if all(load.assigned >= load.capacity for load in loads):
-                return  # every host is full: the other orphans wait for the next tick too
-            spread: dict[str, int] = {}
-            for (q, _), h in placements.items():
-                if q == queue and h is not None and h in capacities:
-                    spread[h] = spread.get(h, 0) + 1
-            picks = choose_hosts(1, loads, spread)
-            if not picks:
-                continue  # no capacity anywhere; retried next tick
-            self._move(queue, xid, old, picks[0])
-            placements[(queue, xid)] = picks[0]
+        by_exchange: dict[tuple[str, str], list[Move]] = {}
+        for move in plan_moves(capacities, placements, evacuate):
+            by_exchange.setdefault((move.queue, primary_of(move.slot)), []).append(move)
+        for (queue, xid), moves in by_exchange.items():
+            for move in moves:
+                placements[(queue, move.slot)] = move.new
+            self._move(queue, xid, moves, placement_data(placements, queue, xid))
 
-    def _move(self, queue: str, xid: str, old: str | None, new: str) -> None:
-        self.fence.ensure_path(self.paths.host_assignments(new))
-        old_assignment = self.paths.assignment(old, queue, xid) if old else None
+    def _move(self, queue: str, xid: str, moves: list[Move], placement: dict[str, Any]) -> None:
+        for move in moves:
+            if move.new:
+                self.fence.ensure_path(self.paths.host_assignments(move.new))
+        old_assignments = [self.paths.assignment(m.old, queue, m.slot) for m in moves if m.old]
 
         def build(txn: TransactionRequest) -> None:
-            txn.set_data(self.paths.exchange(queue, xid), encode({"host": new}))
-            if old_assignment and self.client.exists(old_assignment):
-                txn.delete(old_assignment)
-            txn.create(self.paths.assignment(new, queue, xid), encode({"queue": queue, "exchange": xid}))
+            txn.set_data(self.paths.exchange(queue, xid), encode(placement))
+            for path in old_assignments:
+                if self.client.exists(path):
+                    txn.delete(path)
+            for m in moves:
+                if m.new:
+                    txn.create(self.paths.assignment(m.new, queue, m.slot), encode(assignment_data(queue, m.slot)))
 
         self.fence.write(build)
-        self.moves += 1
-        log.info("moved exchange %s/%s from %s to %s", queue, xid, old or "(unplaced)", new)
+        for m in moves:
+            self.moves += 1
+            what = f"replica of exchange {queue}/{xid}" if is_replica_slot(m.slot) else f"exchange {queue}/{xid}"
+            log.info("moved %s from %s to %s", what, m.old or "(unplaced)", m.new or "(unplaced)")
 
     def _repair_assignments(self, cached: Placements, hosts: dict[str, HostInfo]) -> None:
         if self._assignments(self.cache) == _assigned(cached):
@@ -120,27 +125,32 @@ class Reconciler:
             for host, q, x in extra:
                 txn.delete(self.paths.assignment(host, q, x))
             for host, q, x in missing:
-                txn.create(self.paths.assignment(host, q, x), encode({"queue": q, "exchange": x}))
+                txn.create(self.paths.assignment(host, q, x), encode(assignment_data(q, x)))
 
         self.fence.write(build)
         log.warning("repaired assignments: removed %d, added %d", len(extra), len(missing))
 
     def _assignments(self, source: Source) -> set[tuple[str, str, str]]:
-        """(host, queue, exchange) of every assignment listed."""
+        """(host, queue, slot) of every assignment listed."""
         reader = tree(source)
         return {(host, *split_assignment(name)) for host in reader.children(self.paths.assignments)
                 for name in reader.children(self.paths.host_assignments(host))}
 
     def _repair_live_dirs(self) -> None:
-        """`live/<queue>` for every queue and no other: clients watch it, and those with a read-only
-        identity cannot make it (a create whose own ensure_path failed is mended here)."""
+        """`live/<queue>` and `replicas/<queue>` for every queue and no other: clients watch them,
+        and those with a read-only identity cannot make them (a create whose own ensure_path failed
+        is mended here)."""
         queues = set(queue_names(self.cache, self.paths))
-        dirs = set(self.cache.children(self.paths.live))
+        for root, directory in ((self.paths.live, self.paths.live_queue),
+                                (self.paths.replicas, self.paths.replica_queue)):
+            self._repair_dirs(queues, set(self.cache.children(root)), directory)
+
+    def _repair_dirs(self, queues: set[str], dirs: set[str], directory: Callable[[str], str]) -> None:
         for queue in sorted(queues - dirs):
-            self.fence.ensure_path(self.paths.live_queue(queue))
+            self.fence.ensure_path(directory(queue))
         for queue in sorted(dirs - queues):
-            def build(txn: TransactionRequest, q: str = queue) -> None:
-                txn.delete(self.paths.live_queue(q))
+            def build(txn: TransactionRequest, path: str = directory(queue)) -> None:
+                txn.delete(path)
 
             try:
                 self.fence.write(build)
@@ -149,5 +159,5 @@ class Reconciler:
 
 
 def _assigned(placed: Placements) -> set[tuple[str, str, str]]:
-    """(host, queue, exchange) of every placed exchange: what the assignment lists should hold."""
+    """(host, queue, slot) of every placed slot: what the assignment lists should hold."""
     return {(h, q, x) for (q, x), h in placed.items() if h}

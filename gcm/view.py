@@ -1,17 +1,24 @@
-"""Where every exchange is placed: (queue, exchange) → host, or None while unplaced.
+"""Where every slot is placed: (queue, slot) → host, or None while unplaced.
+
+A slot is an exchange ("x1") or, for a queue with replicas 2, that exchange's replica ("x1~r",
+roq.paths.replica_slot). Both live in the exchange's placement znode, `{"host": H1, "replica": H2}`
+(`placement_data`); the replica slot exists for every exchange of a queue whose settings say
+replicas 2, even while its placement has no `replica` yet (then it reads as unplaced).
 
 `PlacementView` reads the placements from the leader's cache (gcm.cache), kept current by
 ZooKeeper and showing the leader's own committed writes, so `queue.create`, `queue.scale` and the
-reconcile tick read them without a round trip (from ZooKeeper they cost two reads per queue and
+reconcile tick read them without a round trip (from ZooKeeper they cost three reads per queue and
 one per exchange). `read_placements(source)` reads the same from any source: the reconciler reads
 ZooKeeper itself with it before it repairs anything.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from gcm.cache import ClusterCache
-from roq.paths import Paths
-from roq.state import Source, queue_names, read_exchanges
+from roq.paths import Paths, is_replica_slot, primary_of, replica_slot
+from roq.state import Source, queue_names, read_exchanges, replica_count, tree
 
 Placements = dict[tuple[str, str], str | None]
 
@@ -32,7 +39,36 @@ class PlacementView:
 
 def read_placements(source: Source, paths: Paths) -> Placements:
     found: Placements = {}
-    for queue in queue_names(source, paths):
-        for x in read_exchanges(source, paths, queue, live=False):
+    reader = tree(source)
+    for queue in queue_names(reader, paths):
+        replicated = replica_count(reader.read_json(paths.queue(queue)) or {}) == 2
+        for x in read_exchanges(reader, paths, queue, live=False):
             found[(queue, x.id)] = x.host
+            if replicated:
+                found[(queue, replica_slot(x.id))] = x.replica
     return found
+
+
+def exchanges_only(placements: Placements) -> Placements:
+    """The exchanges' own placements, without their replicas'."""
+    return {key: host for key, host in placements.items() if not is_replica_slot(key[1])}
+
+
+def replicas_only(placements: Placements) -> Placements:
+    """The replicas' placements, keyed by their slots."""
+    return {key: host for key, host in placements.items() if is_replica_slot(key[1])}
+
+
+def placement_data(placements: Placements, queue: str, xid: str) -> dict[str, Any]:
+    """What exchange `xid`'s placement znode holds, given where its slots are."""
+    data: dict[str, Any] = {"host": placements.get((queue, xid))}
+    if (queue, replica_slot(xid)) in placements:
+        data["replica"] = placements[(queue, replica_slot(xid))]
+    return data
+
+
+def assignment_data(queue: str, slot: str) -> dict[str, Any]:
+    """What a host's assignment of `slot` holds; a replica's names its exchange and its role."""
+    if is_replica_slot(slot):
+        return {"queue": queue, "exchange": primary_of(slot), "role": "replica"}
+    return {"queue": queue, "exchange": slot}

@@ -1,7 +1,8 @@
 """`roq-hcm`: the Host Configuration Manager of one slave host.
 
 Registers the host (ephemeral znode), watches the host's assignment list and
-keeps one exchange process per assignment running (hcm/supervisor.py). On
+keeps one process per assignment running (hcm/supervisor.py): an exchange, or
+for a `<q>~<x>~r` slot the replica of exchange <x>. On
 session loss it re-registers and re-publishes endpoints once reconnected. On
 SIGTERM/SIGINT it stops its exchanges (SIGTERM, grace, SIGKILL) before
 leaving; on SIGKILL its children die with it (PR_SET_PDEATHSIG and stdin EOF).

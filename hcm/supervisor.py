@@ -17,6 +17,19 @@ sooner if its assignment changes: once unassigned, its record is dropped, and
 a later assignment starts from scratch. The GCM is not told; clients see the
 exchange as not running.
 
+Replicas: an assignment of a replica slot (`x1~r`, roq.paths.replica_slot) runs
+`exchange.main --role replica --id x1`. Its ready event carries `repl` and `replay`
+(no pub/sub), and it is published at `replicas/<q>/<x>` instead of `live/<q>/<x>`,
+with the same lifecycle (removed when it exits or is stopped, published again after
+a session loss, its statistics refreshed). A primary reads its queue's settings once
+at each start: with replicas 2 it gets `--replicas 2`, and a DataWatch on its
+replica's `replicas/<q>/<x>` (kept across restarts, stopped when the child is
+dropped) says where its replica is. The child hears it as JSON lines on its stdin,
+`{"replica": {"repl": endpoint, "incarnation": R}}` or `{"replica": null}`: right
+after its configuration line, and again whenever the endpoint or incarnation
+changes (not on a statistics refresh). The watch only records the value and wakes
+the tick; the tick thread writes to the pipe.
+
 Children are started from the thread that runs `tick()` — the daemon's main
 thread — because PR_SET_PDEATHSIG fires when the spawning thread exits.
 Their stdout (ready and stats events) and stderr (logs) are read by one
@@ -43,13 +56,45 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from roq.config import Config
-from roq.paths import Paths
+from roq.paths import Paths, is_replica_slot, primary_of
 from roq.records import ExchangeStats
-from roq.zk import create_ephemeral, encode
+from roq.state import replica_count
+from roq.zk import create_ephemeral, decode, encode, read_json
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]  # (queue, exchange id)
+Key = tuple[str, str]  # (queue, slot): an exchange id ("x1") or a replica slot ("x1~r")
+# What is published of a ready event; it counts only if it names the first two (its endpoints).
+READY_FIELDS = ("pub", "sub", "replay", "incarnation", "pid", "replicas", "archived")  # of an exchange, at live/<q>/<x>
+REPLICA_READY_FIELDS = ("repl", "replay", "incarnation", "pid")  # of a replica, at replicas/<q>/<x>
+_UNSENT = object()  # no replica line written to this process yet
+
+
+class ReplicaWatch:
+    """Where the replica of a primary child runs, followed by a kazoo DataWatch on `replicas/<q>/<x>`.
+
+    The callback runs in kazoo's thread (the first one in the constructor's): it only records the
+    target and wakes the tick, which writes it to the child."""
+
+    def __init__(self, client: KazooClient, path: str, wake: threading.Event) -> None:
+        self.target: dict[str, Any] | None = None  # {"repl", "incarnation"} while the replica runs
+        self.stopped = False
+        self._wake = wake
+        client.DataWatch(path, self._on_data)
+
+    def _on_data(self, data: bytes | None, _stat: Any, _event: Any = None) -> bool | None:
+        if self.stopped:
+            return False  # kazoo drops the watch
+        found = decode(data) if data is not None else {}
+        target = {"repl": found["repl"], "incarnation": found.get("incarnation")} if found.get("repl") else None
+        if target != self.target:
+            self.target = target
+            self._wake.set()
+        return None
+
+    def stop(self) -> None:
+        """The watch ends at its next event (kazoo has no other way to drop one)."""
+        self.stopped = True
 
 
 @dataclass
@@ -67,6 +112,12 @@ class Child:
     restarts: int = 0
     crashes: tuple[float, ...] = ()  # when it crashed, within the last restart_window
     failed_until: float | None = None  # crashed too often: left alone until then
+    replica_watch: ReplicaWatch | None = None  # a primary of a replicas-2 queue: where its replica is
+    replica_sent: Any = _UNSENT  # the replica target last written to this process
+
+    @property
+    def is_replica(self) -> bool:
+        return is_replica_slot(self.key[1])
 
 
 class Supervisor:
@@ -110,6 +161,8 @@ class Supervisor:
             else:
                 self._drive_stop(child, now)
                 if child.process is None:
+                    if child.replica_watch:
+                        child.replica_watch.stop()
                     del self.children[key]
 
     def _reap(self, child: Child, now: float) -> None:
@@ -148,6 +201,7 @@ class Supervisor:
             if now >= child.next_start:
                 self._spawn(child, now)
             return
+        self._send_replica(child)
         if child.ready and not child.published:
             self._publish(child)
         elif child.ready and now - child.stats_published >= self.config.exchange.stats_interval:
@@ -170,36 +224,63 @@ class Supervisor:
     # ------------------------------------------------------------ processes
 
     def _spawn(self, child: Child, now: float) -> None:
-        queue, xid = child.key
-        command = [sys.executable, "-m", "exchange.main", "--queue", queue, "--id", xid,
+        queue, slot = child.key
+        command = [sys.executable, "-m", "exchange.main", "--queue", queue, "--id", primary_of(slot),
+                   *self._role_arguments(child),
                    "--host", self.host, "--config-stdin", "--parent-pid", str(os.getpid()), "--json-logs"]
         child.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, close_fds=True)
         # The configuration goes through the pipe, not argv (which every local user can read);
         # the pipe then stays open: its EOF tells the child that we are gone.
-        assert child.process.stdin is not None
-        try:
-            child.process.stdin.write(self.config.to_json().encode() + b"\n")
-            child.process.stdin.flush()
-        except BrokenPipeError:
-            pass  # died at once: reaped on the next tick
+        child.replica_sent = _UNSENT
+        _write_line(child, self.config.to_json().encode())
+        self._send_replica(child)
         child.started, child.ready, child.published = now, None, False
         if child.next_start:
             child.restarts += 1
-        log.info("started exchange %s/%s (pid %d)", queue, xid, child.process.pid)
+        log.info("started exchange %s/%s (pid %d)", queue, slot, child.process.pid)
         threading.Thread(target=self._read_events, args=(child, child.process.stdout),
-                         name=f"events-{queue}-{xid}", daemon=True).start()
+                         name=f"events-{queue}-{slot}", daemon=True).start()
         threading.Thread(target=_forward_logs, args=(child.key, child.process.pid, child.process.stderr),
-                         name=f"logs-{queue}-{xid}", daemon=True).start()
+                         name=f"logs-{queue}-{slot}", daemon=True).start()
+
+    def _role_arguments(self, child: Child) -> list[str]:
+        """`--role replica` for a replica slot; for a primary, `--replicas N` from its queue's settings
+        (read once per start), and with N = 2 the watch that follows its replica. Read before the
+        process starts: a ZooKeeper error leaves the start to the next tick."""
+        if child.is_replica:
+            return ["--role", "replica"]
+        queue, xid = child.key
+        replicas = self._queue_replicas(queue)
+        if replicas == 2 and child.replica_watch is None:
+            child.replica_watch = ReplicaWatch(self.client, self.paths.replica_live(queue, xid), self.changed)
+        return ["--role", "primary", "--replicas", str(replicas)]
+
+    def _queue_replicas(self, queue: str) -> int:
+        """Processes per exchange of `queue`, from its settings in ZooKeeper. Without a client (a
+        supervisor driven by unit tests with stand-in processes) there is nothing to read: 1."""
+        if self.client is None:
+            return 1
+        return replica_count(read_json(self.client, self.paths.queue(queue)) or {})
+
+    def _send_replica(self, child: Child) -> None:
+        """Tell a primary where its replica is, if that changed since it last heard."""
+        if child.replica_watch is None or child.process is None:
+            return
+        target = child.replica_watch.target
+        if target != child.replica_sent:
+            child.replica_sent = target
+            _write_line(child, json.dumps({"replica": target}).encode())
 
     def _read_events(self, child: Child, stream: IO[bytes]) -> None:
+        fields = REPLICA_READY_FIELDS if child.is_replica else READY_FIELDS
         for line in stream:
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("event") == "ready" and event.get("pub") and event.get("sub"):
-                child.ready = {key: event.get(key) for key in ("pub", "sub", "replay", "incarnation", "pid")}
+            if event.get("event") == "ready" and all(event.get(key) for key in fields[:2]):  # its endpoints
+                child.ready = {key: event.get(key) for key in fields}
                 self.changed.set()
             elif event.get("event") == "stats":
                 # When it arrived: a frozen exchange stops reporting, and clients see its figures age.
@@ -219,18 +300,23 @@ class Supervisor:
 
     # ------------------------------------------------------------ endpoints
 
+    def _endpoint_path(self, child: Child) -> str:
+        queue, slot = child.key
+        if child.is_replica:
+            return self.paths.replica_live(queue, primary_of(slot))
+        return self.paths.live_exchange(queue, slot)
+
     def _publish(self, child: Child) -> None:
-        queue, xid = child.key
         assert child.ready is not None
         stats = child.stats.to_dict() if child.stats else {}  # {} until the first report
         data = dict(child.ready, host=self.host, stats=stats, restarts=child.restarts)
-        path = self.paths.live_exchange(queue, xid)
+        path = self._endpoint_path(child)
         try:
             if child.published:
                 self.client.set(path, encode(data))
             else:
                 create_ephemeral(self.client, path, data)
-                log.info("exchange %s/%s live at %s", queue, xid, child.ready["pub"])
+                log.info("exchange %s/%s live at %s", *child.key, child.ready.get("pub") or child.ready.get("repl"))
             child.published = True
             child.stats_published = time.monotonic()
         except NodeExistsError:
@@ -243,11 +329,21 @@ class Supervisor:
             return
         child.published = False
         try:
-            self.client.delete(self.paths.live_exchange(*child.key))
+            self.client.delete(self._endpoint_path(child))
         except NoNodeError:
             pass
         except Exception as exc:  # connection trouble: the session's end removes it
             log.warning("could not remove endpoint of %s/%s: %s", *child.key, exc)
+
+
+def _write_line(child: Child, line: bytes) -> None:
+    """One line to the child's stdin; a child that died meanwhile is reaped on the next tick."""
+    assert child.process is not None and child.process.stdin is not None
+    try:
+        child.process.stdin.write(line + b"\n")
+        child.process.stdin.flush()
+    except (BrokenPipeError, ValueError):  # ValueError: its pipe is closed already
+        pass
 
 
 def _signal(process: subprocess.Popen[bytes], sig: int) -> None:

@@ -194,13 +194,19 @@ def queue() -> None:
 @queue.command("create")
 @click.argument("name")
 @click.option("--exchanges", "-x", type=int, default=1, show_default=True)
+@click.option("--replicas", type=click.IntRange(1, 2), default=None,
+              help="2: each exchange copies its stream to a replica on another host (default: the "
+                   "leader's gcm.default_replicas)")
 @pass_ctx
 @handle_errors
-def queue_create(ctx: Context, name: str, exchanges: int) -> None:
+def queue_create(ctx: Context, name: str, exchanges: int, replicas: int | None) -> None:
     """Create queue NAME served by --exchanges exchanges."""
     with ctx.admin() as admin:
-        info = admin.create_queue(name, exchanges)
-    hosts = ", ".join(f"{x['id']}@{x['host'] or 'unplaced'}" for x in info["exchanges"])
+        info = admin.create_queue(name, exchanges, replicas)
+    replicated = info.get("replicas", 1) == 2
+    hosts = ", ".join(f"{x['id']}@{x['host'] or 'unplaced'}"
+                      + (f" (replica @{x.get('replica') or 'unplaced'})" if replicated else "")
+                      for x in info["exchanges"])
     click.echo(f"created queue {name}: {hosts}")
 
 
@@ -248,7 +254,7 @@ def queue_list(ctx: Context, as_json: bool) -> None:
 @pass_ctx
 @handle_errors
 def queue_show(ctx: Context, name: str, as_json: bool) -> None:
-    """Show queue NAME: its exchanges, where they run, their endpoints."""
+    """Show queue NAME: its exchanges (and replicas), where they run, their endpoints."""
     with ctx.admin() as admin:
         info = admin.describe_queue(name)
     if as_json:

@@ -25,6 +25,8 @@ from roq.errors import ConfigError
 
 ENV_PREFIX = "ROQ_"
 ENV_CONFIG_FILE = "ROQ_CONFIG"
+JOURNAL_MODES = ("off", "async", "fsync")
+MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class GcmConfig:
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
     stats_queue: str = "roq-stats"  # while this queue exists, the leader publishes the statistics stream to it
     max_queues: int = 1_000  # queue.create beyond this is refused: bounds ZooKeeper state and placements
+    # Exchanges of a queue created without `replicas`: 1 = no replica, 2 = a replica process on another host.
+    default_replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class HcmConfig:
     stop_grace: float = 5.0  # SIGTERM → SIGKILL delay
     stats_interval: float = 1.0  # host CPU and memory reported to ZooKeeper
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
+    # The exchanges' files on this host (journals under <data_dir>/journal/<queue>/<xid>/<incarnation>/);
+    # relative to the HCM's working directory, which its children inherit.
+    data_dir: str = ".roq/data"
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,10 @@ class ExchangeConfig:
     max_publishers_per_connection: int = 64
     max_prefixes: int = 10_000  # subscription prefixes whose chains are followed (least recently used go)
     replay_budget_bytes: int = 64 << 20  # fetch replies not yet sent, all connections together
+    # What the exchange writes of its stream to disk: "off"; "async" (written, flushed by the OS);
+    # "fsync" (a batch is confirmed once its frames are fsync'ed). Files: hcm.data_dir.
+    journal: str = "off"
+    journal_segment_bytes: int = 16 << 20  # one journal file's size before the next is started
 
 
 @dataclass(frozen=True)
@@ -360,6 +371,16 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {c.log.level!r}")
     if c.gcm.max_queues < 1:
         raise ConfigError(f"gcm.max_queues must be positive, got {c.gcm.max_queues}")
+    if c.gcm.default_replicas not in (1, 2):
+        raise ConfigError(f"gcm.default_replicas must be 1 or 2, got {c.gcm.default_replicas}")
+    if c.exchange.journal not in JOURNAL_MODES:
+        raise ConfigError(f"exchange.journal must be {', '.join(JOURNAL_MODES[:-1])} or {JOURNAL_MODES[-1]}, "
+                          f"got {c.exchange.journal!r}")
+    if c.exchange.journal_segment_bytes < MIN_JOURNAL_SEGMENT_BYTES:
+        raise ConfigError(f"exchange.journal_segment_bytes must be at least {MIN_JOURNAL_SEGMENT_BYTES} "
+                          f"(64 KiB), got {c.exchange.journal_segment_bytes}")
+    if not c.hcm.data_dir.strip():
+        raise ConfigError("hcm.data_dir must name a directory")
     if c.security.max_connections_per_client < 0:
         raise ConfigError("security.max_connections_per_client must be >= 0 (0 = no limit)")
     if c.security.curve and not c.security.keys_dir:

@@ -5,11 +5,17 @@
     <root>/gcm/leader                   ephemeral: {id, endpoint, epoch, pid}
     <root>/gcm/requests/<key>           persistent: {op, name, at} of an applied control write (gcm.fence)
     <root>/hosts/<host>                 ephemeral (HCM session): {address, capacity, pid}
-    <root>/queues/<queue>               persistent: queue settings
-    <root>/queues/<queue>/exchanges/<x> persistent: placement {host}, written by the leader
+    <root>/queues/<queue>               persistent: queue settings (incl. replicas: 1 or 2, absent = 1)
+    <root>/queues/<queue>/exchanges/<x> persistent: placement {host} ({host, replica} with replicas 2),
+                                        written by the leader; a host is null while unplaced
     <root>/assignments/<host>/<q>~<x>   persistent: the HCM's work list, written with the placement
+    <root>/assignments/<host>/<q>~<x>~r persistent: the same for the replica of exchange <x>
     <root>/live/<queue>/<x>             ephemeral (HCM session): endpoints of a running exchange
+    <root>/replicas/<queue>/<x>         ephemeral (HCM session): endpoints of exchange <x>'s running replica
     <root>/relocations/<queue>          persistent: {publisher: {to, from, at}}, written by the leader
+
+A host's work list names slots: an exchange id ("x1") runs the exchange, its replica slot ("x1~r",
+`replica_slot`) runs that exchange's replica. The HCM's key for an assignment is (queue, slot).
 """
 
 from __future__ import annotations
@@ -81,6 +87,17 @@ class Paths:
         return f"{self.root}/live/{queue}/{xid}"
 
     @property
+    def replicas(self) -> str:
+        return f"{self.root}/replicas"
+
+    def replica_queue(self, queue: str) -> str:
+        return f"{self.root}/replicas/{queue}"
+
+    def replica_live(self, queue: str, xid: str) -> str:
+        """The running replica of exchange `xid` (its primary's id; a replica slot is read as its primary)."""
+        return f"{self.root}/replicas/{queue}/{primary_of(xid)}"
+
+    @property
     def relocations_root(self) -> str:
         return f"{self.root}/relocations"
 
@@ -89,7 +106,7 @@ class Paths:
 
     def base_paths(self) -> list[str]:
         return [f"{self.root}/gcm", self.election, self.requests, self.hosts, self.queues, self.assignments, self.live,
-                self.relocations_root]
+                self.replicas, self.relocations_root]
 
 
 def assignment_name(queue: str, xid: str) -> str:
@@ -98,5 +115,23 @@ def assignment_name(queue: str, xid: str) -> str:
 
 
 def split_assignment(name: str) -> tuple[str, str]:
+    """(queue, slot): "q~x1" → ("q", "x1"), "q~x1~r" → ("q", "x1~r")."""
     queue, _, xid = name.partition("~")
     return queue, xid
+
+
+REPLICA_SUFFIX = "~r"  # '~' is in no exchange id, so a slot name says which it is
+
+
+def replica_slot(xid: str) -> str:
+    """The slot of exchange `xid`'s replica: "x1" → "x1~r"."""
+    return xid + REPLICA_SUFFIX
+
+
+def is_replica_slot(xid: str) -> bool:
+    return xid.endswith(REPLICA_SUFFIX)
+
+
+def primary_of(slot: str) -> str:
+    """The exchange a slot belongs to: "x1~r" → "x1", "x1" → "x1"."""
+    return slot.removesuffix(REPLICA_SUFFIX)

@@ -425,9 +425,11 @@ class Fetch:
 
 @dataclass(frozen=True)
 class PositionRequest:
-    """A decoded `position` request (section 5.2)."""
+    """A decoded `position` request (section 5.2). With an `incarnation`, it asks about a stored
+    incarnation that has ended (a replica's copy or a journal archive), and seals it (section 6)."""
     request_id: int
     prefixes: list[bytes]
+    incarnation: str = ""
 
 
 def encode_fetch(request_id: int, incarnation: str, after: int, before: int, prefixes: list[bytes],
@@ -436,8 +438,11 @@ def encode_fetch(request_id: int, incarnation: str, after: int, before: int, pre
     return pack([FETCH, DATA_VERSION, request_id, incarnation, after, before, prefixes, max_bytes])
 
 
-def encode_position_request(request_id: int, prefixes: Sequence[bytes] = ()) -> bytes:
-    """`position`: where the stream is, and where each prefix's chain ends."""
+def encode_position_request(request_id: int, prefixes: Sequence[bytes] = (), incarnation: str = "") -> bytes:
+    """`position`: where the stream is, and where each prefix's chain ends; with `incarnation`,
+    where that ended incarnation's stored copy ends (section 6.3)."""
+    if incarnation:
+        return pack([POSITION, DATA_VERSION, request_id, list(prefixes), incarnation])
     return pack([POSITION, DATA_VERSION, request_id, list(prefixes)])
 
 
@@ -451,10 +456,12 @@ def decode_replay_request(frame: bytes) -> Fetch | PositionRequest:
     msg = unpack(frame, MAX_CONTROL_FRAME)
     kind = _kind_and_version(msg, "replay request")
     if kind == POSITION:
-        if len(msg) != 4 or not _is_int(msg[2]) or not _prefixes(msg[3]):
+        if len(msg) not in (4, 5) or not _is_int(msg[2]) or not _prefixes(msg[3]) \
+                or (len(msg) == 5 and not _is_incarnation(msg[4])):
             raise ProtocolError(f"position must be [\"position\", {DATA_VERSION}, request_id, "
-                                f"[prefix, ...]] (at most {MAX_PREFIXES} prefixes of 0-{MAX_TOPIC} bytes)")
-        return PositionRequest(msg[2], msg[3])
+                                f"[prefix, ...], incarnation?] (at most {MAX_PREFIXES} prefixes of "
+                                f"0-{MAX_TOPIC} bytes; incarnation 1-{MAX_INCARNATION} characters)")
+        return PositionRequest(msg[2], msg[3], msg[4] if len(msg) == 5 else "")
     if kind != FETCH or len(msg) != 8:
         raise ProtocolError(f"replay request must be [\"fetch\", {DATA_VERSION}, request_id, incarnation, "
                             "after, before, [prefix, ...], max_bytes] or [\"position\", ...]")
@@ -531,6 +538,89 @@ def decode_replay_reply(frame: bytes, max_size: int) -> Frames | StreamPosition:
         raise ProtocolError("fetch reply frames must be [topic, body] pairs")
     return Frames(request_id, incarnation, oldest, [(f[0], f[1]) for f in frames], scanned_to, done,
                   lost[0], lost[1])
+
+
+# ------------------------------------------------ exchange → replica (section 6)
+
+FOLLOW, FOLLOWING, COPY, COPIED, SEALED = "follow", "following", "copy", "copied", "sealed"
+MAX_INCARNATION = 256
+MAX_COPY_FRAME = 1 << 30  # a copy carries at most exchange.fetch_max_bytes-sized pages; generous
+
+
+def _is_incarnation(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_INCARNATION
+
+
+@dataclass(frozen=True)
+class Follow:
+    """`follow`: the exchange (primary) asks its replica to keep a copy of `incarnation`."""
+    incarnation: str
+    exchange: str
+
+
+@dataclass(frozen=True)
+class Copy:
+    """`copy`: consecutive frames of the primary's stream from `first_pos`."""
+    incarnation: str
+    first_pos: int
+    frames: list[tuple[bytes, bytes, int]]  # (topic, delivery body, messages in it)
+    jump: bool  # the primary holds nothing before first_pos (evicted): start the copy there
+
+
+@dataclass(frozen=True)
+class ReplicaReply:
+    """`following` / `copied` (next_pos: the replica holds every position below it that it was
+    sent) or `sealed` (next_pos 0: the replica takes nothing more of this incarnation)."""
+    kind: str
+    incarnation: str
+    next_pos: int
+
+
+def encode_follow(incarnation: str, exchange: str) -> bytes:
+    return pack([FOLLOW, DATA_VERSION, incarnation, exchange])
+
+
+def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], jump: bool = False) -> bytes:
+    """`frames` are [topic, body, messages] lists (as retention holds them)."""
+    return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump])
+
+
+def decode_replica_request(frame: bytes) -> Follow | Copy:
+    """What a replica receives from its primary, every field range-checked."""
+    msg = unpack(frame, MAX_COPY_FRAME)
+    kind = _kind_and_version(msg, "replication request")
+    if kind == FOLLOW and len(msg) == 4 and _is_incarnation(msg[2]) and _is_incarnation(msg[3]):
+        return Follow(msg[2], msg[3])
+    if kind != COPY or len(msg) != 6 or not _is_incarnation(msg[2]) or not _is_int(msg[3], 1) \
+            or not isinstance(msg[4], list) or not isinstance(msg[5], bool):
+        raise ProtocolError(f"replication request must be [\"follow\", {DATA_VERSION}, incarnation, exchange] "
+                            f"or [\"copy\", {DATA_VERSION}, incarnation, first_pos >= 1, [[topic, body, "
+                            "messages], ...], jump]")
+    frames = msg[4]
+    for f in frames:
+        if not (isinstance(f, list) and len(f) == 3 and isinstance(f[0], bytes) and 0 < len(f[0]) <= MAX_TOPIC
+                and isinstance(f[1], bytes) and _is_int(f[2])):
+            raise ProtocolError("copy frames must be [topic (1-255 bytes), body (bytes), messages (int)]")
+    if msg[3] + len(frames) > MAX_SEQ:
+        raise ProtocolError("copy positions overflow")
+    return Copy(msg[2], msg[3], [(f[0], f[1], f[2]) for f in frames], msg[5])
+
+
+def encode_replica_reply(kind: str, incarnation: str, next_pos: int = 0) -> bytes:
+    if kind == SEALED:
+        return pack([SEALED, DATA_VERSION, incarnation])
+    return pack([kind, DATA_VERSION, incarnation, next_pos])
+
+
+def decode_replica_reply(frame: bytes) -> ReplicaReply:
+    msg = unpack(frame, MAX_CONTROL_FRAME)
+    kind = _kind_and_version(msg, "replica reply")
+    if kind == SEALED and len(msg) == 3 and _is_incarnation(msg[2]):
+        return ReplicaReply(SEALED, msg[2], 0)
+    if kind in (FOLLOWING, COPIED) and len(msg) == 4 and _is_incarnation(msg[2]) and _is_int(msg[3]):
+        return ReplicaReply(kind, msg[2], msg[3])
+    raise ProtocolError(f"replica reply must be [\"following\" | \"copied\", {DATA_VERSION}, incarnation, "
+                        f"next_pos] or [\"sealed\", {DATA_VERSION}, incarnation]")
 
 
 class ReplayRefused(ProtocolError):

@@ -109,6 +109,11 @@ class ExchangeStats(Record):
     tracked_prefixes: int = 0
     replay_held_bytes: int = 0
     rss_bytes: int = 0
+    # Durability (exchange/confirms.py, exchange/replication.py): acks waiting for the replica or
+    # the journal, and how far the replica holds the stream (0: no replica); next_pos is the stream's.
+    held_acks: int = 0
+    replicated_to: int = 0
+    next_pos: int = 0
     # Set by the HCM: wall clock of arrival, seconds since the epoch.
     at: float | None = None
 

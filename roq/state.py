@@ -62,6 +62,9 @@ class ExchangeInfo:
     id: str
     host: str | None
     live: dict[str, Any] | None = None  # endpoints and statistics, while it runs
+    # With replicas 2: the replica's host (None while unplaced), and its endpoints while it runs.
+    replica: str | None = None
+    replica_live: dict[str, Any] | None = None
 
     @property
     def pub_endpoint(self) -> str | None:
@@ -77,6 +80,7 @@ class QueueInfo:
     name: str
     settings: dict[str, Any]
     exchanges: list[ExchangeInfo]
+    replicas: int = 1  # processes per exchange: 1, or 2 with a replica (replica_count)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +107,7 @@ def queue_names(source: Source, paths: Paths) -> list[str]:
 
 
 def read_exchanges(source: Source, paths: Paths, queue: str, live: bool = True) -> list[ExchangeInfo]:
+    """The queue's exchanges, in id order; with `live`, their running endpoints and their replicas'."""
     result = []
     reader = tree(source)
     for xid in reader.children(paths.exchanges(queue)):
@@ -110,7 +115,9 @@ def read_exchanges(source: Source, paths: Paths, queue: str, live: bool = True) 
         if data is None:
             continue
         running = reader.read_json(paths.live_exchange(queue, xid)) if live else None
-        result.append(ExchangeInfo(queue, xid, data.get("host"), running))
+        replicated = "replica" in data  # written for every exchange of a replicas-2 queue
+        replica_running = reader.read_json(paths.replica_live(queue, xid)) if live and replicated else None
+        result.append(ExchangeInfo(queue, xid, data.get("host"), running, data.get("replica"), replica_running))
     return sorted(result, key=lambda x: exchange_order(x.id))
 
 
@@ -119,7 +126,13 @@ def read_queue(source: Source, paths: Paths, queue: str) -> QueueInfo | None:
     settings = reader.read_json(paths.queue(queue))
     if settings is None:
         return None
-    return QueueInfo(queue, settings, read_exchanges(reader, paths, queue))
+    return QueueInfo(queue, settings, read_exchanges(reader, paths, queue), replica_count(settings))
+
+
+def replica_count(settings: dict[str, Any]) -> int:
+    """Processes per exchange of a queue with these settings: 2 with a replica, else 1 (a queue made
+    before replicas existed has no key)."""
+    return 2 if settings.get("replicas") == 2 else 1
 
 
 def read_live(source: Source, paths: Paths, queue: str) -> dict[str, dict[str, Any]]:

@@ -69,8 +69,13 @@ class Admin:
 
     # ------------------------------------------------------------ operations
 
-    def create_queue(self, name: str, exchanges: int = 1) -> dict[str, Any]:
-        return self.call("queue.create", name=name, exchanges=exchanges)
+    def create_queue(self, name: str, exchanges: int = 1, replicas: int | None = None) -> dict[str, Any]:
+        """Create queue `name`; `replicas` 2 gives each exchange a replica on another host, None
+        leaves it to the leader's gcm.default_replicas."""
+        args: dict[str, Any] = {"name": name, "exchanges": exchanges}
+        if replicas is not None:
+            args["replicas"] = replicas
+        return self.call("queue.create", **args)
 
     def delete_queue(self, name: str) -> dict[str, Any]:
         return self.call("queue.delete", name=name)

@@ -106,6 +106,7 @@ class SubscriberReceiver:
                 if events.get(sock):
                     self._drain(sock)
                 self._streams.expire_syncs(time.monotonic())
+                self._streams.drain_ended(time.monotonic())
                 if self._save_position and time.monotonic() >= next_save:
                     next_save = time.monotonic() + self.config.client.position_save_interval
                     self._save_position()
@@ -137,7 +138,8 @@ class SubscriberReceiver:
             # `known`: followed before, so an incarnation missing from `running` has ended (a new
             # one is only ever met through an endpoint the topology already showed).
             if stream.exchange not in live or (stream.incarnation not in running and stream.known):
-                self._streams.forget(stream.incarnation)  # that process is gone, and its retention
+                # That process is gone: read what it left from a stored copy, then forget it.
+                self._streams.end(stream.incarnation)
         return wanted
 
     def _on_disconnects(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:

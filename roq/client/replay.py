@@ -6,6 +6,11 @@ older answers, left over from a request that timed out, are skipped by request i
 that answers `busy` (too many reply bytes it has not yet sent) is asked again after a short
 pause within the same deadline. Anything else raises FetchFailed and the connection is dropped,
 so the next request starts on a fresh one.
+
+An ended incarnation is read from a stored copy instead (roq/client/streams.py `end`): `copies(x)`
+names the replay endpoints that may hold one (the replica of exchange x, and x's running
+incarnation, which serves what its journal reloaded). The first that knows the incarnation
+answers `ended_position` and serves that incarnation's later fetches.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 import zmq
 
 from roq import protocol
-from roq.client.streams import FetchFailed
+from roq.client.streams import FetchFailed, NoCopy
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.security import secure_client
@@ -30,11 +35,14 @@ Answer = protocol.Frames | protocol.StreamPosition
 
 class ReplayClient:
     def __init__(self, config: Config, live: Callable[[], dict[str, dict[str, Any]]],
-                 closed: Callable[[], bool]) -> None:
-        """`live()` gives the running exchanges (their `replay` endpoints); `closed()` ends waits."""
+                 closed: Callable[[], bool], copies: Callable[[str], list[str]] | None = None) -> None:
+        """`live()` gives the running exchanges (their `replay` endpoints); `closed()` ends waits;
+        `copies(x)` the replay endpoints that may hold ended incarnations of exchange x."""
         self.config = config
         self._live = live
         self._closed = closed
+        self._copies = copies or (lambda _xid: [])
+        self._copy_of: dict[str, str] = {}  # ended incarnation → endpoint of the copy that answered
         self._context: zmq.Context | None = None
         self._fetchers: dict[str, zmq.Socket] = {}
         self._request_id = 0
@@ -55,8 +63,9 @@ class ReplayClient:
     def fetch(self, exchange: str, incarnation: str, after: int, before: int,
               prefix: bytes) -> Iterator[protocol.Frames]:
         max_bytes = self.config.exchange.fetch_max_bytes
+        where = self._copy_of.get(incarnation, exchange)
         while after < before - 1 and not self._closed():
-            page = self._ask(exchange, _fetch_request(incarnation, after, before, prefix, max_bytes))
+            page = self._ask(where, _fetch_request(incarnation, after, before, prefix, max_bytes))
             if not isinstance(page, protocol.Frames):
                 raise FetchFailed(f"{exchange} answered a fetch with {type(page).__name__}")
             yield page
@@ -70,7 +79,27 @@ class ReplayClient:
             raise FetchFailed(f"{exchange} answered a position request with {type(answer).__name__}")
         return answer
 
+    def ended_position(self, exchange: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        unanswered = False
+        for endpoint in self._copies(exchange):
+            try:
+                answer = self._ask(endpoint, lambda rid: protocol.encode_position_request(rid, prefixes, incarnation))
+            except NoCopy:
+                continue
+            except FetchFailed:
+                unanswered = True
+                continue
+            if isinstance(answer, protocol.StreamPosition) and answer.incarnation == incarnation:
+                self._copy_of[incarnation] = endpoint
+                if len(self._copy_of) > 10_000:
+                    del self._copy_of[next(iter(self._copy_of))]
+                return answer
+        if unanswered:
+            raise FetchFailed(f"no stored copy of {incarnation} answered")
+        raise NoCopy(f"no stored copy of {incarnation}")
+
     def _ask(self, exchange: str, encode: Callable[[int], bytes]) -> Answer:
+        """`exchange` is an exchange id (its running incarnation) or a copy's replay endpoint."""
         deadline = time.monotonic() + self.config.client.fetch_timeout
         while not self._closed():
             fetcher = self._fetcher(exchange)
@@ -82,6 +111,8 @@ class ReplayClient:
             try:
                 return self._await(fetcher, request_id, deadline)
             except protocol.ReplayRefused as refused:
+                if refused.refusal == "unknown_incarnation" and _is_endpoint(exchange):
+                    raise NoCopy(str(refused)) from None
                 if refused.refusal != "busy" or time.monotonic() + BUSY_RETRY > deadline:
                     raise FetchFailed(str(refused)) from None
                 time.sleep(BUSY_RETRY)  # the exchange holds too many unsent replies: let them go
@@ -110,7 +141,7 @@ class ReplayClient:
     def _fetcher(self, xid: str) -> zmq.Socket | None:
         fetcher = self._fetchers.get(xid)
         if fetcher is None and self._context is not None:
-            endpoint = (self._live().get(xid) or {}).get("replay")
+            endpoint = xid if _is_endpoint(xid) else (self._live().get(xid) or {}).get("replay")
             if not endpoint:
                 return None
             fetcher = self._context.socket(zmq.DEALER)
@@ -119,6 +150,10 @@ class ReplayClient:
             fetcher.connect(endpoint)
             self._fetchers[xid] = fetcher
         return fetcher
+
+
+def _is_endpoint(key: str) -> bool:
+    return "://" in key
 
 
 def _fetch_request(incarnation: str, after: int, before: int, prefix: bytes,

@@ -14,6 +14,14 @@ follows it) is found by a position check: on each beat, for every prefix that go
 the previous beat while the stream moved on, the exchange is asked where the prefix's chain
 ends. What retention no longer holds is counted in `gaps`, exactly (in messages) when the
 exchange still remembers what it evicted; a frame we hold ourselves is never counted lost.
+
+When an incarnation ends (its exchange died, was moved or restarted), its stream is not forgotten
+at once: `end()` marks it, and `drain_ended()` asks where a stored copy of it ends (the replica
+of a replicated exchange, or the journal a restarted exchange reloaded: `ReplayTransport.
+ended_position`) and fetches every frame of our prefixes up to there, the frames the dead
+exchange confirmed but never sent us included. Only then is it forgotten. With no copy anywhere
+it is forgotten at once, as before; a copy that does not answer is asked again until
+`END_DRAIN_TIMEOUT`.
 """
 
 from __future__ import annotations
@@ -31,10 +39,16 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT = 2.0  # no sync answer this long: catch up from the first live frame instead
 IN_HAND_LIMIT = 100_000  # frames remembered per prefix in Stream.in_hand; beyond, gaps may count some
 ENDED_LIMIT = 1_000  # forgotten incarnations whose late frames are still recognised
+END_DRAIN_TIMEOUT = 60.0  # an ended incarnation's copy is asked this long before we give up on it
+END_RETRY = 0.5  # seconds between attempts to drain an ended incarnation
 
 
 class FetchFailed(Exception):
     """The exchange did not answer (gone, or too busy): the hole stays open and is retried."""
+
+
+class NoCopy(FetchFailed):
+    """No server holds a copy of that ended incarnation: nothing more can be fetched of it."""
 
 
 class ReplayTransport(Protocol):
@@ -44,6 +58,10 @@ class ReplayTransport(Protocol):
 
     def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
         """Where the stream is and where each prefix's chain ends; raises FetchFailed."""
+
+    def ended_position(self, exchange: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        """Where a stored copy of the ended `incarnation` ends (sealing it); later fetches of it go
+        to that copy. Raises NoCopy if nothing holds one, FetchFailed if it did not answer."""
 
 
 Deliver = Callable[["Stream", bytes, protocol.Delivery, bool], None]
@@ -74,6 +92,8 @@ class Stream:
     # Per prefix, {pos: messages} of frames handed over that a later fetch may cover (they came
     # without a chain, or inside a hole not yet fetched): it must not count them lost.
     in_hand: dict[bytes, dict[int, int]] = field(default_factory=dict)
+    ended_at: float | None = None  # when we saw the incarnation end; drained from its copy since
+    next_drain: float = 0.0
 
 
 @dataclass
@@ -128,7 +148,7 @@ class StreamSet:
         if sync.incarnation in self.ended:
             return
         stream = self.stream(sync.incarnation, sync.exchange)
-        if not stream.synced:
+        if not stream.synced and stream.ended_at is None:
             self._catch_up(stream, sync.next_pos)
 
     def on_disconnect(self, exchange: str) -> None:
@@ -280,6 +300,48 @@ class StreamSet:
         in_hand = stream.in_hand.setdefault(prefix, {})
         if len(in_hand) < IN_HAND_LIMIT:
             in_hand[d.pos] = len(d.seqs)
+
+    def end(self, incarnation: str, now: float | None = None) -> None:
+        """The incarnation is no longer running: drain it from a stored copy, then forget it."""
+        stream = self.streams.get(incarnation)
+        if stream is None or stream.ended_at is not None:
+            return
+        stream.ended_at = time.monotonic() if now is None else now
+        stream.synced = False
+        stream.next_drain = 0.0
+
+    def drain_ended(self, now: float | None = None) -> None:
+        """Try each ended incarnation whose turn it is (see `end`)."""
+        now = time.monotonic() if now is None else now
+        for stream in [s for s in self.streams.values() if s.ended_at is not None and s.next_drain <= now]:
+            stream.next_drain = now + END_RETRY
+            ended_at = stream.ended_at or now
+            if self._drain(stream) or now - ended_at >= END_DRAIN_TIMEOUT:
+                self.forget(stream.incarnation)
+
+    def _drain(self, stream: Stream) -> bool:
+        """Fetch what a stored copy holds beyond what we handled; True when nothing is left to try."""
+        try:
+            answer = self.replay.ended_position(stream.exchange, stream.incarnation, self.prefixes)
+        except NoCopy:
+            return True
+        except FetchFailed:
+            self.fetch_failures += 1
+            return False
+        if answer.incarnation != stream.incarnation or len(answer.last) != len(self.prefixes):
+            return True
+        self.position_checks += 1
+        holes, stream.holes = stream.holes, []
+        for prefix, after, before, strict in holes:  # holes the exchange did not fill while it ran
+            self._fill_or_remember(stream, prefix, after, before, strict)
+        end = answer.next_pos
+        for prefix in self.prefixes:
+            if end - 1 > stream.done[prefix] and not any(h[0] == prefix and h[2] >= end for h in stream.holes):
+                # What we never followed (an exchange that died before we synced) was not ours to lose.
+                self._fill_or_remember(stream, prefix, stream.done[prefix], end, strict=stream.known)
+        if not stream.holes:
+            log.info("%s ended: drained from its copy up to position %d", stream.incarnation, end - 1)
+        return not stream.holes
 
     def forget(self, incarnation: str) -> None:
         """The exchange incarnation is gone: its open holes can never be filled now. Its frames

@@ -63,8 +63,9 @@ from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import QueueNotFoundError
 from roq.names import check_subscriber_name, check_topic
+from roq.paths import Paths
 from roq.security import load_keys
-from roq.zk import start_client, stop_client
+from roq.zk import read_json, start_client, stop_client
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class Subscriber:
         self._taken_lock = threading.Lock()
         self._recovered_waiting: dict[str, list[int]] = {}  # incarnation → positions of fetched frames in the inbox
         self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
-        self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed)
+        self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed, self._copies_of)
         self._streams = StreamSet(self.topics, self._replay, self._hand_over)
         for inc, pos in self._taken.streams.items():
             self._streams.resume(inc, pos)
@@ -277,6 +278,22 @@ class Subscriber:
     def topology_snapshot(self) -> dict[str, dict[str, Any]]:
         receiver = getattr(self, "_receiver", None)  # None until the constructor made it
         return receiver.topology.snapshot() if receiver is not None else {}
+
+    def _copies_of(self, xid: str) -> list[str]:
+        """Replay endpoints that may hold ended incarnations of exchange `xid` (I/O thread): its
+        replica, and its running incarnation (what a journal reloaded)."""
+        endpoints = []
+        try:
+            replica = read_json(self.zk, Paths(self.config.zk.root).replica_live(self.queue, xid))
+        except Exception as exc:  # ZooKeeper unreachable: the drain is tried again
+            log.debug("could not read the replica of %s/%s: %s", self.queue, xid, exc)
+            replica = None
+        if isinstance(replica, dict) and isinstance(replica.get("replay"), str):
+            endpoints.append(replica["replay"])
+        running = self.topology_snapshot().get(xid) or {}
+        if isinstance(running.get("replay"), str) and running.get("archived"):
+            endpoints.append(running["replay"])
+        return endpoints
 
     def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
         inc = live.get("incarnation")

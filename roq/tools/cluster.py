@@ -102,7 +102,10 @@ class LocalCluster:
             for i in range(1, c.gcms + 1):
                 state.processes.append(self._spawn("gcm", f"gcm-{i}", [], state))
             for i in range(1, c.hcms + 1):
-                state.processes.append(self._spawn("hcm", f"host-{i}", ["--set", f"hcm.host=host-{i}"], state))
+                # Each host its own data directory, as on separate machines (journals: hcm.data_dir).
+                data_dir = self.run_dir / "data" / f"host-{i}"
+                state.processes.append(self._spawn("hcm", f"host-{i}", ["--set", f"hcm.host=host-{i}",
+                                                                        "--set", f"hcm.data_dir={data_dir}"], state))
             state.save()
             say(f"waiting for a leader and {c.hcms} hosts")
             self._wait_ready(config, state, c.hcms, timeout)

@@ -103,6 +103,8 @@ class Processes:
         module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon"}[role]
         log = self.workdir / f"{name}.log"
         args = [sys.executable, "-m", module, "--config", str(self.config_path)]
+        if role == "hcm":  # each host its own files (journals), in the test's directory
+            settings = (f"hcm.data_dir={self.workdir / name / 'data'}", *settings)
         for setting in settings:
             args += ["--set", setting]
         with log.open("ab") as out:

@@ -28,27 +28,39 @@ def print_status(status: dict[str, Any]) -> None:
         hosts.add_row(h["name"], h["address"], str(h["exchanges"]), str(h["capacity"]), str(h["pid"]))
     console.print(hosts)
     console.print(f"queues: {len(status['queues'])}  exchanges: {status['exchanges']}  "
-                  f"unplaced: {status['unplaced']}")
+                  f"unplaced: {status['unplaced']}  replicas: {status.get('replicas', 0)}  "
+                  f"unplaced replicas: {status.get('unplaced_replicas', 0)}")
 
 
 def print_queue_list(queues: list[dict[str, Any]]) -> None:
     if not queues:
         console.print("no queues")
         return
-    table = Table("queue", "exchanges", "placed", "running")
+    table = Table("queue", "exchanges", "replicas", "placed", "running")
     for q in queues:
-        table.add_row(q["name"], str(q["exchanges"]), str(q["placed"]), str(q["running"]))
+        table.add_row(q["name"], str(q["exchanges"]), str(q.get("replicas", 1)), str(q["placed"]), str(q["running"]))
     console.print(table)
 
 
 def print_queue(info: dict[str, Any]) -> None:
-    table = Table("exchange", "host", "publishers endpoint", "subscribers endpoint", "msgs/s in",
-                  title=f"queue {info['name']}")
+    replicated = info.get("replicas", 1) == 2
+    columns = ["exchange", "host", *(["replica"] if replicated else []), "publishers endpoint",
+               "subscribers endpoint", "msgs/s in"]
+    table = Table(*columns, title=f"queue {info['name']} (replicas {info.get('replicas', 1)})")
     for x in info["exchanges"]:
         live = x.get("live") or {}
         rate = str(ExchangeStats.from_dict(live["stats"]).msgs_in_per_s) if live.get("stats") else ""
-        table.add_row(x["id"], x["host"] or "(unplaced)", live.get("pub", "(not running)"), live.get("sub", ""), rate)
+        replica = [_replica_cell(x)] if replicated else []
+        table.add_row(x["id"], x["host"] or "(unplaced)", *replica, live.get("pub", "(not running)"),
+                      live.get("sub", ""), rate)
     console.print(table)
+
+
+def _replica_cell(x: dict[str, Any]) -> str:
+    """Where the exchange's replica is placed, and whether it runs (its replicas/<q>/<x> exists)."""
+    if not x.get("replica"):
+        return "(unplaced)"
+    return f"{x['replica']} ({'running' if x.get('replica_live') else 'not running'})"
 
 
 def print_rules(name: str, rules: dict[str, Any]) -> None:

@@ -50,3 +50,44 @@ def test_round_trips_through_json_and_toml(tmp_path) -> None:
 def test_config_is_frozen() -> None:
     with pytest.raises(Exception):
         Config().zk.hosts = "x"
+
+
+def test_replication_and_journal_keys_have_their_defaults() -> None:
+    c = load_config(env={})
+    assert (c.gcm.default_replicas, c.exchange.journal, c.exchange.journal_segment_bytes, c.hcm.data_dir) == \
+        (1, "off", 16 << 20, ".roq/data")
+
+
+def test_replication_and_journal_keys_follow_the_environment() -> None:
+    c = load_config(env={"ROQ_GCM_DEFAULT_REPLICAS": "2", "ROQ_EXCHANGE_JOURNAL": "fsync",
+                         "ROQ_EXCHANGE_JOURNAL_SEGMENT_BYTES": "65536", "ROQ_HCM_DATA_DIR": "/var/lib/roq"})
+    assert (c.gcm.default_replicas, c.exchange.journal, c.exchange.journal_segment_bytes, c.hcm.data_dir) == \
+        (2, "fsync", 65536, "/var/lib/roq")
+    assert load_config(env={}, flags=["exchange.journal=async"]).exchange.journal == "async"
+
+
+@pytest.mark.parametrize("flag, fragment", [
+    ("gcm.default_replicas=0", "gcm.default_replicas must be 1 or 2"),
+    ("gcm.default_replicas=3", "gcm.default_replicas must be 1 or 2"),
+    ("exchange.journal=sometimes", "exchange.journal must be off, async or fsync"),
+    ("exchange.journal=FSYNC", "exchange.journal must be"),
+    ("exchange.journal_segment_bytes=65535", "at least 65536"),
+    ("hcm.data_dir= ", "hcm.data_dir"),
+])
+def test_bad_replication_and_journal_settings_are_refused(flag: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(env={}, flags=[flag])
+
+
+def test_config_show_prints_the_new_keys(tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from roq.cli import main
+    monkeypatch.chdir(tmp_path)  # no local cluster's config.toml in sight
+    monkeypatch.delenv("ROQ_CONFIG", raising=False)
+    result = CliRunner().invoke(main, ["--set", "exchange.journal=fsync", "config", "show"],
+                                env={"ROQ_GCM_DEFAULT_REPLICAS": "2"})
+    assert result.exit_code == 0, result.output
+    for line in ("default_replicas = 2", 'journal = "fsync"', f"journal_segment_bytes = {16 << 20}",
+                 'data_dir = ".roq/data"'):
+        assert line in result.output.splitlines()

@@ -39,3 +39,9 @@ def test_never_over_capacity(specs, count) -> None:
     assert len(picks) == min(count, free)
     for h in hosts:
         assert h.assigned + picks.count(h.name) <= h.capacity
+
+
+def test_avoided_hosts_are_never_chosen() -> None:
+    hosts = [HostLoad("a", 4, 0), HostLoad("b", 4, 3)]
+    assert choose_hosts(2, hosts, avoid={"a"}) == ["b"]  # b has room for one
+    assert choose_hosts(1, hosts, avoid={"a", "b"}) == []

@@ -1,0 +1,190 @@
+"""The replica process: a second copy of one exchange's stream, on another host.
+
+Placed by the leader on a host other than its exchange's (`<q>~<x>~r` assignments), spawned by
+that host's HCM as `roq-exchange --role replica`, published at `replicas/<q>/<x>`. It binds two
+ROUTER sockets: `repl`, where its exchange (the primary) copies every frame it retains (protocol
+section 6: follow / copy, answered following / copied / sealed), and `replay`, where subscribers
+fetch from the copies exactly as from an exchange's retention (same positions, same bodies).
+
+It keeps one copy per primary incarnation (a restarted or moved exchange is a new one), each
+bounded like the exchange's retention, at most `MAX_COPIES` of them. A copy stays fetchable after
+its incarnation ended: that is its point. A subscriber that saw an incarnation end asks this
+replica for its position with the incarnation named, which **seals** the copy: later copies of it
+are refused (`sealed`), so an exchange cut off from the cluster (its live znode gone, the process
+still running) can confirm nothing the subscriber's tail fetch would not see. A `follow` of a new
+incarnation of the same exchange seals the older ones too.
+
+Peers may lie: frames are decoded with range checks, a copy must continue what is held (else the
+answer is `following next_pos`, and the primary resends), and only the connection that said
+`follow` for an incarnation may copy into it. With CURVE only the cluster's daemons (the server
+key) may say anything on `repl`. Without it, anyone who reaches `repl` can follow made-up
+incarnations of this exchange and so seal and push out the real copies (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import zmq
+
+from exchange.replay import REPLAY_HWM, ReplayServer
+from exchange.replication import max_copy_frame
+from exchange.retention import Retention
+from roq import protocol
+from roq.config import Config
+from roq.errors import ProtocolError
+from roq.security import SERVER, Gatekeeper, load_keys, peer_role
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 100
+MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
+
+
+class Replica:
+    def __init__(self, context: zmq.Context, config: Config, exchange_id: str, bind_host: str,
+                 advertise_host: str, gatekeeper: Gatekeeper | None = None) -> None:
+        self.config = config
+        self.exchange_id = exchange_id
+        self.incarnation = f"{exchange_id}~r.{int(time.time() * 1000) % 10**9}"
+        self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
+        self.sealed: set[str] = set()
+        self.owner: dict[str, bytes] = {}  # incarnation → route of the connection that follows it
+        self.counters: dict[str, int] = {}
+        self.curve = load_keys(config.security) is not None
+        self.repl = context.socket(zmq.ROUTER)
+        self.repl.linger = 0
+        self.repl.setsockopt(zmq.MAXMSGSIZE, max_copy_frame(config))  # libzmq drops bigger ones unread
+        replay = context.socket(zmq.ROUTER)
+        replay.linger = 0
+        replay.sndhwm = REPLAY_HWM
+        replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
+        if gatekeeper is not None:
+            gatekeeper.guard(self.repl, "replication")
+            gatekeeper.guard(replay, "replay")
+        repl_port = self.repl.bind_to_random_port(f"tcp://{bind_host}")
+        replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
+        ex = config.exchange
+        self.replay = ReplayServer(replay, None, None, "", ex.fetch_max_bytes, ex.replay_budget_bytes,
+                                   2 * ex.fetch_max_bytes, self._count, archives=self.copies, on_ended=self.seal)
+        self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
+        self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
+
+    def close(self) -> None:
+        self.repl.close(linger=0)
+        self.replay.sock.close(linger=0)
+
+    def _count(self, name: str, amount: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount
+
+    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None]) -> None:
+        poller = zmq.Poller()
+        poller.register(self.repl, zmq.POLLIN)
+        poller.register(self.replay.sock, zmq.POLLIN)
+        while not should_stop():
+            for sock, _ in poller.poll(POLL_MS):
+                try:
+                    if sock is self.repl:
+                        self._drain_primary()
+                    else:
+                        self.replay.drain()
+                except zmq.ContextTerminated:
+                    raise
+                except Exception:  # a bug must not take the copies down
+                    self._count("internal_errors", 1)
+                    log.exception("unexpected error while handling a frame; going on")
+            now = time.monotonic()
+            for copy in self.copies.values():
+                copy.trim(now)
+            on_tick()
+
+    # ------------------------------------------------------------ from the primary
+
+    def _drain_primary(self, budget: int = 64) -> None:
+        for _ in range(budget):
+            try:
+                parts = self.repl.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(parts) != 2:
+                self._count("malformed", 1)
+                continue
+            if self.curve and peer_role(parts[1]) != SERVER:
+                self._count("refused", 1)  # only the cluster's daemons copy into a replica
+                continue
+            route, payload = parts[0].bytes, parts[1].bytes
+            try:
+                request = protocol.decode_replica_request(payload)
+            except ProtocolError as err:
+                self._count("malformed", 1)
+                log.warning("refusing a replication frame: %s", err)
+                continue
+            reply = self._follow(route, request) if isinstance(request, protocol.Follow) \
+                else self._copy(route, request)
+            try:
+                self.repl.send_multipart([route, reply], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # the primary is gone or not reading; it asks again
+
+    def _follow(self, route: bytes, follow: protocol.Follow) -> bytes:
+        incarnation = follow.incarnation
+        if incarnation in self.sealed or incarnation.rsplit(".", 1)[0] != self.exchange_id:
+            return protocol.encode_replica_reply(protocol.SEALED, incarnation)
+        if incarnation not in self.copies:
+            for older in list(self.copies):  # that exchange restarted: its older incarnations ended
+                self.seal(older)
+            self._new_copy(incarnation, 0)
+            log.info("following %s", incarnation)
+        self.owner[incarnation] = route
+        copy = self.copies[incarnation]
+        return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos if len(copy) or
+                                             copy.next_pos > 1 else 0)
+
+    def _copy(self, route: bytes, request: protocol.Copy) -> bytes:
+        incarnation = request.incarnation
+        if incarnation in self.sealed:
+            return protocol.encode_replica_reply(protocol.SEALED, incarnation)
+        copy = self.copies.get(incarnation)
+        if copy is None or self.owner.get(incarnation) != route:
+            return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, 0) if copy is None \
+                else protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos)
+        if request.first_pos > copy.next_pos and (request.jump or (len(copy) == 0 and copy.next_pos <= 1)):
+            # The first page, or the primary no longer holds what lies between: start where it starts.
+            copy = self._new_copy(incarnation, request.first_pos)
+        skip = copy.next_pos - request.first_pos
+        if skip < 0:
+            return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos)
+        now = time.monotonic()
+        for topic, body, messages in request.frames[skip:]:
+            copy.add(topic, body, messages, now)
+        self._count("copied_frames", max(0, len(request.frames) - skip))
+        return protocol.encode_replica_reply(protocol.COPIED, incarnation, copy.next_pos)
+
+    def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
+        ex = self.config.exchange
+        copy = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=max(first_pos, 1))
+        self.copies[incarnation] = copy
+        self.copies.move_to_end(incarnation)
+        while len(self.copies) > MAX_COPIES:
+            dropped, _ = self.copies.popitem(last=False)
+            self.sealed.add(dropped)
+            self.owner.pop(dropped, None)
+        return copy
+
+    # ------------------------------------------------------------ from subscribers
+
+    def seal(self, incarnation: str) -> None:
+        """Take nothing more of `incarnation`: it ended, and a subscriber is reading its copy."""
+        if incarnation not in self.sealed and incarnation in self.copies:
+            log.info("sealed %s at position %d", incarnation, self.copies[incarnation].next_pos)
+        self.sealed.add(incarnation)
+        self.owner.pop(incarnation, None)
+        if len(self.sealed) > 16 * MAX_COPIES:
+            self.sealed = {i for i in self.sealed if i in self.copies}
+
+    def report(self) -> dict[str, int]:
+        return {"copies": len(self.copies), "retained_frames": sum(len(c) for c in self.copies.values()),
+                "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.counters}

@@ -1,0 +1,178 @@
+"""The primary's side of replication: every retained frame is copied to the replica, and a
+publisher's ack waits until the replica holds everything the stream held when it was earned.
+
+The exchange (primary) connects a DEALER to its replica's `repl` endpoint, which its HCM tells it
+on stdin, and says `follow`. The replica answers `following next_pos` (what it needs of this
+incarnation), and the primary copies its retention from there on, page by page, at most
+`WINDOW_PAGES` pages unacknowledged; the replica acks each page cumulatively (`copied next_pos`).
+`held` is the position below which the current replica holds the whole stream: the confirm gate
+(exchange/confirms.py) releases an ack once `held` reaches the stream position it was earned at.
+
+Frames the replica has not acknowledged are never evicted from retention (`protect_from`), so the
+replica always gets every frame that could still be confirmed; when retention is over its byte
+bound because of that, the exchange stops reading publishers (`blocked`) until the replica catches
+up. A replica that does not answer within `RESYNC_AFTER` while pages are out is asked to `follow`
+again (a lost page would otherwise stall the stream), and duplicates are skipped on its side.
+
+A replica that answers `sealed` has been told, by a subscriber asking for this incarnation's copy
+after it saw the incarnation end (protocol section 6.3), to take nothing more of it: this process
+is cut off from the cluster's view. It stops confirming anything and `sealed` is set; the exchange
+then exits and is restarted as a new incarnation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import zmq
+
+from exchange.retention import Retention
+from roq import protocol
+from roq.config import Config
+from roq.errors import ProtocolError
+from roq.security import secure_client
+
+log = logging.getLogger(__name__)
+
+WINDOW_PAGES = 16  # pages sent and not yet acknowledged
+RESYNC_AFTER = 2.0  # seconds without an answer while pages are out: ask the replica where it is
+
+
+def copy_page_bytes(config: Config) -> int:
+    """Payload of one `copy` frame (at least one delivery, so a big one may exceed it)."""
+    return max(config.exchange.fetch_max_bytes // 4, 64 << 10)
+
+
+def max_copy_frame(config: Config) -> int:
+    """The largest `copy` frame a replica takes: a page plus one delivery of the largest batch."""
+    return copy_page_bytes(config) + config.exchange.max_batch_bytes + (64 << 10)
+
+
+class ReplicaLink:
+    def __init__(self, context: zmq.Context, config: Config, retention: Retention, incarnation: str,
+                 exchange_id: str) -> None:
+        self.context = context
+        self.config = config
+        self.retention = retention
+        self.incarnation = incarnation
+        self.exchange_id = exchange_id
+        self.page_bytes = copy_page_bytes(config)
+        self.endpoint: str | None = None
+        self.sock: zmq.Socket | None = None
+        self.following = False  # the replica said where it is
+        self.held = 1  # every position below this is held by the current replica
+        self.sent = 1  # next position to copy
+        self._pages: deque[int] = deque()  # end position (exclusive) of each page not yet acknowledged
+        self._asked = 0.0  # when we last said follow / sent a page with nothing heard since
+        self.sealed = False
+        self.copied_frames = 0
+        retention.protect_from = self.held
+
+    # ------------------------------------------------------------ wiring
+
+    def point_to(self, endpoint: str | None) -> None:
+        """Follow the replica at `endpoint` (None: there is none now)."""
+        if endpoint == self.endpoint:
+            return
+        self._close_socket()
+        self.endpoint = endpoint
+        self.following = False
+        if endpoint is None:
+            log.warning("no replica: confirms wait until one is running")
+            return
+        sock = self.context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.sndhwm = WINDOW_PAGES * 4
+        secure_client(sock, self.config)
+        sock.connect(endpoint)
+        self.sock = sock
+        self._follow()
+        log.info("replicating to %s", endpoint)
+
+    def close(self) -> None:
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+
+    def _follow(self) -> None:
+        self._pages.clear()
+        self._asked = time.monotonic()
+        self._send(protocol.encode_follow(self.incarnation, self.exchange_id))
+
+    def _send(self, frame: bytes) -> bool:
+        if self.sock is None:
+            return False
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False  # not connected yet or queue full: the resync timer asks again
+
+    # ------------------------------------------------------------ the loop's calls
+
+    @property
+    def blocked(self) -> bool:
+        """Retention is over its byte bound with frames the replica lacks: take no more batches."""
+        return self.retention.bytes > self.retention.max_bytes
+
+    def pump(self, now: float) -> None:
+        """Copy what the replica lacks, within the window; ask again if it went quiet."""
+        if self.sock is None or self.sealed:
+            return
+        if (self._pages or not self.following) and now - self._asked > RESYNC_AFTER:
+            log.warning("replica %s silent for %.1fs; asking where it is", self.endpoint, now - self._asked)
+            self.following = False
+            self._follow()
+            return
+        if not self.following:
+            return
+        retention = self.retention
+        while len(self._pages) < WINDOW_PAGES and self.sent < retention.next_pos:
+            start = max(self.sent, retention.oldest)
+            entries = retention.entries(start, self.page_bytes)
+            if not entries:
+                return
+            if not self._send(protocol.encode_copy(self.incarnation, start, entries, jump=start > self.sent)):
+                return
+            if not self._pages:
+                self._asked = now
+            self.sent = start + len(entries)
+            self._pages.append(self.sent)
+
+    def on_reply(self, frame: bytes) -> None:
+        try:
+            reply = protocol.decode_replica_reply(frame)
+        except ProtocolError as err:
+            log.warning("bad reply from replica %s: %s", self.endpoint, err)
+            return
+        if reply.incarnation != self.incarnation:
+            return
+        self._asked = time.monotonic()
+        if reply.kind == protocol.SEALED:
+            if not self.sealed:
+                log.error("replica %s sealed incarnation %s (a subscriber saw it end): nothing more is "
+                          "confirmed here; restarting as a new incarnation", self.endpoint, self.incarnation)
+            self.sealed = True
+            return
+        if reply.kind == protocol.FOLLOWING:
+            # Start where it is: frames below our oldest were confirmed with an earlier replica.
+            self.following = True
+            self._pages.clear()
+            self.sent = max(reply.next_pos, 1)  # pump starts at our oldest if that is later
+            self._set_held(max(reply.next_pos, 1))
+            return
+        if reply.kind == protocol.COPIED:
+            while self._pages and self._pages[0] <= reply.next_pos:
+                self._pages.popleft()
+            self.copied_frames += max(0, reply.next_pos - self.held)
+            self._set_held(reply.next_pos)
+
+    def _set_held(self, next_pos: int) -> None:
+        """`held` as the current replica reports it (it may go down when a new replica starts)."""
+        self.held = min(next_pos, self.retention.next_pos)
+        self.retention.protect_from = self.held

@@ -1,0 +1,277 @@
+"""Replicated queues and the journal, with real processes (issue 18).
+
+A confirm means "held by two exchange processes on two hosts" (replicas = 2), or "fsync'ed"
+(exchange.journal = fsync). Each test kills what held a confirmed message and checks that every
+confirmed message still reaches the application once: lost = 0, duplicated = 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import zmq
+
+from roq import protocol
+from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.paths import Paths
+from roq.state import read_hosts, read_leader, read_live
+from roq.tools.testing import record_figures, wait_until
+from roq.zk import read_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+HOSTS = ("host-1", "host-2", "host-3")
+
+# A publisher in its own process, so that it can die together with its exchange's host. It
+# prints the count of confirmed messages (a lower bound: printed after the ack arrived).
+PUBLISHER = textwrap.dedent("""
+    import sys, time
+    from roq.config import load_config
+    from roq.client.publisher import Publisher
+    config = load_config(sys.argv[1])
+    pub = Publisher(sys.argv[2], config)
+    sent = 0
+    while True:
+        pub.publish("load", str(sent).encode(), timeout=60)
+        sent += 1
+        if sent % 50 == 0:
+            print(pub.confirmed, flush=True)
+            time.sleep(0.005)
+""")
+
+
+def start_hosts(procs, zk, paths, *settings: str, gcm_settings: tuple[str, ...] = ()) -> None:
+    procs.start("gcm", "gcm-0", "gcm.reassign_grace=0", *gcm_settings)
+    for host in HOSTS:
+        procs.start("hcm", host, f"hcm.host={host}", *settings)
+    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == len(HOSTS), message="cluster")
+
+
+def create_replicated(config, zk, paths: Paths, name: str, exchanges: int = 1, replicas: int = 2) -> None:
+    with Admin(config, zk) as admin:
+        admin.create_queue(name, exchanges=exchanges, replicas=replicas)
+
+    def ready() -> bool:
+        live = read_live(zk, paths, name)
+        return len(live) == exchanges and (replicas == 1 or all(
+            zk.exists(paths.replica_live(name, xid)) for xid in live))
+    wait_until(ready, timeout=20, message="exchanges and replicas running")
+
+
+def fetch_copy(endpoint: str, incarnation: str) -> protocol.Frames:
+    """The first page of a replica's copy of `incarnation` (a fetch does not seal it)."""
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(endpoint)
+        sock.send(protocol.encode_fetch(1, incarnation, 0, 0, [], 1 << 20))
+        assert sock.poll(5000), "the replica did not answer"
+        answer = protocol.decode_replay_reply(sock.recv(), 1 << 30)
+        assert isinstance(answer, protocol.Frames)
+        return answer
+    finally:
+        sock.close()
+
+
+def host_of(zk, paths: Paths, queue: str, xid: str = "x1") -> str:
+    return str(read_live(zk, paths, queue)[xid]["host"])
+
+
+class Collector:
+    """A subscriber counting each message number it is handed."""
+
+    def __init__(self, queue: str, config, zk, durable: str | None = None) -> None:
+        self.counts: Counter[int] = Counter()
+        self.lock = threading.Lock()
+        self.sub = Subscriber(queue, config, zk=zk, durable=durable, callback=self.on_message)
+
+    def on_message(self, msg) -> None:
+        with self.lock:
+            self.counts[int(msg.payload)] += 1
+
+    def missing(self, confirmed: int) -> list[int]:
+        with self.lock:
+            return [i for i in range(confirmed) if i not in self.counts]
+
+    def duplicated(self) -> int:
+        with self.lock:
+            return sum(1 for c in self.counts.values() if c > 1)
+
+
+def test_g_publisher_and_its_exchange_host_killed_together_lose_nothing_confirmed(config, zk, paths, procs) -> None:
+    start_hosts(procs, zk, paths)
+    create_replicated(config, zk, paths, "orders")
+    exchange_host = host_of(zk, paths, "orders")
+    replica = read_json(zk, paths.replica_live("orders", "x1"))
+    assert replica and replica["host"] != exchange_host, "the replica must run on another host"
+    collector = Collector("orders", config, zk)
+    collector.sub.wait_connected(timeout=15)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    publisher = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(procs.config_path), "orders"],
+                                 stdout=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        lines: list[int] = []
+
+        def read() -> None:
+            assert publisher.stdout is not None
+            for line in publisher.stdout:
+                lines.append(int(line))
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_until(lambda: lines and lines[-1] >= 3000, timeout=30, message="3,000 confirmed messages")
+        # The same instant: the publisher (and its replay window) and the exchange's host go.
+        os.killpg(publisher.pid, signal.SIGKILL)
+        procs.kill(exchange_host)
+        killed_at = time.monotonic()
+        publisher.wait(timeout=10)
+        reader.join(timeout=5)
+        confirmed = lines[-1]
+        wait_until(lambda: not collector.missing(confirmed), timeout=30,
+                   message=f"the {confirmed} confirmed messages to arrive")
+        record_figures("replication g (processes): publisher + exchange host killed",
+                       confirmed=confirmed, received=len(collector.counts), lost=len(collector.missing(confirmed)),
+                       duplicated=collector.duplicated(), drained_in_s=round(time.monotonic() - killed_at, 2))
+        assert collector.duplicated() == 0
+    finally:
+        if publisher.poll() is None:
+            os.killpg(publisher.pid, signal.SIGKILL)
+        collector.sub.close()
+
+
+def test_h_a_subscriber_away_while_its_exchange_host_dies_resumes_from_the_replica(config, zk, paths,
+                                                                                   procs) -> None:
+    start_hosts(procs, zk, paths)
+    create_replicated(config, zk, paths, "events")
+    config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
+    first = Collector("events", config, zk, durable="audit")
+    first.sub.wait_connected(timeout=15)
+    with Publisher("events", config, zk=zk) as pub:
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(1000):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        wait_until(lambda: not first.missing(1000), timeout=20, message="the first 1,000")
+        first.sub.close()  # away: its position is saved
+        for i in range(1000, 3000):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        assert pub.confirmed == 3000
+    # The publisher is gone too, with its replay window: only the replica can give 1000-2999 back.
+    old = read_live(zk, paths, "events")["x1"]
+    procs.kill(str(old["host"]))  # the exchange's retention dies with its host
+    wait_until(lambda: (read_live(zk, paths, "events").get("x1") or {}).get("incarnation") != old["incarnation"],
+               timeout=15, message="x1 gone")
+    back = Collector("events", config, zk, durable="audit")
+    try:
+        wait_until(lambda: set(back.counts) >= set(range(1000, 3000)), timeout=30,
+                   message="the messages published while the subscriber was away")
+        record_figures("replication h (processes): subscriber away, exchange host killed",
+                       confirmed=3000, received_after_resume=len(back.counts),
+                       lost=len([i for i in range(1000, 3000) if i not in back.counts]),
+                       duplicated=back.duplicated() + sum(1 for i in back.counts if i < 1000))
+        assert back.duplicated() == 0
+        assert not [i for i in back.counts if i < 1000], "taken before the restart: not again"
+    finally:
+        back.sub.close()
+
+
+def test_confirms_wait_for_the_replica(config, zk, paths, procs) -> None:
+    start_hosts(procs, zk, paths)
+    create_replicated(config, zk, paths, "held")
+    replica = read_json(zk, paths.replica_live("held", "x1"))
+    assert replica
+    with Publisher("held", config, zk=zk) as pub:
+        pub.publish("t", b"one")
+        pub.flush(15)
+        os.kill(int(replica["pid"]), signal.SIGSTOP)  # frozen replica: nothing can be confirmed
+        try:
+            pub.publish("t", b"two")
+            with pytest.raises(Exception):
+                pub.flush(1.5)
+            assert pub.confirmed == 1
+        finally:
+            os.kill(int(replica["pid"]), signal.SIGCONT)
+        pub.flush(20)
+        assert pub.confirmed == 2
+
+
+def test_i_journal_restart_keeps_a_durable_subscriber_whole(config, zk, paths, procs) -> None:
+    """exchange.journal = fsync, replicas = 1: the exchange killed and restarted on its host; a
+    durable subscriber that was away reads what the dead incarnation confirmed from the journal."""
+    start_hosts(procs, zk, paths, "exchange.journal=fsync")
+    create_replicated(config, zk, paths, "ledger", replicas=1)
+    config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
+    first = Collector("ledger", config, zk, durable="books")
+    first.sub.wait_connected(timeout=15)
+    with Publisher("ledger", config, zk=zk) as pub:
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(500):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        wait_until(lambda: not first.missing(500), timeout=20, message="the first 500")
+        first.sub.close()
+        for i in range(500, 2000):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        old = read_live(zk, paths, "ledger")["x1"]
+        pub.close(timeout=0)  # the publisher's replay window must not be what saves the subscriber
+    os.kill(int(old["pid"]), signal.SIGKILL)
+    wait_until(lambda: (read_live(zk, paths, "ledger").get("x1") or {}).get("incarnation") not in
+               (None, old["incarnation"]), timeout=20, message="the restarted incarnation")
+    assert old["incarnation"] in read_live(zk, paths, "ledger")["x1"].get("archived", [])
+    back = Collector("ledger", config, zk, durable="books")
+    try:
+        wait_until(lambda: set(back.counts) >= set(range(500, 2000)), timeout=30,
+                   message="what the dead incarnation confirmed, from its journal")
+        assert back.duplicated() == 0
+        assert not [i for i in back.counts if i < 500]
+    finally:
+        back.sub.close()
+
+
+def test_a_lost_replica_is_replaced_and_caught_up_before_confirms_resume(config, zk, paths, procs) -> None:
+    start_hosts(procs, zk, paths)
+    create_replicated(config, zk, paths, "audit")
+    old = read_json(zk, paths.replica_live("audit", "x1"))
+    assert old
+    collector = Collector("audit", config, zk)
+    collector.sub.wait_connected(timeout=15)
+    with Publisher("audit", config, zk=zk) as pub:
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(2000):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        procs.kill(str(old["host"]))  # the replica's host: confirms wait for a new replica
+        killed_at = time.monotonic()
+        for i in range(2000, 4000):
+            pub.publish("load", str(i).encode())
+        pub.flush(60)
+        resumed_in = time.monotonic() - killed_at
+        new = read_json(zk, paths.replica_live("audit", "x1"))
+        assert new and new["host"] not in (old["host"], host_of(zk, paths, "audit"))
+        # Caught up: the new replica holds the whole retained stream, not just what came after it.
+        live = read_live(zk, paths, "audit")["x1"]
+        wait_until(lambda: read_live(zk, paths, "audit")["x1"]["stats"].get("replicated_to", 0)
+                   == read_live(zk, paths, "audit")["x1"]["stats"].get("next_pos", -1), timeout=10,
+                   message="the new replica to hold the whole stream")
+        assert live["incarnation"] == read_live(zk, paths, "audit")["x1"]["incarnation"]
+        # State transfer: the new replica's copy starts at the stream's first position, from before it ran.
+        page = fetch_copy(new["replay"], live["incarnation"])
+        assert page.oldest == 1 and protocol.decode_delivery(page.frames[0][1]).pos == 1
+    wait_until(lambda: not collector.missing(4000), timeout=30, message="every confirmed message")
+    record_figures("replication: replica host killed", confirmed=4000, lost=len(collector.missing(4000)),
+                   duplicated=collector.duplicated(), confirms_resumed_in_s=round(resumed_in, 2))
+    assert collector.duplicated() == 0
+    collector.sub.close()
