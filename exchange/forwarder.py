@@ -27,6 +27,7 @@ error while handling one frame is logged, counted (`internal_errors`) and the lo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
@@ -84,6 +85,8 @@ class Forwarder:
             self.journal = Journal(journal_dir, self.incarnation, config.journal, config.journal_segment_bytes,
                                    config.retention_seconds, config.retention_bytes)
         self.gated = self.link is not None or (self.journal is not None and config.journal == "fsync")
+        self.journal_errors = 0
+        self._journal_error_logged = -1e9
         self.archives: dict[str, Retention] = archives if archives is not None else {}
         self.sessions = PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
                                           max_per_connection=config.max_publishers_per_connection)
@@ -193,7 +196,7 @@ class Forwarder:
     def _make_durable(self, now: float) -> None:
         """Journal and copy what was forwarded, then release the acks that became durable."""
         if self.journal is not None:
-            self.journal.commit()
+            self._commit_journal(now)
         if self.link is not None:
             self.link.pump(now)
         if self.gated and len(self.gate) and not self.sealed:
@@ -201,13 +204,33 @@ class Forwarder:
             for ack in self.gate.release(self.durable_pos()):
                 self._reply(ack.route, protocol.encode_ack(ack.seq, subscribers))
 
+    def _commit_journal(self, now: float) -> None:
+        """A disk that fails (full, I/O error) must not stop forwarding: with fsync the acks wait
+        (committed_pos stays behind), the publishers move on, and the error is logged every 10 s."""
+        assert self.journal is not None
+        try:
+            self.journal.commit()
+        except OSError as exc:
+            self.journal_errors += 1
+            if now >= self._journal_error_logged + 10:
+                self._journal_error_logged = now
+                log.error("journal write failed (%d times so far): %s; %s", self.journal_errors, exc,
+                          "confirms wait" if self.config.journal == "fsync" else "journal switched off")
+            if self.config.journal != "fsync":  # best effort: do not buffer what will never be written
+                journal, self.journal = self.journal, None
+                with contextlib.suppress(OSError):
+                    journal.close()
+
     def _housekeeping(self, now: float) -> None:
         self.sessions.prune(now)
         self.stats.forget_idle(now, self.config.publisher_ttl)
         if len(self.gate.confirmed) > len(self.sessions.sessions):
             self.gate.forget(set(self.gate.confirmed) - set(self.sessions.sessions))
         if self.journal is not None:
-            self.journal.trim(self.retention.oldest)
+            try:
+                self.journal.trim(self.retention.oldest)
+            except OSError as exc:
+                log.warning("journal trim failed: %s", exc)
         for incarnation, archive in list(self.archives.items()):
             archive.trim(now)
             if not len(archive):

@@ -169,8 +169,10 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
     archives: dict[str, Retention] = {}
     for archive in load_archives(directory, "", ex.retention_seconds, ex.retention_bytes):
         store = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=archive.lost_before)
+        # The retention's clock keeps running across the restart: the frames are as old as their file.
+        stored_at = time.monotonic() - max(0.0, time.time() - archive.newest_mtime)
         for frame in archive.frames:
-            store.add(frame.topic, frame.body, frame.messages)
+            store.add(frame.topic, frame.body, frame.messages, stored_at)
         archives[archive.incarnation] = store
         log.info("journal: incarnation %s reloaded, positions %d-%d", archive.incarnation,
                  store.oldest, store.next_pos - 1)
