@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build roq:test from the local base and a wheelhouse of this checkout. No registry.
-# Skips the build when an image of the same sources exists (tag roq:src-<hash>).
+# Skips the build when an image of the same sources exists (tag roq:src-<hash>; the hash covers
+# untracked source files too, so a new module not yet committed still triggers a build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
 source docker/image-cache.sh
 bash docker/build-base.sh
-hash=$(cat setup.cfg docker/Dockerfile docker/entrypoint.sh $(git ls-files roq gcm hcm exchange 2>/dev/null || find roq gcm hcm exchange -name '*.py') \
+hash=$(cat setup.cfg docker/Dockerfile docker/entrypoint.sh $(git ls-files --cached --others --exclude-standard roq gcm hcm exchange 2>/dev/null || find roq gcm hcm exchange -name '*.py') \
        | sha256sum | cut -c1-16)
 reuse_image roq "$hash" && exit 0
 context=$(mktemp -d /tmp/roq-image.XXXXXX)

@@ -105,7 +105,8 @@ class Gcm:
 
     def _lead(self, epoch: int) -> None:
         self.reconciler = Reconciler(self.client, self.paths, self.leadership.fence, self.queues,
-                                     self.write_lock, self.config.gcm.reassign_grace)
+                                     self.write_lock, self.config.gcm.reassign_grace,
+                                     self.config.gcm.journal_reassign_grace)
         self.autoscaler.states.clear()  # a new term starts with fresh timers
         with self.write_lock:
             self.queues.view.invalidate()  # another leader may have changed placements since our last term

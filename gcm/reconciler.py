@@ -1,6 +1,8 @@
 """The leader's tick: compare where exchanges should run with the hosts alive.
 
-Exchanges on a host that has been gone for `gcm.reassign_grace` seconds, and
+Exchanges on a host that has been gone for `gcm.reassign_grace` seconds (for a
+host whose exchanges journal, `gcm.journal_reassign_grace`: their journals are on
+its disk, and a host that restarts within it gets them back), and
 exchanges never placed (no capacity at the time), are moved to the least
 loaded survivors; so are the replicas of a replicas-2 queue (a lost or missing
 replica is placed again, never on its exchange's host, and an exchange that
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 
 class Reconciler:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
-                 queues: QueueManager, write_lock: threading.Lock, grace: float) -> None:
+                 queues: QueueManager, write_lock: threading.Lock, grace: float,
+                 journal_grace: float | None = None) -> None:
         self.client = client
         self.paths = paths
         self.fence = fence
@@ -50,6 +53,10 @@ class Reconciler:
         self.write_lock = write_lock
         self.grace = grace
         self._missing_since: dict[str, float] = {}
+        # Hosts seen this term whose exchanges journal: when one goes, its exchanges wait
+        # journal_grace for it (a restart brings them back to their journals) instead of `grace`.
+        self.journal_grace = grace if journal_grace is None else max(grace, journal_grace)
+        self._journaled: set[str] = set()
         self.moves = 0  # slots (exchanges and replicas) moved since this leader started (for status)
 
     def tick(self) -> dict[str, HostInfo]:
@@ -65,15 +72,24 @@ class Reconciler:
 
     def _hosts_to_evacuate(self, hosts: dict[str, HostInfo], placed: Iterable[str | None]) -> set[str]:
         now = time.monotonic()
+        for info in hosts.values():
+            if info.journal != "off":
+                self._journaled.add(info.name)
+            else:
+                self._journaled.discard(info.name)
         gone = {h for h in placed if h and h not in hosts}
         for host in list(self._missing_since):
             if host not in gone:
                 del self._missing_since[host]
         for host in gone:
             if host not in self._missing_since:
-                log.warning("host %s is gone; its exchanges move in %.1fs", host, self.grace)
+                log.warning("host %s is gone; its exchanges move in %.1fs%s", host, self._grace_of(host),
+                            " (they journal: waiting for it to come back)" if host in self._journaled else "")
                 self._missing_since[host] = now
-        return {h for h in gone if now - self._missing_since[h] >= self.grace}
+        return {h for h in gone if now - self._missing_since[h] >= self._grace_of(h)}
+
+    def _grace_of(self, host: str) -> float:
+        return self.journal_grace if host in self._journaled else self.grace
 
     def _place_orphans(self, hosts: dict[str, HostInfo], placements: Placements, evacuate: set[str]) -> None:
         """Carry out gcm.placement's plan, one fenced transaction per exchange (its slot and its

@@ -53,6 +53,7 @@ class Hcm:
         metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._samples)
         if metrics:
             self.registration.data["metrics"] = metrics
+        self.registration.data["journal"] = self.config.exchange.journal  # the leader waits longer for such a host
         self.client.add_listener(self._on_state)
         self.registration.try_register()
         self.client.ChildrenWatch(self.paths.host_assignments(self.host), self._on_assignments)

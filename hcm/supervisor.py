@@ -130,12 +130,15 @@ class Supervisor:
         self.children: dict[Key, Child] = {}
         self.desired: set[Key] = set()
         self._lock = threading.Lock()  # guards `desired` (set from a kazoo watch)
+        self.stopping = False
         self.changed = threading.Event()
 
     # ------------------------------------------------------------ inputs
 
     def set_desired(self, keys: set[Key]) -> None:
         with self._lock:
+            if self.stopping:
+                return  # shutting down: an assignment arriving now must not start anything
             self.desired = set(keys)
         self.changed.set()
 
@@ -289,6 +292,8 @@ class Supervisor:
     def stop_all(self) -> None:
         """SIGTERM every child, wait out the grace period, SIGKILL the rest."""
         self.set_desired(set())
+        with self._lock:
+            self.stopping = True
         deadline = time.monotonic() + self.hcm.stop_grace + 1
         while self.children and time.monotonic() < deadline:
             self.tick()

@@ -33,8 +33,11 @@ MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 class ZkConfig:
     hosts: str = "127.0.0.1:2181"
     root: str = "/roq"
-    # Bounds how fast a dead GCM or HCM is noticed; the server clamps it to [2, 20] ticks.
-    session_timeout: float = 5.0
+    # Bounds how fast a dead GCM or HCM is noticed (leader failover answers within about this plus
+    # half a second); a process paused or cut off longer than this loses its session (trade-off:
+    # docs/guarantees.md "Failure detection"). The server clamps it to [2, 20] ticks: our zoo.cfg
+    # has tickTime 500 ms or less.
+    session_timeout: float = 2.0
     connect_timeout: float = 15.0
     # Digest credentials "user:password" this process authenticates with. When set, every znode
     # it creates is readable and writable by that identity only (plus `readers`): see docs/security.md.
@@ -49,6 +52,9 @@ class GcmConfig:
     port: int = 0  # 0 = a free port chosen at start
     tick: float = 1.0  # reconcile interval of the leader
     reassign_grace: float = 0.0  # wait this long after a host vanishes before moving its exchanges
+    # ... or this long for a host whose exchanges keep a journal: a host restarted within it gets its
+    # exchanges back with their journals (moved, their earlier incarnations stay on the old disk).
+    journal_reassign_grace: float = 30.0
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
     stats_queue: str = "roq-stats"  # while this queue exists, the leader publishes the statistics stream to it
     max_queues: int = 1_000  # queue.create beyond this is refused: bounds ZooKeeper state and placements
@@ -365,8 +371,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("client.replay_seconds must be >= 0")
     if c.exchange.retention_seconds < 0:
         raise ConfigError("exchange.retention_seconds must be >= 0 (0 keeps nothing)")
-    if c.gcm.reassign_grace < 0:
-        raise ConfigError("gcm.reassign_grace must be >= 0")
+    if c.gcm.reassign_grace < 0 or c.gcm.journal_reassign_grace < 0:
+        raise ConfigError("gcm.reassign_grace and gcm.journal_reassign_grace must be >= 0")
     if c.log.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {c.log.level!r}")
     if c.gcm.max_queues < 1:

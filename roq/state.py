@@ -54,6 +54,7 @@ class HostInfo:
     capacity: int
     pid: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    journal: str = "off"  # its exchanges' exchange.journal: they are worth waiting for when it goes
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def read_hosts(source: Source, paths: Paths) -> dict[str, HostInfo]:
         if data is None:  # vanished between the listing and the read
             continue
         hosts[name] = HostInfo(name, str(data.get("address", "")), int(data.get("capacity", 0)),
-                               data.get("pid"), data.get("stats") or {})
+                               data.get("pid"), data.get("stats") or {}, str(data.get("journal", "off")))
     return hosts
 
 

@@ -13,14 +13,33 @@ one fault, chosen at random (seeded) from --kinds:
 * hoard    a raw peer sends 300 fetches to a replay socket and never reads (closed at the next fault);
 * idflood  a raw peer sends 5,000 hellos with fresh tokens;
 * stall    a second subscriber (topics ["fresh-"]) blocks in its callback for 8 s while a
-           second publisher sends 2,000 messages on distinct topics; each must arrive once.
+           second publisher sends 2,000 messages on distinct topics; each must arrive once;
+* pubhost  SIGKILL a "victim" publisher (a process of its own, in its own process group) and,
+           at once, the HCM of the host of its exchange; the HCM is restarted and a new victim
+           started. What the victim had confirmed must still arrive once: with --replicas 2
+           the exchange's replica has it (with one copy nothing promises it);
+* restart  SIGKILL the victim publisher and every HCM (all exchanges and replicas die), then
+           restart every HCM: with the journal on (--journal), what the exchanges confirmed
+           is on disk and must arrive once.
 
-Exchange processes must survive every fault except kill/host: exits of any
-other exchange pid (as seen in the live znodes) are counted as unintended.
-Bounded: --faults faults or --seconds seconds, whichever comes first. Exit code 1
-on any loss, duplicate or unintended exchange exit.
+The victims publish on topic "victim" at --victim-rate and report each cumulative
+confirmed count on a pipe (python -m roq.tools.docker_launcher publish); "confirmed"
+for a killed victim is the last count it reported (a lower bound). The steady
+publisher (topic "load") lives throughout; its messages are counted against the first
+fault after their confirmation (its confirmed count is read just before each fault).
+
+Exchange processes must survive every fault except kill/host/pubhost/restart: exits
+of any other exchange pid (as seen in the live znodes) are counted as unintended.
+Bounded: --faults faults or --seconds seconds, whichever comes first. Ends with a
+table of confirmed / lost / duplicated per fault kind. Exit code 1 on any loss,
+duplicate or unintended exchange exit.
 
     .venv/bin/python scripts/chaos.py --faults 20 --interval 4 --rate 2000 --seed 7
+    .venv/bin/python scripts/chaos.py --faults 20 --replicas 2 --journal fsync \
+        --kinds kill,host,freeze,pubhost,restart --seed 7
+
+Without --kinds: the first eight kinds, plus pubhost with --replicas 2 and restart
+with the journal on.
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ import random
 import re
 import secrets
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -49,15 +69,19 @@ from roq import protocol
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
+from roq.errors import RoqError
 from roq.security import secure_client
 from roq.state import read_hosts, read_leader, read_live
+from roq.tools.docker_launcher import last_confirmed
 from roq.tools.testing import Processes, SteadyTraffic, fast_config, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 
 console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")
-KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall")
+BASIC_KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall")
+KINDS = (*BASIC_KINDS, "pubhost", "restart")
+VICTIM_TOPIC = b"victim"
 QUEUE = "chaos"
 STALL_MESSAGES = 2_000
 STALL_SECONDS = 8.0
@@ -69,8 +93,13 @@ class Traffic(SteadyTraffic):
     steady publisher's numbers (a forged message getting through) is counted apart."""
 
     foreign = 0
+    victims: Counter[tuple[str, int]] | None = None  # (publisher, seq) → deliveries, topic "victim"
 
     def _on_message(self, msg: Any) -> None:
+        if msg.topic == VICTIM_TOPIC and self.victims is not None:
+            with self._lock:
+                self.victims[(msg.publisher, msg.seq)] += 1
+            return
         if msg.topic != b"load":
             return
         if msg.publisher != self.pub.id or not msg.payload.isdigit():
@@ -146,6 +175,67 @@ class Stall:
         self.block_next.clear()
         self.pub.close(timeout=0)
         self.sub.close()
+
+
+class Victim:
+    """A publisher process of its own (own process group) on topic "victim", reporting its
+    confirmed count and exchange on a pipe; killed by a fault or stopped at the end."""
+
+    def __init__(self, number: int, config_path: Path, workdir: Path, rate: float) -> None:
+        token = secrets.token_bytes(16)
+        self.number = number
+        self.id = protocol.publisher_id_for(token)
+        self.lines: list[str] = []
+        self.killed_by: str | None = None
+        self.stderr = workdir / f"victim-{number}.log"
+        with self.stderr.open("ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "roq.tools.docker_launcher", "publish", "--queue", QUEUE,
+                 "--topic", VICTIM_TOPIC.decode(), "--rate", str(rate), "--token", token.hex()],
+                env={**os.environ, "ROQ_CONFIG": str(config_path)}, stdout=subprocess.PIPE, stderr=err,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name=f"victim-{number}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:  # what it wrote before a SIGKILL is still in the pipe
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    @property
+    def confirmed(self) -> int:
+        return last_confirmed(list(self.lines))
+
+    @property
+    def exchange(self) -> str | None:
+        for line in reversed(list(self.lines)):
+            if line.startswith("exchange "):
+                xid = line.split()[1]
+                return None if xid == "-" else xid
+        return None
+
+    def kill(self, kind: str | None) -> None:
+        """SIGKILL its process group; `kind` names the fault (None: clean-up, not a fault)."""
+        self.killed_by = kind or self.killed_by
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        """SIGTERM: the program stops publishing, flushes (up to 30 s) and reports."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def finish(self, timeout: float = 60.0) -> int:
+        """Wait for the process and its last lines; its confirmed count."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(None)
+            self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        return self.confirmed
 
 
 class Watch:
@@ -234,9 +324,13 @@ def reply_of(sock: zmq.Socket, timeout_ms: int = 5000) -> str:
 
 class Chaos:
     def __init__(self, procs: Processes, zk, paths, config, rng: random.Random, traffic: Traffic,
-                 stall: Stall, watch: Watch) -> None:
+                 stall: Stall, watch: Watch, start_hcm, victim_rate: float) -> None:
         self.procs, self.zk, self.paths, self.config, self.rng = procs, zk, paths, config, rng
         self.traffic, self.stall, self.watch = traffic, stall, watch
+        self.start_hcm = start_hcm
+        self.victim_rate = victim_rate
+        self.victims: list[Victim] = []
+        self.marks: list[tuple[str, int]] = []  # (kind, the steady publisher's confirmed count just before)
         self.frozen: list[tuple[int, float]] = []  # (pid, resume at)
         self._frozen_lock = threading.Lock()
         self.hoarders: list[zmq.Socket] = []
@@ -254,8 +348,13 @@ class Chaos:
             sock.close()
         self.hoarders.clear()
         self.counts[kind] += 1
+        self.marks.append((kind, self.traffic.pub.confirmed))
         if kind == "host":
             return self.host()
+        if kind == "pubhost":
+            return self.pubhost()
+        if kind == "restart":
+            return self.restart()
         if kind == "stall":
             return self.stall.start_round()
         target = self.pick()
@@ -275,18 +374,72 @@ class Chaos:
             pass
         return f"SIGKILL exchange {xid} (pid {pid}) on {data['host']}"
 
-    def host(self) -> str:
-        host = self.rng.choice(HOSTS)
+    def doomed(self, host: str) -> set[int]:
+        """The exchange (and replica) pids that die with `host`'s HCM: intended exits."""
         doomed = {d["pid"] for d in self.watch.live().values() if d.get("host") == host}
         try:
             doomed |= {c.pid for c in psutil.Process(self.procs.procs[host].pid).children(recursive=True)}
         except psutil.NoSuchProcess:
             pass
         self.watch.intended |= doomed
+        return doomed
+
+    def host(self) -> str:
+        host = self.rng.choice(HOSTS)
+        doomed = self.doomed(host)
         self.procs.kill(host, signal.SIGKILL)
         self.procs.procs[host].wait(timeout=10)
-        self.procs.hcm(host)
+        self.start_hcm(host)
         return f"SIGKILL HCM {host} and its exchanges (pids {sorted(doomed)}), restarted"
+
+    @property
+    def victim(self) -> Victim | None:
+        return self.victims[-1] if self.victims and self.victims[-1].killed_by is None else None
+
+    def new_victim(self) -> Victim:
+        victim = Victim(len(self.victims) + 1, self.procs.config_path, self.procs.workdir, self.victim_rate)
+        self.victims.append(victim)
+        return victim
+
+    def pubhost(self) -> str:
+        victim = self.victim
+        xid = victim.exchange if victim else None
+        data = self.watch.live().get(xid) if xid else None
+        if victim is None or data is None:
+            return "no victim publisher on a live exchange: skipped"
+        host = data["host"]
+        doomed = self.doomed(host)
+        confirmed = victim.confirmed
+        victim.kill("pubhost")  # the publisher, then its exchange's host, back to back
+        self.procs.kill(host, signal.SIGKILL)
+        self.procs.procs[host].wait(timeout=10)
+        victim.finish(timeout=10)
+        self.start_hcm(host)
+        new = self.new_victim()
+        return (f"SIGKILL victim {victim.number} ({victim.id}, confirmed >= {confirmed} when killed, "
+                f"{victim.confirmed} reported in all) and HCM {host} of its exchange {xid} (pids {sorted(doomed)}), "
+                f"HCM restarted, victim {new.number} started")
+
+    def restart(self) -> str:
+        victim = self.victim
+        if victim is not None:
+            victim.kill("restart")
+        doomed: set[int] = set()
+        for host in HOSTS:
+            doomed |= self.doomed(host)
+        for host in HOSTS:
+            self.procs.kill(host, signal.SIGKILL)
+        for host in HOSTS:
+            self.procs.procs[host].wait(timeout=10)
+        for host in HOSTS:
+            self.start_hcm(host)
+        said = ""
+        if victim is not None:
+            victim.finish(timeout=10)
+            said = f"victim {victim.number} ({victim.id}, {victim.confirmed} confirmed) and "
+        new = self.new_victim()
+        return (f"SIGKILL {said}every HCM (pids {sorted(doomed)} with them), every HCM restarted, "
+                f"victim {new.number} started")
 
     def freeze(self, xid: str, data: dict[str, Any]) -> str:
         pid = data["pid"]
@@ -371,46 +524,127 @@ class Chaos:
         return f"5000 hellos on {xid} (pid {data['pid']}) → {dict(kinds)}"
 
 
+def fault_of(seq: int, marks: list[tuple[str, int]]) -> str:
+    """The kind of the first fault injected after steady message `seq` was confirmed."""
+    for kind, confirmed in marks:
+        if seq <= confirmed:
+            return kind
+    return AFTER
+
+
+AFTER = "(after the last fault)"
+
+
+def per_kind(traffic: Traffic, chaos: Chaos | None, confirmed: int,
+             victims: list[tuple[Victim, int]]) -> dict[str, dict[str, int]]:
+    """kind → faults, steady confirmed / lost / duplicated (each message counted against the
+    first fault after its confirmation) and victims' confirmed / lost / duplicated (counted
+    against the fault that killed their publisher)."""
+    marks = chaos.marks if chaos else []
+    rows: dict[str, Counter[str]] = {}
+
+    def row(kind: str) -> Counter[str]:
+        return rows.setdefault(kind, Counter())
+
+    for kind, _ in marks:
+        row(kind)["faults"] += 1
+    bound = 0
+    for kind, at in [*marks, (AFTER, confirmed)]:
+        top = min(at, confirmed)
+        if top > bound:
+            row(kind)["confirmed"] += top - bound
+            bound = top
+    with traffic._lock:
+        counts = dict(traffic.counts)
+        victim_counts = dict(traffic.victims or {})
+    for i in range(confirmed):  # the steady payloads are seq - 1
+        if i not in counts:
+            row(fault_of(i + 1, marks))["lost"] += 1
+    for i, n in counts.items():
+        if n > 1:
+            row(fault_of(i + 1, marks))["duplicated"] += 1
+    for victim, got in victims:
+        r = row(victim.killed_by or AFTER)
+        r["victim confirmed"] += got
+        r["victim lost"] += sum(1 for seq in range(1, got + 1) if (victim.id, seq) not in victim_counts)
+        r["victim duplicated"] += sum(1 for (pub, _), n in victim_counts.items() if pub == victim.id and n > 1)
+    return {kind: dict(r) for kind, r in rows.items()}
+
+
 @click.command()
 @click.option("--faults", type=click.IntRange(1, 1000), default=20, show_default=True)
-@click.option("--kinds", default=",".join(KINDS), show_default=True, help="fault kinds to choose from")
+@click.option("--kinds", default=None,
+              help=f"fault kinds to choose from, of {', '.join(KINDS)} [default: {', '.join(BASIC_KINDS)}, "
+                   "plus pubhost with --replicas 2 and restart with the journal on]")
 @click.option("--interval", type=float, default=4.0, show_default=True, help="seconds between faults")
 @click.option("--seconds", type=float, default=150.0, show_default=True, help="hard time limit")
 @click.option("--rate", type=float, default=2000.0, show_default=True, help="messages per second")
+@click.option("--replicas", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="copies of each exchange of the queue (2: a replica on another host)")
+@click.option("--journal", type=click.Choice(["off", "async", "fsync"]), default=None,
+              help="exchange.journal [default: fsync with the restart kind, else off]")
+@click.option("--victim-rate", type=float, default=500.0, show_default=True,
+              help="messages per second of each victim publisher (pubhost, restart)")
 @click.option("--seed", type=int, default=None)
-def main(faults: int, kinds: str, interval: float, seconds: float, rate: float, seed: int | None) -> None:
-    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: float, replicas: int,
+         journal: str | None, victim_rate: float, seed: int | None) -> None:
+    if kinds is None:
+        chosen = list(BASIC_KINDS) + (["pubhost"] if replicas == 2 else []) \
+            + (["restart"] if journal not in (None, "off") else [])
+    else:
+        chosen = [k.strip() for k in kinds.split(",") if k.strip()]
     unknown = set(chosen) - set(KINDS)
     if unknown or not chosen:
         raise click.BadParameter(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+    if journal is None:
+        journal = "fsync" if "restart" in chosen else "off"
+    if "pubhost" in chosen and replicas == 1:
+        console.print("[yellow]pubhost with --replicas 1: a publisher dying with its exchange's host may lose "
+                      "what it had confirmed (not guaranteed with one copy)[/yellow]")
+    if "restart" in chosen and journal == "off":
+        console.print("[yellow]restart with --journal off: what only the exchanges held dies with them "
+                      "(not guaranteed without the journal)[/yellow]")
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="roq-chaos-"))
-    console.print(f"workdir {workdir}")
+    console.print(f"workdir {workdir}; queue of 2 exchanges, replicas {replicas}, journal {journal}; "
+                  f"kinds {', '.join(chosen)}")
     server = ZooKeeperServer(workdir / "zk")
     server.start()
     config = fast_config(server.connect_string)
+    if journal != "off":
+        config = config.replace(exchange={"journal": journal})
     procs = Processes(config, workdir / "daemons")
+
+    def start_hcm(host: str) -> None:
+        procs.hcm(host)  # each host its own hcm.data_dir (journals), under the workdir
+
     zk = start_client(config)
     from roq.paths import Paths
     paths = Paths(config.zk.root)
     traffic = stall = chaos = None
     watch = Watch(zk, paths)
     done = 0
+    victims: list[tuple[Victim, int]] = []
+    victim_errors: list[str] = []
+    errors: list[str] = []
     try:
         procs.gcm("gcm-1")
         procs.gcm("gcm-2")
         for host in HOSTS:
-            procs.hcm(host)
+            start_hcm(host)
         wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 3, timeout=30,
                    message="cluster")
         with Admin(config, zk) as admin:
-            admin.create_queue(QUEUE, exchanges=2)
+            admin.create_queue(QUEUE, exchanges=2, replicas=replicas)
         wait_until(lambda: len(read_live(zk, paths, QUEUE)) == 2, timeout=30, message="exchanges")
         traffic = Traffic(QUEUE, config, zk, rate=rate, max_messages=int(rate * seconds * 1.2))
+        traffic.victims = Counter()
         stall = Stall(config, zk)
         stall.sub.wait_connected(timeout=30)
         traffic.start(subscriptions=1)
-        chaos = Chaos(procs, zk, paths, config, rng, traffic, stall, watch)
+        chaos = Chaos(procs, zk, paths, config, rng, traffic, stall, watch, start_hcm, victim_rate)
+        if {"pubhost", "restart"} & set(chosen):
+            chaos.new_victim()
         deadline = time.monotonic() + seconds
         next_fault = time.monotonic() + interval
         # Every kind at least once when there are enough faults, the rest at random; seeded.
@@ -438,8 +672,28 @@ def main(faults: int, kinds: str, interval: float, seconds: float, rate: float, 
         while time.monotonic() < end:
             watch.sample()
             time.sleep(0.1)
-        traffic.wait_for_more(int(rate), timeout=60)
-        report = traffic.stop(flush_timeout=60)
+        if chaos.victim is not None:
+            chaos.victim.stop()  # flushes, reports its last count
+        for victim in chaos.victims:
+            victims.append((victim, victim.finish(timeout=60)))
+            if victim.killed_by is None and victim.proc.returncode != 0:
+                victim_errors.append(f"victim {victim.number} exited with {victim.proc.returncode} "
+                                     f"(see {victim.stderr})")
+        try:
+            traffic.wait_for_more(int(rate), timeout=60)
+        except AssertionError as exc:
+            errors.append(f"steady traffic did not resume: {exc}")
+        try:
+            report = traffic.stop(flush_timeout=60)
+        except (AssertionError, RoqError) as exc:  # the accounting below says what is missing
+            errors.append(f"steady traffic: {exc}")
+            report = traffic.report()
+        expected = {(v.id, seq) for v, got in victims for seq in range(1, got + 1)}
+        try:
+            wait_until(lambda: all(k in traffic.victims for k in expected), timeout=60,
+                       message="every confirmed victim message")
+        except AssertionError as exc:
+            errors.append(f"victims: {exc}")
         stalled = stall.finish(timeout=60)
         watch.sample()
     finally:
@@ -447,6 +701,9 @@ def main(faults: int, kinds: str, interval: float, seconds: float, rate: float, 
             chaos.resume_due(everything=True)
             for sock in chaos.hoarders:
                 sock.close()
+            for victim in chaos.victims:
+                if victim.proc.poll() is None:
+                    victim.kill(None)
         if stall is not None:
             stall.close()
         if traffic is not None:
@@ -467,11 +724,11 @@ def main(faults: int, kinds: str, interval: float, seconds: float, rate: float, 
         console.print(f"exchange incarnations seen with restarts > 0: {restarted}")
     if traffic.foreign:
         console.print(f"[red]{traffic.foreign} forged messages on 'load' reached the subscriber[/red]")
-    for err in stall.errors:
-        console.print(f"[red]stall: {err}[/red]")
+    for err in stall.errors + errors + victim_errors:
+        console.print(f"[red]{err}[/red]")
     fault_text = ", ".join(f"{k} {chaos.counts[k]}" for k in KINDS if chaos.counts[k]) if chaos else ""
     table = Table("measure", "value", title="chaos summary")
-    rows = [("faults", f"{done} ({fault_text})")]
+    rows = [("faults", f"{done} ({fault_text})"), ("queue", f"2 exchanges, replicas {replicas}, journal {journal}")]
     rows += [(label, str(report[k])) for label, k in (
         ("sent", "sent"), ("confirmed", "confirmed"), ("delivered", "received"), ("lost", "lost"),
         ("duplicated", "duplicated"), ("publisher moves", "publisher_moves"),
@@ -483,12 +740,31 @@ def main(faults: int, kinds: str, interval: float, seconds: float, rate: float, 
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    kinds_table = Table("fault kind", "faults", "confirmed", "lost", "duplicated", "victims' confirmed",
+                        "victims' lost", "victims' duplicated",
+                        title="per fault kind (steady messages: the first fault after their confirmation; "
+                              "victims: the fault that killed them)")
+    by_kind = per_kind(traffic, chaos, report["confirmed"], victims)
+    columns = ("faults", "confirmed", "lost", "duplicated", "victim confirmed", "victim lost", "victim duplicated")
+    total: Counter[str] = Counter()
+    for kind in [*(k for k in KINDS if k in by_kind), AFTER]:
+        values = by_kind.get(kind, {})
+        total.update(values)
+        style = "red" if values.get("lost") or values.get("duplicated") or values.get("victim lost") \
+            or values.get("victim duplicated") else None
+        kinds_table.add_row(kind, *(str(values.get(c, 0)) for c in columns), style=style)
+    kinds_table.add_row("total", *(str(total.get(c, 0)) for c in columns), style="bold")
+    console.print(kinds_table)
+    for victim, got in victims:
+        console.print(f"victim {victim.number} {victim.id}: {got} confirmed, "
+                      f"{'killed by ' + victim.killed_by if victim.killed_by else 'stopped at the end'}")
     console.print(f"stalled subscriber: sent {stalled['sent']}, received {stalled['received']}, "
                   f"duplicates {stalled['duplicates']} (gaps {stalled['gaps']}, dropped duplicates "
                   f"{stalled['sub_duplicates']}, unexpected {stalled['extra']})")
     console.print(f"steady subscriber: dropped duplicates {report['dropped_duplicates']}, "
                   f"publisher replayed {report['replayed']}, forged deliveries {traffic.foreign}")
     failed = report["lost"] or report["duplicated"] or crashed or traffic.foreign \
+        or total["victim lost"] or total["victim duplicated"] or victim_errors \
         or stalled["received"] != stalled["sent"] or stalled["duplicates"]
     sys.exit(1 if failed else 0)
 

@@ -175,7 +175,9 @@ class Admin:
         sock = self._context.socket(zmq.DEALER)
         sock.linger = 0
         # libzmq retries a refused handshake forever in silence: its monitor is the only witness.
-        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED)
+        # A dead GCM refuses the TCP connection, and libzmq retries in silence: CONNECT_RETRIED says so
+        # at once, instead of after the attempt's time-out (the leader's znode may still name it).
+        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_CONNECT_RETRIED)
         try:
             secure_client(sock, self.config)
             sock.connect(endpoint)
@@ -187,7 +189,10 @@ class Admin:
             while (remaining := deadline - time.monotonic()) > 0:
                 ready = dict(poller.poll(int(remaining * 1000) + 1))
                 if monitor in ready:
-                    raise refusal(endpoint, recv_monitor_message(monitor))
+                    event = recv_monitor_message(monitor)
+                    if event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                        raise UnavailableError(f"GCM {endpoint} refuses connections (not running)")
+                    raise refusal(endpoint, event)
                 if sock not in ready:
                     continue
                 reply = decode_reply(sock.recv())

@@ -35,8 +35,12 @@ class Lab:
         self.launcher = launcher
         self.config: Config | None = None
         self.zk = None
+        self.hosts: list[str] = []
 
-    def start(self, zookeepers: int = 1, gcms: int = 2, hcms: int = 2) -> None:
+    def start(self, zookeepers: int = 1, gcms: int = 2, hcms: int = 2, env: dict[str, str] | None = None) -> None:
+        """ZooKeeper, GCMs gcm1.., HCMs host1..; `env` adds settings for every container."""
+        self.launcher.env.update(env or {})
+        self.hosts = [f"host{i}" for i in range(1, hcms + 1)]
         hosts = self.launcher.start_zookeepers(zookeepers)
         self.launcher.env["ROQ_ZK_HOSTS"] = hosts
         self.config = Config().replace(
@@ -54,6 +58,52 @@ class Lab:
         self.paths = Paths(self.config.zk.root)
         wait_until(lambda: read_leader(self.zk, self.paths) and len(read_hosts(self.zk, self.paths)) == hcms,
                    timeout=60, message="a leader and every host")
+
+    def create_queue(self, name: str, exchanges: int = 1, replicas: int = 1) -> None:
+        """Create a queue and wait until every exchange (and, with replicas 2, its replica) runs."""
+        from roq.client.admin import Admin
+        with Admin(self.config, self.zk) as admin:
+            admin.create_queue(name, exchanges=exchanges, replicas=replicas)
+        self.wait_serving(name, exchanges, replicas)
+
+    def wait_serving(self, name: str, exchanges: int, replicas: int = 1, timeout: float = 60.0,
+                     replacing: set[str] = frozenset()) -> None:
+        """Wait until `exchanges` exchanges of queue `name` (and, with replicas 2, their
+        replicas) run, none of them an incarnation in `replacing` (what ran before a restart:
+        its znodes stay until the old session expires)."""
+        from roq.state import read_live
+
+        def serving(found: dict[str, dict]) -> bool:
+            return len(found) == exchanges and not {d.get("incarnation") for d in found.values()} & replacing
+
+        wait_until(lambda: serving(read_live(self.zk, self.paths, name))
+                   and (replicas == 1 or serving(self.replicas_live(name))),
+                   timeout=timeout, message=f"{exchanges} exchanges of {name!r} running"
+                   + (" with their replicas" if replicas > 1 else "") + (" again" if replacing else ""))
+
+    def incarnations(self, name: str) -> set[str]:
+        """The incarnations of queue `name`'s running exchanges and replicas."""
+        from roq.state import read_live
+        found = [*read_live(self.zk, self.paths, name).values(), *self.replicas_live(name).values()]
+        return {d["incarnation"] for d in found if d.get("incarnation")}
+
+    def replicas_live(self, queue: str) -> dict[str, dict]:
+        """Exchange id → its running replica's znode data (`replicas/<queue>/<x>`)."""
+        import json
+
+        from kazoo.exceptions import NoNodeError
+        base = self.paths.replica_queue(queue)
+        out = {}
+        try:
+            children = self.zk.get_children(base)
+        except NoNodeError:
+            return {}
+        for xid in children:
+            try:
+                out[xid] = json.loads(self.zk.get(self.paths.replica_live(queue, xid))[0] or b"{}")
+            except NoNodeError:
+                continue
+        return out
 
     def close(self) -> None:
         if self.zk is not None:
