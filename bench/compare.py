@@ -7,18 +7,24 @@ publisher process, one subscriber process):
 * latency: `--latency-messages` messages paced at `--rate` per second, for p50/p99.
 RoQ is measured twice: message by message (`publish()`, `callback=`) and
 through its batch API (`publish_many()`, `batch_callback=`, system
-`roq-batch`). Ratios are against raw ZeroMQ PUB→SUB, one message per send, no
-broker: the ceiling for a single-message Python client; `zeromq-batch` (one
-msgpack list of payloads per send) is shown for reference, and so is
-`python-hop`: raw ZeroMQ through one minimal Python forwarding process
+`roq-batch`). The cost of durability is measured the same way, each with both
+APIs: `roq-replicated(-batch)` (a queue with replicas = 2: each frame copied to
+a replica process on the other host before the publisher's ack) and
+`roq-journal-fsync(-batch)` (exchange.journal = fsync: acks after the fsync;
+the disk's own fsync latency is measured first and reported). Ratios are
+against raw ZeroMQ PUB→SUB, one message per send, no broker: the ceiling for
+a single-message Python client; `zeromq-batch` (one msgpack list of payloads
+per send) is shown for reference, and so is `python-hop`: raw ZeroMQ through
+one minimal Python forwarding process
 (bench/hop.py), the latency floor of any broker written in Python. Before
 the runs, every CPU is spun for 2 s to measure how often the machine takes
 it away (bench/machine.py): the figures are only as steady as that. `--repeat N` runs
 every system N times, interleaved so that load on a shared machine hits them
 alike, and reports medians with the spread; ratios are taken within each
-round, then their median. Writes JSON and a PNG chart to `--out`.
+round, then their median; the durable systems' cost, over the same API without
+durability and over NATS, likewise. Writes JSON and a PNG chart to `--out`.
 
-    .venv/bin/python bench/compare.py                   # everything once, about 5 minutes
+    .venv/bin/python bench/compare.py                   # everything once, about 8 minutes
     .venv/bin/python bench/compare.py --repeat 5 --out docs/bench
     .venv/bin/python bench/compare.py --smoke           # seconds: keeps the tools working (CI)
 """
@@ -48,12 +54,23 @@ from bench import machine, servers  # noqa: E402
 from roq.tools.bench import RunResult, run  # noqa: E402
 
 console = Console(stderr=True, width=150)  # the table with spreads is wide; logs are not a terminal
+ROQ_SINGLE, ROQ_BATCH = "roq.tools.bench.RoqAdapter", "roq.tools.bench.RoqBatchAdapter"
 ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.ZmqBatchAdapter",
             "python-hop": "bench.peers.PythonHopAdapter",
-            "roq": "roq.tools.bench.RoqAdapter", "roq-batch": "roq.tools.bench.RoqBatchAdapter",
+            "roq": ROQ_SINGLE, "roq-batch": ROQ_BATCH,
+            "roq-replicated": ROQ_SINGLE, "roq-replicated-batch": ROQ_BATCH,
+            "roq-journal-fsync": ROQ_SINGLE, "roq-journal-fsync-batch": ROQ_BATCH,
             "nats": "bench.peers.NatsAdapter", "redis": "bench.peers.RedisAdapter",
             "rabbitmq": "bench.peers.RabbitAdapter"}
 ALL = list(ADAPTERS)
+# What durability each RoQ system buys (issue 18), each with both APIs: the queue's `replicas` (2: a
+# replica process on the other host, an ack once it holds the frame) and `exchange.journal`.
+ROQ_SETUPS = {"roq": (1, "off"), "roq-batch": (1, "off"),
+              "roq-replicated": (2, "off"), "roq-replicated-batch": (2, "off"),
+              "roq-journal-fsync": (1, "fsync"), "roq-journal-fsync-batch": (1, "fsync")}
+# Each durable system against the RoQ system with the same API and no durability.
+DURABLE = {"roq-replicated": "roq", "roq-replicated-batch": "roq-batch",
+           "roq-journal-fsync": "roq", "roq-journal-fsync-batch": "roq-batch"}
 
 
 @contextlib.contextmanager
@@ -62,8 +79,9 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
     scratch = servers.scratch(workdir, system)
     if system.startswith("zeromq"):
         yield {"endpoint": f"tcp://127.0.0.1:{servers.free_port()}"}
-    elif system.startswith("roq"):
-        with roq_cluster(scratch) as settings:
+    elif system in ROQ_SETUPS:
+        replicas, journal = ROQ_SETUPS[system]
+        with roq_cluster(scratch, replicas, journal) as settings:
             yield settings
     else:
         with getattr(servers, system.replace("-", "_"))(scratch) as settings:
@@ -71,18 +89,38 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def roq_cluster(workdir: Path) -> Iterator[dict[str, Any]]:
+def roq_cluster(workdir: Path, replicas: int = 1, journal: str = "off") -> Iterator[dict[str, Any]]:
+    """A fresh local cluster (2 GCMs, 2 HCMs: a replica runs on the host its exchange does not)
+    with one queue of one exchange. The hosts' journals go under `workdir` (hcm.data_dir)."""
     from roq.config import Config, load_config
     from roq.tools.bench_cli import ensure_queue
     from roq.tools.cluster import LocalCluster
-    local = LocalCluster(Config(), workdir / "cluster")
+    base = Config() if journal == "off" else Config().replace(exchange={"journal": journal})
+    local = LocalCluster(base, workdir / "cluster")
     local.up()
     try:
         config = load_config(local.config_path)
-        ensure_queue(config, "bench", 1)
+        ensure_queue(config, "bench", 1, replicas=replicas if replicas > 1 else None)
         yield {"config": config.to_json(), "queue": "bench"}
     finally:
         local.down()
+
+
+def fsync_latency(directory: Path, count: int = 50, size: int = 64 << 10) -> dict[str, Any]:
+    """What one write of `size` bytes plus fsync costs in `directory` (where the journals go)."""
+    times = []
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="fsync-") as f:
+        block = os.urandom(size)
+        for _ in range(count):
+            start = time.perf_counter()
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+            times.append((time.perf_counter() - start) * 1e6)
+    times.sort()
+    return {"directory": str(directory), "write_bytes": size, "count": count,
+            "p50_us": round(times[count // 2]), "p99_us": round(times[min(count - 1, int(count * 0.99))]),
+            "max_us": round(times[-1])}
 
 
 def measure(systems: list[str], sizes: list[int], messages: int, latency_messages: int, rate: float,
@@ -139,20 +177,66 @@ def summarise(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return summary
 
 
+def within_rounds(rounds: list[dict[str, Any]], system: str, baseline: str, field: str, size: int = 100,
+                  diff: bool = False) -> list[float]:
+    """system's `field` over baseline's (minus it with `diff`), one value per round that ran both."""
+    by = {(r["system"], r.get("round", 0)): r[field] for r in rounds if r["size"] == size}
+    if diff:
+        return [by[(system, n)] - by[(baseline, n)] for (name, n) in by if name == system and (baseline, n) in by]
+    return [by[(system, n)] / by[(baseline, n)] for (name, n) in by if name == system and by.get((baseline, n))]
+
+
 def ratio_within_rounds(rounds: list[dict[str, Any]], system: str, baseline: str, size: int = 100) -> dict[str, Any]:
     """Median and spread of system/baseline throughput, each ratio taken within one round."""
-    by = {(r["system"], r.get("round", 0)): r["msgs_per_s"] for r in rounds if r["size"] == size}
-    ratios = [by[(system, n)] / by[(baseline, n)] for (name, n) in by
-              if name == system and by.get((baseline, n))]
+    ratios = within_rounds(rounds, system, baseline, "msgs_per_s", size)
     if not ratios:
         return {}
     return {"ratio": round(statistics.median(ratios), 2), "range": [round(min(ratios), 2), round(max(ratios), 2)],
             "rounds": len(ratios)}
 
 
+def p50_over_within_rounds(rounds: list[dict[str, Any]], system: str, baseline: str,
+                           size: int = 100) -> dict[str, Any]:
+    """Median and spread of system's p50 minus baseline's at the paced rate, in µs, within rounds."""
+    diffs = within_rounds(rounds, system, baseline, "p50_us", size, diff=True)
+    if not diffs:
+        return {}
+    return {"value": round(statistics.median(diffs)), "range": [round(min(diffs)), round(max(diffs))],
+            "rounds": len(diffs), "rate": next(r["paced_rate"] for r in rounds if r["system"] == system)}
+
+
+def _key(system: str) -> str:
+    return system.replace("-", "_")
+
+
+def durability_targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cost of replication and of the journal (issue 18; 100 B, 1 → 1), within rounds: each
+    durable system's throughput over the same API's without durability and over NATS's, and its p50
+    at the paced rate minus that one's. Replication has goals (≥ 0.6×, ≥ 3× NATS, p50 ≤ +500 µs)
+    for either API; the fsync journal's figures are reported without one."""
+    found: dict[str, Any] = {}
+    for system, baseline in DURABLE.items():
+        goals = system.startswith("roq-replicated")
+        for key, against, goal in (("vs_" + _key(baseline), baseline, 0.6), ("vs_nats", "nats", 3.0)):
+            ratio = ratio_within_rounds(rounds, system, against)
+            if ratio and goals:
+                met = sum(r >= goal for r in within_rounds(rounds, system, against, "msgs_per_s"))
+                ratio = dict(ratio, goal=goal, met=ratio["ratio"] >= goal, rounds_met=met)
+            if ratio:
+                found[f"{_key(system)}_{key}"] = ratio
+        over = p50_over_within_rounds(rounds, system, baseline)
+        if over and goals:
+            met = sum(d <= 500 for d in within_rounds(rounds, system, baseline, "p50_us", diff=True))
+            over = dict(over, goal=500, met=over["value"] <= 500, rounds_met=met)
+        if over:
+            found[f"{_key(system)}_p50_us_over_{_key(baseline)}"] = over
+    return found
+
+
 def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The goals of issue 6 (100-byte messages, 1 → 1), as ratios within each round. RoQ's
-    batch API is what the goals are judged on; its single-message figures are given beside."""
+    batch API is what the goals are judged on; its single-message figures are given beside.
+    Then the cost of durability (durability_targets)."""
     found: dict[str, Any] = {}
     for key, baseline, goal in (("vs_nats", "nats", 2.0), ("vs_raw_zeromq", "zeromq", 1.5)):
         for system in ("roq-batch", "roq"):
@@ -167,6 +251,7 @@ def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                 "value": median, "range": [min(p99s), max(p99s)], "rounds": len(p99s),
                 "rate": next(r["paced_rate"] for r in rounds if r["system"] == system), "goal": 1000,
                 "met": median <= 1000, "rounds_met": sum(p <= 1000 for p in p99s)}
+    found.update(durability_targets(rounds))
     return found
 
 
@@ -250,6 +335,11 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     stalls = machine.stalls(0.5 if smoke else 2.0)  # before anything of ours runs
     halt_poll = machine.halt_poll_ns()
     console.print(f"CPU stalls before the runs: {stalls}; guest halt polling: {halt_poll} ns")
+    fsync = None
+    if any(ROQ_SETUPS.get(s, (1, "off"))[1] == "fsync" for s in chosen):
+        fsync = fsync_latency(Path(tempfile.gettempdir()))  # where measure() puts the journals
+        console.print(f"fsync of 64 KiB in {fsync['directory']}: p50 {fsync['p50_us']} µs, "
+                      f"p99 {fsync['p99_us']} µs")
     load_before = os.getloadavg()
     rounds: list[dict[str, Any]] = []
     for round_no in range(repeat):
@@ -264,7 +354,7 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
               "machine": {"cpus": stalls["cpus"], "python": platform.python_version(), "platform": platform.platform(),
-                          "stalls": stalls, "guest_halt_poll_ns": halt_poll,
+                          "stalls": stalls, "guest_halt_poll_ns": halt_poll, "fsync": fsync,
                           "load_before": [round(x, 2) for x in load_before],
                           "load_after": [round(x, 2) for x in os.getloadavg()]},
               "settings": {"messages": messages, "latency_messages": latency_messages, "rate": rate,

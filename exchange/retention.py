@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from itertools import islice
+from typing import TypeVar
+
+T = TypeVar("T")
 
 TOMBSTONES = 100_000  # evicted frames remembered for exact loss counts
 
@@ -76,7 +80,7 @@ class Retention:
         up to about `max_bytes`: what a replica is sent."""
         found: list[list[object]] = []
         size = 0
-        for _, topic, body, messages in islice(self._frames, max(start - self._first_pos, 0), None):
+        for _, topic, body, messages in _window(self._frames, max(start - self._first_pos, 0), len(self._frames)):
             if found and size + len(body) > max_bytes:
                 break
             found.append([topic, body, messages])
@@ -95,7 +99,7 @@ class Retention:
         size = 0
         wanted = tuple(prefixes)
         match_all = not prefixes or b"" in prefixes
-        window = islice(self._frames, start - self._first_pos, max(start, before) - self._first_pos)
+        window = _window(self._frames, start - self._first_pos, max(start, before) - self._first_pos)
         for pos, (_, topic, body, _) in enumerate(window, start):
             if match_all or topic.startswith(wanted):
                 if found and size + len(body) > max_bytes:
@@ -114,6 +118,18 @@ class Retention:
         start = max(after + 1, tomb_first)
         wanted = tuple(prefixes)
         match_all = not prefixes or b"" in prefixes
-        count = sum(messages for topic, messages in islice(self._tombs, start - tomb_first, upto - tomb_first)
+        count = sum(messages for topic, messages in _window(self._tombs, start - tomb_first, upto - tomb_first)
                     if match_all or topic.startswith(wanted))
         return count, after + 1 >= tomb_first
+
+
+def _window(items: deque[T], begin: int, end: int) -> Iterable[T]:
+    """items[begin:end] of a deque, walked from its nearer end: reads near the tail (a replica's
+    next page, a subscriber's recent hole) cost what they return, not the whole buffer."""
+    size = len(items)
+    begin, end = max(begin, 0), min(end, size)
+    if begin >= end:
+        return ()
+    if begin <= size - end:
+        return islice(items, begin, end)
+    return reversed(list(islice(reversed(items), size - end, size - begin)))

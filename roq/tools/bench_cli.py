@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from roq.client.admin import Admin
 from roq.config import Config
-from roq.errors import QueueNotFoundError
+from roq.errors import QueueNotFoundError, RequestTimeoutError
 from roq.tools.bench import RunResult, run
 
 console = Console(stderr=True)
@@ -44,16 +45,29 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
     return result
 
 
-def ensure_queue(config: Config, queue: str, exchanges: int) -> bool:
-    """Create the queue if needed and wait for its exchanges; True if we created it."""
+def ensure_queue(config: Config, queue: str, exchanges: int, replicas: int | None = None,
+                 timeout: float = 30.0) -> bool:
+    """Create the queue if needed and wait for its exchanges (and, with `replicas` 2, for every
+    exchange's replica: until then nothing is confirmed); True if we created it."""
     with Admin(config) as admin:
         try:
             admin.describe_queue(queue)
             return False
         except QueueNotFoundError:
-            admin.create_queue(queue, exchanges=exchanges)
-        admin.wait_running(queue, exchanges)
+            admin.create_queue(queue, exchanges=exchanges, replicas=replicas)
+        info = admin.wait_running(queue, exchanges, timeout=timeout)
+        if replicas == 2:
+            _wait_replicas(admin, queue, [x["id"] for x in info["exchanges"]], timeout)
     return True
+
+
+def _wait_replicas(admin: Admin, queue: str, xids: list[str], timeout: float) -> None:
+    """Until `replicas/<queue>/<x>` (a running replica, written by its host) exists for each of `xids`."""
+    deadline = time.monotonic() + timeout
+    while not all(admin.zk.exists(admin.paths.replica_live(queue, xid)) for xid in xids):
+        if time.monotonic() > deadline:
+            raise RequestTimeoutError(f"the replicas of queue {queue!r} were not running after {timeout:.0f}s")
+        time.sleep(0.1)
 
 
 def result_table(results: list[RunResult], baseline: RunResult | None = None) -> Table:

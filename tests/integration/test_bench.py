@@ -51,12 +51,25 @@ def test_comparison_script_runs_every_system(tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     report = json.loads((tmp_path / "compare.json").read_text())
     rows = {r["system"]: r for r in report["results"]}
-    assert set(rows) == {"zeromq", "zeromq-batch", "python-hop", "roq", "roq-batch", "nats", "redis", "rabbitmq"}
+    assert set(rows) == {"zeromq", "zeromq-batch", "python-hop", "roq", "roq-batch", "roq-replicated",
+                         "roq-replicated-batch", "roq-journal-fsync", "roq-journal-fsync-batch", "nats", "redis",
+                         "rabbitmq"}
     for row in rows.values():
         assert row["msgs_per_s"] > 0 and row["p99_us"] > 0 and row["lost"] == 0, row
     assert rows["zeromq"]["vs_zeromq"] == 1.0
+    targets = report["targets"]
     assert {"roq_batch_vs_raw_zeromq", "roq_vs_raw_zeromq", "roq_batch_vs_nats", "roq_p99_us_at_rate",
-            "python_hop_p99_us_at_rate"} <= set(report["targets"])
+            "python_hop_p99_us_at_rate"} <= set(targets)
+    # The cost of durability (issue 18), like against like: replication has goals, the journal none.
+    for durable, plain in (("roq_replicated", "roq"), ("roq_replicated_batch", "roq_batch"),
+                           ("roq_journal_fsync", "roq"), ("roq_journal_fsync_batch", "roq_batch")):
+        assert targets[f"{durable}_vs_{plain}"]["ratio"] > 0 and targets[f"{durable}_vs_nats"]["ratio"] > 0
+        over = targets[f"{durable}_p50_us_over_{plain}"]
+        assert over["rate"] == report["settings"]["rate"] and over["rounds"] == 1
+        assert ("goal" in over) == durable.startswith("roq_replicated")
+    assert targets["roq_replicated_batch_vs_roq_batch"]["goal"] == 0.6
+    assert targets["roq_replicated_batch_vs_nats"]["goal"] == 3.0
     stalls = report["machine"]["stalls"]  # how steady the CPUs were, measured before the runs
     assert stalls["cpus"] >= 1 and stalls["lost_percent"] >= 0 and stalls["worst_us"] >= 0
+    assert report["machine"]["fsync"]["p50_us"] > 0  # the disk under the journals, measured first
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
