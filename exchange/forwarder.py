@@ -45,6 +45,7 @@ from exchange.retention import Retention
 from exchange.sessions import PRUNE_INTERVAL, PublisherSessions
 from exchange.stats import ExchangeStats
 from roq import protocol
+from roq.client.wake import WakePipe
 from roq.config import Config, ExchangeConfig
 from roq.errors import ProtocolError
 from roq.names import MAX_TOPIC_BYTES
@@ -87,6 +88,7 @@ class Forwarder:
         self.gated = self.link is not None or (self.journal is not None and config.journal == "fsync")
         self.journal_errors = 0
         self._journal_error_logged = -1e9
+        self.journal_wake = WakePipe()  # the journal's sync thread says a sync ended
         self.archives: dict[str, Retention] = archives if archives is not None else {}
         self.sessions = PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
                                           max_per_connection=config.max_publishers_per_connection)
@@ -128,6 +130,7 @@ class Forwarder:
             self.link.close()
         if self.journal is not None:
             self.journal.close()
+        self.journal_wake.close()
 
     @property
     def sealed(self) -> bool:
@@ -151,6 +154,7 @@ class Forwarder:
         poller = zmq.Poller()
         for sock in (self.front, self.back, self.replay.sock):
             poller.register(sock, zmq.POLLIN)
+        poller.register(self.journal_wake.fd, zmq.POLLIN)
         link_sock: zmq.Socket | None = None
         reading_publishers = True
         next_beat = next_housekeeping = 0.0
@@ -175,6 +179,8 @@ class Forwarder:
                         self._drain_subscriptions()
                     elif sock is self.replay.sock:
                         self.replay.drain()
+                    elif sock == self.journal_wake.fd:
+                        self.journal_wake.drain()  # _make_durable below releases what the sync covered
                     else:
                         self._drain_replica(sock)  # the link's socket
                 except zmq.ContextTerminated:
@@ -209,7 +215,7 @@ class Forwarder:
         (committed_pos stays behind), the publishers move on, and the error is logged every 10 s."""
         assert self.journal is not None
         try:
-            self.journal.commit()
+            self.journal.commit_in_background(self.journal_wake.wake)  # fsync: in a thread, the loop goes on
         except OSError as exc:
             self.journal_errors += 1
             if now >= self._journal_error_logged + 10:

@@ -55,9 +55,10 @@ import os
 import re
 import shutil
 import struct
+import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -143,6 +144,7 @@ class Journal:
         self._failure: OSError | None = None
         self._closed = False
         self.fsyncs = 0  # file and directory syncs done (for stats)
+        self._syncer: _Syncer | None = None  # started by the first commit_in_background
         if self._writes:
             _make_private_dirs(self.path)
 
@@ -191,6 +193,40 @@ class Journal:
         if self.mode == "fsync" or now - self._last_sync >= ASYNC_SYNC_INTERVAL:
             self._sync(now)
         self._committed_pos = self._written_pos
+
+    def commit_in_background(self, on_synced: Callable[[], None]) -> None:
+        """`commit` for an event loop: write what was buffered now (a cheap `write`), and in mode
+        fsync start syncing it in a background thread unless a sync is running (the next call
+        covers what came meanwhile: group commit, pipelined). The loop goes on forwarding while the
+        disk works; `committed_pos` moves, at a later call, once a sync covering it has ended, and
+        `on_synced` (called from the sync thread) says when to call again. Other modes: `commit`."""
+        if self.mode != "fsync":
+            self.commit()
+            return
+        if self._closed:
+            raise ValueError("journal is closed")
+        syncer = self._syncer
+        if syncer is None:
+            syncer = self._syncer = _Syncer(self.path, on_synced)
+        if syncer.failure is not None and self._failure is None:
+            self._failure = syncer.failure  # sticky, as in _sync
+        if self._failure is not None:
+            raise self._failure
+        now = time.monotonic()
+        if self._buf:
+            self._write_buffered(now)
+            self._apply_retention_bounds(now)
+        if self._written_pos > syncer.submitted_pos and syncer.idle():
+            # Duplicates of the descriptors: a segment closed or deleted meanwhile does not disturb
+            # the sync (fdatasync through a dup syncs the same file).
+            fds = [os.dup(segment.fd) for segment in self._segments if segment.dirty and segment.fd is not None]
+            for segment in self._segments:
+                segment.dirty = False
+            syncer.submit(fds, self._dir_dirty, self._written_pos)
+            self.fsyncs += len(fds) + int(self._dir_dirty)
+            self._dir_dirty = False
+            self._close_synced()
+        self._committed_pos = max(self._committed_pos, syncer.synced_pos)
 
     @property
     def committed_pos(self) -> int:
@@ -315,6 +351,10 @@ class Journal:
         """Commit what is buffered, sync (whatever the mode), close the files. Idempotent."""
         if self._closed:
             return
+        if self._syncer is not None:
+            self._syncer.stop()  # its sync ends first: the synchronous one below covers the rest
+            if self._syncer.failure is not None and self._failure is None:
+                self._failure = self._syncer.failure
         try:
             if self._writes and self._failure is None:
                 self.commit()
@@ -325,6 +365,64 @@ class Journal:
                 if segment.fd is not None:
                     os.close(segment.fd)
                     segment.fd = None
+
+
+class _Syncer:
+    """One background thread that fdatasyncs what a Journal hands it, one job at a time."""
+
+    def __init__(self, directory: Path, on_synced: Callable[[], None]) -> None:
+        self.directory = directory
+        self.on_synced = on_synced
+        self.submitted_pos = 1  # the position the latest job makes durable
+        self.synced_pos = 1  # every frame below it is fsync'ed (read by the loop; one int, set atomically)
+        self.failure: OSError | None = None
+        self._job: tuple[list[int], bool, int] | None = None
+        self._busy = False
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="journal-sync", daemon=True)
+        self._thread.start()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return self._job is None and not self._busy and self.failure is None
+
+    def submit(self, fds: list[int], directory_too: bool, pos: int) -> None:
+        with self._cond:
+            self._job = (fds, directory_too, pos)
+            self.submitted_pos = pos
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stopping:
+                    self._cond.wait()
+                if self._job is None:
+                    return
+                job, self._job, self._busy = self._job, None, True
+            fds, directory_too, pos = job
+            try:
+                for fd in fds:
+                    os.fdatasync(fd)  # releases the GIL: the loop forwards meanwhile
+                if directory_too:
+                    _fsync_directory(self.directory)
+                self.synced_pos = pos
+            except OSError as exc:
+                log.error("journal sync failed: %s; nothing written since the last good sync is durable", exc)
+                self.failure = exc
+            finally:
+                for fd in fds:
+                    os.close(fd)
+                with self._cond:
+                    self._busy = False
+            self.on_synced()
 
 
 # -- loading -------------------------------------------------------------------------------------

@@ -475,3 +475,54 @@ def test_what_is_loaded_is_exactly_what_was_committed_whatever_the_crash(tmp_pat
     run_state_machine_as_test(JournalMachine, settings=settings(
         max_examples=50, stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
+
+
+def test_a_background_sync_moves_committed_pos_only_once_the_disk_has_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """commit_in_background (the exchange's fsync mode): the write is done at once, the fdatasync in
+    a thread; committed_pos waits for it, and a failed sync is sticky."""
+    import threading
+    gate = threading.Event()
+    synced = threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        assert gate.wait(10), "the test never let the sync finish"
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fdatasync", slow_fdatasync)
+    journal = open_journal(tmp_path, "current", mode="fsync", segment_bytes=300)
+    frames = make_frames(20)
+    for frame in frames[:10]:
+        journal.append(*frame)
+    journal.commit_in_background(synced.set)
+    assert journal.committed_pos == 1, "nothing is durable before the sync ends"
+    for frame in frames[10:]:
+        journal.append(*frame)
+    journal.commit_in_background(synced.set)  # written now, synced by the next job
+    assert journal.committed_pos == 1
+    gate.set()
+    assert synced.wait(10)
+    synced.clear()
+    journal.commit_in_background(synced.set)  # sees the first job done, starts the second
+    assert journal.committed_pos == 11
+    assert synced.wait(10)
+    journal.commit_in_background(synced.set)
+    assert journal.committed_pos == 21
+    journal.close()
+    assert [tuple(f) for f in load(tmp_path, exclude="")["current"].frames] == [tuple(f) for f in frames]
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(journal_module.os, "fdatasync", failing_fdatasync)
+    failed = open_journal(tmp_path, "failing", mode="fsync")
+    failed.append(*frames[0])
+    synced.clear()
+    failed.commit_in_background(synced.set)
+    assert synced.wait(10)
+    with pytest.raises(OSError):
+        failed.commit_in_background(synced.set)
+    assert failed.committed_pos == 1
+    with pytest.raises(OSError):
+        failed.commit_in_background(synced.set)  # sticky
