@@ -15,8 +15,8 @@ still running) can confirm nothing the subscriber's tail fetch would not see. A 
 incarnation of the same exchange seals the older ones too.
 
 Peers may lie: frames are decoded with range checks, a copy must continue what is held (else the
-answer is `following next_pos`, and the primary resends), and only the connection that said
-`follow` for an incarnation may copy into it. With CURVE only the cluster's daemons (the server
+answer is `following next_pos`, and the primary resends; a copy of an incarnation not followed
+here is answered `following 0`, and the primary says follow again). With CURVE only the cluster's daemons (the server
 key) may say anything on `repl`. Without it, anyone who reaches `repl` can follow made-up
 incarnations of this exchange and so seal and push out the real copies (docs/security.md).
 """
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 100
 MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
+MAX_SEALED = 4096  # sealed incarnations remembered
 
 
 class Replica:
@@ -51,8 +52,7 @@ class Replica:
         self.exchange_id = exchange_id
         self.incarnation = f"{exchange_id}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
-        self.sealed: set[str] = set()
-        self.owner: dict[str, bytes] = {}  # incarnation → route of the connection that follows it
+        self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.counters: dict[str, int] = {}
         self.curve = load_keys(config.security) is not None
         self.repl = context.socket(zmq.ROUTER)
@@ -138,7 +138,6 @@ class Replica:
                 self.seal(older)
             self._new_copy(incarnation, 0)
             log.info("following %s", incarnation)
-        self.owner[incarnation] = route
         copy = self.copies[incarnation]
         return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos if len(copy) or
                                              copy.next_pos > 1 else 0)
@@ -148,11 +147,12 @@ class Replica:
         if incarnation in self.sealed:
             return protocol.encode_replica_reply(protocol.SEALED, incarnation)
         copy = self.copies.get(incarnation)
-        if copy is None or self.owner.get(incarnation) != route:
-            return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, 0) if copy is None \
-                else protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos)
-        if request.first_pos > copy.next_pos and (request.jump or (len(copy) == 0 and copy.next_pos <= 1)):
-            # The first page, or the primary no longer holds what lies between: start where it starts.
+        if copy is None:  # not followed here (this replica restarted): the primary must say follow
+            return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, 0)
+        # Any connection may continue a copy (a DEALER that reconnected has a new routing id): the
+        # positions must continue, which is what keeps a copy whole.
+        if request.first_pos > copy.next_pos and request.jump:
+            # The primary no longer holds what lies between: start where it starts.
             copy = self._new_copy(incarnation, request.first_pos)
         skip = copy.next_pos - request.first_pos
         if skip < 0:
@@ -170,8 +170,7 @@ class Replica:
         self.copies.move_to_end(incarnation)
         while len(self.copies) > MAX_COPIES:
             dropped, _ = self.copies.popitem(last=False)
-            self.sealed.add(dropped)
-            self.owner.pop(dropped, None)
+            self._add_sealed(dropped)
         return copy
 
     # ------------------------------------------------------------ from subscribers
@@ -180,10 +179,15 @@ class Replica:
         """Take nothing more of `incarnation`: it ended, and a subscriber is reading its copy."""
         if incarnation not in self.sealed and incarnation in self.copies:
             log.info("sealed %s at position %d", incarnation, self.copies[incarnation].next_pos)
-        self.sealed.add(incarnation)
-        self.owner.pop(incarnation, None)
-        if len(self.sealed) > 16 * MAX_COPIES:
-            self.sealed = {i for i in self.sealed if i in self.copies}
+        self._add_sealed(incarnation)
+
+    def _add_sealed(self, incarnation: str) -> None:
+        """Remember a sealed incarnation, copies dropped included (an old primary still running must
+        not be followed afresh); the oldest are forgotten past MAX_SEALED."""
+        self.sealed[incarnation] = None
+        self.sealed.move_to_end(incarnation)
+        while len(self.sealed) > MAX_SEALED:
+            self.sealed.popitem(last=False)
 
     def report(self) -> dict[str, int]:
         return {"copies": len(self.copies), "retained_frames": sum(len(c) for c in self.copies.values()),

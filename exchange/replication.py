@@ -160,6 +160,12 @@ class ReplicaLink:
             self.sealed = True
             return
         if reply.kind == protocol.FOLLOWING:
+            if self.following:
+                # An answer to a copy: the replica lost our thread (it restarted, or a gap): say
+                # follow again, so that it applies its rules for a new follower, and go on from there.
+                self.following = False
+                self._follow()
+                return
             # Start where it is: frames below our oldest were confirmed with an earlier replica.
             self.following = True
             self._pages.clear()
@@ -170,7 +176,7 @@ class ReplicaLink:
             while self._pages and self._pages[0] <= reply.next_pos:
                 self._pages.popleft()
             self.copied_frames += max(0, reply.next_pos - self.held)
-            self._set_held(reply.next_pos)
+            self._set_held(max(reply.next_pos, self.held))  # one connection: acks never go back
 
     def _set_held(self, next_pos: int) -> None:
         """`held` as the current replica reports it (it may go down when a new replica starts)."""

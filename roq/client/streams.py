@@ -315,7 +315,7 @@ class StreamSet:
         now = time.monotonic() if now is None else now
         for stream in [s for s in self.streams.values() if s.ended_at is not None and s.next_drain <= now]:
             stream.next_drain = now + END_RETRY
-            ended_at = stream.ended_at or now
+            ended_at = now if stream.ended_at is None else stream.ended_at
             if self._drain(stream) or now - ended_at >= END_DRAIN_TIMEOUT:
                 self.forget(stream.incarnation)
 
@@ -334,6 +334,16 @@ class StreamSet:
         holes, stream.holes = stream.holes, []
         for prefix, after, before, strict in holes:  # holes the exchange did not fill while it ran
             self._fill_or_remember(stream, prefix, after, before, strict)
+        pending, stream.pending = sorted(stream.pending, key=lambda item: item[1].pos), []
+        if pending:
+            # Frames read after the end are in hand: fetch up to the first of them, then take them
+            # as live frames (their chains show what is missing between): never counted lost.
+            first = pending[0][1].pos
+            for prefix in self.prefixes:
+                if first - 1 > stream.done[prefix]:
+                    self._fill_or_remember(stream, prefix, stream.done[prefix], first, strict=stream.known)
+            for topic, d in pending:
+                self._accept(stream, topic, d)
         end = answer.next_pos
         for prefix in self.prefixes:
             if end - 1 > stream.done[prefix] and not any(h[0] == prefix and h[2] >= end for h in stream.holes):
@@ -352,7 +362,8 @@ class StreamSet:
         self.unknown_gaps += open_holes
         self.gaps += open_holes
         pending = sorted(stream.pending, key=lambda item: item[1].pos)
-        stream.synced, stream.pending, stream.holes, stream.in_hand = False, [], [], {}
+        # The holes stay, to recognise a late frame from inside one (handed over, not dropped).
+        stream.synced, stream.pending, stream.in_hand = False, [], {}
         self.ended[incarnation] = stream
         if len(self.ended) > ENDED_LIMIT:
             del self.ended[next(iter(self.ended))]
@@ -362,7 +373,10 @@ class StreamSet:
     def _late(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
         """A frame of a forgotten incarnation: no chain can be followed any more."""
         prefix = self.prefix_of(topic)
-        if prefix is not None and d.pos > stream.done[prefix]:
+        if prefix is not None and d.pos <= stream.done[prefix] \
+                and any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
+            self._hand_over(stream, topic, d, recovered=False)  # from a hole never filled: late, not lost
+        elif prefix is not None and d.pos > stream.done[prefix]:
             stream.done[prefix] = d.pos
             self._hand_over(stream, topic, d, recovered=False)
 

@@ -58,7 +58,7 @@ from roq import protocol
 from roq.client.position import Position, load_position, position_file, save_position
 from roq.client.receiver import SubscriberReceiver
 from roq.client.replay import ReplayClient
-from roq.client.streams import Stream, StreamSet
+from roq.client.streams import FetchFailed, Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import QueueNotFoundError
@@ -286,8 +286,7 @@ class Subscriber:
         try:
             replica = read_json(self.zk, Paths(self.config.zk.root).replica_live(self.queue, xid))
         except Exception as exc:  # ZooKeeper unreachable: the drain is tried again
-            log.debug("could not read the replica of %s/%s: %s", self.queue, xid, exc)
-            replica = None
+            raise FetchFailed(f"could not read the replica of {self.queue}/{xid}: {exc}") from None
         if isinstance(replica, dict) and isinstance(replica.get("replay"), str):
             endpoints.append(replica["replay"])
         running = self.topology_snapshot().get(xid) or {}

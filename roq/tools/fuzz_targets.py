@@ -6,7 +6,9 @@ escaping is a bug: the fuzzer (scripts/fuzz.py, atheris) reports it as a crash, 
 tests/unit/test_fuzz_corpus.py replays the kept corpus through the same functions.
 
 The exchange targets drive a real Forwarder (real ZeroMQ sockets on loopback), so a hostile
-publisher's or subscriber's frame goes through exactly what it would reach in production.
+publisher's or subscriber's frame goes through exactly what it would reach in production; the
+replica targets likewise drive a real Replica (exchange/replica.py): a primary's follow and copy
+frames, and subscribers' fetches and position requests naming stored incarnations.
 """
 
 from __future__ import annotations
@@ -85,6 +87,38 @@ def exchange_fetch(data: bytes) -> None:
     _forwarder().replay.handle(b"fuzz", data)
 
 
+@functools.lru_cache(maxsize=1)
+def _replica():
+    import zmq
+
+    from exchange.replica import Replica
+    from roq.config import ExchangeConfig
+    config = Config(exchange=ExchangeConfig(retention_bytes=1 << 20, fetch_max_bytes=65536))
+    replica = Replica(zmq.Context.instance(), config, "x1", "127.0.0.1", "127.0.0.1")
+    # A followed incarnation with a few frames, so that copies and fetches reach a store.
+    replica._follow(b"fuzz", protocol.Follow("x1.ab", "x1"))
+    replica._copy(b"fuzz", protocol.Copy("x1.ab", 1, [(b"t", b"body", 1)] * 3, False))
+    return replica
+
+
+def replica_frame(data: bytes) -> None:
+    """A frame on a replica's `repl` socket, handled as Replica._drain_primary handles it."""
+    replica = _replica()
+    try:
+        request = protocol.decode_replica_request(data)
+    except UserError:
+        return
+    if isinstance(request, protocol.Follow):
+        replica._follow(b"fuzz", request)
+    else:
+        replica._copy(b"fuzz", request)
+
+
+def replica_fetch(data: bytes) -> None:
+    """A subscriber's fetch or position request (naming a stored incarnation) at a replica."""
+    _replica().replay.handle(b"fuzz", data)
+
+
 TARGETS: dict[str, Target] = {
     "publisher_frame": _refused(lambda d: protocol.decode_publisher_frame(d, 65536)),
     "delivery": _refused(protocol.decode_delivery),
@@ -100,6 +134,10 @@ TARGETS: dict[str, Target] = {
     "config_json": _refused(config_json),
     "exchange_publisher_frame": exchange_publisher_frame,
     "exchange_fetch": exchange_fetch,
+    "replica_request": _refused(protocol.decode_replica_request),
+    "replica_reply": _refused(protocol.decode_replica_reply),
+    "replica_frame": replica_frame,
+    "replica_fetch": replica_fetch,
 }
 
 
@@ -111,12 +149,16 @@ def seeds() -> dict[str, list[bytes]]:
     batch = protocol.encode_batch(pid, 1, 5, [b"t", b"one", b"t", b"two", b"u", b"three"])
     hello = protocol.encode_hello(pid, token, 1)
     fetch = protocol.encode_fetch(1, "x1.ab", 0, 10, [b"t"], 4096)
+    ended = protocol.encode_position_request(4, [b"t", b""], "x1.ab")  # a stored incarnation's end
+    follow = protocol.encode_follow("x1.ab", "x1")
+    copy = protocol.encode_copy("x1.ab", 4, [[b"t", delivery, 2], [b"u", b"x", 1]])
+    jump = protocol.encode_copy("x1.ab", 9, [[b"t", delivery, 2]], jump=True)
     return {
         "publisher_frame": [batch, hello, protocol.encode_bye(pid)],
         "delivery": [delivery],
         "sync": [protocol.encode_sync("x1", "x1.ab", 7)],
         "beat": [protocol.encode_sync("x1", "x1.ab", 7, protocol.BEAT)],
-        "fetch": [fetch, protocol.encode_position_request(3, [b"t", b""])],
+        "fetch": [fetch, protocol.encode_position_request(3, [b"t", b""]), ended],
         "fetch_reply": [protocol.encode_frames(1, "x1.ab", 1, [(b"t", delivery)], 3, True, 2, True)],
         "position": [protocol.encode_position(1, "x1.ab", 1, 9, [3, 8])],
         "exchange_reply": [protocol.encode_ack(4, 1), protocol.encode_welcome("x1", 3, 2),
@@ -130,5 +172,11 @@ def seeds() -> dict[str, list[bytes]]:
                         b'[exchange]\nmax_message_bytes = 1024\nmax_batch_bytes = 4096\n'],
         "config_json": [Config().to_json().encode()],
         "exchange_publisher_frame": [hello, batch],
-        "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"])],
+        "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"]), ended],
+        "replica_request": [follow, copy, jump],
+        "replica_reply": [protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
+                          protocol.encode_replica_reply(protocol.COPIED, "x1.ab", 9),
+                          protocol.encode_replica_reply(protocol.SEALED, "x1.ab")],
+        "replica_frame": [follow, copy, jump, protocol.encode_follow("x1.cd", "x1")],
+        "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz")],
     }

@@ -11,6 +11,15 @@ other subscribers subscribe and unsubscribe (forged unsubscriptions included) an
 prefixes out of the chain table's small limit. The application behind `deliver` drops duplicates
 by (publisher, seq), as roq/client/subscriber.py does.
 
+When the exchange restarts, the subscriber does what roq/client/receiver.py does when the topology
+shows it: it `end()`s every stream it followed whose incarnation no longer runs (and, later,
+one it came to follow since), and `drain_ended()` (a rule, and the settle) asks
+`ended_position` for a stored copy of it. Sometimes the exchange had a replica: it keeps a copy of
+the ended incarnation (every frame up to the last one or two, which were never copied; within its
+own byte bound, smaller or larger than the exchange's), which `ended_position` answers from
+(NoCopy when there is none, FetchFailed while the replay is down) and later fetches of that
+incarnation read, as roq/client/replay.py routes them.
+
 What is asserted, at teardown, after a settle (the replay answers again, the connection is up,
 every frame still in the network is delivered, the stream is synced, beats until two in a row
 ask nothing):
@@ -43,8 +52,14 @@ what it had evicted before was never the subscriber's to lose.
    check of the next beat).
 5. Only frames on the subscriber's prefixes are handed over, each exactly as the exchange sent it.
 6. Nothing raises.
-Messages only in an earlier incarnation are not required (its retention is gone); what was counted
-lost of them still counts in `gaps` (3).
+7. An ended incarnation that had a copy: every message of it on our prefixes whose frame the copy
+   holds (and that lies above S, when the subscriber had caught up on it) reaches the application
+   exactly once, unless it was counted lost (by a fetch of the running exchange) before, or lay in
+   a hole still open when the drain gave up (END_DRAIN_TIMEOUT). Invariant 2 holds for ended
+   incarnations too, for every frame that reached the subscriber before the stream was forgotten.
+Otherwise messages only in an earlier incarnation are not required (its retention is gone); what
+was counted lost of them still counts in `gaps` (3), and `unknown_gaps` grows by the strict holes
+open when an ended stream is forgotten.
 """
 
 from __future__ import annotations
@@ -63,7 +78,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from exchange.chains import PrefixChains
 from exchange.retention import Retention
 from roq import protocol
-from roq.client.streams import SYNC_TIMEOUT, FetchFailed, Stream, StreamSet, normalise
+from roq.client.streams import (
+    END_DRAIN_TIMEOUT,
+    END_RETRY,
+    SYNC_TIMEOUT,
+    FetchFailed,
+    NoCopy,
+    Stream,
+    StreamSet,
+    normalise,
+)
 
 EXCHANGE = "x1"
 TOPICS = [b"a", b"ab", b"abc", b"b", b"ba", b"c"]  # overlapping prefixes on purpose
@@ -75,6 +99,11 @@ PAGE_BYTES = 80  # two or three frames (of 33-40 bytes) per page: fetches take s
 RETENTION_BYTES = 400  # about ten frames
 RETENTION_SECONDS = 1e6  # the time bound only bites when a rule moves the clock
 SETTLE_BEATS = 10
+COPY_BYTES = [RETENTION_BYTES // 2, RETENTION_BYTES, 10 * RETENTION_BYTES]  # the replica's own bound
+# Known bug (see test_frames_in_hand_when_the_incarnation_ended_are_not_counted_lost_by_the_drain):
+# StreamSet._drain counts frames still in `pending` lost when the copy evicted them, and forget()
+# drops them. While it stands, invariant 2 excuses exactly those frames; set False once fixed.
+EXCUSE_PENDING_AT_DRAIN = False
 
 
 @dataclass
@@ -89,6 +118,7 @@ class Sent:
     stored_at: float
     first_live: int | None = None  # step at which it first reached on_live
     reported_lost: int | None = None  # step at which a fetch first reported it evicted
+    live_before_forgotten: bool = False  # it reached on_live before its stream was forgotten
 
 
 @dataclass
@@ -106,7 +136,17 @@ class SimExchange:
         self.generation = 0
         self.sent: dict[tuple[str, int], Sent] = {}
         self.clock = clock
+        self.copies: dict[str, Retention] = {}  # ended incarnation → the replica's copy of it
         self.start()
+
+    def keep_copy(self, uncopied: int, max_bytes: int) -> None:
+        """The replica's copy of the running incarnation: every frame but the last `uncopied`
+        (forwarded, never copied: their publishers were not confirmed), within its own bound."""
+        copy = Retention(RETENTION_SECONDS, max_bytes)
+        for pos in range(1, max(1, self.retention.next_pos - uncopied)):
+            sent = self.sent[(self.incarnation, pos)]
+            assert copy.add(sent.topic, sent.body, len(sent.seqs), now=sent.stored_at) == pos
+        self.copies[self.incarnation] = copy
 
     def start(self) -> None:
         self.generation += 1
@@ -166,6 +206,13 @@ class StreamModel(RuleBasedStateMachine):
         self.excused: set[tuple[str, int]] = set()
         self.strict_lost = 0  # messages strict fetches reported lost
         self.unknown_gaps_allowed = 0
+        # ended incarnations (roq/client/receiver.py: end(), then drain_ended())
+        self.now = 1000.0  # StreamSet's clock for end() and drain_ended()
+        self.ending: set[str] = set()  # ended, not yet forgotten: drained from a copy
+        self.copy_answered: set[str] = set()  # ended_position answered: fetches go to the copy
+        self.open_at_forget: dict[str, list[tuple[bytes, int, int, bool]]] = {}  # holes left at forget
+        self.forgotten_strict_holes = 0
+        self.pending_at_drain: set[tuple[str, int]] = set()  # frames in hand of an ended stream when drained
 
     # ------------------------------------------------------------ subscriber side
 
@@ -175,6 +222,15 @@ class StreamModel(RuleBasedStateMachine):
         """The subscriber starts; the exchange was running before it (with a few frames) or not."""
         self.topics = subscription
         self.streams = StreamSet(list(subscription), self, self.deliver)
+        forget = self.streams.forget
+
+        def forgetting(incarnation: str) -> None:  # what an ended stream left open when forgotten
+            stream = self.streams.streams.get(incarnation)
+            holes = list(stream.holes) if stream is not None else []
+            self.open_at_forget[incarnation] = self.open_at_forget.get(incarnation, []) + holes
+            self.forgotten_strict_holes += sum(1 for hole in holes if hole[3])
+            forget(incarnation)
+        self.streams.forget = forgetting  # type: ignore[method-assign]
         assert self.streams.prefixes == normalise(subscription)
         if running:
             for publisher, topic in early:
@@ -223,6 +279,7 @@ class StreamModel(RuleBasedStateMachine):
         sent = self.exchange.sent[(d.incarnation, d.pos)]
         if sent.first_live is None:
             sent.first_live = self.step
+            sent.live_before_forgotten = d.incarnation not in self.ended
         self.late_ended += d.incarnation in self.ended
         if d.incarnation not in self.ended:
             m = self._mirror(d.incarnation)
@@ -232,7 +289,8 @@ class StreamModel(RuleBasedStateMachine):
 
     def _on_sync(self, body: bytes) -> None:
         sync = protocol.decode_sync(body)
-        if sync.incarnation not in self.ended and not self._mirror(sync.incarnation).synced:
+        if sync.incarnation not in self.ended and sync.incarnation not in self.ending \
+                and not self._mirror(sync.incarnation).synced:
             self._catch_up(sync.incarnation, sync.next_pos)
         self.streams.on_sync(sync)
 
@@ -250,8 +308,11 @@ class StreamModel(RuleBasedStateMachine):
         self._check_mirror()
 
     def _check_mirror(self) -> None:
-        """The spec's view of each stream's sync state is StreamSet's."""
+        """The spec's view of each stream's sync state is StreamSet's (an ended stream's frames
+        in hand are the drain's business: checked by invariants 2 and 7 instead)."""
         for inc, m in self.mirror.items():
+            if inc in self.ending:
+                continue
             stream = self.streams.streams[inc]
             assert (stream.synced, stream.known, len(stream.pending)) == (m.synced, m.known, len(m.pending))
 
@@ -296,24 +357,34 @@ class StreamModel(RuleBasedStateMachine):
 
     def fetch(self, exchange: str, incarnation: str, after: int, before: int,
               prefix: bytes) -> Iterator[protocol.Frames]:
-        """exchange/replay.py's fetch, paged as roq/client/replay.py's ReplayClient pages it."""
+        """exchange/replay.py's fetch, paged as roq/client/replay.py's ReplayClient pages it; an
+        ended incarnation's from its copy once `ended_position` found one (else the running
+        exchange answers unknown_incarnation)."""
         assert exchange == EXCHANGE and prefix in self.streams.prefixes and after < before
         self.calls += 1
         ex = self.exchange
-        start, live = self.window.get(incarnation, (0, 0))
-        strict = after >= live - 1
-        assert strict or before <= live, f"a non-strict fetch ({after}, {before}) beyond the live point {live}"
-        assert after >= start, f"fetching ({after}, {before}) below the subscriber's start {start}"
+        if incarnation in self.window:
+            start, live = self.window[incarnation]
+            strict = after >= live - 1
+            assert strict or before <= live, f"a non-strict fetch ({after}, {before}) beyond the live point {live}"
+            assert after >= start, f"fetching ({after}, {before}) below the subscriber's start {start}"
+        else:  # an ended incarnation the subscriber never caught up on: drained, not its to lose
+            assert incarnation in self.ending, f"fetching {incarnation} before catching up on it"
+            strict = False
         pages = 0
         while after < before - 1:
             if self.replay_down or (self.fail_after_pages is not None and pages >= self.fail_after_pages):
                 self.failed_ranges.append((incarnation, prefix, after, before))
                 raise FetchFailed("no answer in time")
-            if incarnation != ex.incarnation:
+            if incarnation == ex.incarnation:
+                ret = ex.retention
+            elif incarnation in self.copy_answered:
+                ret = ex.copies[incarnation]
+            else:
+                self.failed_ranges.append((incarnation, prefix, after, before))
                 raise FetchFailed("unknown_incarnation")
-            if pages and self.evict_between_pages:
+            if pages and self.evict_between_pages and ret is ex.retention:
                 ex.evict_oldest(1)
-            ret = ex.retention
             found, scanned_to, done = ret.read(after, before, [prefix], PAGE_BYTES)
             lost, exact = ret.lost(after, before, [prefix])
             evicted = [s for pos in range(after + 1, min(before, ret.oldest))
@@ -344,6 +415,20 @@ class StreamModel(RuleBasedStateMachine):
         next_pos = ex.retention.next_pos
         last = [ex.chains.track(prefix, next_pos) for prefix in prefixes]
         return protocol.StreamPosition(0, ex.incarnation, ex.retention.oldest, next_pos, last)
+
+    def ended_position(self, exchange: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        """exchange/replay.py's answer for a stored incarnation (the replica seals its copy)."""
+        assert exchange == EXCHANGE and incarnation != self.exchange.incarnation
+        assert incarnation in self.ending, f"{incarnation} drained, but it was not ended"
+        self.calls += 1
+        if self.replay_down:
+            raise FetchFailed("no answer in time")
+        copy = self.exchange.copies.get(incarnation)
+        if copy is None:
+            raise NoCopy(f"no stored copy of {incarnation}")
+        self.copy_answered.add(incarnation)
+        end = copy.next_pos
+        return protocol.StreamPosition(0, incarnation, copy.oldest, end, [end - 1] * len(prefixes))
 
     # ------------------------------------------------------------ rules
 
@@ -388,14 +473,18 @@ class StreamModel(RuleBasedStateMachine):
         else:
             self._connect(sync_lost)
 
-    @rule(keep=st.integers(0, 2), replay=st.integers(0, 3), chance=st.integers(0, 3))
-    def restart(self, keep: int, replay: int, chance: int) -> None:
+    @rule(keep=st.integers(0, 2), replay=st.integers(0, 3), chance=st.integers(0, 3),
+          copy=st.booleans(), uncopied=st.integers(0, 2), copy_bytes=st.sampled_from(COPY_BYTES))
+    def restart(self, keep: int, replay: int, chance: int, copy: bool = False, uncopied: int = 0,
+                copy_bytes: int = RETENTION_BYTES) -> None:
         """The exchange restarts (one time in four: a rare event, and one that resets much):
-        a new incarnation with empty retention and chains. Publishers resend what they had not
-        seen acked (here: their last `replay` messages)."""
+        a new incarnation with empty retention and chains, and (with `copy`) a replica that kept
+        a copy of the old one. Publishers resend what they had not seen acked (here: their last
+        `replay` messages)."""
         if chance:
             return
-        old = self.exchange.incarnation
+        if copy:
+            self.exchange.keep_copy(uncopied, copy_bytes)
         if self.connected:
             self._disconnect(keep)
         self.exchange.start()
@@ -403,14 +492,7 @@ class StreamModel(RuleBasedStateMachine):
             for _ in range(count):
                 self.exchange.chains.subscribe(prefix, 1)
         self.step += 1
-        before = self.streams.unknown_gaps
-        stream = self.streams.streams.get(old)
-        holes = sum(1 for hole in stream.holes if hole[3]) if stream is not None else 0  # strict ones
-        self.streams.forget(old)  # what Subscriber._follow does when the incarnation is gone
-        self.mirror.pop(old, None)
-        self.ended.add(old)
-        assert self.streams.unknown_gaps - before == holes
-        self.unknown_gaps_allowed += holes
+        self._follow_topology()
         for publisher in PUBLISHERS:
             topics = {seq: s.topic for s in self.exchange.sent.values() if s.publisher == publisher
                       for seq in s.seqs}
@@ -433,7 +515,7 @@ class StreamModel(RuleBasedStateMachine):
         """No sync answer for longer than SYNC_TIMEOUT: catch up from the first live frame."""
         self.step += 1
         for inc, m in self.mirror.items():
-            if not m.synced and m.pending:
+            if not m.synced and m.pending and inc not in self.ending:  # an ended stream is known: no window
                 self._catch_up(inc, m.pending[0])
         self.streams.expire_syncs(time.monotonic() + SYNC_TIMEOUT + 1)
         self._check_mirror()
@@ -454,6 +536,41 @@ class StreamModel(RuleBasedStateMachine):
         else:
             self.other_subscriptions[prefix] = max(0, self.other_subscriptions[prefix] - 1)
             self.exchange.chains.unsubscribe(prefix)
+
+    def _follow_topology(self) -> None:
+        """What SubscriberReceiver._follow does when the topology changes (and the live znode's
+        data changes every stats interval): end every stream it followed whose incarnation no
+        longer runs."""
+        for stream in list(self.streams.streams.values()):
+            if stream.incarnation != self.exchange.incarnation and stream.known and stream.ended_at is None:
+                self.streams.end(stream.incarnation, self.now)
+                self.ending.add(stream.incarnation)
+                self._mirror(stream.incarnation).synced = False
+        self._check_mirror()
+
+    def _drain_ended(self) -> None:
+        """SubscriberReceiver's loop: drain_ended(now); the streams it forgets are gone."""
+        self.step += 1
+        before, holes = self.streams.unknown_gaps, self.forgotten_strict_holes
+        self.pending_at_drain |= {(inc, d.pos) for inc in self.ending if inc in self.streams.streams
+                                  for _, d in self.streams.streams[inc].pending}
+        self.streams.drain_ended(self.now)
+        for inc in [i for i in self.ending if i not in self.streams.streams]:
+            self.ending.discard(inc)
+            self.ended.add(inc)
+            self.mirror.pop(inc, None)
+        forgotten = self.forgotten_strict_holes - holes
+        assert self.streams.unknown_gaps - before == forgotten
+        self.unknown_gaps_allowed += forgotten
+        self._check_mirror()
+
+    @rule(give_up=st.booleans())
+    def drain(self, give_up: bool) -> None:
+        """Time passes for ended streams (END_RETRY, or past END_DRAIN_TIMEOUT) and the receiver
+        drains them."""
+        self.now += END_DRAIN_TIMEOUT if give_up else END_RETRY
+        self._follow_topology()
+        self._drain_ended()
 
     # ------------------------------------------------------------ settle and check
 
@@ -480,6 +597,14 @@ class StreamModel(RuleBasedStateMachine):
                 break
         else:
             raise AssertionError(f"still fetching after {SETTLE_BEATS} beats")
+        # Streams of dead incarnations still waiting for a sync are caught up from their first
+        # frame (SYNC_TIMEOUT), the topology is followed again, and the ended ones are drained.
+        self.expire_syncs()
+        for _ in range(3):
+            self.now += END_RETRY
+            self._follow_topology()
+            self._drain_ended()
+        assert not self.ending, f"ended streams not drained with every copy answering: {self.ending}"
 
     def teardown(self) -> None:
         if not hasattr(self, "streams"):
@@ -491,7 +616,10 @@ class StreamModel(RuleBasedStateMachine):
                                ("fetch failed", self.failed_ranges), ("excused", self.excused),
                                ("restarted", self.exchange.generation > 1), ("resynced", ss.resyncs),
                                ("unchained frame", self.unchained),
-                               ("late frame of an ended incarnation", self.late_ended)]:
+                               ("late frame of an ended incarnation", self.late_ended),
+                               ("an ended incarnation had a copy", self.exchange.copies),
+                               ("drained from a copy", self.copy_answered),
+                               ("a drain gave up", any(self.open_at_forget.values()))]:
             if happened:
                 event(name)  # --hypothesis-show-statistics: how often the model got somewhere
 
@@ -514,6 +642,26 @@ class StreamModel(RuleBasedStateMachine):
                 f"(retained: {ex.retained(sent)})"
             if sent.first_live is not None and (sent.reported_lost is None or sent.first_live <= sent.reported_lost):
                 assert arrived, f"frame {inc}/{pos} reached the subscriber live but not the application"
+        # 7, and 2 for the ended incarnations
+        for (inc, pos), sent in ex.sent.items():
+            if inc == ex.incarnation or not self._ours(sent.topic) or pos <= self.window.get(inc, (0, 0))[0] \
+                    or (inc, pos) in self.excused:  # as for the current incarnation: not ours to lose
+                continue
+            arrived = all((sent.publisher, s) in self.app for s in sent.seqs)
+            known_bug = EXCUSE_PENDING_AT_DRAIN and (inc, pos) in self.pending_at_drain and sent.reported_lost
+            if sent.first_live is not None and sent.live_before_forgotten and not known_bug \
+                    and (sent.reported_lost is None or sent.first_live <= sent.reported_lost):
+                assert arrived, f"frame {inc}/{pos} reached the subscriber live (its stream not yet " \
+                    f"forgotten) but not the application (counted lost at step {sent.reported_lost})"
+            copy = ex.copies.get(inc)
+            if copy is None or inc not in self.copy_answered or not copy.oldest <= pos < copy.next_pos:
+                continue
+            prefix = next(p for p in ss.prefixes if sent.topic.startswith(p))
+            if any(p == prefix and after < pos < before for p, after, before, _ in self.open_at_forget.get(inc, [])):
+                continue  # the drain gave up on that range (END_DRAIN_TIMEOUT)
+            assert arrived or sent.reported_lost is not None, \
+                f"message at {inc}/{pos} ({sent.topic!r}) of an ended incarnation is in its copy " \
+                f"({copy.oldest}..{copy.next_pos - 1}) but never arrived nor was counted lost"
         # 4
         late = {(inc, pos) for inc, prefix, after, before in self.failed_ranges
                 for (i, pos) in ex.sent if i == inc and after < pos < before}
@@ -533,7 +681,7 @@ def test_stream_model() -> None:
     log.setLevel(logging.ERROR)  # a warning per counted gap: thousands of them
     try:
         run_state_machine_as_test(StreamModel, settings=settings(
-            max_examples=500, stateful_step_count=80, deadline=None,
+            max_examples=300, stateful_step_count=80, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     finally:
         log.setLevel(level)
@@ -542,7 +690,7 @@ def test_stream_model() -> None:
 # ---------------------------------------------------------------- regressions: schedules the model found
 
 
-def replay(subscription: list[bytes], running: bool, steps: list[tuple[str, dict]]) -> None:
+def replay(subscription: list[bytes], running: bool, steps: list[tuple[str, dict]]) -> StreamModel:
     """Run one schedule of the model, then settle and check as at the end of every example."""
     machine = StreamModel()
     machine.start(subscription=subscription, running=running, early=[])
@@ -550,6 +698,7 @@ def replay(subscription: list[bytes], running: bool, steps: list[tuple[str, dict
         getattr(machine, name)(**args)
     machine.settle()
     machine.check()
+    return machine
 
 
 NEXT = ("network_delivers", {"what": "in order", "index": 0, "count": 1})  # the next frame, sync or beat arrives
@@ -632,3 +781,94 @@ def test_a_fetch_that_fails_after_a_page_does_not_count_that_page_twice() -> Non
         ("publish", {"burst": [("p-1", b"a", 1, SENT)]}),  # frame 9 reveals the hole (0, 9)
         NEXT,
     ])
+
+
+# ---------------------------------------------------------------- ended incarnations drained from a copy
+
+
+def restart_with(copy: bool, keep: int = 0, uncopied: int = 0, copy_bytes: int = 10 * RETENTION_BYTES) -> tuple:
+    return ("restart", {"keep": keep, "replay": 0, "chance": 0, "copy": copy, "uncopied": uncopied,
+                        "copy_bytes": copy_bytes})
+
+
+def arrived(machine: StreamModel, incarnation: str) -> set[int]:
+    return {pos for (inc, pos), sent in machine.exchange.sent.items()
+            if inc == incarnation and all((sent.publisher, seq) in machine.app for seq in sent.seqs)}
+
+
+def test_frames_an_ended_incarnation_never_sent_us_are_drained_from_its_copy() -> None:
+    """The exchange forwarded (and, replicated, confirmed) frames 1-3 but they never reached us
+    (the high-water mark dropped them, then it died): its replica's copy has them."""
+    machine = replay([b"a", b"ab", b"b"], False, [
+        NEXT,
+        ("publish", {"burst": [("p-1", b"a", 1, 0), ("p-2", b"b", 2, 0), ("p-3", b"ab", 1, 0)]}),
+        restart_with(copy=True),
+        ("drain", {"give_up": False}),
+    ])
+    assert arrived(machine, "x1.1") == {1, 2, 3}
+    assert machine.streams.gaps == 0 and "x1.1" in machine.streams.ended
+
+
+def test_without_a_copy_an_ended_incarnation_is_forgotten_at_once() -> None:
+    machine = replay([b"a", b"ab", b"b"], False, [
+        NEXT,
+        ("publish", {"burst": [("p-1", b"a", 1, 0)]}),
+        restart_with(copy=False),
+        ("drain", {"give_up": False}),
+    ])
+    assert arrived(machine, "x1.1") == set() and "x1.1" in machine.streams.ended
+
+
+def test_a_copy_that_does_not_answer_is_asked_again_and_given_up_on_after_the_timeout() -> None:
+    machine = replay([b"a", b"ab", b"b"], False, [
+        NEXT,
+        ("publish", {"burst": [("p-1", b"a", 1, 0)]}),
+        restart_with(copy=True),
+        ("replay_socket", {"down": True, "after_pages": None, "evict": False}),
+        ("drain", {"give_up": False}),
+        ("drain", {"give_up": False}),
+    ])
+    assert arrived(machine, "x1.1") == {1}  # the settle drained it once the copy answered
+    machine = replay([b"a", b"ab", b"b"], False, [
+        NEXT,
+        ("publish", {"burst": [("p-1", b"a", 1, 0)]}),
+        restart_with(copy=True),
+        ("replay_socket", {"down": True, "after_pages": None, "evict": False}),
+        ("drain", {"give_up": True}),
+    ])
+    assert arrived(machine, "x1.1") == set() and "x1.1" in machine.streams.ended
+
+
+def test_the_copy_answers_where_the_subscriber_had_a_hole_open_at_the_end() -> None:
+    """A hole the running exchange never answered for (its replay was down) is filled from the
+    copy once the incarnation ended."""
+    machine = replay([b""], False, [
+        NEXT,
+        ("publish", {"burst": [("p-1", b"a", 1, 0), ("p-1", b"a", 1, SENT)]}),
+        ("replay_socket", {"down": True, "after_pages": None, "evict": False}),
+        NEXT,  # frame 2 shows the hole (0, 2): not fetched
+        restart_with(copy=True),
+        ("replay_socket", {"down": False, "after_pages": None, "evict": False}),
+        ("drain", {"give_up": False}),
+    ])
+    assert arrived(machine, "x1.1") == {1, 2}
+    assert machine.streams.unknown_gaps == 0
+
+
+def test_frames_in_hand_when_the_incarnation_ended_are_not_counted_lost_by_the_drain() -> None:
+    """Frames 1-3 were still in the socket when the incarnation ended and are read after end():
+    they wait in `pending`. The drain fetches (0, 9) from the copy, which (its bound smaller)
+    evicted 1-6: it counts 1-6 lost, though we hold 1-3, and forget() drops 1-3. (The model
+    excuses this case while EXCUSE_PENDING_AT_DRAIN is set; this test does not.)"""
+    machine = replay([b""], False, [
+        NEXT,  # the sync: live from position 1
+        ("publish", {"burst": [("p-1", b"a", 1, SENT)] * 4}),
+        ("publish", {"burst": [("p-1", b"a", 1, SENT)] * 4}),
+        restart_with(copy=True, keep=3, copy_bytes=100),
+        NEXT, NEXT, NEXT,  # frames 1-3, read after the incarnation ended: held until it is drained
+        ("drain", {"give_up": False}),
+    ])
+    assert arrived(machine, "x1.1") >= {1, 2, 3}
+    copy = machine.exchange.copies["x1.1"]
+    assert copy.oldest > 4
+    assert machine.streams.gaps == copy.oldest - 4  # frames 4..oldest-1: neither in hand nor in the copy
