@@ -19,6 +19,8 @@ case "$role" in
       echo "clientPort=2181"
       echo "minSessionTimeout=1000"
       echo "maxSessionTimeout=60000"
+      echo "autopurge.snapRetainCount=3"
+      echo "autopurge.purgeInterval=1"
       echo "admin.enableServer=false"
       echo "4lw.commands.whitelist=ruok,srvr,stat,mntr"
       echo "reconfigEnabled=false"

@@ -45,7 +45,7 @@ class Hcm:
         self.client = start_client(self.config)
         address = self.config.hcm.advertise or self.config.hcm.bind
         self.registration = HostRegistration(self.client, self.paths, self.host, address,
-                                             self.config.hcm.capacity)
+                                             self.config.hcm.capacity, self.config.hcm.stats_heartbeat)
         self.supervisor = Supervisor(self.client, self.paths, self.config, self.host)
         self.stopping.also_wake(self.supervisor.changed)  # the loop leaves its tick wait at once
         self.figures = host_figures()

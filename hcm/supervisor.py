@@ -30,6 +30,10 @@ after its configuration line, and again whenever the endpoint or incarnation
 changes (not on a statistics refresh). The watch only records the value and wakes
 the tick; the tick thread writes to the pipe.
 
+Statistics: each ready child's znode is written again when its report changed
+materially, when it stopped (or resumed) reporting, and otherwise once every
+`hcm.stats_heartbeat` seconds (the rule: hcm/heartbeat.py); never every report.
+
 Children are started from the thread that runs `tick()` — the daemon's main
 thread — because PR_SET_PDEATHSIG fires when the spawning thread exits.
 Their stdout (ready and stats events) and stderr (logs) are read by one
@@ -55,6 +59,7 @@ from typing import IO, Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from hcm.heartbeat import SILENT_AFTER, exchange_changed, write_due
 from roq.config import Config
 from roq.paths import Paths, is_replica_slot, primary_of
 from roq.records import ExchangeStats
@@ -104,8 +109,11 @@ class Child:
     started: float = 0.0
     ready: dict[str, Any] | None = None
     stats: ExchangeStats | None = None  # the latest report, None until the first
+    reported: float = 0.0  # monotonic: when the latest report (or the ready event) arrived
     published: bool = False
-    stats_published: float = 0.0
+    written_at: float | None = None  # monotonic: when the znode was last written (hcm/heartbeat.py)
+    written_stats: ExchangeStats | None = None  # the report it holds
+    written_silent: bool = False  # whether it says the child stopped reporting
     failures: int = 0
     next_start: float = 0.0
     stop_deadline: float | None = None
@@ -132,6 +140,8 @@ class Supervisor:
         self._lock = threading.Lock()  # guards `desired` (set from a kazoo watch)
         self.stopping = False
         self.changed = threading.Event()
+        self._last_tick: float | None = None
+        self._late = False  # this tick came a report interval later than hcm.tick after the previous one
 
     # ------------------------------------------------------------ inputs
 
@@ -152,6 +162,9 @@ class Supervisor:
     def tick(self, now: float | None = None) -> None:
         """One comparison of desired with actual; `now` (time.monotonic()) is for tests."""
         now = time.monotonic() if now is None else now
+        self._late = self._last_tick is not None and \
+            now - self._last_tick > self.hcm.tick + self.config.exchange.stats_interval
+        self._last_tick = now
         with self._lock:
             desired = set(self.desired)
         for child in list(self.children.values()):
@@ -205,10 +218,8 @@ class Supervisor:
                 self._spawn(child, now)
             return
         self._send_replica(child)
-        if child.ready and not child.published:
-            self._publish(child)
-        elif child.ready and now - child.stats_published >= self.config.exchange.stats_interval:
-            self._publish(child)
+        if child.ready and (not child.published or self._stats_due(child, now)):
+            self._publish(child, now)
         elif not child.ready and now - child.started > self.hcm.ready_timeout:
             log.error("exchange %s/%s not ready after %.0fs; killing it", *child.key, self.hcm.ready_timeout)
             child.process.kill()
@@ -239,6 +250,7 @@ class Supervisor:
         _write_line(child, self.config.to_json().encode())
         self._send_replica(child)
         child.started, child.ready, child.published = now, None, False
+        child.written_at, child.written_stats, child.written_silent = None, None, False
         if child.next_start:
             child.restarts += 1
         log.info("started exchange %s/%s (pid %d)", queue, slot, child.process.pid)
@@ -283,11 +295,13 @@ class Supervisor:
             except ValueError:
                 continue
             if event.get("event") == "ready" and all(event.get(key) for key in fields[:2]):  # its endpoints
+                child.reported = time.monotonic()
                 child.ready = {key: event.get(key) for key in fields}
                 self.changed.set()
             elif event.get("event") == "stats":
                 # When it arrived: a frozen exchange stops reporting, and clients see its figures age.
                 child.stats = replace(ExchangeStats.from_dict(event), at=round(time.time(), 3))
+                child.reported = time.monotonic()
 
     def stop_all(self) -> None:
         """SIGTERM every child, wait out the grace period, SIGKILL the rest."""
@@ -311,10 +325,30 @@ class Supervisor:
             return self.paths.replica_live(queue, primary_of(slot))
         return self.paths.live_exchange(queue, slot)
 
-    def _publish(self, child: Child) -> None:
+    def _silent(self, child: Child, now: float) -> bool:
+        """Has the child stopped reporting (frozen, stuck)? Not judged on a late tick: then this
+        process was held up itself, and the reports that came meanwhile may not be read yet."""
+        if self._late:
+            return child.written_silent
+        return now - child.reported > SILENT_AFTER * self.config.exchange.stats_interval
+
+    def _stats_due(self, child: Child, now: float) -> bool:
+        """Write the published child's statistics again now? On a material change of its report, on
+        its silence starting or ending, else on the heartbeat; a silent child's once (hcm/heartbeat.py)."""
+        silent = self._silent(child, now)
+        if silent or child.written_silent:
+            return silent != child.written_silent
+        return write_due(child.written_at, now, exchange_changed(child.written_stats, child.stats),
+                         self.hcm.stats_heartbeat, self.config.exchange.stats_interval)
+
+    def _publish(self, child: Child, now: float) -> None:
         assert child.ready is not None
-        stats = child.stats.to_dict() if child.stats else {}  # {} until the first report
-        data = dict(child.ready, host=self.host, stats=stats, restarts=child.restarts)
+        report, silent = child.stats, self._silent(child, now)
+        stats = report.to_dict() if report else {}  # {} until the first report
+        # `heartbeat`: the longest this znode goes unwritten while the child reports (its stats.at at
+        # most that old); `silent`: it stopped reporting (stats.at is its last report's).
+        data = dict(child.ready, host=self.host, stats=stats, restarts=child.restarts,
+                    heartbeat=self.hcm.stats_heartbeat, silent=silent)
         path = self._endpoint_path(child)
         try:
             if child.published:
@@ -322,8 +356,12 @@ class Supervisor:
             else:
                 create_ephemeral(self.client, path, data)
                 log.info("exchange %s/%s live at %s", *child.key, child.ready.get("pub") or child.ready.get("repl"))
+            if silent != child.written_silent:
+                log.warning("exchange %s/%s %s", *child.key,
+                            f"has sent no statistics for {now - child.reported:.1f}s: published as silent"
+                            if silent else "reports again")
             child.published = True
-            child.stats_published = time.monotonic()
+            child.written_at, child.written_stats, child.written_silent = now, report, silent
         except NodeExistsError:
             pass  # an older session's endpoint, about to expire: retry next tick
         except NoNodeError:

@@ -80,6 +80,9 @@ class HcmConfig:
     ready_timeout: float = 15.0
     stop_grace: float = 5.0  # SIGTERM → SIGKILL delay
     stats_interval: float = 1.0  # host CPU and memory reported to ZooKeeper
+    # Statistics that did not change materially are written to ZooKeeper again after this long at
+    # most (a liveness heartbeat; hcm/heartbeat.py): an idle cluster writes next to nothing.
+    stats_heartbeat: float = 60.0
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
     # The exchanges' files on this host (journals under <data_dir>/journal/<queue>/<xid>/<incarnation>/);
     # relative to the HCM's working directory, which its children inherit.
@@ -335,7 +338,8 @@ def _validate(c: Config) -> None:
         ("exchange.replay_budget_bytes", c.exchange.replay_budget_bytes),
         ("client.position_save_interval", c.client.position_save_interval),
         ("client.fetch_timeout", c.client.fetch_timeout), ("client.receive_hwm", c.client.receive_hwm),
-        ("hcm.stats_interval", c.hcm.stats_interval), ("autoscale.scale_out_after", c.autoscale.scale_out_after),
+        ("hcm.stats_interval", c.hcm.stats_interval), ("hcm.stats_heartbeat", c.hcm.stats_heartbeat),
+        ("autoscale.scale_out_after", c.autoscale.scale_out_after),
         ("autoscale.scale_in_after", c.autoscale.scale_in_after), ("autoscale.cooldown", c.autoscale.cooldown),
         ("autoscale.relocate_after", c.autoscale.relocate_after),
         ("autoscale.relocate_cooldown", c.autoscale.relocate_cooldown),

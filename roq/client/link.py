@@ -57,7 +57,10 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 4
 AVOID_SECONDS = 30.0  # an exchange that failed us is not chosen again for this long while others run
 HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have been lost with a connection)
-STALE_STATS = 3.0  # exchange statistics this many report intervals older than the newest are ignored
+# An exchange is stale (chosen last) when its HCM says it stopped reporting (`silent`), or when its
+# statistics are older than the newest of the queue's by more than its znode's `heartbeat` (the
+# longest its HCM leaves unchanged statistics unwritten; 0 if absent) plus this many report intervals.
+STALE_STATS = 3.0
 
 
 class PublisherLink:
@@ -330,8 +333,8 @@ class PublisherLink:
             xid, data = item
             stats = reports[xid]
             avoided_until = self._avoid.get((xid, str(data.get("incarnation", ""))), 0.0)
-            # A frozen exchange stops reporting: its statistics age, and it goes last.
-            stale = int(newest - (stats.at or 0.0) > stale_after)
+            # A frozen exchange stops reporting: its HCM says so, its statistics age, and it goes last.
+            stale = int(is_stale(data, stats, newest, stale_after))
             return (avoided_until, stale, stats.publishers, random.random())
 
         xid, data = min(live.items(), key=rank)
@@ -403,3 +406,15 @@ class PublisherLink:
                 self.subscribers = subscribers
             self._log.confirm(seq, time.monotonic())
             self._cond.notify_all()
+
+
+def is_stale(data: dict[str, Any], stats: ExchangeStats, newest: float, stale_after: float) -> bool:
+    """Is this live exchange (its znode's `data`, the `stats` in it) frozen or stuck? Its HCM says it
+    went `silent`; or its statistics' `at` lies more than `stale_after` plus the znode's `heartbeat`
+    behind `newest`, the newest `at` of the queue's exchanges (their HCMs' clocks, not ours)."""
+    if data.get("silent") is True:
+        return True
+    heartbeat = data.get("heartbeat")
+    if isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not heartbeat >= 0:
+        heartbeat = 0.0  # an HCM that rewrote the statistics at every report
+    return newest - (stats.at or 0.0) > stale_after + heartbeat

@@ -4,6 +4,12 @@ Used by `roq cluster up` and by the test session. The server is Debian's
 `zookeeper` package (or a tarball under $ZOOKEEPER_HOME), started in the
 foreground in its own process group with its own data directory and port.
 If it fails to answer `ruok` in time, the start raises with its log tail.
+
+Its zoo.cfg: a 500 ms tick, so sessions from 1 s (2 ticks) to 60 s are granted (RoQ's short
+default session timeout for fast failover, and long ones under a debugger); and autopurge, which
+keeps the newest 3 snapshots and their logs and deletes the rest every hour, so a long-running
+`roq cluster up` does not fill its disk (the deployed ensemble's zoo.cfg,
+ansible/roles/zookeeper/templates/zoo.cfg.j2, does the same).
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ class ZooKeeperServer:
     """One standalone server: `start()`, `connect_string`, `stop()`, `log_tail()`."""
 
     def __init__(self, base_dir: str | os.PathLike[str], port: int = 0, host: str = "127.0.0.1",
-                 tick_ms: int = 250) -> None:
+                 tick_ms: int = 500) -> None:
         self.base_dir = Path(base_dir)
         self.host = host
         self.port = port or free_port(host)
@@ -92,8 +98,10 @@ class ZooKeeperServer:
             f"clientPort={self.port}\n"
             f"clientPortAddress={self.host}\n"
             "maxClientCnxns=0\n"
-            "minSessionTimeout=1000\n"
+            f"minSessionTimeout={2 * self.tick_ms}\n"
             "maxSessionTimeout=60000\n"
+            "autopurge.snapRetainCount=3\n"
+            "autopurge.purgeInterval=1\n"
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=ruok,srvr,stat,mntr\n"
         )
