@@ -87,6 +87,7 @@ class Forwarder:
                                    config.retention_seconds, config.retention_bytes)
         self.gated = self.link is not None or (self.journal is not None and config.journal == "fsync")
         self.journal_errors = 0
+        self.journal_failed = False
         self._journal_error_logged = -1e9
         self.journal_wake = WakePipe()  # the journal's sync thread says a sync ended
         self.archives: dict[str, Retention] = archives if archives is not None else {}
@@ -150,7 +151,9 @@ class Forwarder:
         totals = self.stats.totals
         setattr(totals, name, getattr(totals, name) + amount)
 
-    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None]) -> None:
+    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None], until_sealed: bool = True) -> None:
+        """Forward until `should_stop()`, or (`until_sealed`) until this incarnation is sealed or its
+        journal failed: it must confirm nothing more."""
         poller = zmq.Poller()
         for sock in (self.front, self.back, self.replay.sock):
             poller.register(sock, zmq.POLLIN)
@@ -158,7 +161,7 @@ class Forwarder:
         link_sock: zmq.Socket | None = None
         reading_publishers = True
         next_beat = next_housekeeping = 0.0
-        while not should_stop() and not self.sealed:
+        while not should_stop() and not (until_sealed and (self.sealed or self.journal_failed)):
             link = self.link
             if link is not None:
                 if self.replica_target != link.endpoint:
@@ -205,6 +208,9 @@ class Forwarder:
             self._commit_journal(now)
         if self.link is not None:
             self.link.pump(now)
+            if self.journal is not None and self.config.journal == "fsync":
+                # A new replica starts at our oldest frame: what is not yet on disk must still be there.
+                self.retention.protect_from = min(self.link.held, self.journal.committed_pos)
         if self.gated and len(self.gate) and not self.sealed:
             subscribers = self.subscriber_count
             for ack in self.gate.release(self.durable_pos()):
@@ -222,7 +228,11 @@ class Forwarder:
                 self._journal_error_logged = now
                 log.error("journal write failed (%d times so far): %s; %s", self.journal_errors, exc,
                           "confirms wait" if self.config.journal == "fsync" else "journal switched off")
-            if self.config.journal != "fsync":  # best effort: do not buffer what will never be written
+            if self.config.journal == "fsync":
+                # Nothing can be confirmed any more, and frames would pile up in the journal's buffer:
+                # end this incarnation (the HCM starts a new one, with new files).
+                self.journal_failed = True
+            else:  # best effort: do not buffer what will never be written
                 journal, self.journal = self.journal, None
                 with contextlib.suppress(OSError):
                     journal.close()

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 STDIN = 0
 MOVE_GRACE = 0.5  # time for "move" notices to leave before the sockets close
+JOURNAL_DOWNTIME = 3600.0  # a journal older than the retention by at most this is reloaded
 
 
 def die_with_parent(parent_pid: int | None) -> None:
@@ -167,10 +168,11 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
     """Earlier incarnations' streams from the journal, as retention the replay socket serves."""
     ex = config.exchange
     archives: dict[str, Retention] = {}
-    for archive in load_archives(directory, "", ex.retention_seconds, ex.retention_bytes):
+    # Downtime does not count against the retention (up to JOURNAL_DOWNTIME): a host that was off
+    # for a while still serves what it confirmed, for a full retention window after it starts.
+    for archive in load_archives(directory, "", ex.retention_seconds + JOURNAL_DOWNTIME, ex.retention_bytes):
         store = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=archive.lost_before)
-        # The retention's clock keeps running across the restart: the frames are as old as their file.
-        stored_at = time.monotonic() - max(0.0, time.time() - archive.newest_mtime)
+        stored_at = time.monotonic()
         for frame in archive.frames:
             store.add(frame.topic, frame.body, frame.messages, stored_at)
         archives[archive.incarnation] = store
@@ -223,11 +225,12 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
-        moved = forwarder.ask_publishers_to_move("exchange shutting down" if not forwarder.sealed
-                                                 else "exchange cut off from its replica")
+        moved = forwarder.ask_publishers_to_move("exchange cut off from its replica" if forwarder.sealed else
+                                                 "exchange's journal failed" if forwarder.journal_failed else
+                                                 "exchange shutting down")
         if moved:
             deadline = time.monotonic() + MOVE_GRACE
-            forwarder.run(lambda: time.monotonic() > deadline, lambda: None)
+            forwarder.run(lambda: time.monotonic() > deadline, lambda: None, until_sealed=False)
     except BrokenPipeError:
         pass  # parent gone
     finally:
@@ -235,7 +238,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         gatekeeper.stop()
         context.term()
     log.info("exchange %s/%s stopped", queue, exchange_id)
-    return Exit.INTERNAL if forwarder.sealed else Exit.OK
+    return Exit.INTERNAL if forwarder.sealed or forwarder.journal_failed else Exit.OK
 
 
 def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:

@@ -305,9 +305,9 @@ class Supervisor:
 
     def stop_all(self) -> None:
         """SIGTERM every child, wait out the grace period, SIGKILL the rest."""
-        self.set_desired(set())
         with self._lock:
-            self.stopping = True
+            self.desired, self.stopping = set(), True  # together: a late assignment changes nothing
+        self.changed.set()
         deadline = time.monotonic() + self.hcm.stop_grace + 1
         while self.children and time.monotonic() < deadline:
             self.tick()

@@ -177,7 +177,8 @@ class Admin:
         # libzmq retries a refused handshake forever in silence: its monitor is the only witness.
         # A dead GCM refuses the TCP connection, and libzmq retries in silence: CONNECT_RETRIED says so
         # at once, instead of after the attempt's time-out (the leader's znode may still name it).
-        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_CONNECT_RETRIED)
+        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
+        connected = False  # once connected, the request may have been delivered: no quick way out
         try:
             secure_client(sock, self.config)
             sock.connect(endpoint)
@@ -190,8 +191,13 @@ class Admin:
                 ready = dict(poller.poll(int(remaining * 1000) + 1))
                 if monitor in ready:
                     event = recv_monitor_message(monitor)
+                    if event["event"] == zmq.EVENT_CONNECTED:
+                        connected = True
+                        continue
                     if event["event"] == zmq.EVENT_CONNECT_RETRIED:
-                        raise UnavailableError(f"GCM {endpoint} refuses connections (not running)")
+                        if not connected:
+                            raise UnavailableError(f"GCM {endpoint} refuses connections (not running)")
+                        continue
                     raise refusal(endpoint, event)
                 if sock not in ready:
                     continue

@@ -161,7 +161,8 @@ class StreamSet:
     def expire_syncs(self, now: float) -> None:
         """No sync answer (it was dropped): the first live frame shows where live begins."""
         for stream in list(self.streams.values()):
-            if not stream.synced and stream.pending and now - stream.unsynced_since > SYNC_TIMEOUT:
+            if not stream.synced and stream.pending and stream.ended_at is None \
+                    and now - stream.unsynced_since > SYNC_TIMEOUT:
                 log.info("no sync from %s; catching up to its first live frame", stream.incarnation)
                 self._catch_up(stream, stream.pending[0][1].pos)
 

@@ -131,6 +131,7 @@ class Subscriber:
         self._taken_lock = threading.Lock()
         self._recovered_waiting: dict[str, list[int]] = {}  # incarnation → positions of fetched frames in the inbox
         self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
+        self._copies_cache: dict[str, tuple[float, list[str] | FetchFailed]] = {}
         self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed, self._copies_of)
         self._streams = StreamSet(self.topics, self._replay, self._hand_over)
         for inc, pos in self._taken.streams.items():
@@ -281,7 +282,25 @@ class Subscriber:
 
     def _copies_of(self, xid: str) -> list[str]:
         """Replay endpoints that may hold ended incarnations of exchange `xid` (I/O thread): its
-        replica, and its running incarnation (what a journal reloaded)."""
+        replica, and its running incarnation (what a journal reloaded). Looked up at most every
+        half second per exchange: a resumed subscriber may drain many incarnations of one."""
+        now = time.monotonic()
+        cached = self._copies_cache.get(xid)
+        if cached is None or now - cached[0] > 0.5:
+            try:
+                found: list[str] | FetchFailed = self._look_up_copies(xid)
+            except FetchFailed as failed:
+                found = failed
+            cached = self._copies_cache[xid] = (now, found)
+            if len(self._copies_cache) > 1000:
+                self._copies_cache.clear()
+        if isinstance(cached[1], FetchFailed):
+            raise cached[1]
+        return cached[1]
+
+    def _look_up_copies(self, xid: str) -> list[str]:
+        if not self.zk.connected:  # kazoo would block this thread until it reconnects
+            raise FetchFailed("ZooKeeper is unreachable: the replica cannot be looked up")
         endpoints = []
         try:
             replica = read_json(self.zk, Paths(self.config.zk.root).replica_live(self.queue, xid))
@@ -289,7 +308,11 @@ class Subscriber:
             raise FetchFailed(f"could not read the replica of {self.queue}/{xid}: {exc}") from None
         if isinstance(replica, dict) and isinstance(replica.get("replay"), str):
             endpoints.append(replica["replay"])
-        running = self.topology_snapshot().get(xid) or {}
+        running = self.topology_snapshot().get(xid)
+        if running is None or (running.get("replicas") == 2 and not endpoints):
+            # Not running yet (it may come back with its journal), or its replica is restarting:
+            # ask again (until END_DRAIN_TIMEOUT) rather than give the ended incarnation up.
+            raise FetchFailed(f"{self.queue}/{xid} or its replica is not running now")
         if isinstance(running.get("replay"), str) and running.get("archived"):
             endpoints.append(running["replay"])
         return endpoints
