@@ -1,81 +1,77 @@
-"""The Ansible playbooks: lint-clean, and provision.yml run for real against an EC2 emulator (moto)."""
+"""The Ansible playbooks: lint-clean, and provision.yml's checks of its variables, which come before
+anything is created (against an EC2 emulator, moto, to show that nothing was). The cluster itself,
+the dynamic inventory and teardown.yml: test_ec2.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
-from roq.tools.testing import wait_until
-from roq.tools.zkserver import free_port
-from tests.deploy.conftest import ANSIBLE, BIN, recaps, run_playbook, tool
+from tests.deploy.conftest import ANSIBLE, BIN, aws_env, ec2_client, ec2_emulator, run_playbook, tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
+AMI = "ami-12c6146b"  # one of moto's
+ADMIN = "192.0.2.10/32"  # TEST-NET-1
+
 
 @pytest.fixture
-def ec2_emulator() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        import urllib.request
-        wait_until(lambda: urllib.request.urlopen(url + "/moto-api/", timeout=1).status == 200, timeout=30,
-                   message="moto server")
+def emulator() -> Iterator[str]:
+    with ec2_emulator() as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
-def playbook(name: str, endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "eu-west-1"}
-    return run_playbook(name, "localhost,", "-e", f"aws_endpoint_url={endpoint}", "-e", "roq_ami=ami-12c6146b",
-                        *extra, env=aws, timeout=240)
+def provision(endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_playbook("provision.yml", "localhost,", *extra, env=aws_env(endpoint), timeout=240)
 
 
-def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
-    found = recaps(result)
-    assert "localhost" in found, result.stdout[-2000:]
-    return found["localhost"]
+def nothing_created(endpoint: str) -> bool:
+    ec2 = ec2_client(endpoint)
+    instances = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    groups = [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] != "default"]
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag-key", "Values": ["cluster"]}])["Vpcs"]
+    return not instances and not groups and not vpcs
 
 
-def cluster_view(endpoint: str) -> tuple[Counter[str], list[tuple[int, int]]]:
-    import boto3
-    ec2 = boto3.client("ec2", region_name="eu-west-1", endpoint_url=endpoint, aws_access_key_id="testing",
-                       aws_secret_access_key="testing")
-    found = ec2.describe_instances(Filters=[{"Name": "tag:cluster", "Values": ["roq"]},
-                                            {"Name": "instance-state-name", "Values": ["pending", "running"]}])
-    roles = Counter(t["Value"] for r in found["Reservations"] for i in r["Instances"]
-                    for t in i.get("Tags", []) if t["Key"] == "role")
-    groups = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["roq"]}])["SecurityGroups"]
-    ports = sorted((p["FromPort"], p["ToPort"]) for g in groups for p in g["IpPermissions"])
-    return roles, ports
+def missing(result: subprocess.CompletedProcess[str]) -> set[str]:
+    """The variables provision.yml's failed checks name ("roq_ami is required: ...")."""
+    assert result.returncode != 0, result.stdout[-3000:]
+    return set(re.findall(r"\b(roq_\w+) is required: ", result.stdout + result.stderr))
 
 
-def test_provision_creates_the_cluster_idempotently_and_teardown_removes_it(ec2_emulator):
-    first = recap(playbook("provision.yml", ec2_emulator, "-e", '{"roq_counts": {"zookeeper": 3, "gcm": 2, "hcm": 4}}'))
-    assert first["changed"] >= 6
-    roles, ports = cluster_view(ec2_emulator)
-    assert roles == Counter({"zookeeper": 3, "gcm": 2, "hcm": 4})
-    # Only what RoQ needs: SSH, ZooKeeper (client, peer, election), control API, metrics, exchanges.
-    assert ports == [(22, 22), (2181, 2181), (2888, 2888), (3888, 3888), (5500, 5500), (9101, 9101),
-                     (9102, 9102), (49152, 65535)]
-    again = recap(playbook("provision.yml", ec2_emulator, "-e", '{"roq_counts": {"zookeeper": 3, "gcm": 2, "hcm": 4}}'))
-    assert again["changed"] == 0  # idempotent
-    recap(playbook("teardown.yml", ec2_emulator))
-    assert cluster_view(ec2_emulator) == (Counter(), [])
+def test_provision_names_each_missing_variable_in_one_line_before_creating_anything(emulator):
+    # On AWS (no endpoint) with nothing set: no AMI, no key pair, SSH open to the placeholder.
+    result = run_playbook("provision.yml", "localhost,", env={"AWS_REGION": "eu-west-1"}, timeout=120)
+    assert missing(result) == {"roq_ami", "roq_key_name", "roq_admin_cidr"}, result.stdout[-3000:]
+    # The emulator needs no key pair; the placeholder (0.0.0.0/32: SSH open to nobody) is refused there
+    # too, and so is what is not an address.
+    assert missing(provision(emulator, "-e", f"roq_ami={AMI}")) == {"roq_admin_cidr"}
+    assert missing(provision(emulator, "-e", f"roq_ami={AMI}", "-e", "roq_admin_cidr=me")) == {"roq_admin_cidr"}
+    assert nothing_created(emulator)
 
 
-def test_provision_refuses_an_even_zookeeper_ensemble(ec2_emulator):
-    result = playbook("provision.yml", ec2_emulator, "-e", '{"roq_counts": {"zookeeper": 2, "gcm": 2, "hcm": 2}}')
+def test_provision_refuses_an_even_zookeeper_ensemble(emulator):
+    result = provision(emulator, "-e", f"roq_ami={AMI}", "-e", f"roq_admin_cidr={ADMIN}",
+                       "-e", '{"roq_counts": {"zookeeper": 2, "gcm": 2, "hcm": 2}}')
     assert result.returncode != 0 and "odd ZooKeeper count" in result.stdout
-    assert cluster_view(ec2_emulator) == (Counter(), [])  # nothing was created
+    assert nothing_created(emulator)
+
+
+def test_no_role_registers_a_result_under_the_name_of_a_cluster_variable() -> None:
+    """A task's `register` outranks group_vars and inventory variables for the rest of the play: a role
+    registering, say, roq_zk_myid would make every later zoo.cfg list results instead of ids."""
+    variables = set(yaml.safe_load((ANSIBLE / "group_vars" / "all.yml").read_text()))
+    variables |= set(yaml.safe_load((ANSIBLE / "inventory" / "aws_ec2.yml").read_text())["compose"])
+    registered = set()
+    for path in (ANSIBLE / "roles").glob("*/tasks/*.yml"):
+        registered |= set(re.findall(r"^\s*register:\s*(\w+)", path.read_text(), re.MULTILINE))
+    assert registered and not registered & variables, registered & variables
 
 
 def test_playbooks_are_ansible_lint_clean() -> None:
