@@ -39,7 +39,7 @@ import zmq
 from exchange.chains import PrefixChains
 from exchange.confirms import ConfirmGate
 from exchange.journal import Journal
-from exchange.replay import REPLAY_HWM, ReplayServer
+from exchange.replay import ReplayServer, replay_socket
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.sessions import PRUNE_INTERVAL, PublisherSessions
@@ -107,10 +107,7 @@ class Forwarder:
         self.back.sndhwm = config.sub_hwm
         # Pass every (un)subscription up, duplicates included: prefixes are counted (chains.py).
         self.back.setsockopt(zmq.XPUB_VERBOSER, 1)
-        replay = context.socket(zmq.ROUTER)
-        replay.linger = 0
-        replay.sndhwm = REPLAY_HWM
-        replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
+        replay = replay_socket(context)
         if gatekeeper is not None:
             for sock, domain in ((self.front, "publishers"), (self.back, "subscribers"), (replay, "replay")):
                 gatekeeper.guard(sock, domain)

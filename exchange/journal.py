@@ -65,9 +65,10 @@ from pathlib import Path
 from typing import NamedTuple
 from zlib import crc32
 
+from roq.config import JOURNAL_MODES
+
 log = logging.getLogger(__name__)
 
-JOURNAL_MODES = ("off", "async", "fsync")
 
 FILE_HEADER = b"RoQJ" + struct.pack("<I", 1)
 RECORD_HEADER = struct.Struct("<II")  # payload length, CRC-32 of payload
@@ -186,10 +187,7 @@ class Journal:
         if not self._writes:
             self._committed_pos = self._next_pos if self._next_pos is not None else 1
             return
-        now = time.monotonic()
-        if self._buf:
-            self._write_buffered(now)
-            self._apply_retention_bounds(now)
+        now = self._write_pending()
         if self.mode == "fsync" or now - self._last_sync >= ASYNC_SYNC_INTERVAL:
             self._sync(now)
         self._committed_pos = self._written_pos
@@ -212,10 +210,7 @@ class Journal:
             self._failure = syncer.failure  # sticky, as in _sync
         if self._failure is not None:
             raise self._failure
-        now = time.monotonic()
-        if self._buf:
-            self._write_buffered(now)
-            self._apply_retention_bounds(now)
+        self._write_pending()
         if self._written_pos > syncer.submitted_pos and syncer.idle():
             # Duplicates of the descriptors: a segment closed or deleted meanwhile does not disturb
             # the sync (fdatasync through a dup syncs the same file).
@@ -227,6 +222,14 @@ class Journal:
             self._dir_dirty = False
             self._close_synced()
         self._committed_pos = max(self._committed_pos, syncer.synced_pos)
+
+    def _write_pending(self) -> float:
+        """Hand what was buffered to the OS and drop what the bounds evict; returns the time."""
+        now = time.monotonic()
+        if self._buf:
+            self._write_buffered(now)
+            self._apply_retention_bounds(now)
+        return now
 
     @property
     def committed_pos(self) -> int:

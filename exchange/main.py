@@ -120,6 +120,17 @@ def _rss_bytes() -> int:
         return 0
 
 
+def every(interval: float, action: Callable[[], None]) -> Callable[[], None]:
+    """A loop tick that runs `action` once every `interval` seconds."""
+    due = [time.monotonic() + interval]
+
+    def tick() -> None:
+        if time.monotonic() >= due[0]:
+            due[0] = time.monotonic() + interval
+            action()
+    return tick
+
+
 def emit(event: dict) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -200,23 +211,21 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     if watch_parent:
         watch_stdin(stop, lambda message: _on_parent_line(forwarder, message))
     gatekeeper.start()
-    interval = config.exchange.stats_interval
-    next_report = [time.monotonic() + interval]
 
-    def on_tick() -> None:
-        if time.monotonic() >= next_report[0]:
-            next_report[0] = time.monotonic() + interval
-            retention = forwarder.retention
-            report = replace(forwarder.stats.snapshot(), refused_connections=gatekeeper.refused,
-                             refused_over_limit=gatekeeper.refused_limit,
-                             retained_frames=len(retention), retained_bytes=retention.bytes,
-                             evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
-                             expired_publishers=forwarder.sessions.expired,
-                             tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
-                             rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
-                             replicated_to=forwarder.link.held if forwarder.link else 0,
-                             next_pos=retention.next_pos)
-            emit({"event": "stats", **report.to_dict()})
+    def report() -> None:
+        retention = forwarder.retention
+        stats = replace(forwarder.stats.snapshot(), refused_connections=gatekeeper.refused,
+                        refused_over_limit=gatekeeper.refused_limit,
+                        retained_frames=len(retention), retained_bytes=retention.bytes,
+                        evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
+                        expired_publishers=forwarder.sessions.expired,
+                        tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
+                        rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
+                        replicated_to=forwarder.link.held if forwarder.link else 0,
+                        next_pos=retention.next_pos)
+        emit({"event": "stats", **stats.to_dict()})
+
+    on_tick = every(config.exchange.stats_interval, report)
 
     try:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
@@ -261,17 +270,8 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id
         context.destroy(linger=0)
         raise
     gatekeeper.start()
-    interval = config.exchange.stats_interval
-    next_report = [time.monotonic() + interval]
-
-    def on_tick() -> None:
-        if time.monotonic() >= next_report[0]:
-            next_report[0] = time.monotonic() + interval
-            report = replica.report()
-            emit({"event": "stats", "retained_frames": report["retained_frames"],
-                  "retained_bytes": report["retained_bytes"], "rss_bytes": _rss_bytes(),
-                  "copies": report["copies"], "copied_frames": report.get("copied_frames", 0)})
-
+    on_tick = every(config.exchange.stats_interval,
+                    lambda: emit({"event": "stats", **replica.report(), "rss_bytes": _rss_bytes()}))
     try:
         emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
               "incarnation": replica.incarnation, "pid": os.getpid()})

@@ -160,6 +160,15 @@ class ReplayServer:
         self._in_flight = still
 
 
+def replay_socket(context: zmq.Context) -> zmq.Socket:
+    """The ROUTER a replay server answers on (an exchange's or a replica's), unbound."""
+    sock = context.socket(zmq.ROUTER)
+    sock.linger = 0
+    sock.sndhwm = REPLAY_HWM
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)  # requests are small
+    return sock
+
+
 def _request_id_of(payload: bytes) -> int | None:
     """Best-effort request id of a refused request, so the error can be matched."""
     try:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import zmq
 
-from exchange.replay import REPLAY_HWM, ReplayServer
+from exchange.replay import ReplayServer, replay_socket
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
 from roq import protocol
@@ -58,10 +58,7 @@ class Replica:
         self.repl = context.socket(zmq.ROUTER)
         self.repl.linger = 0
         self.repl.setsockopt(zmq.MAXMSGSIZE, max_copy_frame(config))  # libzmq drops bigger ones unread
-        replay = context.socket(zmq.ROUTER)
-        replay.linger = 0
-        replay.sndhwm = REPLAY_HWM
-        replay.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_CONTROL_FRAME)
+        replay = replay_socket(context)
         if gatekeeper is not None:
             gatekeeper.guard(self.repl, "replication")
             gatekeeper.guard(replay, "replay")

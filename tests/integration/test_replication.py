@@ -110,6 +110,24 @@ class Collector:
             return sum(1 for c in self.counts.values() if c > 1)
 
 
+def publish_with_a_subscriber_away(config, zk, queue: str, durable: str, taken: int, total: int) -> None:
+    """Publish `taken` messages that durable subscriber `durable` takes, close it (its position is
+    saved), publish the rest while it is away, all confirmed, and close the publisher."""
+    first = Collector(queue, config, zk, durable=durable)
+    first.sub.wait_connected(timeout=15)
+    with Publisher(queue, config, zk=zk) as pub:
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(taken):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        wait_until(lambda: not first.missing(taken), timeout=20, message=f"the first {taken}")
+        first.sub.close()
+        for i in range(taken, total):
+            pub.publish("load", str(i).encode())
+        pub.flush(30)
+        assert pub.confirmed == total
+
+
 def test_g_publisher_and_its_exchange_host_killed_together_lose_nothing_confirmed(config, zk, paths, procs) -> None:
     start_hosts(procs, zk, paths)
     create_replicated(config, zk, paths, "orders")
@@ -155,19 +173,7 @@ def test_h_a_subscriber_away_while_its_exchange_host_dies_resumes_from_the_repli
     start_hosts(procs, zk, paths)
     create_replicated(config, zk, paths, "events")
     config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
-    first = Collector("events", config, zk, durable="audit")
-    first.sub.wait_connected(timeout=15)
-    with Publisher("events", config, zk=zk) as pub:
-        pub.wait_for_subscribers(1, timeout=15)
-        for i in range(1000):
-            pub.publish("load", str(i).encode())
-        pub.flush(30)
-        wait_until(lambda: not first.missing(1000), timeout=20, message="the first 1,000")
-        first.sub.close()  # away: its position is saved
-        for i in range(1000, 3000):
-            pub.publish("load", str(i).encode())
-        pub.flush(30)
-        assert pub.confirmed == 3000
+    publish_with_a_subscriber_away(config, zk, "events", "audit", taken=1000, total=3000)
     # The publisher is gone too, with its replay window: only the replica can give 1000-2999 back.
     old = read_live(zk, paths, "events")["x1"]
     procs.kill(str(old["host"]))  # the exchange's retention dies with its host
@@ -213,20 +219,9 @@ def test_i_journal_restart_keeps_a_durable_subscriber_whole(config, zk, paths, p
     start_hosts(procs, zk, paths, "exchange.journal=fsync")
     create_replicated(config, zk, paths, "ledger", replicas=1)
     config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
-    first = Collector("ledger", config, zk, durable="books")
-    first.sub.wait_connected(timeout=15)
-    with Publisher("ledger", config, zk=zk) as pub:
-        pub.wait_for_subscribers(1, timeout=15)
-        for i in range(500):
-            pub.publish("load", str(i).encode())
-        pub.flush(30)
-        wait_until(lambda: not first.missing(500), timeout=20, message="the first 500")
-        first.sub.close()
-        for i in range(500, 2000):
-            pub.publish("load", str(i).encode())
-        pub.flush(30)
-        old = read_live(zk, paths, "ledger")["x1"]
-        pub.close(timeout=0)  # the publisher's replay window must not be what saves the subscriber
+    # The publisher is closed: its replay window must not be what saves the subscriber.
+    publish_with_a_subscriber_away(config, zk, "ledger", "books", taken=500, total=2000)
+    old = read_live(zk, paths, "ledger")["x1"]
     os.kill(int(old["pid"]), signal.SIGKILL)
     wait_until(lambda: (read_live(zk, paths, "ledger").get("x1") or {}).get("incarnation") not in
                (None, old["incarnation"]), timeout=20, message="the restarted incarnation")
