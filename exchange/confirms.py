@@ -22,6 +22,7 @@ class HeldAck:
     route: bytes
     publisher: str
     seq: int
+    received: float = 0.0  # monotonic: when the batch was read (the confirm-latency histogram)
 
 
 class ConfirmGate:
@@ -32,8 +33,8 @@ class ConfirmGate:
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, required: int, route: bytes, publisher: str, seq: int) -> None:
-        self._held.append(HeldAck(required, route, publisher, seq))
+    def hold(self, required: int, route: bytes, publisher: str, seq: int, received: float = 0.0) -> None:
+        self._held.append(HeldAck(required, route, publisher, seq, received))
 
     def release(self, durable: int) -> Iterator[HeldAck]:
         """The held acks whose positions are all durable now, oldest first."""

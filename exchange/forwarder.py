@@ -38,6 +38,7 @@ import zmq
 
 from exchange.chains import PrefixChains
 from exchange.confirms import ConfirmGate
+from exchange.consumers import ConsumerProgress
 from exchange.journal import Journal
 from exchange.replay import ReplayServer, replay_socket
 from exchange.replication import ReplicaLink
@@ -75,6 +76,7 @@ class Forwarder:
         self.stats = ExchangeStats()
         self.retention = Retention(config.retention_seconds, config.retention_bytes)
         self.gate = ConfirmGate()
+        self.consumers = ConsumerProgress(self.incarnation)  # durable subscribers' lag
         self.link: ReplicaLink | None = None
         if replicas >= 2:
             if cluster_config is None:
@@ -116,7 +118,7 @@ class Forwarder:
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
         self.replay = ReplayServer(replay, self.retention, self.chains, self.incarnation, config.fetch_max_bytes,
                                    config.replay_budget_bytes, 2 * config.fetch_max_bytes, self._count,
-                                   archives=self.archives)
+                                   archives=self.archives, on_progress=self.consumers.report)
         self.pub_endpoint = f"tcp://{advertise_host}:{pub_port}"
         self.sub_endpoint = f"tcp://{advertise_host}:{sub_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
@@ -212,6 +214,7 @@ class Forwarder:
             subscribers = self.subscriber_count
             for ack in self.gate.release(self.durable_pos()):
                 self._reply(ack.route, protocol.encode_ack(ack.seq, subscribers))
+                self.stats.note_confirm(now - ack.received)
 
     def _commit_journal(self, now: float) -> None:
         """A disk that fails (full, I/O error) must not stop forwarding: with fsync the acks wait
@@ -386,9 +389,10 @@ class Forwarder:
                 self.stats.note_latency(time.time_ns() - batch.sent_ns)
         last = self.sessions.advance(pub, batch.first_seq + count - 1)
         if self.gated:
-            self.gate.hold(self.retention.next_pos, ident, pub, last)
+            self.gate.hold(self.retention.next_pos, ident, pub, last, now)
         else:
             self._reply(ident, protocol.encode_ack(last, self.subscriber_count))
+            self.stats.note_confirm(time.monotonic() - now)
 
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
         """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""

@@ -222,7 +222,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
                         tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
                         rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
                         replicated_to=forwarder.link.held if forwarder.link else 0,
-                        next_pos=retention.next_pos)
+                        next_pos=retention.next_pos, consumers=forwarder.consumers.lags(retention))
         emit({"event": "stats", **stats.to_dict()})
 
     on_tick = every(config.exchange.stats_interval, report)

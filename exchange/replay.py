@@ -34,7 +34,8 @@ class ReplayServer:
     def __init__(self, sock: zmq.Socket, retention: Retention | None, chains: PrefixChains | None,
                  incarnation: str, fetch_max_bytes: int, budget_bytes: int, per_connection_bytes: int,
                  count: Callable[[str, int], None], archives: Mapping[str, Retention] | None = None,
-                 on_ended: Callable[[str], None] | None = None) -> None:
+                 on_ended: Callable[[str], None] | None = None,
+                 on_progress: Callable[[protocol.Progress], None] | None = None) -> None:
         """`count(name, n)` adds to the exchange's counters (fetches, fetched_frames, malformed, busy).
         `retention` and `chains` are None on a replica, which only serves `archives`."""
         self.sock = sock
@@ -43,6 +44,7 @@ class ReplayServer:
         self.incarnation = incarnation
         self.archives: Mapping[str, Retention] = archives if archives is not None else {}
         self.on_ended = on_ended
+        self.on_progress = on_progress  # a durable subscriber's report (consumer lag); never answered
         self.fetch_max_bytes = fetch_max_bytes
         self.budget = budget_bytes
         self.per_connection = per_connection_bytes
@@ -74,6 +76,10 @@ class ReplayServer:
             return
         if isinstance(req, protocol.PositionRequest):
             self._send(ident, self._position(req))
+            return
+        if isinstance(req, protocol.Progress):
+            if self.on_progress is not None:
+                self.on_progress(req)
             return
         store, incarnation = self._store(req.incarnation)
         if store is None:

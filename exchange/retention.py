@@ -37,7 +37,11 @@ class Retention:
         self._frames: deque[tuple[float, bytes, bytes, int]] = deque()  # (stored at, topic, body, messages)
         self._first_pos = first_pos  # position of _frames[0]
         self.protect_from: int | None = None  # frames at or above this position are never evicted
-        self._tombs: deque[tuple[bytes, int]] = deque(maxlen=tombstones)  # (topic, messages), evicted
+        # Evicted: (topic, messages, messages before it, stored at).
+        self._tombs: deque[tuple[bytes, int, int, float]] = deque(maxlen=tombstones)
+        # Messages ever added, and before each retained frame: how far behind a reader is, in messages.
+        self.messages_total = 0
+        self._messages_before: deque[int] = deque()
         self.bytes = 0
         self.evicted = 0
 
@@ -57,6 +61,8 @@ class Retention:
         """Keep one frame of `messages` messages; returns its position."""
         pos = self.next_pos
         self._frames.append((now if now is not None else time.monotonic(), topic, body, messages))
+        self._messages_before.append(self.messages_total)
+        self.messages_total += messages
         self.bytes += len(topic) + len(body)
         if self.bytes > self.max_bytes:
             self.trim()
@@ -69,11 +75,30 @@ class Retention:
         protected = self.protect_from
         while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon) \
                 and (protected is None or self._first_pos < protected):
-            _, topic, body, messages = frames.popleft()
-            self._tombs.append((topic, messages))
+            stored_at, topic, body, messages = frames.popleft()
+            self._tombs.append((topic, messages, self._messages_before.popleft(), stored_at))
             self.bytes -= len(topic) + len(body)
             self._first_pos += 1
             self.evicted += 1
+
+    def behind(self, pos: int, now: float | None = None) -> tuple[int, int, float]:
+        """How far a reader that took every frame up to `pos` is behind: frames, messages, and
+        seconds the oldest frame it lacks has been here; in constant time (it runs for every
+        consumer at every report). Beyond the tombstones, messages and seconds are at least."""
+        frames = self.next_pos - 1 - pos
+        if frames <= 0:
+            return 0, 0, 0.0
+        now = now if now is not None else time.monotonic()
+        first = pos + 1 - self._first_pos
+        if first >= 0:
+            before, stored_at = self._messages_before[first], self._frames[first][0]
+        elif self._tombs:
+            _, _, before, stored_at = self._tombs[max(0, first + len(self._tombs))]
+        elif self._frames:  # nothing evicted is remembered (a store that began past position 1)
+            before, stored_at = self._messages_before[0], self._frames[0][0]
+        else:
+            return frames, 0, 0.0
+        return frames, self.messages_total - before, max(0.0, now - stored_at)
 
     def entries(self, start: int, max_bytes: int) -> list[list[object]]:
         """[topic, body, messages] of the frames from position `start` on (at least one if any),
@@ -118,7 +143,7 @@ class Retention:
         start = max(after + 1, tomb_first)
         wanted = tuple(prefixes)
         match_all = not prefixes or b"" in prefixes
-        count = sum(messages for topic, messages in _window(self._tombs, start - tomb_first, upto - tomb_first)
+        count = sum(messages for topic, messages, _, _ in _window(self._tombs, start - tomb_first, upto - tomb_first)
                     if match_all or topic.startswith(wanted))
         return count, after + 1 >= tomb_first
 

@@ -7,6 +7,7 @@ typed report (`roq.records.ExchangeStats`), whose fields include every counter.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 
 from roq import records
@@ -43,6 +44,9 @@ class ExchangeStats:
     interval_by_publisher: dict[str, int] = field(default_factory=dict)  # messages since the last snapshot
     latencies_ns: list[int] = field(default_factory=list)  # batch send → arrival here, this interval
     subscribers: int = 0  # RoQ subscribers connected (their sync markers), set by the forwarder
+    # Batch read → ack sent, since the start: a count per records.CONFIRM_BUCKETS bound, then above the last.
+    confirm_counts: list[int] = field(default_factory=lambda: [0] * (len(records.CONFIRM_BUCKETS) + 1))
+    confirm_seconds: float = 0.0
     _next_forget: float = 0.0
 
     def forget_idle(self, now: float, ttl: float) -> None:
@@ -58,6 +62,11 @@ class ExchangeStats:
         """One sample per batch; the first LATENCY_SAMPLES of an interval are kept."""
         if len(self.latencies_ns) < LATENCY_SAMPLES:
             self.latencies_ns.append(nanoseconds)
+
+    def note_confirm(self, seconds: float) -> None:
+        """One ack sent, `seconds` after its batch was read (bisect_left: a bound counts as within)."""
+        self.confirm_counts[bisect_left(records.CONFIRM_BUCKETS, seconds)] += 1
+        self.confirm_seconds += seconds
 
     def snapshot(self, active_window: float = 10.0) -> records.ExchangeStats:
         """Totals plus per-second rates since the previous snapshot (exchange/main.py adds the rest)."""
@@ -84,6 +93,8 @@ class ExchangeStats:
             top_publishers=tuple((pub, round(count / elapsed, 1)) for pub, count in heaviest),
             latency_p50_ms=latency_p50_ms,
             latency_p99_ms=latency_p99_ms,
+            confirm_buckets=tuple(self.confirm_counts),
+            confirm_seconds_sum=round(self.confirm_seconds, 6),
         )
         self.interval_by_publisher = {}
         self.latencies_ns = []

@@ -66,12 +66,20 @@ RULE_LIMITS: dict[str, tuple[type, float, float]] = {  # name → (type, lowest,
 }
 DEFAULT_RULES = {"max_rate": 0.0, "max_publishers": 0, "max_cpu": 0.0, "max_memory": 0.0,
                  "min_exchanges": 1, "max_exchanges": 8, "scale_in_below": 0.5}
+# What a user types (`roq queue rules`): errors name the flag, the stored rule in parentheses.
+RULE_FLAGS = {"max_rate": "--max-rate", "max_publishers": "--max-publishers", "max_cpu": "--max-cpu",
+              "max_memory": "--max-memory", "min_exchanges": "--min", "max_exchanges": "--max",
+              "scale_in_below": "--scale-in-below"}
 RELOCATION_TTL = 60.0  # seconds a relocation entry stays for its publisher to see
 EVENT_LIMIT = 20  # scaling events kept per queue, for `roq stats`
 
 
-def check_rules(current: dict[str, Any], changes: Any) -> dict[str, Any]:
-    """`current` updated with `changes`, validated; raises UserError and changes nothing on bad input."""
+def check_rules(current: dict[str, Any], changes: Any, size: int | None = None) -> dict[str, Any]:
+    """`current` updated with `changes`, validated; raises UserError and changes nothing on bad input.
+
+    `size`: the queue's exchanges now. Rules set on a queue that had none, without `min_exchanges`,
+    get it as their floor (capped by `max_exchanges`): giving a queue rules never shrinks it below
+    the size its operator chose; an explicit `min_exchanges` (even 1) does."""
     if not isinstance(changes, dict):
         raise UserError("rules must be a map of rule name to value")
     rules = dict(DEFAULT_RULES, **current)
@@ -79,14 +87,21 @@ def check_rules(current: dict[str, Any], changes: Any) -> dict[str, Any]:
         if name not in RULE_LIMITS:
             raise UserError(f"unknown rule {name!r}; rules are {', '.join(RULE_LIMITS)}")
         kind, low, high = RULE_LIMITS[name]
+        flag = _flag(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise UserError(f"rule {name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+            raise UserError(f"{flag} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
         if not low <= value <= high:
-            raise UserError(f"rule {name} must be from {low:g} to {high:g}, got {value!r}")
+            raise UserError(f"{flag} must be from {low:g} to {high:g}, got {value!r}")
         rules[name] = kind(value)
+    if size is not None and not current and "min_exchanges" not in changes:
+        rules["min_exchanges"] = max(1, min(size, rules["max_exchanges"]))
     if rules["min_exchanges"] > rules["max_exchanges"]:
-        raise UserError(f"min_exchanges ({rules['min_exchanges']}) is above max_exchanges ({rules['max_exchanges']})")
+        raise UserError(f"--min must be <= --max (got --min {rules['min_exchanges']}, --max {rules['max_exchanges']})")
     return rules
+
+
+def _flag(name: str) -> str:
+    return f"{RULE_FLAGS[name]} (rule {name})"
 
 
 @dataclass
@@ -128,8 +143,12 @@ class Autoscaler:
                 return dict(DEFAULT_RULES, **current)
             if self.fence.already_applied():  # a retry of a change made: the rules as they are
                 return dict(DEFAULT_RULES, **(settings.get("rules") or {}))
-            merged = check_rules(current, rules or {})
-            settings["rules"] = merged
+            if clear is True and not rules:  # back to a fixed size: no rules at all, not the defaults
+                settings.pop("rules", None)
+                merged = dict(DEFAULT_RULES)
+            else:
+                merged = check_rules(current, rules or {}, size=len(info.exchanges))
+                settings["rules"] = merged
 
             def build(txn: TransactionRequest) -> None:
                 txn.set_data(self.paths.queue(name), encode(settings))

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -31,7 +31,7 @@ from gcm.view import exchanges_only, replicas_only
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
 from roq.errors import Exit, NotLeaderError, RoqError, UnavailableError, UserError, ZooKeeperUnavailableError
-from roq.metrics import LEADER_HOST_GAUGES, Sample, exchange_samples, host_samples, queue_samples, serve_metrics
+from roq.metrics import Families, leader_metrics, serve_metrics
 from roq.paths import Paths
 from roq.state import queue_names, read_hosts, read_leader
 from roq.zk import ensure_base_paths, start_client, stop_client
@@ -60,7 +60,7 @@ class Gcm:
         self.api = ControlServer(self.config, self.config.gcm.bind, self.config.gcm.port, advertise, self._route)
         identity = {"id": self.id, "endpoint": self.api.endpoint, "pid": os.getpid(),
                     "host": socket.gethostname()}
-        metrics = serve_metrics(self.config.gcm.metrics_port, self.config.gcm.bind, advertise, self._samples)
+        metrics = serve_metrics(self.config.gcm.metrics_port, self.config.gcm.bind, advertise, self._metrics)
         if metrics:
             identity["metrics"] = metrics
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
@@ -155,19 +155,15 @@ class Gcm:
             raise UnavailableError("the leader lost its ZooKeeper connection; retry shortly")
         return handler
 
-    def _samples(self) -> Iterator[Sample]:
-        """Prometheus: whether this GCM leads; the leader adds its per-queue and per-host aggregates."""
+    def _metrics(self) -> Families:
+        """Prometheus: whether this GCM leads; the leader adds its cluster and per-queue aggregates
+        (the exchanges' and hosts' own figures are their HCMs', roq/metrics.py)."""
+        out = Families()
         leading = self.leadership.is_leader
-        yield "roq_gcm_leader", "1 on the leader GCM", {"gcm": self.id}, 1 if leading else 0
-        if not leading:
-            return
-        stats = self.autoscaler.stats
-        for name, q in stats.queues.items():
-            yield from queue_samples(q)
-            for x in q.by_exchange:
-                yield from exchange_samples(name, x.id, x.host or "", x)
-        for host, figures in stats.hosts.items():
-            yield from host_samples(host, figures, LEADER_HOST_GAUGES)
+        out.gauge("roq_gcm_leader", "1 on the leader GCM, 0 on a backup", {"gcm": self.id}, leading)
+        if leading:
+            leader_metrics(out, self.autoscaler.stats)
+        return out
 
     def _stats(self, args: dict[str, Any]) -> dict[str, Any]:
         _args(args, [])
@@ -191,7 +187,7 @@ class Gcm:
                        "pid": os.getpid()},
             "gcms": self.leadership.contenders(),
             "hosts": [{"name": h.name, "address": h.address, "capacity": h.capacity, "pid": h.pid,
-                       "exchanges": assigned.get(h.name, 0)} for h in hosts.values()],
+                       "exchanges": assigned.get(h.name, 0), "metrics": h.metrics} for h in hosts.values()],
             "queues": queue_names(self.client, self.paths),
             "exchanges": len(placements),
             "unplaced": sum(1 for h in placements.values() if h is None or h not in hosts),

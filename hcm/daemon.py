@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 
 import click
@@ -26,8 +25,8 @@ from hcm.supervisor import Supervisor
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
 from roq.errors import Exit, RoqError
-from roq.metrics import HCM_HOST_GAUGES, Sample, exchange_samples, host_samples, serve_metrics
-from roq.paths import Paths, split_assignment
+from roq.metrics import Families, exchange_metrics, host_metrics, replica_metrics, serve_metrics
+from roq.paths import Paths, is_replica_slot, primary_of, split_assignment
 from roq.zk import start_client, stop_client
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class Hcm:
         self.stopping.also_wake(self.supervisor.changed)  # the loop leaves its tick wait at once
         self.figures = host_figures()
         self._next_report = 0.0
-        metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._samples)
+        metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._metrics)
         if metrics:
             self.registration.data["metrics"] = metrics
         self.registration.data["journal"] = self.config.exchange.journal  # the leader waits longer for such a host
@@ -93,15 +92,17 @@ class Hcm:
                 raise
             log.warning("ZooKeeper trouble during tick: %r", exc)
 
-    def _samples(self) -> Iterator[Sample]:
-        yield from host_samples(self.host, self.figures, HCM_HOST_GAUGES)
-        for (queue, xid), child in list(self.supervisor.children.items()):
-            labels = {"queue": queue, "exchange": xid, "host": self.host}
-            yield "roq_exchange_restarts", "restarts of the exchange process", labels, child.restarts
-            yield "roq_exchange_failed", "1 while the exchange crashed too often and is left alone", \
-                labels, 1 if child.failed_until is not None else 0
-            if child.stats:
-                yield from exchange_samples(queue, xid, self.host, child.stats)
+    def _metrics(self) -> Families:
+        """Prometheus: this host, and the exchanges and replicas it runs (only here: roq/metrics.py)."""
+        out = Families()
+        host_metrics(out, self.host, self.figures, self.config.hcm.capacity)
+        for (queue, slot), child in list(self.supervisor.children.items()):
+            failed = child.failed_until is not None
+            if is_replica_slot(slot):
+                replica_metrics(out, queue, primary_of(slot), self.host, child.stats, child.restarts, failed)
+            else:
+                exchange_metrics(out, queue, slot, self.host, child.stats, child.restarts, failed)
+        return out
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:

@@ -37,7 +37,8 @@ HOST_STEP_PERCENT = 5.0  # CPU or memory use must move this many points (from th
 # latency, held acks, replication progress) moves only when the exchange works or its clients change.
 QUIET_EXCHANGE_FIELDS = frozenset({"at", "rss_bytes", "retained_frames", "retained_bytes", "evicted_frames",
                                    "tracked_prefixes", "replay_held_bytes"})
-_EXCHANGE_TRIGGERS = tuple(f.name for f in fields(ExchangeStats) if f.name not in QUIET_EXCHANGE_FIELDS)
+# Consumer lag: its frames and messages move with work, its seconds age with the clock (only those drift).
+_EXCHANGE_TRIGGERS = tuple(f.name for f in fields(ExchangeStats) if f.name not in QUIET_EXCHANGE_FIELDS | {"consumers"})
 
 
 def exchange_changed(written: ExchangeStats | None, report: ExchangeStats | None) -> bool:
@@ -46,7 +47,12 @@ def exchange_changed(written: ExchangeStats | None, report: ExchangeStats | None
         return False
     if written is None:
         return True
-    return any(getattr(written, name) != getattr(report, name) for name in _EXCHANGE_TRIGGERS)
+    return any(getattr(written, name) != getattr(report, name) for name in _EXCHANGE_TRIGGERS) \
+        or _lag_counts(written) != _lag_counts(report)
+
+
+def _lag_counts(stats: ExchangeStats) -> list[tuple[str, int, int]]:
+    return [(lag.name, lag.frames, lag.messages) for lag in stats.consumers]
 
 
 def host_changed(written: HostStats | None, figures: HostStats) -> bool:

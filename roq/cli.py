@@ -17,13 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from roq.errors import Exit, QueueExistsError, RoqError, UserError
+from roq.errors import Exit, QueueExistsError, RoqError, UserError, ZooKeeperUnavailableError
 
 if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.client.admin import Admin
     from roq.config import Config
 
 DEFAULT_LOCAL_CONFIG = Path(".roq/cluster/config.toml")
+# With no configuration at all, ZooKeeper's default address is a guess: give up on it quickly.
+GUESS_CONNECT_TIMEOUT = 2.5
+HOW_TO_CONFIGURE = ("no cluster is configured here: point at one with --config FILE, ROQ_CONFIG=FILE or "
+                    "ROQ_ZK_HOSTS=host:port, or start one in this directory with `roq cluster up`")
 
 
 def fail(message: str, code: Exit) -> None:
@@ -37,11 +41,37 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except RoqError as exc:
-            fail(str(exc), Exit.for_error(exc))  # one mapping for the command and the daemons
+            fail(_explained(exc), Exit.for_error(exc))  # one mapping for the command and the daemons
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(Exit.INTERRUPTED)
     return wrapper
+
+
+def _explained(exc: RoqError) -> str:
+    """The error's line, plus how to name a cluster when none was named and ZooKeeper is not there."""
+    ctx = click.get_current_context(silent=True)
+    context = ctx.find_object(Context) if ctx else None
+    if isinstance(exc, ZooKeeperUnavailableError) and context is not None and context.guessing:
+        return f"{exc}; {HOW_TO_CONFIGURE}"
+    return str(exc)
+
+
+def check_settings(ctx: click.Context, param: click.Parameter, settings: tuple[str, ...]) -> tuple[str, ...]:
+    """`--set` must name a known section.key: anything else is bad usage (exit 2), before anything runs.
+    A bad value is a configuration error (exit 1), like the same value in a file."""
+    from roq.config import Config
+    sections = {name: set(keys) for name, keys in Config().to_dict().items()} if settings else {}
+    for setting in settings:
+        dotted, eq, _ = setting.partition("=")
+        section, dot, key = dotted.partition(".")
+        if not eq or not dot:
+            fail(f"--set {setting!r}: expected SECTION.KEY=VALUE", Exit.USAGE)
+        elif section not in sections:
+            fail(f"--set {setting!r}: unknown section {section!r}; sections are {', '.join(sections)}", Exit.USAGE)
+        elif key not in sections[section]:
+            fail(f"--set {setting!r}: unknown key {section}.{key} (`roq config show` lists them)", Exit.USAGE)
+    return settings
 
 
 class Context:
@@ -60,10 +90,18 @@ class Context:
         return str(DEFAULT_LOCAL_CONFIG) if DEFAULT_LOCAL_CONFIG.is_file() else None
 
     @property
+    def guessing(self) -> bool:
+        """Nothing names a cluster (no file, no ROQ_ZK_HOSTS, no --set zk.hosts): the default is a guess."""
+        return (self.source is None and not os.environ.get("ROQ_ZK_HOSTS")
+                and not any(s.startswith("zk.hosts=") for s in self.settings))
+
+    @property
     def config(self) -> Config:
         if self._config is None:
             from roq.config import load_config
-            self._config = load_config(self.source, flags=self.settings)
+            guess = () if not self.guessing or os.environ.get("ROQ_ZK_CONNECT_TIMEOUT") else \
+                (f"zk.connect_timeout={GUESS_CONNECT_TIMEOUT}",)  # the user's own --set still wins
+            self._config = load_config(self.source, flags=(*guess, *self.settings))
         return self._config
 
     def admin(self) -> Admin:
@@ -77,7 +115,8 @@ pass_ctx = click.make_pass_decorator(Context)
 @click.group()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar=None,
               help="TOML configuration file (default: $ROQ_CONFIG, else ./.roq/cluster/config.toml if present)")
-@click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", help="override a setting")
+@click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", callback=check_settings,
+              help="override a setting")
 @click.version_option(package_name="roq")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, settings: tuple[str, ...]) -> None:
@@ -96,10 +135,14 @@ def config() -> None:
 
 
 @config.command("show")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output: {section: {key: value}}")
 @pass_ctx
 @handle_errors
-def config_show(ctx: Context) -> None:
+def config_show(ctx: Context, as_json: bool) -> None:
     """Print the effective configuration (file → environment → flags) as TOML, passwords hidden."""
+    if as_json:
+        click.echo(json.dumps(ctx.config.redacted().to_dict(), indent=2))
+        return
     click.echo(f"# source: {ctx.source or 'defaults'}")
     click.echo(ctx.config.redacted().to_toml())
 
@@ -124,6 +167,28 @@ def keys_generate(directory: str, clients: tuple[str, ...], admins: tuple[str, .
     from roq.security import generate_keys
     for path in generate_keys(directory, list(clients), list(admins)):
         click.echo(f"wrote {path}")
+    exposed = _unignored_git_tree(Path(directory))
+    if exposed:
+        click.echo(f"roq: warning: {directory} is inside the git work tree {exposed} and not ignored: its "
+                   f"secret keys could be committed (add it to {exposed}/.gitignore, or keep keys elsewhere)",
+                   err=True)
+
+
+def _unignored_git_tree(directory: Path) -> str | None:
+    """The git work tree holding `directory` if git would not ignore a file in it; None otherwise
+    (not in a work tree, ignored, or no git here)."""
+    import subprocess
+    probe = directory.absolute() / "server.key_secret"
+    try:
+        top = subprocess.run(["git", "-C", str(directory), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, timeout=10)
+        if top.returncode != 0:
+            return None
+        ignored = subprocess.run(["git", "-C", str(directory), "check-ignore", "-q", str(probe)],
+                                 capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if ignored.returncode == 0 else top.stdout.strip()
 
 
 # ---------------------------------------------------------------- cluster
@@ -159,14 +224,24 @@ def _base_config(ctx: Context) -> Config:
 
 @cluster.command("down")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--purge", is_flag=True,
+              help="also delete ZooKeeper's data (queues, rules), the logs and the hosts' data: the next "
+                   "`up` starts empty")
 @pass_ctx
 @handle_errors
-def cluster_down(ctx: Context, run_dir: str | None) -> None:
-    """Stop the local cluster."""
+def cluster_down(ctx: Context, run_dir: str | None, purge: bool) -> None:
+    """Stop the local cluster. Its queues and rules are kept for the next `up` unless --purge."""
     from roq.tools.cluster import LocalCluster
-    cfg = _base_config(ctx)
-    stopped = LocalCluster(cfg, run_dir).down()
+    local = LocalCluster(_base_config(ctx), run_dir)
+    stopped = local.down()
     click.echo(f"stopped {stopped} processes" if stopped else "no local cluster was running")
+    if purge:
+        removed = local.purge()
+        click.echo(f"purged {local.run_dir}: deleted {', '.join(p.name for p in removed)}" if removed
+                   else f"nothing to purge in {local.run_dir}")
+    elif local.kept_data():
+        click.echo(f"kept ZooKeeper's data (queues, rules) in {local.kept_data()}: the next `roq cluster up` "
+                   "here brings them back; `roq cluster down --purge` deletes it")
 
 
 @cluster.command("status")
@@ -303,11 +378,12 @@ def backup(ctx: Context, file: str, keys_dir: str | None) -> None:
 
     One versioned JSON file, replaced atomically, mode 0600 (docs/backup.md). No secret key, no
     password, no message. Reads ZooKeeper only: a reader identity will do, no leader is needed."""
+    from roq.client.admin import ZK_REFUSED_FOR
     from roq.paths import Paths
     from roq.tools.backup import take, write
     from roq.zk import start_client, stop_client
     cfg = ctx.config
-    client = start_client(cfg)
+    client = start_client(cfg, refused_for=ZK_REFUSED_FOR)
     try:
         taken = take(client, Paths(cfg.zk.root), cfg.zk.hosts, keys_dir or cfg.security.keys_dir or None,
                      warn=lambda text: click.echo(f"roq: warning: {text}", err=True))
@@ -368,15 +444,15 @@ def stats(ctx: Context, once: bool, as_json: bool, interval: float) -> None:
         if as_json:
             click.echo(json.dumps(admin.cluster_stats(), indent=2))
         elif once:
-            from roq.tools.views import console
-            console.print(stats_view(admin.cluster_stats()))
+            from roq.tools.views import out
+            out().print(stats_view(admin.cluster_stats()))  # whole rows when piped
         else:
             live_stats(admin.cluster_stats, interval)
 
 
 @main.group()
 def pipeline() -> None:
-    """The Spark statistics pipeline (needs the spark extra: pip install 'roq[spark]')."""
+    """The Spark statistics pipeline (needs the spark extra: pip install -e '.[spark]' from the checkout)."""
 
 
 @pipeline.command("stats")
@@ -388,7 +464,12 @@ def pipeline() -> None:
 @pass_ctx
 @handle_errors
 def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration: float, master: str) -> None:
-    """Consume the cluster's statistics stream; write windowed aggregates to Parquet."""
+    """Consume the cluster's statistics stream; write windowed aggregates to Parquet.
+
+    Ctrl-C stops it cleanly (the running micro-batch finishes) and exits 130; --duration exits 0."""
+    from roq.spark.pipeline import require_extra, require_java, run_stats_job
+    require_extra("pyspark", "pyarrow", "pandas")
+    require_java()
     queue_name = ctx.config.gcm.stats_queue
     if not queue_name:
         raise UserError("gcm.stats_queue is empty: the statistics stream is off")
@@ -398,8 +479,13 @@ def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration:
             click.echo(f"created queue {queue_name}: the leader publishes statistics to it from now on", err=True)
         except QueueExistsError:
             pass
-    from roq.spark.stats_job import run
-    run(ctx.config.zk.hosts, ctx.config.zk.root, queue_name, output, window, once, duration, master)
+    args = ["--zk", ctx.config.zk.hosts, "--root", ctx.config.zk.root, "--queue", queue_name, "--output", output,
+            "--window", str(window), "--duration", str(duration), "--master", master] + (["--once"] if once else [])
+    code = run_stats_job(args)
+    if code == Exit.INTERRUPTED:
+        raise KeyboardInterrupt
+    if code:
+        sys.exit(code)  # the driver said why, in one line
     click.echo(f"aggregates in {output}/exchanges and {output}/hosts", err=True)
 
 
@@ -410,6 +496,8 @@ def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration:
 @handle_errors
 def pipeline_report(input_dir: str, out: str) -> None:
     """Render the aggregates as a PNG chart and print a summary."""
+    from roq.spark.pipeline import require_extra
+    require_extra("pyarrow", "pandas", "matplotlib")
     from roq.spark.report import report
     click.echo(report(input_dir, out))
     click.echo(f"chart: {out}", err=True)
@@ -443,17 +531,25 @@ def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: flo
 @click.option("--timeout", type=float, default=0.0, help="stop after N idle seconds (0 = never)")
 @click.option("--durable", metavar="NAME", default=None,
               help="resume where the subscriber of this name stopped (position under client.state_dir)")
+@click.option("--from", "start_from", metavar="beginning|now|FILE", default=None,
+              help="where to start when there is no saved position: beginning (all the exchanges still "
+                   "retain), now (the default), or a position FILE (a durable subscriber's saved one)")
 @pass_ctx
 @handle_errors
 def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float,
-              durable: str | None) -> None:
-    """Print the messages of QUEUE, one per line: topic<TAB>payload."""
+              durable: str | None, start_from: str | None) -> None:
+    """Print the messages of QUEUE, one per line: topic<TAB>payload.
+
+    A new subscriber starts now: add --from beginning for what was published before. A --durable
+    subscriber resumes from its saved position; --from only says where a new name starts."""
     from roq.client.subscriber import Subscriber
+    start, position = _start_point(ctx, queue_name, durable, start_from)
     received = 0
     out = sys.stdout.buffer
     # SIGTERM leaves through the with-block, so a durable position is saved.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))
-    with Subscriber(queue_name, ctx.config, topics, durable=durable) as sub:
+    interrupted = False
+    with Subscriber(queue_name, ctx.config, topics, durable=durable, start=start, position=position) as sub:
         try:
             while not count or received < count:
                 msg = sub.receive(timeout=timeout or None)
@@ -463,10 +559,36 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
                 out.flush()
                 received += 1
         except KeyboardInterrupt:
-            pass
+            interrupted = True  # the with-block still saves a durable position
+        except BrokenPipeError:  # `roq subscribe ... | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         stats = sub.stats()
     click.echo(f"received {received} messages (duplicates dropped {stats['duplicates']}, "
                f"recovered frames {stats['recovered_frames']}, unrecoverable gaps {stats['gaps']})", err=True)
+    if interrupted:
+        sys.exit(Exit.INTERRUPTED)
+
+
+def _start_point(ctx: Context, queue_name: str, durable: str | None,
+                 start_from: str | None) -> tuple[str, dict[str, Any] | None]:
+    """`--from` as (start, position): a saved durable position wins over it."""
+    from roq.client.position import load_position, position_file
+    from roq.names import check_subscriber_name
+    if durable is not None and start_from is not None:
+        saved = position_file(ctx.config.client.state_dir, queue_name, check_subscriber_name(durable))
+        if saved.is_file():
+            click.echo(f"roq: note: {durable!r} resumes from its saved position ({saved}); --from applies "
+                       f"to a new name only (delete that file to start over)", err=True)
+            return "now", None
+    choice = (start_from or "now").lower()
+    if choice in ("now", "beginning"):
+        return choice, None
+    path = Path(start_from or "")
+    position = load_position(path) if path.is_file() else None
+    if position is None:
+        raise click.BadParameter(f"expected beginning, now or a position file; there is no file {start_from!r}",
+                                 param_hint="--from")
+    return "now", position.to_json()
 
 
 @main.command()
@@ -486,7 +608,8 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
               help="use the batch API (Publisher.publish_many, Subscriber batch_callback) "
                    "instead of one call per message")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help="also write the result as JSON to this file (- for stdout)")
+              is_flag=False, flag_value="-", help="also write the result as JSON to this file (- or no "
+                                                 "FILE: stdout)")
 @pass_ctx
 @handle_errors
 def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: int, publishers: int,

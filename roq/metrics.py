@@ -1,49 +1,101 @@
-"""Prometheus `/metrics` for the daemons: gauges built from a snapshot at each scrape."""
+"""Prometheus `/metrics` of the daemons, built from their latest figures at each scrape.
+
+Who exports what, so that a `sum()` over every target never counts anything twice
+(docs/monitoring.md lists every metric):
+
+* each HCM: its host (`roq_host_*`), and each exchange and replica it runs (`roq_exchange_*`,
+  `roq_replica_*`, labelled queue, exchange and host); nobody else exports these;
+* the leader GCM: the cluster and per-queue aggregates (`roq_cluster_*`, `roq_queue_*`), figures of
+  its own that are not sums of any exchange counter; a backup exports none of them;
+* every GCM: `roq_gcm_leader`; every daemon: prometheus_client's `process_*` and `python_info`.
+
+Counters are Prometheus counters (`_total`), cumulative since the process that counts started: an
+exchange's restart shows as a reset of its series (its labels name the exchange id, never the
+incarnation), which `rate()` handles. No per-second rate is exported: `rate()` is Prometheus's job
+(`roq stats` shows the exchanges' own). Ratios are 0-1 (`_ratio`), times in seconds.
+
+A snapshot that fails is logged and the scrape answers with the process metrics only: a scrape never
+takes a daemon down.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from roq.records import LOAD_FIELDS, ExchangeStats, ExchangeSummary, HostStats, QueueStats
+from roq.records import CONFIRM_BUCKETS, ClusterStats, ExchangeStats, HostStats
 
 log = logging.getLogger(__name__)
 
-# One sample: (metric name, help text, labels, value).
-Sample = tuple[str, str, dict[str, str], float]
+Labels = dict[str, str]
+F = TypeVar("F", bound=Metric)
+
+
+class Families:
+    """The metric families of one scrape, one per name (its label names fixed by its first sample)."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+    def gauge(self, name: str, help_text: str, labels: Labels, value: float) -> None:
+        family = self._family(name, lambda: GaugeMetricFamily(name, help_text, labels=sorted(labels)))
+        family.add_metric([labels[k] for k in sorted(labels)], float(value))
+
+    def counter(self, name: str, help_text: str, labels: Labels, value: float) -> None:
+        """`name` ends in `_total` (the exposition's name); the family takes it without."""
+        family = self._family(name, lambda: CounterMetricFamily(name, help_text, labels=sorted(labels)))
+        family.add_metric([labels[k] for k in sorted(labels)], float(value))
+
+    def histogram(self, name: str, help_text: str, labels: Labels, bounds: Iterable[float],
+                  counts: Iterable[int], total_seconds: float) -> None:
+        """`counts`: per bound, the observations within it and above the previous one, then the
+        ones above the last bound (one more count than bounds)."""
+        family = self._family(name, lambda: HistogramMetricFamily(name, help_text, labels=sorted(labels)))
+        cumulative, buckets = 0, []
+        for bound, count in zip((*bounds, float("inf")), counts):
+            cumulative += count
+            buckets.append((floatToGoString(bound), float(cumulative)))
+        family.add_metric([labels[k] for k in sorted(labels)], buckets, total_seconds)
+
+    def _family(self, name: str, make: Callable[[], F]) -> F:
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = make()
+        return family  # type: ignore[return-value]  # the same name is always made by the same method
 
 
 class SnapshotCollector(Collector):
-    """Asks `source` for samples at every scrape, so nothing is kept twice."""
+    """Asks `source` for the families at every scrape, so nothing is kept twice."""
 
-    def __init__(self, source: Callable[[], Iterable[Sample]]) -> None:
+    def __init__(self, source: Callable[[], Iterable[Metric]]) -> None:
         self.source = source
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families: dict[str, GaugeMetricFamily] = {}
+    def collect(self) -> Iterator[Metric]:
         try:
-            samples = list(self.source())
+            families = list(self.source())
         except Exception as exc:  # a scrape must never take the daemon down
             log.warning("metrics snapshot failed: %r", exc)
-            samples = []
-        for name, help_text, labels, value in samples:
-            family = families.get(name)
-            if family is None:
-                family = families[name] = GaugeMetricFamily(name, help_text, labels=sorted(labels))
-            family.add_metric([labels[k] for k in sorted(labels)], float(value))
-        yield from families.values()
+            families = []
+        yield from families
 
 
-def serve_metrics(port: int, bind: str, advertise: str, source: Callable[[], Iterable[Sample]]) -> str | None:
-    """Start the endpoint (port 0 = a free one, -1 = off); returns its URL."""
+def serve_metrics(port: int, bind: str, advertise: str, source: Callable[[], Iterable[Metric]]) -> str | None:
+    """Start the endpoint (port 0 = a free one, -1 = off), with this process's own metrics too;
+    returns its URL."""
     if port < 0:
         return None
     registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
     registry.register(SnapshotCollector(source))
     server, _ = start_http_server(port, addr=bind, registry=registry)
     url = f"http://{advertise}:{server.server_port}/metrics"
@@ -51,46 +103,120 @@ def serve_metrics(port: int, bind: str, advertise: str, source: Callable[[], Ite
     return url
 
 
-def exchange_samples(queue: str, exchange: str, host: str,
-                     stats: ExchangeStats | ExchangeSummary | Mapping[str, Any]) -> Iterator[Sample]:
-    """The figures one exchange reports, as gauges labelled by queue, exchange and host.
+# ---------------------------------------------------------------- an HCM's
 
-    `stats`: its report (the HCM), or its row in the queue aggregate (the leader: the gauges that
-    the row has). A map is the wire form of either, read key by key."""
-    labels = {"queue": queue, "exchange": exchange, "host": host}
-    for key, help_text in EXCHANGE_GAUGES.items():
-        value = stats.get(key) if isinstance(stats, Mapping) else getattr(stats, key, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield f"roq_exchange_{key}", help_text, labels, value
-
-
-def queue_samples(queue: QueueStats) -> Iterator[Sample]:
-    """The leader's per-queue aggregate, as gauges labelled by queue."""
-    labels = {"queue": queue.name}
-    for key in QUEUE_GAUGES:
-        yield f"roq_queue_{key}", f"queue {key.replace('_', ' ')}, summed over its exchanges", labels, \
-            getattr(queue, key)
-
-
-def host_samples(host: str, stats: HostStats, keys: Iterable[str]) -> Iterator[Sample]:
-    """A host's figures (`keys`: HCM_HOST_GAUGES or LEADER_HOST_GAUGES), as gauges labelled by host."""
-    for key in keys:
-        yield f"roq_host_{key}", f"host {key.replace('_', ' ')}", {"host": host}, getattr(stats, key)
-
-
-QUEUE_GAUGES = ("exchanges", "running", *LOAD_FIELDS)  # QueueStats fields
-HCM_HOST_GAUGES = ("cpu_percent", "memory_percent", "memory_used_bytes", "load1", "exchanges")  # HostStats fields
-LEADER_HOST_GAUGES = ("cpu_percent", "memory_percent", "capacity", "exchanges")  # HostSummary fields
-EXCHANGE_GAUGES = {  # ExchangeStats fields
-    "msgs_in_per_s": "messages received from publishers per second",
-    "msgs_out_per_s": "messages sent to subscribers per second",
-    "bytes_in_per_s": "payload bytes received per second",
-    "bytes_out_per_s": "payload bytes sent per second",
-    "publishers": "publishers active in the last 10 s",
-    "subscriptions": "subscriptions of subscribers",
-    "drops": "messages refused (too large, bad topic, malformed), total",
-    "duplicates": "replayed messages dropped as already forwarded, total",
-    "retained_bytes": "bytes in the retention buffer",
-    "retained_frames": "frames in the retention buffer",
-    "fetches": "retention fetches answered, total",
+# Metric name → (ExchangeStats field, help). Counters count since the exchange process started.
+EXCHANGE_COUNTERS = {
+    "roq_exchange_messages_in_total": ("msgs_in", "messages received from publishers, replays of messages "
+                                                  "already forwarded excluded"),
+    "roq_exchange_messages_out_total": ("msgs_out", "messages forwarded to subscribers (once each, whatever "
+                                                    "the number of subscribers)"),
+    "roq_exchange_bytes_in_total": ("bytes_in", "payload bytes accepted from publishers"),
+    "roq_exchange_bytes_out_total": ("bytes_out", "payload bytes forwarded to subscribers (once each)"),
+    "roq_exchange_frames_out_total": ("frames_out", "frames (runs of messages of one topic) forwarded"),
+    "roq_exchange_drops_total": ("drops", "messages refused (too large, bad topic) plus frames refused as "
+                                          "malformed"),
+    "roq_exchange_duplicates_total": ("duplicates", "replayed messages dropped as already forwarded"),
+    "roq_exchange_fetches_total": ("fetches", "retention fetches answered"),
+    "roq_exchange_fetched_frames_total": ("fetched_frames", "frames sent in answer to retention fetches"),
+    "roq_exchange_busy_fetches_total": ("busy", "retention fetches refused: too many reply bytes unsent"),
+    "roq_exchange_refused_batches_total": ("refused_batches", "batches answered with resend (out of order, "
+                                                              "no hello)"),
+    "roq_exchange_refused_hellos_total": ("refused_hellos", "publisher hellos refused (token, limits)"),
+    "roq_exchange_refused_connections_total": ("refused_connections", "connections refused (CURVE, limits)"),
+    "roq_exchange_evicted_frames_total": ("evicted_frames", "frames evicted from the retention buffer"),
+    "roq_exchange_expired_publishers_total": ("expired_publishers", "publisher sessions forgotten after "
+                                                                    "exchange.publisher_ttl"),
+    "roq_exchange_internal_errors_total": ("internal_errors", "frames whose handling failed unexpectedly "
+                                                              "(a bug; the exchange went on)"),
 }
+EXCHANGE_GAUGES = {
+    "roq_exchange_publishers": ("publishers", "publishers active in the last 10 s"),
+    "roq_exchange_known_publishers": ("known_publishers", "publisher sessions the exchange holds"),
+    "roq_exchange_subscribers": ("subscribers", "RoQ subscribers connected"),
+    "roq_exchange_subscriptions": ("subscriptions", "topic subscriptions of the subscribers"),
+    "roq_exchange_retained_bytes": ("retained_bytes", "bytes (topic and frame) in the retention buffer"),
+    "roq_exchange_retained_frames": ("retained_frames", "frames in the retention buffer"),
+    "roq_exchange_held_acks": ("held_acks", "acks waiting for the replica or the fsync'ed journal"),
+    "roq_exchange_resident_memory_bytes": ("rss_bytes", "resident memory of the exchange process"),
+}
+CONFIRM_HISTOGRAM = "roq_exchange_confirm_seconds"
+REPLICA_COUNTERS = {
+    "roq_replica_fetches_total": ("fetches", "retention fetches answered from the copies"),
+}
+REPLICA_GAUGES = {
+    "roq_replica_retained_bytes": ("retained_bytes", "bytes (topic and frame) of the copies it holds"),
+    "roq_replica_retained_frames": ("retained_frames", "frames of the copies it holds"),
+    "roq_replica_resident_memory_bytes": ("rss_bytes", "resident memory of the replica process"),
+}
+
+
+def exchange_metrics(out: Families, queue: str, exchange: str, host: str, stats: ExchangeStats | None,
+                     restarts: int, failed: bool) -> None:
+    """One exchange an HCM runs: its latest report (None before the first) and its supervision."""
+    labels = {"queue": queue, "exchange": exchange, "host": host}
+    out.counter("roq_exchange_restarts_total", "restarts of the exchange process by its HCM", labels, restarts)
+    out.gauge("roq_exchange_failed", "1 while the exchange crashed too often and is left alone", labels, failed)
+    if stats is None:
+        return
+    _fields(out, EXCHANGE_COUNTERS, EXCHANGE_GAUGES, labels, stats)
+    for lag in stats.consumers:  # a durable subscriber's lag on this exchange: sum by subscriber for the queue's
+        named = {**labels, "subscriber": lag.name}
+        out.gauge("roq_exchange_consumer_lag_messages", "messages of the exchange's stream after what the durable "
+                  "subscriber has taken (whole frames)", named, lag.messages)
+        out.gauge("roq_exchange_consumer_lag_frames", "frames of the exchange's stream after what the durable "
+                  "subscriber has taken", named, lag.frames)
+        out.gauge("roq_exchange_consumer_lag_seconds", "how long the oldest message the durable subscriber has "
+                  "not taken has waited", named, lag.seconds)
+    if len(stats.confirm_buckets) == len(CONFIRM_BUCKETS) + 1:  # else a report of another version
+        out.histogram(CONFIRM_HISTOGRAM, "seconds from the exchange reading a batch to sending its ack "
+                      "(with a replica or an fsync journal: until what it holds is durable)", labels,
+                      CONFIRM_BUCKETS, stats.confirm_buckets, stats.confirm_seconds_sum)
+
+
+def replica_metrics(out: Families, queue: str, exchange: str, host: str, stats: ExchangeStats | None,
+                    restarts: int, failed: bool) -> None:
+    """The replica of `exchange` that an HCM runs (queues with replicas 2)."""
+    labels = {"queue": queue, "exchange": exchange, "host": host}
+    out.counter("roq_replica_restarts_total", "restarts of the replica process by its HCM", labels, restarts)
+    out.gauge("roq_replica_failed", "1 while the replica crashed too often and is left alone", labels, failed)
+    if stats is not None:
+        _fields(out, REPLICA_COUNTERS, REPLICA_GAUGES, labels, stats)
+
+
+def host_metrics(out: Families, host: str, figures: HostStats, capacity: int) -> None:
+    labels = {"host": host}
+    out.gauge("roq_host_cpu_ratio", "CPU use of the host (0-1) over the HCM's last measure interval", labels,
+              figures.cpu_percent / 100)
+    out.gauge("roq_host_memory_ratio", "memory of the host in use (0-1)", labels, figures.memory_percent / 100)
+    out.gauge("roq_host_memory_used_bytes", "memory of the host in use", labels, figures.memory_used_bytes)
+    out.gauge("roq_host_load1", "load average of the host over 1 minute", labels, figures.load1)
+    out.gauge("roq_host_cpus", "CPUs of the host", labels, figures.cpus)
+    out.gauge("roq_host_exchanges", "exchange and replica processes the HCM supervises", labels,
+              figures.exchanges)
+    out.gauge("roq_host_capacity", "exchanges and replicas the host takes (hcm.capacity)", labels, capacity)
+
+
+def _fields(out: Families, counters: dict[str, tuple[str, str]], gauges: dict[str, tuple[str, str]],
+            labels: Labels, stats: ExchangeStats) -> None:
+    for name, (key, help_text) in counters.items():
+        out.counter(name, help_text, labels, getattr(stats, key))
+    for name, (key, help_text) in gauges.items():
+        out.gauge(name, help_text, labels, getattr(stats, key))
+
+
+# ---------------------------------------------------------------- the leader's
+
+def leader_metrics(out: Families, stats: ClusterStats) -> None:
+    """The leader's aggregates: what the cluster should run and runs, per queue and in all."""
+    out.gauge("roq_cluster_hosts", "hosts registered (HCMs)", {}, len(stats.hosts))
+    out.gauge("roq_cluster_queues", "queues", {}, len(stats.queues))
+    out.gauge("roq_cluster_unplaced_exchanges", "exchanges not placed on any host", {},
+              sum(1 for q in stats.queues.values() for x in q.by_exchange if x.host is None))
+    for name, q in stats.queues.items():
+        labels = {"queue": name}
+        out.gauge("roq_queue_exchanges", "exchanges the queue has (its scale)", labels, q.exchanges)
+        out.gauge("roq_queue_running", "exchanges of the queue running", labels, q.running)
+        out.gauge("roq_queue_publishers", "publishers active in the last 10 s, over the queue's exchanges", labels,
+                  q.publishers)
+        out.gauge("roq_queue_subscriptions", "subscriptions, over the queue's exchanges", labels, q.subscriptions)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from roq.errors import InvalidNameError
 
@@ -24,8 +25,13 @@ def check_subscriber_name(name: object) -> str:
     return _check("durable subscriber", name)
 
 
+def is_name(name: object) -> TypeGuard[str]:
+    """The grammar of every name above (queue, host, durable subscriber), without raising."""
+    return isinstance(name, str) and bool(_NAME.fullmatch(name)) and name not in (".", "..")
+
+
 def _check(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+    if not is_name(name):
         raise InvalidNameError(
             f"invalid {kind} name {name!r}: use 1-63 letters, digits, '_', '.', '-', "
             "starting with a letter or digit"

@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 
 from roq.errors import ProtocolError, RoqError
+from roq.names import is_name
 
 VERSION = 1
 MAX_CONTROL_FRAME = 1 << 20  # control requests are small; refuse anything bigger
@@ -147,6 +148,8 @@ MAX_TOPIC = 255
 HELLO, BATCH, BYE = "hello", "batch", "bye"
 WELCOME, ACK, REJECT, RESEND, ERROR, MOVE = "welcome", "ack", "reject", "resend", "error", "move"
 SYNC, BEAT, FETCH, FRAMES, POSITION = "sync", "beat", "fetch", "frames", "position"
+PROGRESS = "progress"
+MAX_CONSUMER_NAME = 63  # a durable subscriber's name (roq.names.check_subscriber_name)
 DELIVERY = "delivery"
 SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
 BEAT_TOPIC = b"\x00roq.beat"
@@ -432,6 +435,19 @@ class PositionRequest:
     incarnation: str = ""
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A decoded `progress` report (section 5.5): durable subscriber `name` has taken every frame
+    of `incarnation` up to `pos`. Never answered (unless malformed)."""
+    name: str
+    incarnation: str
+    pos: int
+
+
+def encode_progress(name: str, incarnation: str, pos: int) -> bytes:
+    return pack([PROGRESS, DATA_VERSION, name, incarnation, pos])
+
+
 def encode_fetch(request_id: int, incarnation: str, after: int, before: int, prefixes: list[bytes],
                  max_bytes: int) -> bytes:
     """`fetch`: frames after < pos < before (0: no bound) of the prefixes (none: all)."""
@@ -451,10 +467,16 @@ def _prefixes(value: Any) -> bool:
         isinstance(p, bytes) and len(p) <= MAX_TOPIC for p in value)
 
 
-def decode_replay_request(frame: bytes) -> Fetch | PositionRequest:
-    """A `fetch` or `position` request, every field range-checked."""
+def decode_replay_request(frame: bytes) -> Fetch | PositionRequest | Progress:
+    """A `fetch` or `position` request or a `progress` report, every field range-checked."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
     kind = _kind_and_version(msg, "replay request")
+    if kind == PROGRESS:
+        if len(msg) != 5 or not is_name(msg[2]) or not _is_incarnation(msg[3]) or not _is_int(msg[4]):
+            raise ProtocolError(f"progress must be [\"progress\", {DATA_VERSION}, name, incarnation, pos] "
+                                f"(name 1-{MAX_CONSUMER_NAME} letters, digits, '_', '.', '-', starting with a "
+                                f"letter or digit; incarnation 1-{MAX_INCARNATION} characters; pos 0..2^63-1)")
+        return Progress(msg[2], msg[3], msg[4])
     if kind == POSITION:
         if len(msg) not in (4, 5) or not _is_int(msg[2]) or not _prefixes(msg[3]) \
                 or (len(msg) == 5 and not _is_incarnation(msg[4])):

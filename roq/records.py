@@ -61,6 +61,21 @@ class Record:
 
 # ---------------------------------------------------------------- exchanges
 
+@dataclass(frozen=True)
+class ConsumerLag(Record):
+    """How far one durable subscriber is behind one exchange's stream (exchange/consumers.py), or,
+    in a queue's aggregate, behind all of them (frames and messages summed, seconds the largest)."""
+
+    name: str = ""
+    frames: int = 0
+    messages: int = 0
+    seconds: float = 0.0  # how long the oldest frame it lacks has waited
+    reported_ago: float = 0.0  # seconds since it last reported: a subscriber away keeps falling behind
+
+
+# Upper bounds (seconds) of an exchange's confirm-latency buckets: from a batch read to its ack sent.
+CONFIRM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
 
 @dataclass(frozen=True)
 class ExchangeStats(Record):
@@ -114,6 +129,12 @@ class ExchangeStats(Record):
     held_acks: int = 0
     replicated_to: int = 0
     next_pos: int = 0
+    # Durable subscribers behind this stream, furthest first (exchange/consumers.py).
+    consumers: tuple[ConsumerLag, ...] = ()
+    # Confirm latency since the process started (exchange/stats.py): per CONFIRM_BUCKETS bound, the acks
+    # sent within it and above the previous bound, then those above the last; and their seconds summed.
+    confirm_buckets: tuple[int, ...] = ()
+    confirm_seconds_sum: float = 0.0
     # Set by the HCM: wall clock of arrival, seconds since the epoch.
     at: float | None = None
 
@@ -176,11 +197,13 @@ class ExchangeSummary(Load):
     top_publishers: TopPublishers = ()
     latency_p50_ms: float | None = None  # None (null on the wire): no samples
     latency_p99_ms: float | None = None
+    consumers: tuple[ConsumerLag, ...] = ()
 
     @classmethod
     def of(cls, xid: str, host: str | None, running: bool, restarts: int, stats: ExchangeStats) -> ExchangeSummary:
         return cls(id=xid, host=host, running=running, restarts=restarts, top_publishers=stats.top_publishers,
                    latency_p50_ms=stats.latency_p50_ms, latency_p99_ms=stats.latency_p99_ms,
+                   consumers=stats.consumers if running else (),
                    **{name: getattr(stats, name) for name in LOAD_FIELDS})
 
 
@@ -194,6 +217,7 @@ class QueueStats(Load):
     by_exchange: tuple[ExchangeSummary, ...] = ()
     rules: dict[str, Any] | None = None  # None: no autoscaling rules set
     events: tuple[dict[str, Any], ...] = ()  # scaling and relocation events, oldest first
+    subscribers: tuple[ConsumerLag, ...] = ()  # durable subscribers' lag over all exchanges, furthest first
 
     @classmethod
     def of(cls, name: str, exchanges: int, by_exchange: tuple[ExchangeSummary, ...], rules: dict[str, Any] | None,
@@ -201,7 +225,18 @@ class QueueStats(Load):
         base = Load()
         totals = {key: sum((getattr(x, key) for x in by_exchange), start=getattr(base, key)) for key in LOAD_FIELDS}
         return cls(name=name, exchanges=exchanges, running=sum(1 for x in by_exchange if x.running),
-                   by_exchange=by_exchange, rules=rules, events=events, **totals)
+                   by_exchange=by_exchange, rules=rules, events=events, subscribers=_total_lag(by_exchange), **totals)
+
+
+def _total_lag(by_exchange: tuple[ExchangeSummary, ...]) -> tuple[ConsumerLag, ...]:
+    """Each durable subscriber's lag summed over the exchanges that know it."""
+    total: dict[str, ConsumerLag] = {}
+    for lag in (lag for x in by_exchange for lag in x.consumers):
+        seen = total.get(lag.name)
+        total[lag.name] = lag if seen is None else ConsumerLag(
+            lag.name, seen.frames + lag.frames, seen.messages + lag.messages, max(seen.seconds, lag.seconds),
+            max(seen.reported_ago, lag.reported_ago))
+    return tuple(sorted(total.values(), key=lambda lag: (-lag.messages, lag.name)))
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,14 @@ def generate_keys(directory: str | os.PathLike[str], clients: Sequence[str] = ()
 
 def _create(directory: Path, name: str) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(directory), name)
+    # Created 0600 rather than chmod'ed afterwards: never readable by others, not even for a moment.
+    previous = os.umask(0o077)
+    try:
+        public, secret = zmq.auth.create_certificates(str(directory), name)
+    finally:
+        os.umask(previous)
     os.chmod(secret, 0o600)
+    os.chmod(public, 0o644)  # public halves are meant to be copied around
     return [Path(public), Path(secret)]
 
 

@@ -55,6 +55,7 @@ class HostInfo:
     pid: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     journal: str = "off"  # its exchanges' exchange.journal: they are worth waiting for when it goes
+    metrics: str | None = None  # its HCM's Prometheus URL (None: hcm.metrics_port = -1)
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,10 @@ def read_hosts(source: Source, paths: Paths) -> dict[str, HostInfo]:
         data = reader.read_json(paths.host(name))
         if data is None:  # vanished between the listing and the read
             continue
+        metrics = data.get("metrics")
         hosts[name] = HostInfo(name, str(data.get("address", "")), int(data.get("capacity", 0)),
-                               data.get("pid"), data.get("stats") or {}, str(data.get("journal", "off")))
+                               data.get("pid"), data.get("stats") or {}, str(data.get("journal", "off")),
+                               metrics if isinstance(metrics, str) else None)
     return hosts
 
 

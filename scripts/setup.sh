@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything RoQ needs on a Debian machine, idempotently:
 # Debian's zookeeper (and its Java), a virtualenv in .venv with RoQ and its extras
-# (Java 17 too when the extras include spark).
+# (Java 17 and promtool too when the extras include spark, as the test setup's do).
 # Usage: scripts/setup.sh [extras]   (default extras: dev; the tests use dev,spark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,15 @@ fi
 if [[ ",$extras," == *",spark,"* ]] && ! command -v java >/dev/null 2>&1; then
   echo "setup: installing Java for Spark"
   apt_install openjdk-17-jre-headless
+fi
+
+# The test setup (`make test` asks for spark) also needs promtool, from Debian's prometheus package,
+# to check the metrics endpoints and monitoring/prometheus.yml.
+if [[ ",$extras," == *",spark,"* ]] && ! command -v promtool >/dev/null 2>&1; then
+  echo "setup: installing Debian's prometheus package (promtool)"
+  apt_install --no-install-recommends prometheus
+  # Its service is not wanted: the tests only run promtool.
+  (as_root service prometheus stop >/dev/null 2>&1 || true)
 fi
 
 python=${PYTHON:-python3}

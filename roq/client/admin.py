@@ -7,7 +7,8 @@ Every attempt of one call that changes the cluster carries the same request key,
 so the leader applies it once: a retry of a create the leader applied but whose
 answer was lost gets that success, not `queue_exists` (gcm.fence). A GCM that
 refuses the handshake (too many connections from this address, an unknown key)
-fails the call at once with RefusedError instead of a timeout."""
+fails the call at once with RefusedError instead of a timeout. Without a client of its own, it
+fails within ZK_REFUSED_FOR seconds when no ZooKeeper server accepts connections."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ from roq.zk import start_client, stop_client
 log = logging.getLogger(__name__)
 
 READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status"})
+# Every ZooKeeper server refusing connections this long: none runs there, say so instead of
+# waiting out zk.connect_timeout (a server that is merely slow still gets all of it).
+ZK_REFUSED_FOR = 1.5
 
 
 class Admin:
@@ -51,7 +55,7 @@ class Admin:
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.paths = Paths(config.zk.root)
         self._own_client = client is None
-        self.zk = client or start_client(config)
+        self.zk = client or start_client(config, refused_for=ZK_REFUSED_FOR)
         self._context = zmq.Context()
         self._ids = itertools.count(1)
         self._last_leader: str | None = None

@@ -114,6 +114,9 @@ class Position:
     def __init__(self) -> None:
         self.publishers: OrderedDict[str, SeenSequences] = OrderedDict()  # least recently seen first
         self.streams: OrderedDict[str, int] = OrderedDict()
+        # Incarnations running when a subscriber started "now" that it had not synced with yet: on
+        # resume they start at their sync point too (nothing of them before it was ever its).
+        self.start_at_sync: list[str] = []
         self.forgotten = 0  # publishers dropped beyond the limits
 
     def seen(self, publisher: str, now: float | None = None) -> SeenSequences:
@@ -151,7 +154,7 @@ class Position:
     def to_json(self) -> dict[str, Any]:
         return {"version": FORMAT_VERSION,
                 "publishers": {p: s.to_json() for p, s in self.publishers.items()},
-                "streams": dict(self.streams)}
+                "streams": dict(self.streams), "start_at_sync": list(self.start_at_sync)}
 
     @classmethod
     def from_json(cls, data: Any) -> Position:
@@ -165,6 +168,10 @@ class Position:
                 if not isinstance(pos, int) or pos < 0:
                     raise ValueError(f"bad position {pos!r}")
                 position.streams[str(incarnation)] = pos
+            pending = data.get("start_at_sync", [])  # absent in positions saved before it existed
+            if not isinstance(pending, list) or not all(isinstance(inc, str) for inc in pending):
+                raise ValueError(f"bad start_at_sync {pending!r}")
+            position.start_at_sync = pending[:STREAM_LIMIT]
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a subscriber position: {exc}") from None
         return position

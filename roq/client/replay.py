@@ -98,6 +98,16 @@ class ReplayClient:
             raise FetchFailed(f"no stored copy of {incarnation} answered")
         raise NoCopy(f"no stored copy of {incarnation}")
 
+    def report(self, exchange: str, name: str, incarnation: str, pos: int) -> None:
+        """Tell exchange `exchange` how far durable subscriber `name` took its stream (consumer
+        lag, protocol 5.5). Not answered, never waited for: dropped if it cannot leave now."""
+        fetcher = self._fetcher(exchange)
+        if fetcher is not None:
+            try:
+                fetcher.send(protocol.encode_progress(name, incarnation, pos), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
     def _ask(self, exchange: str, encode: Callable[[int], bytes]) -> Answer:
         """`exchange` is an exchange id (its running incarnation) or a copy's replay endpoint."""
         deadline = time.monotonic() + self.config.client.fetch_timeout

@@ -94,6 +94,10 @@ class Stream:
     in_hand: dict[bytes, dict[int, int]] = field(default_factory=dict)
     ended_at: float | None = None  # when we saw the incarnation end; drained from its copy since
     next_drain: float = 0.0
+    # Every frame of our prefixes at or below `floor` was handed over (or counted lost): where a saved
+    # position may resume. Read by the application's thread: it may lag (raised at quiet moments,
+    # `refresh_floor`), never lead (lowered at once when a hole stays open).
+    floor: int = 0
 
 
 @dataclass
@@ -101,7 +105,10 @@ class StreamSet:
     prefixes: list[bytes]
     replay: ReplayTransport
     deliver: Deliver
-    start_at_sync: set[str] = field(default_factory=set)  # exchanges running when we started
+    start_at_sync: set[str] = field(default_factory=set)  # incarnations running when we started ("now")
+    # Told (incarnation, pos) when a stream is started past its beginning: frames at or below pos
+    # were never ours, so a saved position must say so (else a resume would fetch them).
+    started: Callable[[str, int], None] | None = None
     streams: dict[str, Stream] = field(default_factory=dict)
     ended: dict[str, Stream] = field(default_factory=dict)  # forgotten incarnations, oldest first
     gaps: int = 0  # messages of our prefixes evicted before we could fetch them
@@ -117,7 +124,7 @@ class StreamSet:
     def resume(self, incarnation: str, pos: int) -> None:
         """Continue a stream from a saved position (every frame at or below `pos` was taken)."""
         self.streams[incarnation] = Stream(incarnation.rsplit(".", 1)[0], incarnation,
-                                           {p: pos for p in self.prefixes}, known=True, high=pos)
+                                           {p: pos for p in self.prefixes}, known=True, high=pos, floor=pos)
 
     def prefix_of(self, topic: bytes) -> bytes | None:
         for prefix in self.prefixes:
@@ -180,6 +187,16 @@ class StreamSet:
         stream.active.clear()
         if check:
             self.check(stream, check)
+        self.refresh_floor(stream)
+
+    def refresh_floor(self, stream: Stream) -> None:
+        """Raise the stream's floor to what is handled now (the I/O thread, between frames)."""
+        if stream.known:
+            stream.floor = min([*stream.done.values(), *(hole[1] for hole in stream.holes)])
+
+    def refresh_floors(self) -> None:
+        for stream in list(self.streams.values()):
+            self.refresh_floor(stream)
 
     def check(self, stream: Stream, prefixes: list[bytes]) -> None:
         self.position_checks += 1
@@ -212,9 +229,11 @@ class StreamSet:
             starts = dict(stream.done)  # continue where we left off
             strict = True
         else:
-            if stream.exchange in self.start_at_sync:
-                self.start_at_sync.discard(stream.exchange)
+            if stream.incarnation in self.start_at_sync:
+                self.start_at_sync.discard(stream.incarnation)
                 after = live_from - 1
+                if self.started is not None and after > 0:
+                    self.started(stream.incarnation, after)
             else:
                 after = 0  # an exchange new to us: all it retains may be ours
             starts = {p: after for p in self.prefixes}
@@ -226,6 +245,7 @@ class StreamSet:
         stream.synced = stream.known = True
         for topic, d in pending:
             self._accept(stream, topic, d)
+        self.refresh_floor(stream)
 
     def _accept(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
         """A live frame: fill the hole before it in its prefix's chain, then hand it over."""
@@ -259,6 +279,7 @@ class StreamSet:
             self.fetch_failures += 1
             # From where the fetch stopped: the pages before were handed over and counted.
             stream.holes.append((prefix, handled, before, strict))
+            stream.floor = min(stream.floor, handled)
 
     def _fill(self, stream: Stream, prefix: bytes, after: int, before: int, strict: bool = True) -> int:
         """Hand over the retained frames of `prefix` after < pos < before, and count what was
@@ -350,6 +371,7 @@ class StreamSet:
             if end - 1 > stream.done[prefix] and not any(h[0] == prefix and h[2] >= end for h in stream.holes):
                 # What we never followed (an exchange that died before we synced) was not ours to lose.
                 self._fill_or_remember(stream, prefix, stream.done[prefix], end, strict=stream.known)
+        self.refresh_floor(stream)
         if not stream.holes:
             log.info("%s ended: drained from its copy up to position %d", stream.incarnation, end - 1)
         return not stream.holes

@@ -70,6 +70,8 @@ from roq.zk import read_json, start_client, stop_client
 log = logging.getLogger(__name__)
 
 HANDOFF_LIMIT = 100_000  # messages buffered between the I/O thread and the application
+START_POINTS = ("now", "beginning")  # where a subscriber without a position starts
+PROGRESS_REFRESH = 30.0  # a durable subscriber re-reports an unchanged position this often (s)
 QUEUE_GONE_GRACE = 5.0  # receive() raises once the queue has been deleted this long (not re-created)
 
 
@@ -107,11 +109,17 @@ class Subscriber:
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
                  zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
                  durable: str | None = None, position: dict[str, Any] | None = None,
-                 batch_callback: Callable[[MessageBatch], None] | None = None) -> None:
+                 batch_callback: Callable[[MessageBatch], None] | None = None, start: str = "now") -> None:
         """`callback` gets one Message at a time, `batch_callback` a MessageBatch per frame (the
-        fastest way to consume); both run on the I/O thread. Give at most one: ValueError otherwise."""
+        fastest way to consume); both run on the I/O thread. Give at most one: ValueError otherwise.
+
+        `start`: where a subscriber without a position (none given, no saved one under its durable
+        name) begins: "now" (what is published from now on) or "beginning" (everything the
+        exchanges still retain, then on). A position, given or saved, always wins."""
         if callback is not None and batch_callback is not None:
             raise ValueError("give callback or batch_callback, not both")
+        if start not in START_POINTS:
+            raise ValueError(f"start must be one of {', '.join(START_POINTS)}, not {start!r}")
         self.config = config
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.queue = queue
@@ -122,6 +130,8 @@ class Subscriber:
         self._sync_topic = protocol.sync_topic(self.id)  # our private marker (docs/protocol.md)
         self._position_path: Path | None = None
         saved = Position.from_json(position) if position is not None else None
+        self.durable = durable
+        self._reported: dict[str, tuple[int, float]] = {}  # exchange → (pos, when) last reported
         if durable is not None:
             self._position_path = position_file(config.client.state_dir, queue, check_subscriber_name(durable))
             if saved is None:
@@ -129,7 +139,9 @@ class Subscriber:
         self.resumed = saved is not None
         self._taken = saved or Position()  # what the application has taken (saved, returned by position())
         self._taken_lock = threading.Lock()
-        self._recovered_waiting: dict[str, list[int]] = {}  # incarnation → positions of fetched frames in the inbox
+        # Iterator style: incarnation → {position: messages of that frame still in the inbox}. A saved
+        # position never passes a frame the application has not taken all of.
+        self._in_inbox: dict[str, dict[int, int]] = {}
         self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
         self._copies_cache: dict[str, tuple[float, list[str] | FetchFailed]] = {}
         self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed, self._copies_of)
@@ -148,14 +160,21 @@ class Subscriber:
         self._closed = False
         try:
             self._receiver = SubscriberReceiver(queue, config, self.zk, self.topics, self._sync_topic, self._streams,
-                                                self._replay, self._save_position if self._position_path else None)
+                                                self._replay, self._save_tick if self._position_path else None)
         except Exception:
             if self._own_zk:
                 stop_client(self.zk)
             raise
-        # A new subscriber starts at the sync point of the exchanges running now; an
-        # exchange that appears later is read from the start of its retention.
-        self._streams.start_at_sync = set() if self.resumed else set(self.topology.snapshot())
+        # A new subscriber starts at the sync point of the exchanges running now (start="now"); an
+        # exchange that appears later is read from the start of its retention. What came before a
+        # sync point goes into the position as taken: a durable subscriber never replays history
+        # from before it existed, even from an exchange it has not yet received anything from.
+        self.start = "resume" if self.resumed else start
+        self._streams.started = self._note_started
+        running = {live["incarnation"] for live in self.topology.snapshot().values()
+                   if isinstance(live.get("incarnation"), str)}
+        self._streams.start_at_sync = (set(self._taken.start_at_sync) & running if self.resumed
+                                       else running if self.start == "now" else set())
         self._receiver.start()
 
     # ------------------------------------------------------------ API
@@ -214,12 +233,35 @@ class Subscriber:
 
     def position(self) -> dict[str, Any]:
         """Where this subscriber would resume: pass it back as `position=`."""
+        return self._position(quiet=False)
+
+    def _position(self, quiet: bool) -> dict[str, Any]:
+        """`quiet`: called where the I/O thread is not handing anything over (on it, or after it
+        stopped), so the streams' floors can be brought up to date first."""
+        if quiet:
+            self._streams.refresh_floors()
         with self._taken_lock:
             data = self._taken.to_json()
-            for inc, waiting in self._recovered_waiting.items():
-                if waiting and inc in data["streams"]:
-                    data["streams"][inc] = min(data["streams"][inc], min(waiting) - 1)
+            data["streams"] = self._resume_points(quiet)
+        data["start_at_sync"] = sorted(set(self._streams.start_at_sync))  # not synced yet: started "now"
         return data
+
+    def _resume_points(self, quiet: bool) -> dict[str, int]:
+        """Per incarnation, where a resume starts (lock held): every frame of our prefixes at or below
+        it was handed over (no hole open below it) and taken by the application in full. Frames of
+        other topics count as handled, so a subscriber to a few topics is not behind on the rest."""
+        points = dict(self._taken.streams)
+        for inc, stream in list(self._streams.streams.items()):
+            if not stream.known:
+                continue  # not synced yet: nothing handled from it
+            handled = stream.floor
+            in_inbox = self._in_inbox.get(inc)
+            if in_inbox:
+                handled = min(handled, min(in_inbox) - 1)
+            elif not quiet and (self.callback or self.batch_callback):
+                handled = min(handled, points.get(inc, handled))  # a callback may still be running
+            points[inc] = handled
+        return points
 
     def stats(self) -> dict[str, int]:
         streams = self._streams
@@ -244,7 +286,7 @@ class Subscriber:
     def close(self) -> None:
         self._closed = True
         self._receiver.close()
-        self._save_position()
+        self._save_position(quiet=True)  # the I/O thread has stopped
         if self._own_zk:
             stop_client(self.zk)
 
@@ -259,12 +301,24 @@ class Subscriber:
     def _note_taken(self, msg: Message) -> None:
         with self._taken_lock:
             self._taken.seen(msg.publisher).add(msg.seq)
-            if msg.incarnation:
-                # Re-read that frame on resume: the application may not have taken all of it.
+            if not msg.incarnation:
+                return
+            in_inbox = self._in_inbox.get(msg.incarnation)
+            left = in_inbox.pop(msg.pos, 1) - 1 if in_inbox is not None else 0
+            if left > 0:  # re-read that frame on resume: the application has not taken all of it
+                assert in_inbox is not None
+                in_inbox[msg.pos] = left
                 self._taken.advance(msg.incarnation, msg.pos - 1)
-                waiting = self._recovered_waiting.get(msg.incarnation)
-                if waiting and msg.pos in waiting:
-                    waiting.remove(msg.pos)
+                return
+            if in_inbox is not None and not in_inbox:
+                del self._in_inbox[msg.incarnation]
+            self._taken.advance(msg.incarnation, msg.pos)
+
+    def _note_started(self, incarnation: str, pos: int) -> None:
+        """I/O thread: the stream of `incarnation` starts after `pos` for us."""
+        with self._taken_lock:
+            self._taken.advance(incarnation, pos)
+        self._save_position(quiet=True)  # a durable name exists from its first sync, not its first message
 
     def _note_frame_taken(self, d: protocol.Delivery, fresh: range | list[int]) -> None:
         """Callback style: the application took these messages of one frame."""
@@ -274,7 +328,7 @@ class Subscriber:
             if not (isinstance(fresh, range) and seen.add_run(seqs[0], seqs[-1])):
                 for i in fresh:
                     seen.add(seqs[i])
-            self._taken.advance(d.incarnation, d.pos - 1)
+            self._taken.advance(d.incarnation, d.pos)
 
     def topology_snapshot(self) -> dict[str, dict[str, Any]]:
         receiver = getattr(self, "_receiver", None)  # None until the constructor made it
@@ -324,11 +378,33 @@ class Subscriber:
         stream = self._streams.streams.get(inc)
         return stream is not None and stream.synced
 
-    def _save_position(self) -> None:
+    def _save_tick(self) -> None:
+        """I/O thread, every client.position_save_interval: save, and tell the exchanges."""
+        self._save_position(quiet=True)
+        self._report_progress()
+
+    def _report_progress(self, now: float | None = None) -> None:
+        """Tell each running exchange how far this durable subscriber took its stream, when that
+        moved (or every PROGRESS_REFRESH): `roq stats` and /metrics show the lag."""
+        assert self.durable is not None
+        now = time.monotonic() if now is None else now
+        with self._taken_lock:
+            taken = self._resume_points(quiet=True)  # on the I/O thread, just after the save refreshed the floors
+        for xid, live in self.topology_snapshot().items():
+            inc = live.get("incarnation")
+            if not isinstance(inc, str) or not inc or inc in self._streams.start_at_sync:
+                continue  # where it starts for us is not known before its sync
+            pos = taken.get(inc, 0)
+            last = self._reported.get(xid)
+            if last is None or last[0] != pos or now - last[1] >= PROGRESS_REFRESH:
+                self._replay.report(xid, self.durable, inc, pos)
+                self._reported[xid] = (pos, now)
+
+    def _save_position(self, quiet: bool = False) -> None:
         if self._position_path is None:
             return
         try:
-            save_position(self._position_path, self.position())
+            save_position(self._position_path, self._position(quiet))
         except OSError as exc:
             log.warning("could not save the subscriber position to %s: %s", self._position_path, exc)
 
@@ -367,9 +443,9 @@ class Subscriber:
                                   publisher, seqs[i])
             self._note_frame_taken(d, fresh)
             return
-        if recovered:
-            with self._taken_lock:
-                self._recovered_waiting.setdefault(inc, []).append(pos)
+        with self._taken_lock:  # the frame is taken when its last message is
+            in_inbox = self._in_inbox.setdefault(inc, {})
+            in_inbox[pos] = in_inbox.get(pos, 0) + len(fresh)
         for i in fresh:
             msg = Message(topic, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos)
             while not self._closed:

@@ -1,28 +1,30 @@
 """RoQ as a Spark data source (Python Data Source API, PySpark 4): `format("roq")`.
 
-Reading (`spark.readStream.format("roq")` or `spark.read.format("roq")`):
-* An offset is, per exchange of the queue, its incarnation and a stream
-  position: `{"x1": {"inc": "x1.3fa2", "pos": 1200}, ...}`. Positions number
-  the frames each exchange sent (docs/protocol.md), and the frames stay in the
-  exchange's retention, so any range of offsets can be read again. A query
-  restarted from its checkpoint re-reads exactly the ranges Spark had not
-  committed: nothing is lost and nothing is read twice, within the retention.
-* One partition per exchange and micro-batch. An executor fetches its range
-  from the exchange's replay endpoint (no ZooKeeper on executors). It yields
-  one row per message: topic, payload, publisher, sequence, exchange,
-  timestamp (the publisher's send time).
-* An exchange keeps each (publisher, sequence) once. The same message can
-  reach two exchanges only when its publisher moved and resent it; use
-  `dropDuplicates(["publisher", "sequence"])` if that matters.
-* Options: `zk` (required), `root` (/roq), `queue` (required), `topics`
-  (comma-separated prefixes, default all), `startingOffsets` (`latest`, the
-  default, or `earliest`), `maxFramesPerTrigger`, `failOnDataLoss` (true: a
-  range that left the retention before it was read fails the query).
+Options (roq.spark.options) follow Spark's Kafka source; docs/spark.md lists them.
 
-Writing (`df.write.format("roq")`, `df.writeStream.format("roq")`): every
-task publishes its rows (`topic`, `payload` columns, string or binary) with a
-`roq.client.Publisher` and returns only when all of them are confirmed. So a
-batch, or a micro-batch, commits only after its messages are confirmed.
+Reading (`spark.readStream.format("roq")` or `spark.read.format("roq")`):
+* An offset is, per exchange of the queue, its incarnation and a stream position:
+  `{"x1": {"inc": "x1.3fa2", "pos": 1200, "replay": ...}, ...}`: every frame up to
+  `pos`, and, with `"msgs": k`, the first k messages of frame pos+1 (a frame holds a
+  batch of messages; `maxOffsetsPerTrigger` counts messages, so a micro-batch may end
+  inside one). Frames stay in the exchange's retention, so any range of offsets can be
+  read again: a query restarted from its checkpoint re-reads exactly the ranges Spark
+  had not committed; nothing is lost and nothing is read twice, within the retention.
+* One partition per exchange and micro-batch. An executor fetches its range from the
+  exchange's replay endpoint (no ZooKeeper on executors). It yields one row per
+  message: topic, payload and value (the same bytes), publisher, sequence, exchange,
+  timestamp (the publisher's send time). A schema given with `.schema(...)` may name a
+  subset of these columns.
+* An exchange keeps each (publisher, sequence) once. The same message can reach two
+  exchanges only when its publisher moved and resent it; use
+  `dropDuplicates(["publisher", "sequence"])` if that matters.
+
+Writing (`df.write.format("roq")`, `df.writeStream.format("roq")`): every task
+publishes its rows (`value` or `payload`, string or binary; `topic` from the column or
+the `topic` option) with a `roq.client.Publisher` (which finds the exchanges through
+ZooKeeper) and returns only when all of them are confirmed. So a batch, or a
+micro-batch, commits only after its messages are confirmed. Only appending exists:
+published messages cannot be replaced, so `mode("overwrite")` is refused.
 """
 
 from __future__ import annotations
@@ -41,11 +43,26 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-SCHEMA = "topic string, payload binary, publisher string, sequence long, exchange string, timestamp timestamp"
-FETCH_TIMEOUT_MS = 10_000
-PAGE_BYTES = 4 << 20
+from roq.spark.exchanges import QueueView, StreamEnd, fetch_deliveries, walk_messages
+from roq.spark.options import (
+    EARLIEST,
+    LATEST,
+    OptionError,
+    Position,
+    Positions,
+    SourceOptions,
+    config_from,
+    sink_options,
+    source_options,
+)
+
+COLUMNS = (("topic", "string"), ("payload", "binary"), ("value", "binary"), ("publisher", "string"),
+           ("sequence", "bigint"), ("exchange", "string"), ("timestamp", "timestamp"))
+NAMES = tuple(name for name, _ in COLUMNS)
+SCHEMA = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
 
 
 class RoqDataSource(DataSource):
@@ -57,51 +74,80 @@ class RoqDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RoqBatchReader(self.options)
+        return RoqBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RoqStreamReader(self.options)
+        return RoqStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return RoqWriter(self.options)
+        if overwrite:
+            raise OptionError("the roq sink only appends (published messages cannot be replaced): "
+                              "use .mode('append')")
+        return RoqWriter(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return RoqStreamWriter(self.options)
+        # `overwrite` is the complete output mode: every micro-batch publishes all its rows, as Kafka's sink does.
+        return RoqStreamWriter(self.options, schema)
 
 
 def register(spark: Any) -> None:
     spark.dataSource.register(RoqDataSource)
 
 
-# ---------------------------------------------------------------- options
+# ---------------------------------------------------------------- offsets
 
 
-def _lower(options: Any) -> dict[str, str]:
-    """Spark hands options over case-insensitively; a plain copy keeps that by lower-casing keys."""
-    return {str(k).lower(): v for k, v in dict(options).items()}
+def offset(inc: str, pos: int, msgs: int, replay: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"inc": inc, "pos": pos, "replay": replay}
+    if msgs:
+        entry["msgs"] = msgs
+    return entry
 
 
-def _required(options: dict[str, str], key: str) -> str:
-    value = options.get(key)
-    if not value:
-        raise ValueError(f"the roq data source needs .option({key!r}, ...)")
-    return value
+def resolve(spec: Positions, ends: dict[str, StreamEnd], option: str, default: str) -> dict[str, dict[str, Any]]:
+    """The offset `spec` (startingOffsets, endingOffsets) means now, for each running exchange."""
+    named = spec if isinstance(spec, dict) else {}
+    unknown = sorted(set(named) - set(ends))
+    if unknown:
+        raise OptionError(f"{option} names {', '.join(unknown)}: not a running exchange of the queue "
+                          f"(running: {', '.join(sorted(ends)) or 'none'})")
+    fallback = spec if isinstance(spec, str) else default
+    offsets = {}
+    for xid, end in ends.items():
+        want = named.get(xid, fallback)
+        if want == EARLIEST:
+            offsets[xid] = offset(end.inc, end.oldest - 1, 0, end.replay)
+        elif isinstance(want, Position):
+            inc = want.inc or end.inc
+            if inc == end.inc and (want.pos, want.msgs) > (end.pos, 0):
+                raise OptionError(f"{option} {xid}: position {want.pos} is past the exchange's last frame {end.pos}")
+            if inc != end.inc and option == "endingOffsets":
+                raise OptionError(f"{option} {xid}: incarnation {inc} has ended (running: {end.inc})")
+            offsets[xid] = offset(inc, want.pos, want.msgs, end.replay)
+        else:
+            offsets[xid] = offset(end.inc, end.pos, 0, end.replay)
+    return offsets
 
 
-def _config(options: dict[str, str]) -> Any:
-    """From .option("config", TOML path) if given (keys, credentials), then .option("zk"/"root")."""
-    from roq.config import Config, load_config
-    if options.get("config"):
-        config = load_config(options["config"], env={})
-    else:
-        _required(options, "zk")
-        config = Config()
-    overrides = {key: options[opt] for key, opt in (("hosts", "zk"), ("root", "root")) if options.get(opt)}
-    return config.replace(zk=overrides) if overrides else config
+def _start_of(first: dict[str, Any] | None, inc: str) -> tuple[int, int]:
+    """Where reading `inc` starts after offset entry `first`: a restarted exchange (another
+    incarnation) from its first retained frame."""
+    if first and first.get("inc") == inc:
+        return first.get("pos", 0), first.get("msgs", 0)
+    return 0, 0
 
 
-def _topics(options: dict[str, str]) -> list[bytes]:
-    return [t.strip().encode() for t in options.get("topics", "").split(",") if t.strip()]
+def split_budget(budget: int, backlog: dict[str, int]) -> dict[str, int]:
+    """`budget` messages shared in proportion to each exchange's backlog of frames (as Kafka
+    splits maxOffsetsPerTrigger over partitions by volume)."""
+    total = sum(backlog.values())
+    if not total:
+        return {xid: 0 for xid in backlog}
+    shares = {xid: budget * frames // total for xid, frames in backlog.items()}
+    by_remainder = sorted(backlog, key=lambda xid: (-(budget * backlog[xid] % total), xid))
+    for xid in by_remainder[:budget - sum(shares.values())]:
+        shares[xid] += 1
+    return shares
 
 
 # ---------------------------------------------------------------- reading
@@ -109,172 +155,169 @@ def _topics(options: dict[str, str]) -> list[bytes]:
 
 @dataclass(frozen=True)
 class ExchangeRange(InputPartition):
-    """Frames after < pos <= upto of one exchange incarnation."""
+    """Of one exchange incarnation: after (after, skip), up to and including (upto, take), where
+    (pos, msgs) is "frames up to pos and the first msgs messages of frame pos+1"."""
     exchange: str
     replay: str
     incarnation: str
     after: int
+    skip: int
     upto: int
+    take: int
     topics: tuple[bytes, ...]
-    fail_on_loss: bool = True
-    options: tuple[tuple[str, str], ...] = ()  # the source's options: executors build the config from them
+    fail_on_loss: bool
+    connection: tuple[tuple[str, str], ...]  # executors build the configuration (keys) from it
 
 
-def current_positions(options: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """{exchange: {inc, pos (last frame sent), oldest, replay}} for the running exchanges of the queue."""
-    from roq.paths import Paths
-    from roq.state import read_live
-    from roq.zk import start_client, stop_client
-    config = _config(options)
-    client = start_client(config)
-    try:
-        live = read_live(client, Paths(config.zk.root), _required(options, "queue"))
-    finally:
-        stop_client(client)
-    positions = {}
-    for xid, data in live.items():
-        if not data.get("replay"):
-            continue
-        answer = _ask_position(data["replay"], config)
-        if answer is not None:
-            inc, oldest, next_pos = answer
-            positions[xid] = {"inc": inc, "pos": next_pos - 1, "oldest": oldest, "replay": data["replay"]}
-    return positions
-
-
-def _ask_position(endpoint: str, config: Any) -> tuple[str, int, int] | None:
-    import zmq
-
-    from roq import protocol
-    from roq.security import secure_client
-    context = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
-    try:
-        secure_client(sock, config)
-        sock.connect(endpoint)
-        sock.send(protocol.encode_position_request(1))
-        if not sock.poll(FETCH_TIMEOUT_MS):
-            return None
-        try:
-            answer = protocol.decode_replay_reply(sock.recv(), protocol.MAX_CONTROL_FRAME)
-        except protocol.ProtocolError:
-            return None
-        if not isinstance(answer, protocol.StreamPosition):
-            return None
-        return answer.incarnation, answer.oldest, answer.next_pos
-    finally:
-        sock.close()
+def plan_ranges(start: dict[str, Any], end: dict[str, Any], opts: SourceOptions,
+                lenient: frozenset[str] = frozenset()) -> list[ExchangeRange]:
+    """One partition per exchange with something between `start` and `end`; `lenient`
+    exchanges do not fail on frames that left the retention (read from earliest)."""
+    parts = []
+    for xid, last in sorted(end.items()):
+        after, skip = _start_of(start.get(xid), last["inc"])
+        upto, take = last["pos"], last.get("msgs", 0)
+        if (upto, take) > (after, skip):
+            parts.append(ExchangeRange(xid, last["replay"], last["inc"], after, skip, upto, take, opts.topics,
+                                       opts.fail_on_loss and xid not in lenient,
+                                       tuple(sorted(opts.connection.items()))))
+    return parts
 
 
 def read_range(part: ExchangeRange) -> Iterator[tuple[Any, ...]]:
     """The messages of one exchange range, fetched page by page from its retention."""
-    import zmq
-
-    from roq import protocol
-    from roq.security import secure_client
-    context = zmq.Context.instance()
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
-    if part.options:
-        secure_client(sock, _config(dict(part.options)))
-    sock.connect(part.replay)
-    try:
-        after, request_id = part.after, 0
-        while after < part.upto:
-            request_id += 1
-            sock.send(protocol.encode_fetch(request_id, part.incarnation, after, part.upto + 1,
-                                            list(part.topics), PAGE_BYTES))
-            if not sock.poll(FETCH_TIMEOUT_MS):
-                raise TimeoutError(f"exchange {part.exchange} did not answer a fetch in "
-                                   f"{FETCH_TIMEOUT_MS / 1000:.0f}s")
-            page = protocol.decode_replay_reply(sock.recv(), 1 << 30)
-            if not isinstance(page, protocol.Frames) or page.request_id != request_id:
-                continue
-            if page.oldest > after + 1 and after > 0 and part.fail_on_loss:
-                raise RuntimeError(f"exchange {part.exchange}: positions {after + 1}..{page.oldest - 1} left "
-                                   "its retention before this query read them")
-            for topic, body in page.frames:
-                yield from _rows(topic, protocol.decode_delivery(body))
-            after = part.upto if page.done else max(after + 1, page.scanned_to)
-    finally:
-        sock.close()
+    last = part.upto + (1 if part.take else 0)
+    for topic, delivery in fetch_deliveries(part.exchange, part.replay, part.incarnation, part.after, last,
+                                            part.topics, dict(part.connection), part.fail_on_loss):
+        first = part.skip if delivery.pos == part.after + 1 else 0
+        stop = part.take if part.take and delivery.pos == last else None
+        yield from _rows(topic, delivery, first, stop)
 
 
-def _rows(topic: bytes, d: Any) -> Iterator[tuple[Any, ...]]:
+def _rows(topic: bytes, d: Any, first: int, stop: int | None) -> Iterator[tuple[Any, ...]]:
     name = topic.decode("utf-8", "replace")
     sent = datetime.fromtimestamp(d.sent_ns / 1e9, tz=timezone.utc) if d.sent_ns else None
-    for seq, payload in zip(d.seqs, d.payloads):
-        yield (name, payload, d.publisher, seq, d.exchange, sent)
+    for seq, payload in list(zip(d.seqs, d.payloads))[first:stop]:
+        yield (name, payload, payload, d.publisher, seq, d.exchange, sent)
 
 
-def plan_ranges(start: dict[str, Any], end: dict[str, Any], topics: list[bytes],
-                fail_on_loss: bool = True, options: dict[str, str] | None = None) -> list[ExchangeRange]:
-    parts = []
-    frozen_options = tuple(sorted((options or {}).items()))
-    for xid, last in sorted(end.items()):
-        first = start.get(xid) or {}
-        # A restarted exchange (new incarnation) is read from its first retained frame.
-        after = first.get("pos", 0) if first.get("inc") == last["inc"] else 0
-        if last["pos"] > after:
-            parts.append(ExchangeRange(xid, last["replay"], last["inc"], after, last["pos"], tuple(topics),
-                                       fail_on_loss, frozen_options))
-    return parts
+def projection(schema: StructType) -> tuple[int, ...] | None:
+    """Indexes of the schema's columns in a full row; None for the full row. A user's
+    `.schema(...)` may name a subset of the columns, with their types."""
+    if tuple(f.name for f in schema.fields) == NAMES:
+        return None
+    kinds = dict(COLUMNS)
+    for f in schema.fields:
+        name = f.name.lower()
+        if name not in kinds:
+            raise OptionError(f"the roq source has no column {f.name!r}; its columns are {SCHEMA}")
+        if f.dataType.simpleString() != kinds[name]:
+            raise OptionError(f"column {f.name} of the roq source is {kinds[name]}, not {f.dataType.simpleString()}")
+    return tuple(NAMES.index(f.name.lower()) for f in schema.fields)
 
 
-class RoqStreamReader(DataSourceStreamReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = _lower(options)
-        self.topics = _topics(self.options)
-        _required(self.options, "queue")
-        self.max_frames = int(self.options.get("maxframespertrigger", "0") or 0)
-        starting = self.options.get("startingoffsets", "latest")
-        if starting not in ("latest", "earliest"):
-            raise ValueError(f"startingOffsets must be latest or earliest, got {starting!r}")
-        self.starting = starting
-        self.fail_on_loss = self.options.get("failondataloss", "true").lower() != "false"
+class _Reader:
+    """What both readers share: the options, checked when the query is planned, and the columns."""
+
+    def __init__(self, options: Any, schema: StructType, streaming: bool) -> None:
+        self.opts = source_options(options, streaming)
+        self.columns = projection(schema)
+        self.queue = QueueView(self.opts.connection, self.opts.queue)
+
+    def ends(self) -> dict[str, StreamEnd]:
+        return self.queue.positions()
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, ExchangeRange):
+            return iter(())  # Spark's stand-in partition when there is nothing to read
+        rows = read_range(partition)
+        if self.columns is None:
+            return rows
+        return (tuple(row[i] for i in self.columns) for row in rows)
+
+
+class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Any, schema: StructType) -> None:
+        super().__init__(options, schema, streaming=True)
+        self.target: dict[str, Any] | None = None  # Trigger.AvailableNow: what was there when it started
 
     def initialOffset(self) -> dict[str, Any]:
-        positions = current_positions(self.options)
-        if self.starting == "earliest":
-            return {x: {"inc": p["inc"], "pos": p["oldest"] - 1, "replay": p["replay"]} for x, p in positions.items()}
-        return {x: {"inc": p["inc"], "pos": p["pos"], "replay": p["replay"]} for x, p in positions.items()}
+        return resolve(self.opts.starting, self.ends(), "startingOffsets", LATEST)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_offsets) if self.opts.max_offsets else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._latest()
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-        latest = {x: {"inc": p["inc"], "pos": p["pos"], "replay": p["replay"]}
-                  for x, p in current_positions(self.options).items()}
-        if self.max_frames and start:
-            for xid, offset in latest.items():
-                before = start.get(xid) or {}
-                if before.get("inc") == offset["inc"]:
-                    offset["pos"] = min(offset["pos"], before.get("pos", 0) + self.max_frames)
+        latest = {xid: dict(entry) for xid, entry in (self.target or self._latest()).items()}
+        if not start:
+            return latest
+        for xid, entry in start.items():
+            # An exchange that did not answer keeps its offset: dropping it would re-read it from scratch.
+            latest.setdefault(xid, dict(entry))
+        if self.opts.max_frames:
+            for xid, entry in latest.items():
+                after, _ = _start_of(start.get(xid), entry["inc"])
+                if entry["pos"] > after + self.opts.max_frames:
+                    entry.update(pos=after + self.opts.max_frames, msgs=0)
+        if isinstance(limit, ReadMaxRows):
+            latest = self._limit_messages(start, latest, limit.max_rows)
         return latest
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ExchangeRange]:
-        return plan_ranges(start, end, self.topics, self.fail_on_loss, self.options)
+    def _latest(self) -> dict[str, Any]:
+        return {xid: offset(e.inc, e.pos, 0, e.replay) for xid, e in self.ends().items()}
 
-    def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:
-        return read_range(partition)
+    def _limit_messages(self, start: dict[str, Any], latest: dict[str, Any], budget: int) -> dict[str, Any]:
+        """At most `budget` messages from `start`: the driver counts them in the exchanges' frames."""
+        begin = {xid: _start_of(start.get(xid), entry["inc"]) for xid, entry in latest.items()}
+        backlog = {xid: max(0, latest[xid]["pos"] - begin[xid][0]) for xid in latest}
+        shares, carried = split_budget(budget, backlog), 0
+        limited = dict(latest)
+        for xid in sorted(latest):
+            entry, (after, skip) = latest[xid], begin[xid]
+            allowance = shares[xid] + carried
+            if not backlog[xid]:
+                continue
+            if not allowance:
+                limited[xid] = offset(entry["inc"], after, skip, entry["replay"])
+                continue
+            end = StreamEnd(entry["inc"], entry["pos"], 0, entry["replay"])
+            pos, msgs, taken = walk_messages(xid, end, after, skip, entry["pos"], allowance, self.opts.topics,
+                                             self.opts.connection)
+            limited[xid] = offset(entry["inc"], pos, msgs, entry["replay"])
+            carried = allowance - taken
+        return limited
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ExchangeRange]:
+        return plan_ranges(start, end, self.opts)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # retention is time/size bounded on the exchanges; nothing to release
 
+    def stop(self) -> None:
+        self.queue.close()
 
-class RoqBatchReader(DataSourceReader):
-    """`spark.read.format("roq")`: what the exchanges retain now."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = _lower(options)
-        self.topics = _topics(self.options)
+class RoqBatchReader(_Reader, DataSourceReader):
+    """`spark.read.format("roq")`: from startingOffsets (earliest) to endingOffsets (latest)."""
+
+    def __init__(self, options: Any, schema: StructType) -> None:
+        super().__init__(options, schema, streaming=False)
 
     def partitions(self) -> list[ExchangeRange]:
-        positions = current_positions(self.options)
-        start = {x: {"inc": p["inc"], "pos": p["oldest"] - 1} for x, p in positions.items()}
-        # The oldest frames may leave the retention before the tasks run: that is not a loss here.
-        return plan_ranges(start, positions, self.topics, fail_on_loss=False, options=self.options)
-
-    def read(self, partition: ExchangeRange) -> Iterator[tuple[Any, ...]]:
-        return read_range(partition)
+        try:
+            ends = self.ends()
+        finally:
+            self.queue.close()  # a batch asks once
+        start = resolve(self.opts.starting, ends, "startingOffsets", EARLIEST)
+        end = resolve(self.opts.ending, ends, "endingOffsets", LATEST)
+        # The oldest frames may leave the retention before the tasks run: not a loss when reading from earliest.
+        starting = self.opts.starting
+        earliest = frozenset(x for x in ends if (starting.get(x, EARLIEST) if isinstance(starting, dict)
+                                                 else starting) == EARLIEST)
+        return plan_ranges(start, end, self.opts, earliest)
 
 
 # ---------------------------------------------------------------- writing
@@ -285,20 +328,34 @@ class Published(WriterCommitMessage):
     count: int
 
 
-def publish_rows(options: dict[str, str], rows: Iterator[Any]) -> Published:
+def sink_columns(schema: StructType, topic_option: str | None) -> tuple[str, str | None]:
+    """The value column (`value`, else `payload`) and the topic column (None: the `topic`
+    option, which wins over a column, as in Kafka's sink); an error naming what is needed."""
+    kinds = {f.name.lower(): (f.name, f.dataType.simpleString()) for f in schema.fields}
+    value = next((kinds[name] for name in ("value", "payload") if name in kinds), None)
+    topic = kinds.get("topic")
+    if value is None or value[1] not in ("binary", "string") or not (
+            topic_option or (topic is not None and topic[1] == "string")):
+        has = ", ".join(f"{name} {kind}" for name, kind in kinds.values())
+        raise OptionError("the roq sink needs a 'value' (or 'payload') column, binary or string, and a "
+                          f"'topic' string column or .option('topic', ...); the DataFrame has: {has}")
+    return value[0], None if topic_option else topic[0]  # type: ignore[index]
+
+
+def publish_rows(options: Any, value_column: str, topic_column: str | None, rows: Iterator[Any]) -> Published:
     """Publish every row and wait for the confirms; raising fails the task (Spark retries it)."""
     from roq.client.publisher import Publisher
-    queue = _required(options, "queue")
-    timeout = float(options.get("confirmtimeout", "60"))
     count = 0
-    with Publisher(queue, _config(options)) as pub:
+    with Publisher(options.queue, config_from(options.connection)) as pub:
         for row in rows:
-            topic, payload = row["topic"], row["payload"]
-            if isinstance(payload, str):
-                payload = payload.encode()
-            pub.publish(topic, bytes(payload))
+            topic = row[topic_column] if topic_column else options.topic
+            payload = row[value_column]
+            if topic is None or payload is None:
+                null = topic_column if topic is None else value_column
+                raise ValueError(f"the roq sink cannot publish a row whose {null} is null")
+            pub.publish(topic, payload.encode() if isinstance(payload, str) else bytes(payload))
             count += 1
-        pub.flush(timeout)
+        pub.flush(options.confirm_timeout)
     return Published(count)
 
 
@@ -307,12 +364,17 @@ class _RowPublisher:
     base classes' no-op commit and abort are right (published messages cannot be recalled;
     consumers drop repeats by (publisher, sequence))."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = _lower(options)
-        _required(self.options, "queue")
+    def __init__(self, options: Any, schema: StructType) -> None:
+        self.opts = sink_options(options)
+        self.value_column, self.topic_column = sink_columns(schema, self.opts.topic)
+        queue = QueueView(self.opts.connection, self.opts.queue)
+        try:
+            queue.check()  # on the driver, before any task
+        finally:
+            queue.close()
 
     def write(self, iterator: Iterator[Any]) -> Published:
-        return publish_rows(self.options, iterator)
+        return publish_rows(self.opts, self.value_column, self.topic_column, iterator)
 
 
 class RoqWriter(_RowPublisher, DataSourceWriter):

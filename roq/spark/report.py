@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 
 def load(path: Path) -> Any:
     import pyarrow.parquet as pq
-    if not path.exists() or not any(path.glob("*.parquet")):
+    files = committed(path)
+    if files is None:  # written by a batch job (--once): every file is the dataset
+        files = sorted(str(f) for f in path.glob("*.parquet")) if path.exists() else []
+    if not files:
         return None
-    return pq.read_table(path).to_pandas().sort_values("window_start")
+    return pq.read_table(files).to_pandas().sort_values("window_start")
+
+
+def committed(path: Path) -> list[str] | None:
+    """The files a streaming query committed, from its `_spark_metadata` log (None: no log). A
+    micro-batch stopped halfway may leave a partial file beside them, which only this log tells."""
+    log = path / "_spark_metadata"
+    if not log.is_dir():
+        return None
+    added, deleted = set(), set()
+    for entry in log.iterdir():
+        if not entry.name.split(".")[0].isdigit():  # N and N.compact; not Hadoop's .N.tmp / .N.crc
+            continue
+        for line in entry.read_text().splitlines()[1:]:  # the first line is the log's version
+            if line.strip():
+                record = json.loads(line)
+                (added if record.get("action") == "add" else deleted).add(record["path"])
+    return sorted(unquote(urlparse(uri).path) for uri in added - deleted)
 
 
 def summary(exchanges: Any, hosts: Any) -> str:

@@ -12,21 +12,31 @@ Structured Streaming job: a window is appended once the watermark (one
 window past the newest record) has passed it, and a restart continues from
 its checkpoint. `--once` is a batch job over what the exchanges retain now.
 It replaces the aggregates, the newest window possibly partial. Do not point
-it at the `--output` of a running continuous pipeline. It also runs under
-spark-submit:
+it at the `--output` of a running continuous pipeline.
+
+SIGTERM or SIGINT stops it cleanly: each query once its running micro-batch is
+done, then the session, then exit 130 (`--duration`: exit 0). `roq pipeline
+stats` runs it as a child process (roq/spark/pipeline.py says why). A failure
+is one line on stderr. It also runs under spark-submit:
 
     spark-submit roq/spark/stats_job.py --zk zk1:2181 --output /data/roq-stats
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
+PARENT_ENV = "ROQ_PIPELINE_PARENT"
+SHUFFLE_PARTITIONS = 4  # fixed by a streaming query's first checkpoint: the value local[*] always had
+STOP_GRACE = 15.0  # seconds a running micro-batch may take to finish before its query is stopped anyway
 SPARK_TYPES = {float: "double", int: "long", str: "string", bool: "boolean"}
 
 
@@ -95,25 +105,95 @@ def start_queries(spark: Any, zk: str, root: str, queue: str, output: str, windo
 
 
 def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
-        master: str | None) -> None:
-    from roq.spark.session import spark_session
-    spark = spark_session(master, "roq-stats-pipeline")
-    if once:
-        aggregate_retained(spark, zk, root, queue, output, window)
-        return
-    queries = start_queries(spark, zk, root, queue, output, window)
+        master: str | None, stop: threading.Event | None = None) -> None:
+    """The job, then the session stopped in order. Setting `stop` (see stop_on_signals) ends it
+    early and cleanly, then raises KeyboardInterrupt; a failed query raises RoqError."""
+    from roq.spark.session import quiet, spark_session
+    stop = stop or threading.Event()
+    # A few records per exchange and tick: Spark's 200 shuffle partitions would cost seconds a batch.
+    spark = spark_session(master, "roq-stats-pipeline", log_level="ERROR",
+                          conf={"spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS)})
     try:
-        deadline = time.monotonic() + duration if duration > 0 else None
-        while all(q.isActive for q in queries) and (deadline is None or time.monotonic() < deadline):
-            queries[0].awaitTermination(1)
-    except KeyboardInterrupt:
-        pass
+        if once:
+            cancel_when(stop, spark)
+            aggregate_retained(spark, zk, root, queue, output, window)
+        elif not stop.is_set():
+            follow(spark, start_queries(spark, zk, root, queue, output, window), duration, stop)
+    except Exception:
+        if not stop.is_set():
+            raise
     finally:
-        for query in queries:
-            query.stop()
+        quiet(spark)
+        spark.stop()
+    if stop.is_set():
+        raise KeyboardInterrupt
+
+
+def follow(spark: Any, queries: list[Any], duration: float, stop: threading.Event) -> None:
+    """Until `duration` (0: forever) or `stop`; then each query stops between two micro-batches."""
+    from roq.errors import RoqError
+    deadline = time.monotonic() + duration if duration > 0 else None
+    while all(q.isActive for q in queries) and not stop.is_set() \
+            and (deadline is None or time.monotonic() < deadline):
+        stop.wait(0.5)
+    stop_between_batches(spark, queries)
+    failed = [q for q in queries if q.exception()]
+    if failed:
+        raise RoqError(f"{failed[0].name} failed: {first_line(failed[0].exception())}")
+
+
+def stop_between_batches(spark: Any, queries: list[Any], grace: float = STOP_GRACE) -> None:
+    """Stop each query once its running micro-batch is done (within `grace` seconds): a batch
+    interrupted halfway is redone after a restart, and Spark logs it with Java stack traces."""
+    from roq.spark.session import quiet
+    deadline = time.monotonic() + grace
     for query in queries:
-        if query.exception():
-            raise RuntimeError(f"{query.name} failed: {query.exception()}")
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.1)  # Spark tells no event for the end of a micro-batch: poll its status
+        quiet(spark)
+        query.stop()
+
+
+def cancel_when(stop: threading.Event, spark: Any) -> None:
+    """A batch job cannot be stopped between micro-batches: cancel its Spark jobs once `stop` is set
+    (from a thread of its own, so the py4j call never re-enters the main thread's)."""
+    from roq.spark.session import quiet
+
+    def cancel() -> None:
+        stop.wait()
+        try:
+            quiet(spark)
+            spark.sparkContext.cancelAllJobs()
+        except Exception:  # the session stopped meanwhile: nothing left to cancel
+            pass
+    threading.Thread(target=cancel, name="roq-pipeline-cancel", daemon=True).start()
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM (the `roq` command's Ctrl-C, forwarded) and SIGINT set `stop`; so does the end of
+    the process named by ROQ_PIPELINE_PARENT (the `roq` command, should it die abruptly)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if parent:
+        def watch() -> None:
+            while not stop.wait(1.0):
+                if os.getppid() != parent:
+                    stop.set()
+        threading.Thread(target=watch, name="roq-pipeline-parent", daemon=True).start()
+
+
+def first_line(exc: Any) -> str:
+    """What went wrong, in one line: a Java error's root cause, else the message's first line."""
+    text = str(getattr(exc, "desc", None) or exc).strip()
+    try:
+        cause = getattr(exc, "java_exception", None)  # py4j's "An error occurred while calling o205.parquet"
+        while cause is not None and cause.getCause() is not None:
+            cause = cause.getCause()
+        text = cause.toString() if cause is not None else text
+    except Exception:  # the JVM is gone: keep Python's text
+        pass
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @click.command()
@@ -127,8 +207,23 @@ def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, du
 @click.option("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
 def main(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
          master: str | None) -> None:
-    """Run the statistics pipeline (also under spark-submit)."""
-    run(zk, root, queue, output, window, once, duration, master or _default_master())
+    """Run the statistics pipeline (also under spark-submit). Exit codes as `roq`'s: 0 done,
+    130 stopped by SIGINT/SIGTERM, else one line on stderr."""
+    from roq.errors import Exit, RoqError
+    from roq.spark.session import gate_stderr
+    gate = gate_stderr()  # what Spark prints once we stop it on purpose stays off the terminal
+    stop = threading.Event()
+    stop_on_signals(stop)
+    try:
+        run(zk, root, queue, output, window, once, duration, master or _default_master(), stop)
+    except KeyboardInterrupt:
+        sys.exit(Exit.INTERRUPTED)
+    except RoqError as exc:
+        gate.say(f"roq: error: {exc}")
+        sys.exit(Exit.for_error(exc))
+    except Exception as exc:  # Spark's own errors: their first line, not pages of Java frames
+        gate.say(f"roq: error: the statistics pipeline failed: {first_line(exc)}")
+        sys.exit(Exit.INTERNAL)
 
 
 def _default_master() -> str | None:

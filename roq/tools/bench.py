@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+import signal
 import struct
 import threading
 import time
@@ -350,9 +351,9 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
     procs += [ctx.Process(target=publisher_worker, args=(adapter_path, pub_settings[i], size, messages,
                                                          per_pub_rate, go, results), daemon=True)
               for i in range(publishers)]
-    for proc in procs:
-        proc.start()
+    _start_ignoring_sigint(procs)
     deadline = time.monotonic() + timeout
+    finished = False
     try:
         while not all(ready.is_set() for ready in readies):
             if any(p.exitcode not in (None, 0) for p in procs):
@@ -375,12 +376,30 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
                     raise RuntimeError(f"{name}: a worker process failed") from None
                 continue
             (pubs if kind == "pub" else subs).append(value)
+        finished = True
     finally:
         for proc in procs:
+            if not finished:  # Ctrl-C or a failure: nothing left to wait for
+                proc.terminate()
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
     return _summarise(name, size, messages, publishers, subscribers, rate, pubs, subs)
+
+
+def _start_ignoring_sigint(procs: list[Any]) -> None:
+    """Start the workers with SIGINT ignored (they inherit it through exec): a Ctrl-C reaches the
+    terminal's whole process group, and only this process should act on it (by terminating them)."""
+    if threading.current_thread() is not threading.main_thread():
+        for proc in procs:
+            proc.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _summarise(name: str, size: int, messages: int, publishers: int, subscribers: int, rate: float,

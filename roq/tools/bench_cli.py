@@ -1,4 +1,7 @@
-"""`roq bench` against a running cluster: a queue, the harness of roq.tools.bench, a table and JSON."""
+"""`roq bench` against a running cluster: a queue, the harness of roq.tools.bench, a table and JSON.
+
+Ctrl-C at any point stops the worker processes, deletes the queue if `roq bench` created it, and
+leaves through `KeyboardInterrupt` (the command prints "interrupted" and exits 130)."""
 
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
         if created:
             with Admin(config) as admin:
                 admin.delete_queue(queue)
-    console.print(result_table([result]))
+    from roq.tools.views import out
+    out(stderr=True).print(result_table([result]))  # whole rows when stderr is not a terminal
     if json_out:
         text = json.dumps(result.to_json(), indent=2)
         if json_out == "-":
@@ -55,9 +59,13 @@ def ensure_queue(config: Config, queue: str, exchanges: int, replicas: int | Non
             return False
         except QueueNotFoundError:
             admin.create_queue(queue, exchanges=exchanges, replicas=replicas)
-        info = admin.wait_running(queue, exchanges, timeout=timeout)
-        if replicas == 2:
-            _wait_replicas(admin, queue, [x["id"] for x in info["exchanges"]], timeout)
+        try:
+            info = admin.wait_running(queue, exchanges, timeout=timeout)
+            if replicas == 2:
+                _wait_replicas(admin, queue, [x["id"] for x in info["exchanges"]], timeout)
+        except BaseException:  # Ctrl-C or a time-out: the caller never learns it created the queue
+            admin.delete_queue(queue)
+            raise
     return True
 
 

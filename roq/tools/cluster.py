@@ -5,13 +5,16 @@ writes `config.toml` there, which every later `roq` command run from the
 same directory picks up. Each process gets its own process group and log
 file; `down` stops them all (SIGTERM, grace, SIGKILL). `up` refuses to start
 a second cluster over a running one and tears down what it started if any
-part fails to come up.
+part fails to come up. ZooKeeper's data stays in the run directory, so the
+next `up` there brings the queues back; `purge` deletes it with the logs,
+the hosts' data and the state (`roq cluster down --purge`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +31,7 @@ from roq.zk import start_client, stop_client
 
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "config.toml"
+ZOOKEEPER_DIR, DATA_DIR = "zookeeper", "data"  # ZooKeeper's data and logs; the hosts' (journals)
 
 
 @dataclass
@@ -89,7 +93,7 @@ class LocalCluster:
         find_zookeeper()  # precondition: fail before forking anything
         self.run_dir.mkdir(parents=True, exist_ok=True)
         c = self.base_config.cluster
-        zk = ZooKeeperServer(self.run_dir / "zookeeper", port=c.zk_port or free_port())
+        zk = ZooKeeperServer(self.run_dir / ZOOKEEPER_DIR, port=c.zk_port or free_port())
         state = ClusterState(str(self.run_dir), zk.connect_string)
         try:
             say(f"starting ZooKeeper on {zk.connect_string}")
@@ -103,7 +107,7 @@ class LocalCluster:
                 state.processes.append(self._spawn("gcm", f"gcm-{i}", [], state))
             for i in range(1, c.hcms + 1):
                 # Each host its own data directory, as on separate machines (journals: hcm.data_dir).
-                data_dir = self.run_dir / "data" / f"host-{i}"
+                data_dir = self.run_dir / DATA_DIR / f"host-{i}"
                 state.processes.append(self._spawn("hcm", f"host-{i}", ["--set", f"hcm.host=host-{i}",
                                                                         "--set", f"hcm.data_dir={data_dir}"], state))
             state.save()
@@ -156,3 +160,28 @@ class LocalCluster:
 
     def status(self) -> ClusterState | None:
         return ClusterState.load(self.run_dir)
+
+    def kept_data(self) -> Path | None:
+        """ZooKeeper's data directory, if a cluster left one here (queues, rules, ...)."""
+        path = self.run_dir / ZOOKEEPER_DIR
+        return path if path.is_dir() else None
+
+    def purge(self) -> list[Path]:
+        """Delete what the stopped cluster left in the run directory; returns what was deleted.
+
+        Only what `up` writes (the directory itself if that leaves it empty); a running cluster
+        is refused."""
+        existing = ClusterState.load(self.run_dir)
+        if existing and existing.alive():
+            raise UserError(f"a cluster is running in {self.run_dir}: stop it first (`roq cluster down`)")
+        ours = [self.run_dir / ZOOKEEPER_DIR, self.run_dir / DATA_DIR, self.config_path, self.run_dir / STATE_FILE,
+                *sorted(self.run_dir.glob("*.log"))]
+        removed = [path for path in ours if path.exists()]
+        for path in removed:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
+            self.run_dir.rmdir()
+        return removed

@@ -3,7 +3,9 @@
 Starts the cluster (unless one is running here), creates a queue with two
 exchanges on two hosts, starts a subscriber on all of them and a publisher,
 sends N messages with a progress bar, and reports sent/confirmed/delivered
-counts and throughput. Returns False if anything was lost.
+counts and throughput. Returns False if anything was lost. A cluster it
+started is stopped afterwards (unless `keep`) without its queue, so the next
+`roq cluster up` here does not bring the demo's queue back.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.config import Config, load_config
-from roq.errors import QueueNotFoundError
+from roq.errors import QueueNotFoundError, RoqError
 from roq.tools.cluster import ClusterState, LocalCluster
 
 QUEUE = "demo"
@@ -37,7 +39,16 @@ def run_demo(base: Config, messages: int, size: int, keep: bool) -> bool:
     finally:
         if started and not keep:
             console.print("stopping the local cluster")
+            _forget_queue(config)
             local.down()
+
+
+def _forget_queue(config: Config) -> None:
+    try:
+        with Admin(config) as admin:
+            admin.delete_queue(QUEUE)
+    except RoqError as exc:  # the cluster stops anyway; the queue would only come back with it
+        console.print(f"could not delete queue {QUEUE}: {exc}")
 
 
 def _round_trip(config: Config, messages: int, size: int) -> bool:

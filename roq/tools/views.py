@@ -1,31 +1,46 @@
-"""Terminal views of the control API's answers (rich tables)."""
+"""Terminal views of the control API's answers (rich tables).
+
+On a terminal, tables fit its width; into a pipe or a file they are printed whole (rich would cut
+every row at 80 columns there), so `roq queue show q | grep tcp://` sees complete endpoints.
+"""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from roq.records import ClusterStats, ExchangeStats, Load
 
 console = Console()
+PIPE_WIDTH = 10_000  # columns when not printing to a terminal: never cut a row
+
+
+def out(stderr: bool = False) -> Console:
+    """A console for stdout (or stderr) that cuts nothing when that stream is not a terminal."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH)
 
 
 def print_status(status: dict[str, Any]) -> None:
+    console = out()
     leader = status["leader"]
     console.print(f"leader: [bold]{leader['id']}[/] at {leader['endpoint']} (epoch {leader['epoch']}, "
                   f"pid {leader['pid']})")
-    gcms = Table("GCM", "endpoint", "pid", title="GCMs (election order)")
+    gcms = Table("GCM", "endpoint", "pid", "metrics", title="GCMs (election order)")
     for g in status["gcms"]:
-        gcms.add_row(g.get("id", "?"), g.get("endpoint", "?"), str(g.get("pid", "?")))
+        gcms.add_row(g.get("id", "?"), g.get("endpoint", "?"), str(g.get("pid", "?")), g.get("metrics") or "off")
     console.print(gcms)
-    hosts = Table("host", "address", "exchanges", "capacity", "pid", title="hosts")
+    hosts = Table("host", "address", "exchanges", "capacity", "pid", "metrics", title="hosts")
     for h in status["hosts"]:
-        hosts.add_row(h["name"], h["address"], str(h["exchanges"]), str(h["capacity"]), str(h["pid"]))
+        hosts.add_row(h["name"], h["address"], str(h["exchanges"]), str(h["capacity"]), str(h["pid"]),
+                      h.get("metrics") or "off")
     console.print(hosts)
     console.print(f"queues: {len(status['queues'])}  exchanges: {status['exchanges']}  "
                   f"unplaced: {status['unplaced']}  replicas: {status.get('replicas', 0)}  "
@@ -33,6 +48,7 @@ def print_status(status: dict[str, Any]) -> None:
 
 
 def print_queue_list(queues: list[dict[str, Any]]) -> None:
+    console = out()
     if not queues:
         console.print("no queues")
         return
@@ -46,6 +62,7 @@ def print_queue(info: dict[str, Any]) -> None:
     replicated = info.get("replicas", 1) == 2
     columns = ["exchange", "host", *(["replica"] if replicated else []), "publishers endpoint",
                "subscribers endpoint", "msgs/s in"]
+    console = out()
     table = Table(*columns, title=f"queue {info['name']} (replicas {info.get('replicas', 1)})")
     for x in info["exchanges"]:
         live = x.get("live") or {}
@@ -64,11 +81,14 @@ def _replica_cell(x: dict[str, Any]) -> str:
 
 
 def print_rules(name: str, rules: dict[str, Any]) -> None:
-    table = Table("rule", "value", title=f"autoscaling rules of {name}")
+    """One row per rule, named by its `roq queue rules` flag (the JSON keeps the stored names)."""
+    from gcm.autoscaler import RULE_FLAGS
+    table = Table("flag", "value", title=f"autoscaling rules of {name}")
     for key, value in rules.items():
         off = key.startswith("max_") and key != "max_exchanges" and not value
-        table.add_row(key, "off" if off else f"{value:g}" if isinstance(value, float) else str(value))
-    console.print(table)
+        shown = "off" if off else f"{value:g}" if isinstance(value, float) else str(value)
+        table.add_row(RULE_FLAGS.get(key, key), shown)
+    out().print(table)
 
 
 def stats_view(snapshot: dict[str, Any]) -> Group:
@@ -95,10 +115,16 @@ def stats_view(snapshot: dict[str, Any]) -> Group:
                 if "carrying_traffic_after_s" in e:
                     what += f" (carrying traffic after {e['carrying_traffic_after_s']} s)"
             events.add_row(name, when, what)
+    lag = Table("queue", "durable subscriber", "messages behind", "frames behind", "oldest unread (s)",
+                "last report (s ago)", title="consumer lag")
+    for name, q in sorted(cluster.queues.items()):
+        for sub in q.subscribers:
+            lag.add_row(name, escape(sub.name), f"{sub.messages:,}", f"{sub.frames:,}", f"{sub.seconds:,.1f}",
+                        f"{sub.reported_ago:,.0f}")
     hosts = Table("host", "CPU %", "memory %", "exchanges", "capacity", title="hosts")
     for name, h in sorted(cluster.hosts.items()):
         hosts.add_row(name, _num(h.cpu_percent), _num(h.memory_percent), str(h.exchanges), str(h.capacity))
-    parts: list[Any] = [queues, hosts]
+    parts: list[Any] = [queues, lag, hosts] if lag.row_count else [queues, hosts]
     if events.row_count:
         parts.append(events)
     parts.append(f"as of {time.strftime('%H:%M:%S', time.localtime(cluster.time or time.time()))}")
@@ -106,13 +132,17 @@ def stats_view(snapshot: dict[str, Any]) -> Group:
 
 
 def live_stats(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
+    """Redraw the view every `interval` until Ctrl-C (KeyboardInterrupt, left to the caller); into
+    a pipe or a file, print one whole view after another instead."""
+    if not sys.stdout.isatty():
+        piped = out()
+        while True:
+            piped.print(stats_view(fetch()))
+            time.sleep(interval)
     with Live(stats_view(fetch()), console=console, refresh_per_second=4) as live:
-        try:
-            while True:
-                time.sleep(interval)
-                live.update(stats_view(fetch()))
-        except KeyboardInterrupt:
-            pass
+        while True:
+            time.sleep(interval)
+            live.update(stats_view(fetch()))
 
 
 def _figures(row: Load) -> list[str]:

@@ -214,7 +214,7 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
                 "version 2 is newer than this roq reads": json.dumps(dict(good, version=2)),
                 "not a RoQ backup": json.dumps({"queues": good["queues"]}),
                 # the first queues are fine: a restore that did not check everything first would make them
-                "rule max_rate must be from 0": json.dumps(dict(good, queues=good["queues"] + [
+                "(rule max_rate) must be from 0": json.dumps(dict(good, queues=good["queues"] + [
                     {"name": "late", "exchanges": 1, "replicas": 1, "rules": {"max_rate": -1},
                      "settings": {"replicas": 1, "rules": {"max_rate": -1}}}])),
                 "exchanges must be an integer": json.dumps(dict(good, queues=good["queues"] + [

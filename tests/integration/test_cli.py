@@ -58,7 +58,7 @@ def test_user_mistakes(tmp_path, config, zk, paths, procs):
     assert_one_line_error(roq("--config", cfg, "queue", "show", "nope", cwd=tmp_path), 1, "does not exist")
     assert_one_line_error(roq("--config", cfg, "queue", "delete", "nope", cwd=tmp_path), 1, "does not exist")
     assert_one_line_error(roq("--config", cfg, "queue", "create", "q", "-x", "0", cwd=tmp_path), 1, "exchanges")
-    assert_one_line_error(roq("--set", "zk.nonsense=1", "config", "show", cwd=tmp_path), 1, "unknown key zk.nonsense")
+    assert_one_line_error(roq("--set", "zk.nonsense=1", "config", "show", cwd=tmp_path), 2, "unknown key zk.nonsense")
     assert_one_line_error(roq("--set", "zk.session_timeout=soon", "config", "show", cwd=tmp_path), 1, "must be float")
     assert roq("--config", cfg, "queue", "create", "q", cwd=tmp_path).returncode == 0
     assert_one_line_error(roq("--config", cfg, "queue", "create", "q", cwd=tmp_path), 1, "already exists")
@@ -110,6 +110,14 @@ def test_local_cluster_survives_killing_the_leader(tmp_path):
     assert down.returncode == 0 and "stopped" in down.stdout
     state = tmp_path / ".roq" / "cluster" / "cluster.json"
     assert not state.exists()
+    # Its queues would come back with the next `up` (ZooKeeper's data is kept): it says so, and how to purge.
+    assert "kept ZooKeeper's data (queues, rules)" in down.stdout and "roq cluster down --purge" in down.stdout
+    assert (tmp_path / ".roq" / "cluster" / "zookeeper").is_dir()
+    purged = roq("cluster", "down", "--purge", cwd=tmp_path)
+    assert purged.returncode == 0 and "no local cluster was running" in purged.stdout, purged.stderr
+    assert "purged" in purged.stdout and "zookeeper" in purged.stdout and "kept" not in purged.stdout
+    assert not (tmp_path / ".roq" / "cluster").exists()  # ZooKeeper's data, logs, state: the next `up` starts empty
+    assert roq("cluster", "down", "--purge", cwd=tmp_path).stdout.splitlines()[-1].startswith("nothing to purge")
 
 
 def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):

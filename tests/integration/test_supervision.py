@@ -43,7 +43,7 @@ def test_an_exchange_that_always_crashes_is_left_alone_after_max_restarts(config
     wait_until(lambda: gauge(metrics, "roq_exchange_failed") == 1.0, timeout=45,
                message="the exchange marked failed")
     log = procs.logs["host-1"]
-    assert gauge(metrics, "roq_exchange_restarts") == MAX_RESTARTS
+    assert gauge(metrics, "roq_exchange_restarts_total") == MAX_RESTARTS
     assert log.read_text().count("started exchange q/x1 ") == MAX_RESTARTS + 1
     text = log.read_text()
     assert f"exited with code {int(Exit.CONFIG)}" in text and "FAILED, 3 crashes within 60s" in text
@@ -57,5 +57,5 @@ def test_an_exchange_that_always_crashes_is_left_alone_after_max_restarts(config
         assert read_live(zk, paths, "q") == {}
         assert log.read_text().count("started exchange q/x1 ") == MAX_RESTARTS + 1
         time.sleep(0.2)
-    assert gauge(metrics, "roq_exchange_restarts") == MAX_RESTARTS
+    assert gauge(metrics, "roq_exchange_restarts_total") == MAX_RESTARTS
     assert gauge(metrics, "roq_exchange_failed") == 1.0

@@ -11,14 +11,9 @@ import pytest
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.tools.testing import wait_until
-from tests.integration.conftest import create, start_cluster
+from tests.integration.conftest import create
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def cluster(config, zk, paths, procs):
-    return start_cluster(procs, zk, paths)
 
 
 def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:

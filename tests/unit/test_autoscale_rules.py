@@ -22,7 +22,7 @@ def test_rules_are_validated_and_merged_with_defaults() -> None:
     assert rules == dict(DEFAULT_RULES, max_rate=5000.0, max_exchanges=4)
     for bad, message in (({"max_rate": -1}, "from 0"), ({"speed": 1}, "unknown rule"),
                          ({"max_exchanges": 2.5}, "integer"), ({"max_cpu": "high"}, "number"),
-                         ({"min_exchanges": 5, "max_exchanges": 3}, "above max_exchanges"),
+                         ({"min_exchanges": 5, "max_exchanges": 3}, "--min must be <= --max"),
                          ({"max_rate": True}, "number")):
         with pytest.raises(UserError, match=message):
             check_rules({}, bad)
@@ -55,3 +55,13 @@ def test_scale_in_needs_room_below_the_limit_with_one_exchange_fewer() -> None:
 def test_summary_adds_up_the_exchanges() -> None:
     s = summary([100, 250], publishers=2)
     assert s.msgs_in_per_s == 350 and s.publishers == 4 and s.running == s.exchanges == 2
+
+
+def test_rules_first_set_without_min_keep_the_queue_size() -> None:
+    assert check_rules({}, {"max_rate": 50_000, "max_exchanges": 6}, size=2)["min_exchanges"] == 2
+    assert check_rules({}, {"max_rate": 50_000, "min_exchanges": 1}, size=2)["min_exchanges"] == 1  # asked for
+    assert check_rules({}, {"max_exchanges": 3}, size=5)["min_exchanges"] == 3  # never above --max
+    stored = check_rules({}, {"max_rate": 100}, size=4)
+    assert check_rules(stored, {"max_rate": 200}, size=1)["min_exchanges"] == 4  # later changes keep the floor
+    with pytest.raises(UserError, match=r"--max-rate \(rule max_rate\) must be from 0"):
+        check_rules({}, {"max_rate": -1})

@@ -15,7 +15,16 @@ import pytest
 from exchange.stats import Counters
 from exchange.stats import ExchangeStats as Accumulator
 from gcm.autoscaler import QueueState, stats_records, summarise_queue
-from roq.metrics import EXCHANGE_GAUGES, HCM_HOST_GAUGES, LEADER_HOST_GAUGES, QUEUE_GAUGES, exchange_samples
+from roq.metrics import (
+    CONFIRM_HISTOGRAM,
+    EXCHANGE_COUNTERS,
+    EXCHANGE_GAUGES,
+    REPLICA_COUNTERS,
+    REPLICA_GAUGES,
+    Families,
+    exchange_metrics,
+    leader_metrics,
+)
 from roq.records import (
     ClusterStats,
     ExchangeSample,
@@ -84,10 +93,13 @@ def test_records_survive_json_and_msgpack(record: Record) -> None:
 def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
     report = ExchangeStats.from_dict(OLD_EXCHANGE_REPORT).to_dict()
     assert report.items() >= OLD_EXCHANGE_REPORT.items()
-    assert set(report) - set(OLD_EXCHANGE_REPORT) == {"held_acks", "replicated_to", "next_pos"}  # issue 18, added
+    assert set(report) - set(OLD_EXCHANGE_REPORT) == {"held_acks", "replicated_to", "next_pos",  # issue 18, added
+                                                      "confirm_buckets", "confirm_seconds_sum",  # issue 20
+                                                      "consumers"}  # issue 20: consumer lag
     assert HostStats.from_dict(OLD_HOST_FIGURES).to_dict() == OLD_HOST_FIGURES
     summary = queue_summary().to_dict()
-    assert set(summary) == OLD_QUEUE_KEYS and all(set(row) == OLD_ROW_KEYS for row in summary["by_exchange"])
+    assert set(summary) == OLD_QUEUE_KEYS | {"subscribers"}  # issue 20: consumer lag, added
+    assert all(set(row) == OLD_ROW_KEYS | {"consumers"} for row in summary["by_exchange"])
     assert set(cluster().to_dict()["hosts"]["h1"]) == set(OLD_HOST_FIGURES) | {"capacity"}
     # Keys only some reports carry are left out while unknown; a row of the aggregate keeps them as null.
     assert not {"latency_p50_ms", "latency_p99_ms", "at"} & set(ExchangeStats().to_dict())
@@ -163,14 +175,43 @@ def test_the_statistics_stream_and_its_spark_schema() -> None:
         "cpu_percent double, memory_percent double, exchanges long")
 
 
-def test_gauges_name_record_fields() -> None:
-    assert set(EXCHANGE_GAUGES) <= {f.name for f in fields(ExchangeStats)}
-    assert set(QUEUE_GAUGES) <= {f.name for f in fields(QueueStats)}
-    assert set(HCM_HOST_GAUGES) <= {f.name for f in fields(HostStats)}
-    assert set(LEADER_HOST_GAUGES) <= {f.name for f in fields(HostSummary)}
-    report = ExchangeStats.from_dict(OLD_EXCHANGE_REPORT)
-    row = queue_summary().by_exchange[0]
-    # A report, its wire map, and the leader's row (only the gauges a row has) give the same samples.
-    assert list(exchange_samples("q", "x1", "h1", report)) == list(exchange_samples("q", "x1", "h1", report.to_dict()))
-    assert {name for name, *_ in exchange_samples("q", "x1", "h1", row)} == \
-        {f"roq_exchange_{key}" for key in EXCHANGE_GAUGES if key in OLD_ROW_KEYS}
+def test_metrics_name_record_fields() -> None:
+    report_fields = {f.name for f in fields(ExchangeStats)}
+    for table in (EXCHANGE_COUNTERS, EXCHANGE_GAUGES, REPLICA_COUNTERS, REPLICA_GAUGES):
+        assert {key for key, _ in table.values()} <= report_fields
+    assert all(name.endswith("_total") for name in (*EXCHANGE_COUNTERS, *REPLICA_COUNTERS))
+    assert not any(name.endswith(("_total", "_per_s")) for name in (*EXCHANGE_GAUGES, *REPLICA_GAUGES))
+
+
+def test_an_exchange_report_as_prometheus_families() -> None:
+    accumulator = Accumulator()
+    accumulator.totals.msgs_in = 7
+    for seconds in (0.00005, 0.0001, 0.003, 9.0):  # a bound counts as within its bucket (le)
+        accumulator.note_confirm(seconds)
+    out = Families()
+    exchange_metrics(out, "q", "x1", "h1", ExchangeStats.from_dict(accumulator.snapshot().to_dict()), 2, False)
+    families = {family.name: family for family in out}
+    labels = {"queue": "q", "exchange": "x1", "host": "h1"}
+    messages = families["roq_exchange_messages_in"]  # a counter family: its sample is named ..._total
+    assert messages.type == "counter" and [(s.name, s.labels, s.value) for s in messages.samples] == \
+        [("roq_exchange_messages_in_total", labels, 7.0)]
+    assert families["roq_exchange_restarts"].samples[0].value == 2.0
+    buckets = {s.labels["le"]: s.value for s in families[CONFIRM_HISTOGRAM].samples if s.name.endswith("_bucket")}
+    assert (buckets["0.0001"], buckets["0.001"], buckets["0.005"], buckets["2.5"], buckets["+Inf"]) == (2, 2, 3, 3, 4)
+    assert {s.name: s.value for s in families[CONFIRM_HISTOGRAM].samples}["roq_exchange_confirm_seconds_sum"] == \
+        pytest.approx(9.00315)
+    # A report of a version without the histogram gives none, and no rate is exported.
+    old = Families()
+    exchange_metrics(old, "q", "x1", "h1", ExchangeStats.from_dict(OLD_EXCHANGE_REPORT), 0, False)
+    assert CONFIRM_HISTOGRAM not in {family.name for family in old}
+    assert not any("per_s" in family.name for family in old)
+
+
+def test_the_leader_exports_aggregates_of_its_own() -> None:
+    out = Families()
+    leader_metrics(out, cluster())
+    names = {family.name for family in out}
+    assert names and all(name.startswith(("roq_queue_", "roq_cluster_")) for name in names)
+    values = {(s.name, tuple(s.labels.values())): s.value for family in out for s in family.samples}
+    assert values[("roq_queue_exchanges", ("q",))] == 3 and values[("roq_queue_running", ("q",))] == 2
+    assert values[("roq_cluster_unplaced_exchanges", ())] == 1 and values[("roq_cluster_hosts", ())] == 1

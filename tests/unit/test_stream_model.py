@@ -73,7 +73,14 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from exchange.chains import PrefixChains
 from exchange.retention import Retention
@@ -235,8 +242,8 @@ class StreamModel(RuleBasedStateMachine):
         if running:
             for publisher, topic in early:
                 self._publish(publisher, topic, 1)
-            self.streams.start_at_sync = {EXCHANGE}
-            self.start_at_sync = {EXCHANGE}
+            self.streams.start_at_sync = {self.exchange.incarnation}
+            self.start_at_sync = {self.exchange.incarnation}
         self._connect(sync_lost=False)
 
     def deliver(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
@@ -265,8 +272,8 @@ class StreamModel(RuleBasedStateMachine):
         m = self._mirror(incarnation)
         live_from = min([live_from] + m.pending)  # frames in hand count as live
         if not m.known:
-            if EXCHANGE in self.start_at_sync:
-                self.start_at_sync.discard(EXCHANGE)
+            if incarnation in self.start_at_sync:
+                self.start_at_sync.discard(incarnation)
                 start = live_from - 1
             else:
                 start = 0
@@ -509,6 +516,29 @@ class StreamModel(RuleBasedStateMachine):
         if self.connected:
             self.network.append((protocol.BEAT_TOPIC, protocol.encode_sync(
                 EXCHANGE, ex.incarnation, ex.retention.next_pos, protocol.BEAT)))
+
+    @rule()
+    def save_position(self) -> None:
+        """Where Subscriber saves its position (between frames): the floors brought up to date."""
+        self.streams.refresh_floors()
+        self.floors_never_pass_an_unhandled_frame()
+
+    @invariant()
+    def floors_never_pass_an_unhandled_frame(self) -> None:
+        """8. A stream's floor (where a saved position resumes) never passes a frame of ours that
+        was neither handed over nor counted lost: at every step, refreshed or not."""
+        if not hasattr(self, "streams"):
+            return
+        for inc, stream in self.streams.streams.items():
+            if not stream.known:
+                continue
+            start = self.window.get(inc, (0, 0))[0]
+            for (i, pos), sent in self.exchange.sent.items():
+                if i != inc or pos <= start or pos > stream.floor or not self._ours(sent.topic) \
+                        or (i, pos) in self.excused:
+                    continue
+                assert (i, pos) in self.handed or sent.reported_lost is not None, \
+                    f"the floor {stream.floor} of {inc} passes frame {pos} ({sent.topic!r}), never handed over"
 
     @rule()
     def expire_syncs(self) -> None:

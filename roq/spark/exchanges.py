@@ -1,0 +1,160 @@
+"""What the `roq` source asks the cluster: where each exchange's stream stands, and its frames.
+
+The driver reads ZooKeeper once per offset (the queue's running exchanges and their
+replay endpoints) and asks each exchange for its position. Executors, and the driver
+when it counts messages for `maxOffsetsPerTrigger`, fetch frames straight from the
+exchanges' replay endpoints (docs/protocol.md section 5): never ZooKeeper. An
+exchange that does not answer a position request within FETCH_TIMEOUT_MS is left out
+of that offset (its frames stay retained for the next); one that does not answer a
+fetch fails the task, which Spark retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from roq.spark.options import config_from
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_MS = 10_000
+PAGE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """Where one exchange's stream stands: `pos` the last frame sent, `oldest` the oldest retained."""
+    inc: str
+    pos: int
+    oldest: int
+    replay: str
+
+
+class QueueView:
+    """The driver's view of one queue through ZooKeeper. A stream asks at every trigger, so the
+    client is kept until close() (the reader's stop()): one ZooKeeper session per query, not one
+    per trigger. Never pickled with its client (Spark ships readers to executors)."""
+
+    def __init__(self, conn: dict[str, str], queue: str) -> None:
+        self.conn, self.queue = conn, queue
+        self.client: Any = None
+
+    def positions(self) -> dict[str, StreamEnd]:
+        """The running exchanges that answered; QueueNotFoundError if there is no such queue."""
+        from roq.state import read_live
+        config = config_from(self.conn)
+        ends = {}
+        for xid, data in read_live(self._checked(config), self._paths(config), self.queue).items():
+            if data.get("replay"):
+                answer = ask_position(data["replay"], config)
+                if answer is not None:
+                    ends[xid] = answer
+        return ends
+
+    def check(self) -> None:
+        """QueueNotFoundError unless the queue exists: the sink checks on the driver, before any task."""
+        self._checked(config_from(self.conn))
+
+    def close(self) -> None:
+        from roq.zk import stop_client
+        if self.client is not None:
+            stop_client(self.client)
+            self.client = None
+
+    def _checked(self, config: Any) -> Any:
+        from roq.errors import QueueNotFoundError
+        from roq.zk import start_client
+        if self.client is None:
+            self.client = start_client(config)
+        if self.client.exists(self._paths(config).queue(self.queue)) is None:
+            raise QueueNotFoundError(f"queue {self.queue!r} does not exist in {config.zk.hosts}{config.zk.root} "
+                                     "(roq queue list shows the queues)")
+        return self.client
+
+    @staticmethod
+    def _paths(config: Any) -> Any:
+        from roq.paths import Paths
+        return Paths(config.zk.root)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"conn": self.conn, "queue": self.queue, "client": None}
+
+
+def ask_position(endpoint: str, config: Any) -> StreamEnd | None:
+    from roq import protocol
+    sock = _socket(config)
+    try:
+        sock.connect(endpoint)
+        sock.send(protocol.encode_position_request(1))
+        if not sock.poll(FETCH_TIMEOUT_MS):
+            log.warning("exchange at %s did not answer a position request", endpoint)
+            return None
+        try:
+            answer = protocol.decode_replay_reply(sock.recv(), protocol.MAX_CONTROL_FRAME)
+        except protocol.ProtocolError:  # ReplayRefused included
+            return None
+        if not isinstance(answer, protocol.StreamPosition):
+            return None
+        return StreamEnd(answer.incarnation, answer.next_pos - 1, answer.oldest, endpoint)
+    finally:
+        sock.close(linger=0)
+
+
+def fetch_deliveries(exchange: str, replay: str, incarnation: str, after: int, upto: int,
+                     topics: tuple[bytes, ...], conn: dict[str, str], fail_on_loss: bool) -> Iterator[Any]:
+    """(topic, roq.protocol.Delivery) of the frames after < pos <= upto, page by page."""
+    from roq import protocol
+    sock = _socket(config_from(conn) if conn else None)
+    sock.connect(replay)
+    try:
+        request_id = 0
+        while after < upto:
+            request_id += 1
+            sock.send(protocol.encode_fetch(request_id, incarnation, after, upto + 1, list(topics), PAGE_BYTES))
+            if not sock.poll(FETCH_TIMEOUT_MS):
+                raise TimeoutError(f"exchange {exchange} did not answer a fetch in {FETCH_TIMEOUT_MS / 1000:.0f}s")
+            page = protocol.decode_replay_reply(sock.recv(), 1 << 30)
+            if not isinstance(page, protocol.Frames) or page.request_id != request_id:
+                continue
+            if page.oldest > after + 1 and after > 0 and fail_on_loss:
+                raise RuntimeError(f"exchange {exchange}: positions {after + 1}..{page.oldest - 1} left its "
+                                   "retention before this query read them (failOnDataLoss)")
+            for topic, body in page.frames:
+                yield topic, protocol.decode_delivery(body)
+            after = upto if page.done else max(after + 1, page.scanned_to)
+    finally:
+        sock.close(linger=0)
+
+
+def walk_messages(exchange: str, end: StreamEnd, after: int, skip: int, upto: int, budget: int,
+                  topics: tuple[bytes, ...], conn: dict[str, str]) -> tuple[int, int, int]:
+    """From (after, skip) take at most `budget` messages of the frames up to `upto`:
+    the (pos, msgs) reached and how many were taken. The driver counts them here, fetching
+    the frames once more, because a frame holds a batch of messages of unknown size."""
+    from roq.errors import RoqError
+    taken = 0
+    try:
+        for _topic, delivery in fetch_deliveries(exchange, end.replay, end.inc, after, upto, topics, conn, False):
+            already = skip if delivery.pos == after + 1 else 0
+            count = len(delivery.seqs) - already
+            if taken + count > budget:
+                return delivery.pos - 1, already + budget - taken, budget
+            taken += count
+    except (TimeoutError, OSError, RoqError) as exc:  # busy, restarted: counted at the next trigger
+        log.warning("exchange %s: could not count messages for maxOffsetsPerTrigger (%s): not advanced", exchange, exc)
+        return after, skip, 0
+    return upto, 0, taken
+
+
+def _socket(config: Any) -> Any:
+    import zmq
+
+    from roq.security import secure_client
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    if config is not None:
+        secure_client(sock, config)
+    return sock

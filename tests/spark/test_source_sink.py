@@ -1,0 +1,132 @@
+"""The `roq` source and sink the way Spark's Kafka source is used, on the shared local session and
+a real cluster: maxOffsetsPerTrigger in messages, positions JSON, `value` and `topic`, and the
+errors a user meets (unknown queue, nothing retained, missing columns, overwrite)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.tools.testing import wait_until
+from tests.integration.conftest import create
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def source(spark, config, queue: str, streaming: bool = False, **options: str):
+    reader = (spark.readStream if streaming else spark.read).format("roq")
+    reader = reader.option("zk", config.zk.hosts).option("root", config.zk.root).option("queue", queue)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader
+
+
+def sink(frame, config, queue: str, **options: str):
+    writer = frame.write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+    writer = writer.option("queue", queue)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    return writer
+
+
+def one_frame_each(config, zk, queue: str, count: int) -> None:
+    """`count` messages, one frame each: positions 1..count hold sequences 1..count."""
+    with Publisher(queue, config, zk=zk) as pub:
+        for i in range(1, count + 1):
+            pub.publish("t", str(i).encode())
+            pub.flush(10)
+
+
+def run_available_now(spark, reader, name: str) -> list[int]:
+    """Run a stream to a memory table until what was there at its start is read; the rows of each batch."""
+    query = reader.load().writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+    query.awaitTermination(90)
+    assert query.exception() is None, query.exception()
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+def test_max_offsets_per_trigger_counts_messages_even_inside_a_frame(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "bounded", 2)
+    with Publisher("bounded", config, zk=zk, prefer="x1") as pub:
+        pub.publish_many("bulk", [str(i).encode() for i in range(500)])  # frames of many messages
+        pub.flush(30)
+    with Publisher("bounded", config, zk=zk, prefer="x2") as pub:
+        for i in range(200):
+            pub.publish("single", str(i).encode())
+        pub.flush(30)
+    batches = run_available_now(spark, source(spark, config, "bounded", True, startingOffsets="Earliest",
+                                              maxOffsetsPerTrigger="150"), "bounded")
+    assert sum(batches) == 700 and max(batches) <= 150 and len(batches) >= 5, batches
+    distinct = spark.sql("select count(distinct publisher, sequence) as n from bounded").first().n
+    assert distinct == 700  # batches that ended inside a frame went on exactly where they stopped
+
+
+def test_positions_json_reads_a_chosen_range_in_a_batch_and_a_stream(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "ranged", 1)
+    one_frame_each(config, zk, "ranged", 10)
+    frame = source(spark, config, "ranged", startingOffsets='{"x1": {"pos": 3}}',
+                   endingOffsets=json.dumps({"x1": {"pos": 7}})).load()
+    assert sorted(r.sequence for r in frame.collect()) == [4, 5, 6, 7]
+    assert source(spark, config, "ranged", startingOffsets='{"x1": "earliest"}').load().count() == 10
+    run_available_now(spark, source(spark, config, "ranged", True, startingOffsets='{"x1": {"pos": 8}}'), "ranged")
+    assert sorted(r.sequence for r in spark.sql("select sequence from ranged").collect()) == [9, 10]
+    with pytest.raises(Exception, match="startingOffsets names x7: not a running exchange of the queue"):
+        source(spark, config, "ranged", startingOffsets='{"x7": -2}').load().count()
+
+
+def test_rows_carry_value_and_topic_and_a_schema_may_pick_columns(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "valued", 1)
+    with Publisher("valued", config, zk=zk) as pub:
+        pub.publish("eu.orders", b"\x00\xffbytes")
+        pub.flush(10)
+    row = source(spark, config, "valued").load().first()
+    assert (row.topic, row.value, row.payload) == ("eu.orders", bytearray(b"\x00\xffbytes"), row.value)
+    picked = source(spark, config, "valued").schema("value binary, topic string").load()
+    assert picked.columns == ["value", "topic"] and picked.first().topic == "eu.orders"
+
+
+def test_a_queue_with_nothing_retained_reads_as_an_empty_dataframe(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "quiet", 2)
+    frame = source(spark, config, "quiet").load()
+    assert frame.count() == 0 and frame.columns[:3] == ["topic", "payload", "value"]
+
+
+def test_an_unknown_queue_fails_the_stream_at_once_and_the_batch_read(spark, config, zk, paths, cluster):
+    query = (source(spark, config, "no-such-queue", True).load().writeStream.format("memory")
+             .queryName("nothing").start())
+    with pytest.raises(Exception) as caught:
+        query.awaitTermination(60)  # returned False (no exception) before: it waited forever
+    assert "queue 'no-such-queue' does not exist" in str(caught.value)
+    with pytest.raises(Exception, match="queue 'no-such-queue' does not exist"):
+        source(spark, config, "no-such-queue").load().count()
+
+
+def test_an_option_the_source_does_not_know_is_an_error_naming_the_known_ones(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "typo", 1)
+    with pytest.raises(Exception, match="no option maxofsetspertrigger; its options are .*maxOffsetsPerTrigger"):
+        source(spark, config, "typo", True, maxOfsetsPerTrigger="10").load().writeStream.format("memory") \
+            .queryName("typo").start().awaitTermination(30)
+
+
+def test_the_sink_takes_value_and_a_default_topic_and_refuses_what_it_cannot_do(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "valuesink", 1)
+    got: list[tuple[bytes, bytes]] = []
+    with Subscriber("valuesink", config, zk=zk, callback=lambda m: got.append((m.topic, m.payload))) as sub:
+        sub.wait_connected()
+        frame = spark.createDataFrame([(f"v{i}".encode(),) for i in range(50)], "value binary")
+        sink(frame, config, "valuesink", topic="kafka.style").mode("append").save()
+        wait_until(lambda: len(got) >= 50, timeout=20, message="the 50 rows")
+    assert sorted(got) == sorted((b"kafka.style", f"v{i}".encode()) for i in range(50))
+    wrong = spark.createDataFrame([("a", 1)], "name string, amount int")
+    with pytest.raises(Exception, match="the roq sink needs a 'value' \\(or 'payload'\\) column, binary or string, "
+                                        "and a 'topic' string column or .option\\('topic', ...\\); the DataFrame "
+                                        "has: name string, amount int"):
+        sink(wrong, config, "valuesink").mode("append").save()
+    right = spark.createDataFrame([("t", "p")], "topic string, payload string")
+    with pytest.raises(Exception, match="the roq sink only appends .*use .mode\\('append'\\)"):
+        sink(right, config, "valuesink").mode("overwrite").save()
+    with pytest.raises(Exception, match="queue 'nowhere' does not exist"):
+        sink(right, config, "nowhere").mode("append").save()
