@@ -128,6 +128,16 @@ def read_json(client: KazooClient, path: str) -> dict[str, Any] | None:
     return decode(raw)
 
 
+def read_json_within(client: KazooClient, path: str, timeout: float) -> dict[str, Any] | None:
+    """`read_json`, giving up with KazooTimeoutError after `timeout`: a read sent as the
+    connection drops waits for a reconnection, which without a quorum never comes."""
+    try:
+        raw, _ = client.get_async(path).get(timeout=timeout)
+    except NoNodeError:
+        return None
+    return decode(raw)
+
+
 def children(client: KazooClient, path: str) -> list[str]:
     try:
         return sorted(client.retry(client.get_children, path))

@@ -38,8 +38,7 @@ from roq.errors import (
 from roq.paths import Paths
 from roq.protocol import decode_reply, encode_request
 from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
-from roq.state import read_leader
-from roq.zk import start_client, stop_client
+from roq.zk import read_json_within, start_client, stop_client
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +46,7 @@ READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status"}
 # Every ZooKeeper server refusing connections this long: none runs there, say so instead of
 # waiting out zk.connect_timeout (a server that is merely slow still gets all of it).
 ZK_REFUSED_FOR = 1.5
+LEADER_READ_TIMEOUT = 3.0  # seconds: the leader's znode is read on every call
 
 
 class Admin:
@@ -160,7 +160,7 @@ class Admin:
             raise ZooKeeperUnavailableError(
                 f"ZooKeeper at {self.config.zk.hosts} is unreachable or has lost its quorum")
         try:
-            leader = read_leader(self.zk, self.paths)
+            leader = read_json_within(self.zk, self.paths.leader, LEADER_READ_TIMEOUT)
         except (KazooException, KazooTimeoutError):
             # ZooKeeper unreachable or without quorum: try the last leader we knew.
             if self._last_leader:
