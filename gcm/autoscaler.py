@@ -139,13 +139,14 @@ class Autoscaler:
                 raise QueueNotFoundError(f"queue {name!r} does not exist")
             settings = dict(info.settings)
             current = {} if clear is True else dict(settings.get("rules") or {})
-            if rules is None and clear is not True:
-                return dict(DEFAULT_RULES, **current)
+            unset = dict(DEFAULT_RULES, min_exchanges=max(1, min(len(info.exchanges), DEFAULT_RULES["max_exchanges"])))
+            if rules is None and clear is not True:  # a queue without rules shows the floor rules would get
+                return dict(DEFAULT_RULES, **current) if current else unset
             if self.fence.already_applied():  # a retry of a change made: the rules as they are
                 return dict(DEFAULT_RULES, **(settings.get("rules") or {}))
             if clear is True and not rules:  # back to a fixed size: no rules at all, not the defaults
                 settings.pop("rules", None)
-                merged = dict(DEFAULT_RULES)
+                merged = unset
             else:
                 merged = check_rules(current, rules or {}, size=len(info.exchanges))
                 settings["rules"] = merged

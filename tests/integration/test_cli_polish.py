@@ -48,6 +48,8 @@ def test_rules_without_min_keep_the_queue_at_its_size(tmp_path, config, zk, path
     start_cluster(procs, zk, paths, "exchange.stats_interval=0.3", gcm_settings=QUICK_LEADER)
     create(config, zk, paths, "orders", 2)
     cfg = str(config_file(tmp_path, config))
+    unset = roq("--config", cfg, "queue", "rules", "orders", "--json")  # none yet: the floor they would get
+    assert unset.returncode == 0 and json.loads(unset.stdout)["min_exchanges"] == 2, unset.stdout + unset.stderr
     shown = roq("--config", cfg, "queue", "rules", "orders", "--max-rate", "50000", "--max", "6", "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["min_exchanges"] == 2  # the floor: its size when the rules were set
