@@ -380,16 +380,16 @@ class Subscriber:
 
     def _save_tick(self) -> None:
         """I/O thread, every client.position_save_interval: save, and tell the exchanges."""
-        self._save_position(quiet=True)
-        self._report_progress()
+        saved = self._save_position(quiet=True)
+        if saved is not None:
+            self._report_progress(saved["streams"])
 
-    def _report_progress(self, now: float | None = None) -> None:
-        """Tell each running exchange how far this durable subscriber took its stream, when that
-        moved (or every PROGRESS_REFRESH): `roq stats` and /metrics show the lag."""
+    def _report_progress(self, taken: dict[str, int], now: float | None = None) -> None:
+        """Tell each running exchange how far this durable subscriber took its stream (`taken`: the
+        saved resume points), when that moved (or every PROGRESS_REFRESH): `roq stats` and /metrics
+        show the lag."""
         assert self.durable is not None
         now = time.monotonic() if now is None else now
-        with self._taken_lock:
-            taken = self._resume_points(quiet=True)  # on the I/O thread, just after the save refreshed the floors
         for xid, live in self.topology_snapshot().items():
             inc = live.get("incarnation")
             if not isinstance(inc, str) or not inc or inc in self._streams.start_at_sync:
@@ -400,13 +400,16 @@ class Subscriber:
                 self._replay.report(xid, self.durable, inc, pos)
                 self._reported[xid] = (pos, now)
 
-    def _save_position(self, quiet: bool = False) -> None:
+    def _save_position(self, quiet: bool = False) -> dict[str, Any] | None:
+        """A durable subscriber's position, saved to its file (kept going if the file cannot be)."""
         if self._position_path is None:
-            return
+            return None
+        data = self._position(quiet)
         try:
-            save_position(self._position_path, self._position(quiet))
+            save_position(self._position_path, data)
         except OSError as exc:
             log.warning("could not save the subscriber position to %s: %s", self._position_path, exc)
+        return data
 
     # ------------------------------------------------------------ the I/O thread's hand-over
 

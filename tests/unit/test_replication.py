@@ -816,6 +816,16 @@ def exchange(ctx: zmq.Context) -> Iterator[Exchange]:
     e.close()
 
 
+def confirmed_through_the_replica(e: Exchange, count: int) -> zmq.Socket:
+    """A publisher whose first batch (`count` messages) the replica held, so it was confirmed."""
+    assert e.fw.link is not None
+    e.fw.link.point_to(e.replica.repl_endpoint)
+    pub, _ = e.publisher(1)
+    pub.send(batch(e, 1, count))
+    assert e.answer(pub, replicate=True).seq == count
+    return pub
+
+
 def batch(e: Exchange, first: int, count: int) -> bytes:
     flat: list[bytes] = []
     for seq in range(first, first + count):
@@ -839,11 +849,7 @@ def test_the_forwarder_acks_a_batch_only_once_the_replica_holds_it(exchange: Exc
 
 def test_a_welcome_names_only_what_was_confirmed_and_a_resent_batch_waits_too(exchange: Exchange) -> None:
     e, fw = exchange, exchange.fw
-    assert fw.link is not None
-    fw.link.point_to(e.replica.repl_endpoint)
-    pub, _ = e.publisher(1)
-    pub.send(batch(e, 1, 2))
-    assert e.answer(pub, replicate=True).seq == 2
+    pub = confirmed_through_the_replica(e, 2)
     pub.send(batch(e, 3, 2))
     assert e.quiet(pub)  # forwarded (3-4 are in the stream), the replica not asked
     # The publisher reconnects: the welcome must not name 4, which only this process holds.
@@ -860,11 +866,7 @@ def test_a_welcome_names_only_what_was_confirmed_and_a_resent_batch_waits_too(ex
 
 def test_a_sealed_forwarder_confirms_nothing_more(exchange: Exchange) -> None:
     e, fw = exchange, exchange.fw
-    assert fw.link is not None
-    fw.link.point_to(e.replica.repl_endpoint)
-    pub, _ = e.publisher(1)
-    pub.send(batch(e, 1, 1))
-    assert e.answer(pub, replicate=True).seq == 1
+    pub = confirmed_through_the_replica(e, 1)
     e.replica.seal(fw.incarnation)
     pub.send(batch(e, 2, 1))
     deadline = time.monotonic() + WAIT
