@@ -156,6 +156,25 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True)
+class WebConfig:
+    """The web console and HTTP gateway, `roq web` / `roq-web` (docs/http.md)."""
+    bind: str = "127.0.0.1"
+    port: int = 8080  # 0 = a free port (printed at start)
+    auth: bool = False  # require a token (web.tokens_file) for every API call
+    tokens_file: str = ""  # lines "NAME ROLE SHA256", written by `roq web token add`
+    tls_cert: str = ""  # PEM files: with both set, the gateway serves HTTPS
+    tls_key: str = ""
+    secure_cookies: bool = False  # mark the session cookie Secure (always, with TLS): behind a TLS proxy
+    sample_interval: float = 2.0  # cluster statistics sampled for the console's charts
+    history_seconds: float = 600.0  # how far back the charts go
+    publish_timeout: float = 10.0  # a publish is answered 503 when not confirmed in this time
+    max_streams: int = 64  # open SSE subscriptions at once; more are answered 503
+    max_publishers: int = 100  # queues with an open publisher at once (least recently used closed)
+    idle_publisher_seconds: float = 300.0  # a queue's publisher unused this long is closed
+    session_seconds: float = 43_200.0  # a console login lasts this long
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     run_dir: str = ".roq/cluster"
     gcms: int = 2
@@ -177,6 +196,7 @@ class Config:
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    web: WebConfig = field(default_factory=WebConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -349,6 +369,11 @@ def _validate(c: Config) -> None:
         ("client.publish_timeout", c.client.publish_timeout),
         ("client.confirm_timeout", c.client.confirm_timeout), ("client.replay_bytes", c.client.replay_bytes),
         ("cluster.gcms", c.cluster.gcms), ("cluster.hcms", c.cluster.hcms),
+        ("web.sample_interval", c.web.sample_interval), ("web.history_seconds", c.web.history_seconds),
+        ("web.publish_timeout", c.web.publish_timeout), ("web.max_streams", c.web.max_streams),
+        ("web.max_publishers", c.web.max_publishers),
+        ("web.idle_publisher_seconds", c.web.idle_publisher_seconds),
+        ("web.session_seconds", c.web.session_seconds),
     ):
         positive(where, value)
     if c.hcm.restart_backoff_max < c.hcm.restart_backoff:
@@ -365,7 +390,7 @@ def _validate(c: Config) -> None:
         raise ConfigError("exchange.replay_budget_bytes must be at least 2 x exchange.fetch_max_bytes")
     if c.exchange.max_batch_bytes < c.exchange.max_message_bytes:
         raise ConfigError("exchange.max_batch_bytes must be >= exchange.max_message_bytes")
-    for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port)):
+    for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port), ("web.port", c.web.port)):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where} must be a TCP port (0 = any free one), got {port}")
     for where, port in (("gcm.metrics_port", c.gcm.metrics_port), ("hcm.metrics_port", c.hcm.metrics_port)):
@@ -395,6 +420,11 @@ def _validate(c: Config) -> None:
         raise ConfigError("security.max_connections_per_client must be >= 0 (0 = no limit)")
     if c.security.curve and not c.security.keys_dir:
         raise ConfigError("security.curve needs security.keys_dir (make one with `roq keys generate DIR`)")
+    if bool(c.web.tls_cert) != bool(c.web.tls_key):
+        raise ConfigError("web.tls_cert and web.tls_key go together: give both (HTTPS) or neither")
+    if c.web.auth and not c.web.tokens_file:
+        raise ConfigError("web.auth needs web.tokens_file "
+                          "(make one with `roq web token add NAME --role admin --file F`)")
     credentials: list[tuple[str, str]] = [("zk.auth", c.zk.auth)]
     credentials += [("zk.readers", r) for r in credential_list(c.zk.readers)]
     for where, credential in credentials:

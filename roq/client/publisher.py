@@ -34,6 +34,8 @@ from roq.errors import (
     QueueNotFoundError,
     RequestTimeoutError,
     RoqError,
+    UserError,
+    error_from_code,
 )
 from roq.names import check_topic
 from roq.security import load_keys
@@ -132,6 +134,33 @@ class Publisher:
                     link.wake()  # before waiting for room: the I/O thread must send what is queued
         return range(first, first + len(items))
 
+    def publish_all(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
+        """`publish_many`, all or nothing: waits until the whole list fits under
+        `client.max_unconfirmed`, then queues it in one step. BackpressureError after `timeout`
+        with nothing queued; a list longer than the limit is a UserError."""
+        checked = self._remember_topic(topic)
+        items = _checked_payloads(payloads, self._max_message)
+        limit = self._max_unconfirmed
+        if len(items) > limit:
+            raise UserError(f"{len(items)} messages at once exceed client.max_unconfirmed={limit}")
+        wait = self.config.client.publish_timeout if timeout is None else timeout
+        log = self._log
+        with self._lock:
+            fits = self._cond.wait_for(
+                lambda: log.unconfirmed + len(items) <= limit or self._closed or self.queue_deleted, wait)
+            if self._closed or self.queue_deleted:
+                self._raise_closed()
+            if not fits:
+                raise BackpressureError(f"{log.unconfirmed} messages unconfirmed for {wait:.1f}s, no room for "
+                                        f"{len(items)} more; is the queue's exchange reachable?")
+            first = log.next_seq
+            if items:
+                self._append_part(checked, items, 0, wait)  # it fits: one part
+                if not self._link.wake_pending:
+                    self._link.wake_pending = True
+                    self._link.wake()
+        return range(first, first + len(items))
+
     def _append_part(self, topic: bytes, items: list[bytes], done: int, wait: float) -> int:
         """Append as many of items[done:] as the unconfirmed limit allows (caller holds the lock);
         waits up to `wait` for room, then raises BackpressureError."""
@@ -184,6 +213,25 @@ class Publisher:
             target = self._log.next_seq - 1
             if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
                 raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after {timeout:.1f}s")
+
+    def wait_confirmed(self, seqs: range, timeout: float) -> None:
+        """Wait until messages `seqs` (and every one before them) are confirmed: RequestTimeoutError
+        after `timeout` seconds (it may still be confirmed later), QueueNotFoundError or RoqError
+        if the queue is deleted or the publisher closed meanwhile, MessageTooLargeError (or the
+        exchange's own error) if an exchange rejected one of them."""
+        if not seqs:
+            return
+        seq = seqs[-1]
+        with self._cond:
+            log = self._log
+            if not self._cond.wait_for(lambda: log.acked >= seq or self._closed or self.queue_deleted, timeout):
+                raise RequestTimeoutError(f"message {seq} not confirmed after {timeout:.1f}s: it may still be "
+                                          "delivered (the exchange may be failing over)")
+            if log.acked < seq:
+                self._raise_closed()
+        for rejected, code, message in self._link.rejected:
+            if rejected in seqs:
+                raise error_from_code(code, message)
 
     def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> None:
         """Wait until our exchange reports `count` RoQ subscribers connected to it (each one

@@ -1,0 +1,276 @@
+"""The HTTP API against a real cluster and a real `roq-web` process (tests/web/conftest.py):
+credentials and CSRF, publish answered after the confirm, SSE streams that resume exactly from
+any event's id (also on another gateway), idempotent retries, confirmed HTTP publishes surviving
+an exchange crash, and bad input refused without harm."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from roq.client import Subscriber
+from roq.client.admin import Admin
+from roq.paths import Paths
+from roq.state import read_live
+from roq.tools.testing import wait_until
+from tests.web.conftest import WebCluster, start_gateway
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+# ------------------------------------------------------------------ helpers
+
+def api(web: WebCluster, method: str, path: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
+    headers = kwargs.pop("headers", {})
+    if token != "":
+        headers = {**web.headers(token), **headers}
+    return httpx.request(method, web.url + path, headers=headers, timeout=30, **kwargs)
+
+
+def make_queue(web: WebCluster, name: str, exchanges: int = 1) -> None:
+    answer = api(web, "POST", "/api/queues", web.admin_token, json={"name": name, "exchanges": exchanges})
+    assert answer.status_code == 201, answer.text
+    paths = Paths(web.config.zk.root)
+    wait_until(lambda: len(read_live(web.zk, paths, name)) == exchanges, timeout=20, message="exchanges live")
+
+
+def publish_lines(web: WebCluster, queue: str, topic: str, lines: list[str], **headers: str) -> dict[str, Any]:
+    answer = api(web, "POST", f"/api/queues/{queue}/messages", params={"topic": topic, "split": "lines"},
+                 content="".join(f"{line}\n" for line in lines).encode(), headers=headers)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def sse_events(web: WebCluster, queue: str, count: int, url: str | None = None,
+               **params: Any) -> Iterator[dict[str, Any]]:
+    """Up to `count` events of a stream (each {"id", "event", "data"}), then the connection is
+    dropped, as a client going away would."""
+    headers = web.headers()
+    if "last_event_id" in params:
+        headers["Last-Event-ID"] = params.pop("last_event_id")
+    with httpx.stream("GET", (url or web.url) + f"/api/queues/{queue}/stream", params=params, headers=headers,
+                      timeout=httpx.Timeout(30, read=20)) as response:
+        assert response.status_code == 200, response.read().decode()
+        got, event = 0, {}
+        for line in response.iter_lines():
+            if not line:
+                if "data" in event:
+                    yield event
+                    got += 1
+                    if got >= count:
+                        return
+                event = {}
+                continue
+            field, _, value = line.partition(": ")
+            if field in ("id", "event", "data"):
+                event[field] = value
+
+
+def payloads_of(events: list[dict[str, Any]]) -> list[str]:
+    return [json.loads(e["data"])["payload"] for e in events]
+
+
+# ------------------------------------------------------------------ credentials and CSRF
+
+def test_reads_need_a_token_and_changes_need_the_admin_role(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    refused = api(web, "GET", "/api/cluster", token="")
+    assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+    assert api(web, "GET", "/api/cluster", token="roq_not-a-token").status_code == 401
+    cluster = api(web, "GET", "/api/cluster")
+    assert cluster.status_code == 200 and cluster.json()["leader"]["id"]
+    forbidden = api(web, "POST", "/api/queues", json={"name": "by-client"})
+    assert forbidden.status_code == 403 and "admin role" in forbidden.json()["message"]
+    with Admin(web.config, web.zk) as admin:
+        assert "by-client" not in [q["name"] for q in admin.list_queues()]
+    make_queue(web, "by-admin")
+    assert api(web, "DELETE", "/api/queues/by-admin").status_code == 403
+    assert api(web, "DELETE", "/api/queues/by-admin", web.admin_token).json() == {"deleted": "by-admin"}
+
+
+def test_a_console_session_is_an_httponly_cookie_and_its_changes_need_the_csrf_token(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    with httpx.Client(base_url=web.url, timeout=30) as browser:
+        assert browser.post("/api/session", json={"token": "roq_wrong"}).status_code == 401
+        login = browser.post("/api/session", json={"token": web.admin_token})
+        assert login.status_code == 200, login.text
+        cookie = login.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert web.admin_token not in login.text  # the token never comes back
+        csrf = login.json()["csrf"]
+        assert browser.get("/api/session").json()["role"] == "admin"
+        without = browser.post("/api/queues", json={"name": "csrf-q"})
+        assert without.status_code == 403 and without.json()["error"] == "csrf"
+        other_site = browser.post("/api/queues", json={"name": "csrf-q"},
+                                  headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"})
+        assert other_site.status_code == 403
+        made = browser.post("/api/queues", json={"name": "csrf-q"}, headers={"X-CSRF-Token": csrf})
+        assert made.status_code == 201, made.text
+        assert browser.delete("/api/queues/csrf-q", headers={"X-CSRF-Token": csrf}).status_code == 200
+        browser.delete("/api/session", headers={"X-CSRF-Token": csrf})
+        assert browser.get("/api/cluster").status_code == 401
+
+
+# ------------------------------------------------------------------ publish and stream
+
+def test_curl_publishes_and_streams_as_docs_http_md_shows(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    make_queue(web, "curl-q")
+    auth = f"Authorization: Bearer {web.client_token}"
+    published = subprocess.run(
+        ["curl", "-sS", "--fail-with-body", "-H", auth, "--data-binary", "hello from curl",
+         f"{web.url}/api/queues/curl-q/messages?topic=greetings"], capture_output=True, text=True, timeout=30)
+    assert published.returncode == 0, published.stdout + published.stderr
+    assert json.loads(published.stdout)["count"] == 1
+    streamed = subprocess.run(
+        ["curl", "-sS", "-N", "-H", auth, f"{web.url}/api/queues/curl-q/stream?topic=greetings&from=beginning&limit=1"],
+        capture_output=True, text=True, timeout=30)
+    assert streamed.returncode == 0, streamed.stderr
+    data = [line[6:] for line in streamed.stdout.splitlines() if line.startswith("data: ")]
+    assert [json.loads(d)["payload"] for d in data] == ["hello from curl"]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=120), min_size=1, max_size=4))
+def test_a_stream_cut_anywhere_resumes_from_its_last_event_id_with_nothing_lost_or_repeated(
+        web_cluster: WebCluster, cuts: list[int]) -> None:
+    web = web_cluster
+    queue = "resume-q"
+    paths = Paths(web.config.zk.root)
+    if not read_live(web.zk, paths, queue):
+        make_queue(web, queue, exchanges=2)
+    marker = f"run-{random.getrandbits(40):x}"
+    total = 300
+    sent = [f"{marker}-{i}" for i in range(total)]
+    received: list[dict[str, Any]] = []
+    for i in range(0, total, 50):
+        publish_lines(web, queue, marker, sent[i:i + 50])
+    token: str | None = None
+    for cut in [*cuts, total]:
+        params: dict[str, Any] = {"topic": [marker]}
+        if token is None:
+            params["from"] = "beginning"
+        else:
+            params["last_event_id"] = token
+        want = min(cut, total - len(received))
+        if want <= 0:
+            break
+        batch = list(sse_events(web, queue, want, **params))
+        received += batch
+        token = batch[-1]["id"] if batch else token
+    got = payloads_of(received)
+    assert sorted(got) == sorted(sent), f"lost {len(set(sent) - set(got))}, repeated {len(got) - len(set(got))}"
+    assert len(got) == len(set(got))
+
+
+def test_a_token_from_one_gateway_resumes_on_another(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    make_queue(web, "two-gw")
+    sent = [f"m{i}" for i in range(200)]
+    publish_lines(web, "two-gw", "t", sent)
+    first = list(sse_events(web, "two-gw", 77, **{"from": "beginning"}))
+    other = start_gateway(web.procs, "web-2")
+    rest = list(sse_events(web, "two-gw", 200 - 77, url=other, last_event_id=first[-1]["id"]))
+    assert payloads_of(first) + payloads_of(rest) == sent
+
+
+def test_a_retry_with_the_same_idempotency_key_publishes_once(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    make_queue(web, "idem-q")
+    with Subscriber("idem-q", web.config, zk=web.zk) as sub:
+        sub.wait_connected()
+        first = publish_lines(web, "idem-q", "t", ["once"], **{"Idempotency-Key": "order-17"})
+        again = publish_lines(web, "idem-q", "t", ["once"], **{"Idempotency-Key": "order-17"})
+        assert again["replayed"] is True and again["first_seq"] == first["first_seq"]
+        publish_lines(web, "idem-q", "t", ["after"])
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            msg = sub.receive(timeout=0.5)
+            if msg is not None:
+                got.append(msg.payload)
+        assert sub.receive(timeout=1.0) is None
+        assert got == [b"once", b"after"]
+
+
+def test_every_confirmed_http_publish_survives_an_exchange_crash(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    make_queue(web, "crash-q")
+    confirmed: list[str] = []
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def publish_forever() -> None:
+        n = 0
+        while not stop.is_set():
+            lines = [f"c{n + i}" for i in range(20)]
+            n += 20
+            try:
+                answer = api(web, "POST", "/api/queues/crash-q/messages", params={"topic": "t", "split": "lines"},
+                             content="\n".join(lines).encode())
+            except httpx.HTTPError as exc:
+                failures.append(str(exc))
+                continue
+            if answer.status_code == 200:
+                confirmed.extend(lines)
+            else:
+                failures.append(answer.text)
+
+    with Subscriber("crash-q", web.config, zk=web.zk) as sub:
+        sub.wait_connected()
+        worker = threading.Thread(target=publish_forever)
+        worker.start()
+        try:
+            wait_until(lambda: len(confirmed) >= 200, timeout=20, message="traffic")
+            pid = next(iter(read_live(web.zk, Paths(web.config.zk.root), "crash-q").values()))["pid"]
+            os.kill(pid, signal.SIGKILL)
+            before = len(confirmed)
+            wait_until(lambda: len(confirmed) >= before + 200, timeout=30, message="confirms after the crash")
+        finally:
+            stop.set()
+            worker.join(timeout=30)
+        want = set(confirmed)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while not want <= {g.decode() for g in got} and time.monotonic() < deadline:
+            msg = sub.receive(timeout=0.5)
+            if msg is not None:
+                got.append(msg.payload)
+    delivered = [g.decode() for g in got]
+    assert want - set(delivered) == set(), f"{len(want - set(delivered))} confirmed messages lost"
+    assert len(delivered) == len(set(delivered)), "a message was delivered twice"
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("path, params, status, code", [
+    ("/api/queues/no-such/messages", {"topic": "t"}, 404, "queue_not_found"),
+    ("/api/queues/bad name/messages", {"topic": "t"}, 400, "invalid_name"),
+    ("/api/queues/resume-q/messages", {"topic": "x" * 300}, 400, "invalid_name"),
+])
+def test_bad_publishes_get_a_clear_error(web_cluster: WebCluster, path: str, params: dict[str, str],
+                                         status: int, code: str) -> None:
+    answer = api(web_cluster, "POST", path, params=params, content=b"x")
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"] == code and answer.json()["message"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(token=st.one_of(st.text(min_size=1, max_size=300), st.binary(max_size=300).map(lambda b: "r1." + b.hex())))
+def test_a_forged_or_damaged_resume_token_is_refused_and_harms_nothing(web_cluster: WebCluster, token: str) -> None:
+    answer = api(web_cluster, "GET", "/api/queues/resume-q/stream", params={"position": token, "limit": 1})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] in ("bad_position", "bad_request")
+    assert api(web_cluster, "GET", "/api/session", token="").status_code == 200

@@ -1,0 +1,1 @@
+"""The web console and HTTP gateway (`roq web`, `roq-web`): docs/http.md."""

@@ -1,0 +1,461 @@
+"""The web console and HTTP API (docs/http.md): a FastAPI application over one RoQ client.
+
+Reads are served from the sampler's latest view of the cluster (web/history.py); admin actions
+go to the leader through `Admin`, with the gateway's own identity (`security.identity`), once
+the caller showed an admin credential (web/auth.py); publishing and streaming go through
+web/gateway.py. Errors are JSON, `{"error": code, "message": text}`, the codes of the control
+API (docs/protocol.md), with the HTTP status that fits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import swagger_ui_bundle
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from kazoo.client import KazooClient
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from roq import __version__
+from roq.client import Subscriber
+from roq.client.admin import Admin
+from roq.config import Config
+from roq.errors import (
+    BackpressureError,
+    ForbiddenError,
+    LimitExceededError,
+    MessageTooLargeError,
+    QueueExistsError,
+    QueueNotFoundError,
+    RoqError,
+    UnavailableError,
+    UserError,
+)
+from roq.names import check_queue_name
+from roq.zk import start_client, stop_client
+from web.auth import CSRF_HEADER, SESSION_COOKIE, Guard, Identity, cross_site
+from web.gateway import Publishers, StreamLimitError, Streams, next_events, peek
+from web.history import Sampler
+
+STATIC = Path(__file__).parent / "static"
+KEEPALIVE_SECONDS = 15.0
+MAX_PUBLISH_BYTES = 64 << 20  # one request's body
+START_POINTS = ("now", "beginning")
+PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+
+STATUS_BY_ERROR: list[tuple[type[RoqError], int]] = [
+    (QueueNotFoundError, 404), (QueueExistsError, 409), (LimitExceededError, 409), (ForbiddenError, 403),
+    (MessageTooLargeError, 413), (StreamLimitError, 503), (BackpressureError, 429), (UserError, 400),
+    (UnavailableError, 503),
+]
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+
+
+# ------------------------------------------------------------------ request bodies
+
+class Login(BaseModel):
+    token: str = Field(max_length=512)
+
+
+class NewQueue(BaseModel):
+    name: str = Field(max_length=64)
+    exchanges: int = Field(1, ge=1, le=1000)
+    replicas: int | None = Field(None, ge=1, le=2)
+
+
+class Scale(BaseModel):
+    exchanges: int = Field(ge=1, le=1000)
+
+
+class Rules(BaseModel):
+    rules: dict[str, Any] | None = None
+    clear: bool = False
+
+
+# ------------------------------------------------------------------ the application
+
+class Gateway:
+    """Everything the routes share: one ZooKeeper session, the leader's client, the data path."""
+
+    def __init__(self, config: Config, zk: KazooClient | None = None) -> None:
+        self.config = config
+        self.guard = Guard(config.web.auth, config.web.tokens_file, config.web.session_seconds)
+        self._own_zk = zk is None
+        self.zk = zk or start_client(config)
+        self.admin = Admin(config, client=self.zk)
+        self.sampler = Sampler(self.admin, config.web.sample_interval, config.web.history_seconds)
+        self.publishers = Publishers(config, self.zk)
+        self.streams = Streams(config, self.zk)
+        # Threads for blocking subscriber reads, apart from the pool the other routes use.
+        self.stream_threads = anyio.CapacityLimiter(config.web.max_streams + 4)
+
+    def start(self) -> None:
+        self.sampler.start()
+
+    def close(self) -> None:
+        self.sampler.stop()
+        self.publishers.close()
+        self.admin.close()
+        if self._own_zk:
+            stop_client(self.zk)
+
+
+def create_app(config: Config, zk: KazooClient | None = None) -> FastAPI:
+    gateway = Gateway(config, zk)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        gateway.start()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_close_idle_publishers, gateway)
+            try:
+                yield
+            finally:
+                tasks.cancel_scope.cancel()
+                await run_in_threadpool(gateway.close)
+
+    app = FastAPI(title="RoQ HTTP API", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
+                  description="The cluster, its queues, publishing and streaming over HTTP. See docs/http.md.")
+    app.state.gateway = gateway
+    _install_errors(app)
+    _install_security_headers(app)
+    _install_pages(app)
+    _install_session_routes(app, gateway)
+    _install_read_routes(app, gateway)
+    _install_admin_routes(app, gateway)
+    _install_data_routes(app, gateway)
+    return app
+
+
+async def _close_idle_publishers(gateway: Gateway) -> None:
+    while True:
+        # A periodic sweep: nothing to wait for but time.
+        await anyio.sleep(max(1.0, gateway.config.web.idle_publisher_seconds / 10))
+        await run_in_threadpool(gateway.publishers.close_idle)
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(HttpError)
+    async def http_error(_request: Request, exc: HttpError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+        return error_response(400, "bad_request", problems or "bad request")
+
+    @app.exception_handler(RoqError)
+    async def roq_error(_request: Request, exc: RoqError) -> JSONResponse:
+        status = next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 500)
+        return error_response(status, exc.code, str(exc))
+
+
+def _install_security_headers(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def headers(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        response: Response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        if not request.url.path.startswith("/docs"):  # Swagger UI runs an inline script
+            response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
+        return response
+
+
+def _install_pages(app: FastAPI) -> None:
+    app.mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static")
+    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+
+    @app.get("/", include_in_schema=False)
+    def overview_page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/queues/{queue}", include_in_schema=False)
+    def queue_page(queue: str) -> FileResponse:
+        return FileResponse(STATIC / "queue.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="RoQ HTTP API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css", swagger_favicon_url="data:,")
+
+
+# ------------------------------------------------------------------ who is calling
+
+def caller(request: Request) -> Identity:
+    """The caller's identity (401 without a valid credential when web.auth is on); an unsafe
+    request is also checked against CSRF."""
+    guard: Guard = request.app.state.gateway.guard
+    who = guard.identify(request.headers.get("authorization"), request.cookies.get(SESSION_COOKIE))
+    if who is None:
+        raise HttpError(401, "unauthorized", "log in: this gateway needs a token (Authorization: Bearer TOKEN)")
+    method = request.method
+    if cross_site(method, request.headers.get("origin"), request.headers.get("sec-fetch-site"),
+                  request.headers.get("host")):
+        raise HttpError(403, "csrf", "refused: the request came from a page of another site")
+    if who.via == "session" and method in ("POST", "PUT", "PATCH", "DELETE") \
+            and request.headers.get(CSRF_HEADER) != who.csrf:
+        raise HttpError(403, "csrf", "refused: missing or wrong X-CSRF-Token (reload the page)")
+    return who
+
+
+def admin_caller(who: Annotated[Identity, Depends(caller)]) -> Identity:
+    if not who.is_admin:
+        raise HttpError(403, "forbidden", f"refused: {who.name} has the {who.role} role; "
+                                          "creating, scaling, deleting queues and changing rules need the admin role")
+    return who
+
+
+Caller = Annotated[Identity, Depends(caller)]
+AdminCaller = Annotated[Identity, Depends(admin_caller)]
+
+
+def _install_session_routes(app: FastAPI, gateway: Gateway) -> None:
+    guard = gateway.guard
+
+    @app.get("/api/session", tags=["session"], summary="Who the console is logged in as")
+    def session(request: Request) -> dict[str, Any]:
+        who = guard.identify(None, request.cookies.get(SESSION_COOKIE))
+        if who is None:
+            return {"auth": True, "name": None, "role": None, "csrf": None}
+        return {"auth": guard.enabled, "name": who.name, "role": who.role, "csrf": who.csrf or "open"}
+
+    @app.post("/api/session", tags=["session"], summary="Log in with a token (sets an HttpOnly cookie)")
+    def login(request: Request, body: Login, response: Response) -> dict[str, Any]:
+        if cross_site("POST", request.headers.get("origin"), request.headers.get("sec-fetch-site"),
+                      request.headers.get("host")):
+            raise HttpError(403, "csrf", "refused: the request came from a page of another site")
+        if not guard.enabled:
+            return {"auth": False, "name": "anonymous", "role": "admin", "csrf": "open"}
+        found = guard.check_token(body.token.strip())
+        if found is None:
+            raise HttpError(401, "unauthorized", "unknown token")
+        session_id, who = guard.sessions.open(*found)
+        secure = bool(gateway.config.web.tls_cert) or gateway.config.web.secure_cookies
+        response.set_cookie(SESSION_COOKIE, session_id, max_age=int(gateway.config.web.session_seconds),
+                            httponly=True, samesite="strict", secure=secure, path="/")
+        return {"auth": True, "name": who.name, "role": who.role, "csrf": who.csrf}
+
+    @app.delete("/api/session", tags=["session"], summary="Log out")
+    def logout(request: Request, response: Response) -> dict[str, Any]:
+        session_id = request.cookies.get(SESSION_COOKIE)
+        if session_id:
+            guard.sessions.close(session_id)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return {"auth": guard.enabled, "name": None, "role": None, "csrf": None}
+
+
+# ------------------------------------------------------------------ reads
+
+def _view(gateway: Gateway) -> tuple[dict[str, Any], dict[str, Any], float]:
+    status, stats, error, sampled_at = gateway.sampler.snapshot()
+    if status is None or stats is None:
+        gateway.sampler.sample_now()
+        status, stats, error, sampled_at = gateway.sampler.snapshot()
+    if status is None or stats is None:
+        raise HttpError(503, "unavailable", f"the cluster cannot be read: {error or 'no answer yet'}")
+    return status, stats, sampled_at
+
+
+def queue_row(name: str, q: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
+    return {"name": name, "exchanges": q.get("exchanges", 0), "running": q.get("running", 0), "replicas": replicas,
+            "msgs_in_per_s": q.get("msgs_in_per_s", 0.0), "msgs_out_per_s": q.get("msgs_out_per_s", 0.0),
+            "publishers": q.get("publishers", 0), "subscriptions": q.get("subscriptions", 0),
+            "retained_bytes": q.get("retained_bytes", 0)}
+
+
+def cluster_view(gateway: Gateway) -> dict[str, Any]:
+    status, stats, sampled_at = _view(gateway)
+    leader = status.get("leader") or None
+    leader_id = leader.get("id") if leader else None
+    host_stats = stats.get("hosts", {})
+    hosts = []
+    for h in status.get("hosts", []):
+        s = host_stats.get(h["name"], {})
+        hosts.append({"name": h["name"], "address": h.get("address"), "capacity": h.get("capacity", 0),
+                      "exchanges": h.get("exchanges", 0), "cpu_percent": s.get("cpu_percent"),
+                      "memory_percent": s.get("memory_percent"), "memory_used_bytes": s.get("memory_used_bytes"),
+                      "cpus": s.get("cpus"), "live": True})
+    return {"leader": {"id": leader_id, "endpoint": leader.get("endpoint")} if leader else None,
+            "gcms": [{"id": g.get("id"), "endpoint": g.get("endpoint"), "host": g.get("host"),
+                      "leader": g.get("id") == leader_id} for g in status.get("gcms", [])],
+            "hosts": hosts,
+            "queues": [queue_row(n, q) for n, q in sorted(stats.get("queues", {}).items())],
+            "events": gateway.sampler.recent_events()[-50:],
+            "exchanges": status.get("exchanges", 0), "unplaced": status.get("unplaced", 0),
+            "time": sampled_at}
+
+
+def queue_view(gateway: Gateway, name: str) -> dict[str, Any]:
+    info = gateway.admin.describe_queue(name)
+    _status, stats, _ = _view(gateway)
+    q = stats.get("queues", {}).get(name, {})
+    rates = {x["id"]: x for x in q.get("by_exchange", [])}
+    exchanges, publishers = [], []
+    for x in info.get("exchanges", []):
+        live, r = x.get("live") or {}, rates.get(x["id"], {})
+        replica = x.get("replica_live") if isinstance(x.get("replica_live"), dict) else {}
+        exchanges.append({"id": x["id"], "host": x.get("host"), "running": bool(live),
+                          "incarnation": live.get("incarnation"), "endpoint": live.get("pub"),
+                          "replica_host": replica.get("host") or x.get("replica"),
+                          "restarts": live.get("restarts", r.get("restarts", 0)),
+                          **{k: r.get(k, 0) for k in ("msgs_in_per_s", "msgs_out_per_s", "publishers",
+                                                      "subscriptions", "retained_bytes")},
+                          "latency_p99_ms": r.get("latency_p99_ms")})
+        publishers += [{"id": p, "exchange": x["id"], "msgs_per_s": rate} for p, rate in r.get("top_publishers", [])]
+    row = queue_row(name, q, info.get("replicas"))
+    row.update(publisher_count=row["publishers"], exchanges=len(info.get("exchanges", [])),
+               rules=gateway.admin.queue_rules(name), exchanges_detail=exchanges,
+               publishers=sorted(publishers, key=lambda p: -p["msgs_per_s"]),
+               subscribers=list(q.get("subscribers", [])), events=gateway.sampler.recent_events(name))
+    return row
+
+
+def _install_read_routes(app: FastAPI, gateway: Gateway) -> None:
+    @app.get("/api/cluster", tags=["cluster"], summary="Leader, GCMs, hosts, queues and recent events")
+    def cluster(_who: Caller) -> dict[str, Any]:
+        return cluster_view(gateway)
+
+    @app.get("/api/history", tags=["cluster"], summary="Rates of each queue and host over the last minutes")
+    def history(_who: Caller, seconds: Annotated[float, Query(gt=0, le=86_400)] = 300.0) -> dict[str, Any]:
+        return gateway.sampler.history(seconds)
+
+    @app.get("/api/queues", tags=["queues"], summary="Every queue with its rates")
+    def queues(_who: Caller) -> list[dict[str, Any]]:
+        return cluster_view(gateway)["queues"]
+
+    @app.get("/api/queues/{queue}", tags=["queues"], summary="One queue: exchanges, publishers, subscribers, rules")
+    def queue(_who: Caller, queue: str) -> dict[str, Any]:
+        return queue_view(gateway, check_queue_name(queue))
+
+    @app.get("/api/queues/{queue}/rules", tags=["queues"], summary="The queue's autoscaling rules")
+    def rules(_who: Caller, queue: str) -> dict[str, Any]:
+        return gateway.admin.queue_rules(check_queue_name(queue))
+
+    @app.get("/api/queues/{queue}/peek", tags=["data"], summary="The latest retained messages of a topic")
+    def peek_messages(_who: Caller, queue: str, topic: str = "",
+                      limit: Annotated[int, Query(ge=1, le=200)] = 20) -> dict[str, Any]:
+        return {"messages": peek(gateway.config, gateway.zk, queue, topic, limit)}
+
+
+# ------------------------------------------------------------------ admin actions
+
+def _install_admin_routes(app: FastAPI, gateway: Gateway) -> None:
+    admin, sampler = gateway.admin, gateway.sampler
+
+    @app.post("/api/queues", tags=["admin"], status_code=201, summary="Create a queue (admin)")
+    def create_queue(_who: AdminCaller, body: NewQueue) -> dict[str, Any]:
+        admin.create_queue(body.name, body.exchanges, body.replicas)
+        sampler.sample_now()
+        return queue_view(gateway, body.name)
+
+    @app.post("/api/queues/{queue}/scale", tags=["admin"], summary="Change the number of exchanges (admin)")
+    def scale_queue(_who: AdminCaller, queue: str, body: Scale) -> dict[str, Any]:
+        admin.scale_queue(check_queue_name(queue), body.exchanges)
+        sampler.sample_now()
+        return queue_view(gateway, queue)
+
+    @app.delete("/api/queues/{queue}", tags=["admin"], summary="Delete a queue (admin)")
+    def delete_queue(_who: AdminCaller, queue: str) -> dict[str, Any]:
+        admin.delete_queue(check_queue_name(queue))
+        sampler.sample_now()
+        return {"deleted": queue}
+
+    @app.put("/api/queues/{queue}/rules", tags=["admin"], summary="Set or clear autoscaling rules (admin)")
+    def set_rules(_who: AdminCaller, queue: str, body: Rules) -> dict[str, Any]:
+        return admin.queue_rules(check_queue_name(queue), body.rules, body.clear)
+
+
+# ------------------------------------------------------------------ publish and stream
+
+def _install_data_routes(app: FastAPI, gateway: Gateway) -> None:
+    @app.post("/api/queues/{queue}/messages", tags=["data"],
+              summary="Publish the body as one message (or one per line), answered after the confirm",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+    async def publish(request: Request, who: Caller, queue: str, topic: str = "",
+                      split: Annotated[str | None, Query(pattern="^lines$")] = None,
+                      idempotency_key: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        body = await _read_body(request)
+        payloads = body.split(b"\n") if split else [body]
+        if split and payloads and payloads[-1] == b"":
+            payloads.pop()  # a final newline ends the last line, it does not start an empty one
+        return await run_in_threadpool(gateway.publishers.publish, queue, topic, payloads, who.name, idempotency_key)
+
+    @app.get("/api/queues/{queue}/stream", tags=["data"], response_class=StreamingResponse,
+             summary="Server-Sent Events: the queue's messages, resumable with Last-Event-ID",
+             responses={200: {"content": {"text/event-stream": {}}}})
+    async def stream(_who: Caller, queue: str, topic: Annotated[list[str] | None, Query()] = None,
+                     start: Annotated[str, Query(alias="from", pattern="^(now|beginning)$")] = "now",
+                     position: str | None = None, limit: Annotated[int | None, Query(ge=1)] = None,
+                     last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
+        token = last_event_id or position
+        subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], start, token)
+        return StreamingResponse(_events(gateway, subscriber, limit), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _read_body(request: Request) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_PUBLISH_BYTES:
+        raise HttpError(413, "too_large", f"a request body may hold at most {MAX_PUBLISH_BYTES} bytes")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > MAX_PUBLISH_BYTES:
+            raise HttpError(413, "too_large", f"a request body may hold at most {MAX_PUBLISH_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _events(gateway: Gateway, subscriber: Subscriber, limit: int | None) -> AsyncIterator[str]:
+    """The SSE body: events as messages come, a keepalive comment when quiet, an `error` event
+    before ending on a failure. The subscriber is closed however the stream ends."""
+    sent, quiet_since = 0, time.monotonic()
+    try:
+        yield "retry: 1000\n\n"
+        while limit is None or sent < limit:
+            want = 500 if limit is None else min(500, limit - sent)
+            try:
+                events = await anyio.to_thread.run_sync(next_events, subscriber, 0.5, want,
+                                                        limiter=gateway.stream_threads)
+            except RoqError as exc:
+                yield _error_event(exc.code, str(exc))
+                return
+            if events:
+                sent += len(events)
+                quiet_since = time.monotonic()
+                yield "".join(events)
+            elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                quiet_since = time.monotonic()
+                yield ": keepalive\n\n"
+    finally:
+        with anyio.CancelScope(shield=True):  # the client went away: still close its subscriber
+            await anyio.to_thread.run_sync(gateway.streams.close, subscriber)
+
+
+def _error_event(code: str, message: str) -> str:
+    return f"event: error\ndata: {json.dumps({'error': code, 'message': message})}\n\n"

@@ -1,0 +1,337 @@
+"""The HTTP gateway's data path: a normal RoQ client speaking for HTTP callers.
+
+Publishing: one `Publisher` per queue, shared by every caller, opened on first use and closed
+when unused for `web.idle_publisher_seconds` (or, beyond `web.max_publishers` queues, least
+recently used first). A request's messages are queued all or none, and it is answered only once
+the cluster confirmed them, so a 200 means what a confirm means to a native client. An
+`Idempotency-Key` makes a retry safe: a request with a key seen in the last IDEMPOTENCY_SECONDS
+(per caller and queue) queues nothing; it waits for the confirm of what the first one queued and
+answers the same. A first attempt that timed out waiting (503) is thus finished by its retry.
+
+Streaming: one `Subscriber` per SSE connection. After each message the subscriber's position is
+encoded into the event's id (`resume token`): a client that reconnects with it (`Last-Event-ID`)
+gets the next message and nothing it already had, from any gateway, even one started since. The
+token holds what `Subscriber.position()` holds — per exchange incarnation the stream position,
+per publisher the sequence numbers seen — compressed: it grows with the publishers of the
+queue, about 20 bytes each.
+
+Peek: the latest retained messages of a topic, read from each exchange's retention.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import zmq
+from kazoo.client import KazooClient
+
+from roq import protocol
+from roq.client import Publisher, Subscriber
+from roq.client.position import Position
+from roq.client.replay import ReplayClient
+from roq.client.streams import FetchFailed
+from roq.client.subscriber import Message
+from roq.config import Config
+from roq.errors import ConfigError, QueueNotFoundError, RoqError, UnavailableError, UserError
+from roq.names import check_queue_name, check_topic
+from roq.paths import Paths
+from roq.state import read_live
+
+TOKEN_VERSION = "r1."
+MAX_TOKEN_CHARS = 256 << 10  # a resume token longer than this is refused before decoding
+MAX_POSITION_BYTES = 4 << 20  # what a token may inflate to
+MAX_TOKEN_STREAMS = 1_000  # exchange incarnations a token may name (a subscriber's own bound)
+IDEMPOTENCY_SECONDS = 600.0
+IDEMPOTENCY_KEYS = 100_000
+MAX_IDEMPOTENCY_KEY = 200  # characters
+PEEK_WINDOW = 5_000  # frames looked back per exchange
+PEEK_MAX = 200  # messages a peek returns at most
+
+
+class ResumeTokenError(UserError):
+    code = "bad_position"
+
+
+# ------------------------------------------------------------------ resume tokens
+
+def encode_token(position: dict[str, Any]) -> str:
+    packed = zlib.compress(msgpack.packb(position, use_bin_type=True), 6)
+    return TOKEN_VERSION + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
+
+
+def decode_token(token: str) -> dict[str, Any]:
+    """A position from a resume token; ResumeTokenError for anything that is not one of ours."""
+    if not token.startswith(TOKEN_VERSION) or len(token) > MAX_TOKEN_CHARS:
+        raise ResumeTokenError("not a resume token of this gateway (expected the id of an event it sent)")
+    body = token[len(TOKEN_VERSION):]
+    try:
+        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(packed, MAX_POSITION_BYTES)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise ValueError("truncated or too large")
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        Position.from_json(data)  # validates every field
+        if len(data["streams"]) > MAX_TOKEN_STREAMS:
+            raise ValueError(f"more than {MAX_TOKEN_STREAMS} streams")
+    except (binascii.Error, ValueError, zlib.error, msgpack.UnpackException, ConfigError, TypeError) as exc:
+        raise ResumeTokenError(f"resume token is damaged: {exc}") from None
+    if not isinstance(data, dict):
+        raise ResumeTokenError("resume token is damaged")
+    return data
+
+
+# ------------------------------------------------------------------ message encoding
+
+def message_json(topic: bytes, payload: bytes, **fields: Any) -> dict[str, Any]:
+    """A message for JSON: text when the bytes are UTF-8, else base64 (and say which)."""
+    out: dict[str, Any] = {"topic": _text(topic)}
+    try:
+        out["payload"], out["encoding"] = payload.decode(), "utf-8"
+    except UnicodeDecodeError:
+        out["payload"], out["encoding"] = base64.b64encode(payload).decode(), "base64"
+    out.update(fields)
+    return out
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def sse_event(msg: Message, token: str) -> str:
+    data = json.dumps(message_json(msg.topic, msg.payload, publisher=msg.publisher, seq=msg.seq,
+                                   exchange=msg.exchange), separators=(",", ":"))
+    return f"id: {token}\nevent: message\ndata: {data}\n\n"
+
+
+# ------------------------------------------------------------------ publishing
+
+class Publishers:
+    """The gateway's publishers, one per queue."""
+
+    def __init__(self, config: Config, zk: KazooClient) -> None:
+        self.config = config
+        self.zk = zk
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, tuple[Publisher, float]] = OrderedDict()  # least recently used first
+        self._keys = IdempotencyKeys()
+
+    def publish(self, queue: str, topic: str, payloads: list[bytes], caller: str,
+                idempotency_key: str | None) -> dict[str, Any]:
+        """Publish and wait for the confirm; the answer for HTTP. With a key, a retry waits for the
+        confirm of what the first attempt queued instead of queuing it again."""
+        check_queue_name(queue)
+        check_topic(topic)
+        if idempotency_key is None:
+            return self._confirmed(*self._queue(queue, topic, payloads), queue, topic)
+        if not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY or not idempotency_key.isprintable():
+            raise UserError(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} printable characters")
+        entry, first = self._keys.claim((caller, queue, idempotency_key))
+        try:
+            if first:
+                entry.queued = self._queue(queue, topic, payloads)
+            else:
+                entry.wait_queued()  # the first attempt's: nothing is queued twice
+            assert entry.queued is not None
+            publisher, seqs = entry.queued
+            answer = self._confirmed(publisher, seqs, queue, topic)
+        finally:
+            entry.settled()
+        return answer if first else dict(answer, replayed=True)
+
+    def _queue(self, queue: str, topic: str, payloads: list[bytes]) -> tuple[Publisher, range]:
+        publisher = self._publisher(queue)
+        return publisher, publisher.publish_all(topic, payloads, timeout=self.config.web.publish_timeout)
+
+    def _confirmed(self, publisher: Publisher, seqs: range, queue: str, topic: str) -> dict[str, Any]:
+        publisher.wait_confirmed(seqs, self.config.web.publish_timeout)
+        return {"queue": queue, "topic": topic, "publisher": publisher.id,
+                "first_seq": seqs.start if seqs else None, "last_seq": seqs[-1] if seqs else None,
+                "count": len(seqs)}
+
+    def _publisher(self, queue: str) -> Publisher:
+        now = time.monotonic()
+        with self._lock:
+            entry = self._open.pop(queue, None)
+            if entry is not None and entry[0].queue_deleted:
+                self._close_later(entry[0])
+                entry = None
+            if entry is None:
+                entry = (Publisher(queue, self.config, zk=self.zk), now)  # QueueNotFoundError when absent
+            self._open[queue] = (entry[0], now)
+            while len(self._open) > self.config.web.max_publishers:
+                _, (oldest, _) = self._open.popitem(last=False)
+                self._close_later(oldest)
+            return entry[0]
+
+    def close_idle(self) -> None:
+        limit = time.monotonic() - self.config.web.idle_publisher_seconds
+        with self._lock:
+            idle = [q for q, (_, used) in self._open.items() if used < limit]
+            for queue in idle:
+                self._close_later(self._open.pop(queue)[0])
+
+    def _close_later(self, publisher: Publisher) -> None:
+        """Close off the caller's thread: the flush may wait for confirms. A closed publisher still
+        answers wait_confirmed() for what it had confirmed, so a retry by key finds it."""
+        threading.Thread(target=publisher.close, kwargs={"timeout": self.config.web.publish_timeout},
+                         name="close-publisher", daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            open_now = [p for p, _ in self._open.values()]
+            self._open.clear()
+        for publisher in open_now:
+            try:
+                publisher.close(timeout=self.config.web.publish_timeout)
+            except RoqError:
+                pass  # their callers were answered 503 already, or are waiting and will be
+
+
+class KeyEntry:
+    """What the first request with an idempotency key queued; later ones wait for it."""
+
+    def __init__(self, expires: float) -> None:
+        self.expires = expires
+        self.queued: tuple[Publisher, range] | None = None
+        self._first_done = threading.Event()
+
+    def wait_queued(self) -> None:
+        self._first_done.wait()
+        if self.queued is None:  # the first attempt queued nothing (it was refused): ours fails the same way
+            raise UnavailableError("the first request with this Idempotency-Key failed before publishing: "
+                                   "retry with a new key, or the same one after a moment")
+
+    def settled(self) -> None:
+        self._first_done.set()
+
+    @property
+    def refused(self) -> bool:
+        """The first attempt ended having queued nothing."""
+        return self._first_done.is_set() and self.queued is None
+
+
+class IdempotencyKeys:
+    """Keys seen in the last IDEMPOTENCY_SECONDS (at most IDEMPOTENCY_KEYS), oldest forgotten first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, str, str], KeyEntry] = OrderedDict()
+
+    def claim(self, key: tuple[str, str, str]) -> tuple[KeyEntry, bool]:
+        """The key's entry, and whether this caller is its first (and must publish)."""
+        now = time.monotonic()
+        with self._lock:
+            entries = self._entries
+            while entries and (len(entries) >= IDEMPOTENCY_KEYS or next(iter(entries.values())).expires < now):
+                entries.popitem(last=False)
+            entry = entries.get(key)
+            if entry is not None and entry.refused:
+                entry = None  # the first attempt published nothing: this one may
+            if entry is not None:
+                return entry, False
+            entry = entries[key] = KeyEntry(now + IDEMPOTENCY_SECONDS)
+            return entry, True
+
+
+# ------------------------------------------------------------------ streaming
+
+class Streams:
+    """The open SSE subscriptions, at most web.max_streams."""
+
+    def __init__(self, config: Config, zk: KazooClient) -> None:
+        self.config = config
+        self.zk = zk
+        self._slots = threading.BoundedSemaphore(config.web.max_streams)
+
+    def open(self, queue: str, topics: list[str], start: str, token: str | None) -> Subscriber:
+        check_queue_name(queue)
+        position = decode_token(token) if token else None
+        if not self._slots.acquire(blocking=False):
+            raise StreamLimitError(f"this gateway already serves web.max_streams={self.config.web.max_streams} "
+                                   "streams: try another gateway or later")
+        try:
+            return Subscriber(queue, self.config, topics=topics, zk=self.zk, position=position, start=start)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def close(self, subscriber: Subscriber) -> None:
+        try:
+            subscriber.close()
+        finally:
+            self._slots.release()
+
+
+class StreamLimitError(RoqError):
+    code = "too_many_streams"
+
+
+def next_events(subscriber: Subscriber, wait: float, max_events: int = 500) -> list[str]:
+    """SSE events for the messages ready now (waiting up to `wait` for the first), each with the
+    resume token of the position just after it."""
+    events: list[str] = []
+    msg = subscriber.receive(timeout=wait)
+    while msg is not None:
+        events.append(sse_event(msg, encode_token(subscriber.position())))
+        if len(events) >= max_events:
+            break
+        msg = subscriber.receive(timeout=0)
+    return events
+
+
+# ------------------------------------------------------------------ peek
+
+def peek(config: Config, zk: KazooClient, queue: str, topic: str, limit: int) -> list[dict[str, Any]]:
+    """The latest `limit` retained messages whose topic starts with `topic`, oldest first, taken from
+    the tail of each running exchange's retention (PEEK_WINDOW frames back at most)."""
+    check_queue_name(queue)
+    prefix = check_topic(topic)
+    limit = max(1, min(limit, PEEK_MAX))
+    paths = Paths(config.zk.root)
+    if not zk.exists(paths.queue(queue)):
+        raise QueueNotFoundError(f"queue {queue!r} does not exist")
+    live = read_live(zk, paths, queue)
+    context = zmq.Context()
+    replay = ReplayClient(config, lambda: live, lambda: False)
+    replay.bind(context)
+    found: list[tuple[int, dict[str, Any]]] = []
+    try:
+        for xid in sorted(live):
+            found += _peek_exchange(replay, xid, prefix, limit)
+    finally:
+        replay.close()
+        context.destroy(linger=0)
+    found.sort(key=lambda item: item[0])  # by the time the publisher sent them
+    return [message for _, message in found[-limit:]]
+
+
+def _peek_exchange(replay: ReplayClient, xid: str, prefix: bytes, limit: int) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        where = replay.position(xid, [prefix])
+        after = max(where.oldest - 1, where.last[0] - PEEK_WINDOW, 0)
+        messages: list[tuple[int, dict[str, Any]]] = []
+        for page in replay.fetch(xid, where.incarnation, after, where.next_pos, prefix):
+            for topic, body in page.frames:
+                messages += _frame_messages(topic, body)
+            messages = messages[-limit:]
+        return messages
+    except (FetchFailed, RoqError):
+        return []  # an exchange that does not answer now shows nothing: a peek is a glance
+
+
+def _frame_messages(topic: bytes, body: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    d = protocol.decode_delivery(body)
+    for seq, payload in zip(d.seqs, d.payloads):
+        yield d.sent_ns, message_json(topic, payload, publisher=d.publisher, seq=seq, exchange=d.exchange,
+                                      pos=d.pos)
+
