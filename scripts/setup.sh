@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything RoQ needs on a Debian machine, idempotently:
 # Debian's zookeeper (and its Java), a virtualenv in .venv with RoQ and its extras
-# (Java 17 and promtool too when the extras include spark, as the test setup's do).
+# (Java 17, promtool, chromium and chromedriver too when the extras include spark, as the test setup's do).
 # Usage: scripts/setup.sh [extras]   (default extras: dev; the tests use dev,spark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,13 @@ if [[ ",$extras," == *",spark,"* ]] && ! command -v promtool >/dev/null 2>&1; th
   apt_install --no-install-recommends prometheus
   # Its service is not wanted: the tests only run promtool.
   (as_root service prometheus stop >/dev/null 2>&1 || true)
+fi
+
+# ...and a headless browser for the web console's test (tests/web/test_console_browser.py):
+# Debian's chromium and its chromedriver, which selenium drives.
+if [[ ",$extras," == *",spark,"* ]] && ! command -v chromedriver >/dev/null 2>&1; then
+  echo "setup: installing Debian's chromium and chromium-driver (the console's browser test)"
+  apt_install --no-install-recommends chromium chromium-driver
 fi
 
 python=${PYTHON:-python3}

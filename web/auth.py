@@ -86,7 +86,7 @@ def read_tokens(path: Path) -> dict[str, tuple[str, str]]:
     except OSError as exc:
         raise ConfigError(f"web.tokens_file {path}: {exc.strerror or exc}") from None
     tokens: dict[str, tuple[str, str]] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines(): it splits on \x1e and more
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         parts = line.split()
