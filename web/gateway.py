@@ -53,6 +53,10 @@ MAX_TOKEN_STREAMS = 1_000  # exchange incarnations a token may name (a subscribe
 IDEMPOTENCY_SECONDS = 600.0
 IDEMPOTENCY_KEYS = 100_000
 MAX_IDEMPOTENCY_KEY = 200  # characters
+# What one stream may buffer for a slow HTTP client: beyond it the exchange holds, then drops, its
+# frames for this subscriber, which fetches them back from retention when the client reads again.
+STREAM_INBOX = 2_000  # messages
+STREAM_RECEIVE_HWM = 200  # frames in the subscriber's socket
 PEEK_WINDOW = 5_000  # frames looked back per exchange
 PEEK_MAX = 200  # messages a peek returns at most
 
@@ -250,6 +254,8 @@ class Streams:
 
     def __init__(self, config: Config, zk: KazooClient) -> None:
         self.config = config
+        self._subscriber_config = config.replace(client={
+            "receive_hwm": min(config.client.receive_hwm, STREAM_RECEIVE_HWM)})
         self.zk = zk
         self._slots = threading.BoundedSemaphore(config.web.max_streams)
 
@@ -260,7 +266,8 @@ class Streams:
             raise StreamLimitError(f"this gateway already serves web.max_streams={self.config.web.max_streams} "
                                    "streams: try another gateway or later")
         try:
-            return Subscriber(queue, self.config, topics=topics, zk=self.zk, position=position, start=start)
+            return Subscriber(queue, self._subscriber_config, topics=topics, zk=self.zk, position=position,
+                              start=start, inbox_limit=STREAM_INBOX)
         except BaseException:
             self._slots.release()
             raise

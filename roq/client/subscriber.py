@@ -109,13 +109,17 @@ class Subscriber:
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
                  zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
                  durable: str | None = None, position: dict[str, Any] | None = None,
-                 batch_callback: Callable[[MessageBatch], None] | None = None, start: str = "now") -> None:
+                 batch_callback: Callable[[MessageBatch], None] | None = None, start: str = "now",
+                 inbox_limit: int = HANDOFF_LIMIT) -> None:
         """`callback` gets one Message at a time, `batch_callback` a MessageBatch per frame (the
         fastest way to consume); both run on the I/O thread. Give at most one: ValueError otherwise.
 
         `start`: where a subscriber without a position (none given, no saved one under its durable
         name) begins: "now" (what is published from now on) or "beginning" (everything the
-        exchanges still retain, then on). A position, given or saved, always wins."""
+        exchanges still retain, then on). A position, given or saved, always wins.
+
+        `inbox_limit`: messages held for the iterator style before the I/O thread waits (and the
+        socket, then the exchange, hold the rest)."""
         if callback is not None and batch_callback is not None:
             raise ValueError("give callback or batch_callback, not both")
         if start not in START_POINTS:
@@ -151,7 +155,7 @@ class Subscriber:
         self.topics = self._streams.prefixes  # subscribed as normalised: "a" covers "ab"
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
-        self._inbox: queue_module.Queue[Message] = queue_module.Queue(HANDOFF_LIMIT)
+        self._inbox: queue_module.Queue[Message] = queue_module.Queue(inbox_limit)
         self.received = 0
         self.duplicates = 0
         self.recovered = 0  # frames fetched from retention and handed over
