@@ -20,7 +20,7 @@ from roq.tools.testing import wait_until
 log = logging.getLogger(__name__)
 
 IMAGE = "roq-host:test"  # docker/build-host-image.sh
-UNITS = ("roq-zookeeper", "roq-gcm", "roq-hcm")
+UNITS = ("roq-zookeeper", "roq-gcm", "roq-hcm", "roq-web")
 
 
 class SystemdHosts:

@@ -12,7 +12,7 @@ One cluster, `staging`, is provisioned once for the module. Then:
 * what site.yml would write, rendered from that inventory with the roles' own templates
   (tests/deploy/render.yml): every zoo.cfg lists the three members with distinct ids, each member's
   myid is its own entry and its index tag, and the HCMs' ids (hcm.toml `host`) are distinct; every
-  daemon dials the whole ensemble;
+  daemon, the web console too, dials the whole ensemble;
 * a lost ZooKeeper member and a lost HCM (terminated) come back from a second provision.yml under
   their names, nothing else changing: every member keeps its myid, every HCM its id;
 * teardown.yml removes everything.
@@ -143,8 +143,8 @@ def ensemble(hosts: dict[str, Host]) -> dict[str, int]:
 
 
 def daemons(hosts: dict[str, Host], into: Path) -> dict[str, str]:
-    """The HCMs' ids (hcm.toml `host`), once every GCM's and HCM's configuration is checked by RoQ's own
-    loader: the whole ensemble, this cluster's root, the host's private address advertised."""
+    """The HCMs' ids (hcm.toml `host`), once every GCM's, HCM's and web console's configuration is checked by
+    RoQ's own loader: the whole ensemble, this cluster's root, the host's private address advertised."""
     zk_hosts = ",".join(f"{hosts[n].ip}:2181" for n in sorted(NAMES["zookeeper"]))
     hcm_ids = {}
     for role in ("gcm", "hcm"):
@@ -156,6 +156,12 @@ def daemons(hosts: dict[str, Host], into: Path) -> dict[str, str]:
             assert getattr(config, role).advertise == hosts[name].ip, name
             if role == "hcm":
                 hcm_ids[name] = config.hcm.host
+    for name in NAMES["gcm"]:  # the web console beside each GCM: HTTPS, tokens, an admin key
+        path = into / f"{name}-web.toml"
+        path.write_text(hosts[name].files["web.toml"])
+        web = load_config(path, env={})
+        assert (web.zk.hosts, web.zk.root) == (zk_hosts, f"/{CLUSTER}"), name
+        assert web.web.auth and web.web.tls_cert and web.security.identity == "admins/web", name
     assert len(set(hcm_ids.values())) == COUNTS["hcm"], hcm_ids
     return hcm_ids
 
@@ -170,8 +176,8 @@ def test_provision_makes_one_named_instance_per_count_and_opens_only_roqs_ports(
     groups = ec2_client(cluster.endpoint).describe_security_groups(
         Filters=[{"Name": "group-name", "Values": [CLUSTER]}])["SecurityGroups"]
     ports = sorted((p["FromPort"], p["ToPort"]) for g in groups for p in g["IpPermissions"])
-    # Only what RoQ needs: SSH, ZooKeeper (client, peer, election), control API, metrics, exchanges.
-    assert ports == [(22, 22), (2181, 2181), (2888, 2888), (3888, 3888), (5500, 5500), (9101, 9101),
+    # Only what RoQ needs: SSH, ZooKeeper (client, peer, election), control API, web console, metrics, exchanges.
+    assert ports == [(22, 22), (2181, 2181), (2888, 2888), (3888, 3888), (5500, 5500), (8443, 8443), (9101, 9101),
                      (9102, 9102), (49152, 65535)]
 
 

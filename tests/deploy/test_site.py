@@ -4,9 +4,11 @@ node1..3 run the ZooKeeper ensemble, node1 and node2 the GCMs, node2 and node3 t
 (node2 runs all three, as a small cluster would). The playbook must succeed, change
 nothing the second time, leave a quorum with the right ids and configurations
 pointing at the whole ensemble, and a cluster that carries 1000 messages from a
-publisher to a subscriber on this machine with none lost. A changed checkout is then
-deployed over it: RoQ is reinstalled, its daemons (not ZooKeeper) restart, and the
-cluster carries messages again.
+publisher to a subscriber on this machine with none lost. The web console (roq-web)
+runs beside each GCM, over HTTPS with a certificate of the cluster's console CA, and
+answers no API call without a token. A changed checkout is then deployed over it: RoQ
+is reinstalled, its daemons (not ZooKeeper) restart, and the cluster carries messages
+again.
 
 On failure the playbook's output and the hosts' journals for the RoQ units are
 printed; the containers and their network are removed in every case. Without a
@@ -16,10 +18,15 @@ fails in CI (`make deploy-images` makes the last two).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
+import ssl
+import stat
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +51,9 @@ GROUPS = {"zookeeper": ("node1", "node2", "node3"), "gcm": ("node1", "node2"), "
 NODES = GROUPS["zookeeper"]
 WHEELHOUSE = ANSIBLE / ".build" / "wheelhouse"  # roq_wheelhouse's default
 CLIENTS = ANSIBLE / ".build" / "clients"  # roq_clients_local's default: one configuration per key
+WEB_TOKEN = ANSIBLE / ".build" / "credentials" / "web-admin.token"  # the console's admin token
+WEB_CA = ANSIBLE / ".build" / "keys" / "web" / "ca.crt"  # the console CA, which signs every GCM host's certificate
+WEB_PORT = 8443
 MESSAGES = 1000
 
 
@@ -169,7 +179,7 @@ def changed_checkout(into: Path, marker: str) -> Path:
     into.mkdir()
     for item in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(source / item, into / item)
-    for package in ("roq", "gcm", "hcm", "exchange"):
+    for package in ("roq", "gcm", "hcm", "exchange", "web"):
         shutil.copytree(source / package, into / package, ignore=shutil.ignore_patterns("__pycache__"))
     with (into / "roq" / "__init__.py").open("a") as f:
         f.write(f"# {marker}\n")
@@ -221,6 +231,82 @@ def test_daemons_run_under_systemd_where_their_group_says(deployment, tmp_path):
                 assert config.hcm.host == name
 
 
+@dataclass
+class Answer:
+    status: int
+    body: Any
+    headers: Any
+
+
+def console(hosts: SystemdHosts, name: str, path: str, token: str | None = None,
+            body: dict[str, Any] | bytes | None = None) -> Answer:
+    """One call to a GCM host's console, over HTTPS checked against the console CA and the host's
+    address (no proxy); a body makes it a POST (a dict as JSON)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if isinstance(body, dict):
+        body, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    request = urllib.request.Request(f"https://{hosts.ips[name]}:{WEB_PORT}{path}", data=body, headers=headers)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                         urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=WEB_CA)))
+    try:
+        with opener.open(request, timeout=15) as answer:
+            return Answer(answer.status, json.load(answer), answer.headers)
+    except urllib.error.HTTPError as error:
+        return Answer(error.code, json.load(error), error.headers)
+
+
+def test_the_web_console_serves_https_and_asks_for_a_token_on_each_gcm_host(deployment, tmp_path):
+    """roq-web beside each GCM: HTTPS, a token for every API call, the admin token on the control
+    machine only (the hosts hold its SHA-256), and the console's own admin key admitted by the GCMs
+    and the exchanges."""
+    hosts = deployment.hosts
+    token = WEB_TOKEN.read_text().strip()
+    assert stat.S_IMODE(WEB_TOKEN.stat().st_mode) == 0o600
+    for name in NODES:
+        state = hosts.exec(name, "systemctl", "is-active", "roq-web", check=False)
+        assert state == ("active" if name in GROUPS["gcm"] else "inactive"), (name, state)
+    # Every host admits the console's key; its secret half is only where the console runs.
+    assert hosts.exec("node3", "ls", "/etc/roq/keys/admins").split() == ["ops.key", "web.key"]
+    for name in GROUPS["gcm"]:
+        assert hosts.exec(name, "systemctl", "is-enabled", "roq-web") == "enabled"
+        config = load_config(hosts.fetch(name, "/etc/roq/web.toml", tmp_path), env={})
+        assert (config.web.bind, config.web.port, config.web.auth) == ("0.0.0.0", WEB_PORT, True)
+        assert config.web.tls_cert and config.security.curve and config.security.identity == "admins/web"
+        assert config.zk.auth.startswith("client:")  # the ZooKeeper reader, not the cluster's identity
+        for path in ("/etc/roq/web.toml", "/etc/roq/web-tokens", "/etc/roq/web/tls.key",
+                     "/etc/roq/keys/admins/web.key_secret"):
+            assert hosts.exec(name, "stat", "-c", "%a %U %G", path) == "640 root roq", path
+        tokens = hosts.read(name, "/etc/roq/web-tokens")
+        assert token not in tokens and f"admin admin {hashlib.sha256(token.encode()).hexdigest()}" in tokens
+
+        session = wait_until(lambda n=name: console(hosts, n, "/api/session"), timeout=60,
+                             message=f"the console of {name} to answer")  # it may still be starting
+        assert (session.status, session.body) == (200, {"auth": True, "name": None, "role": None, "csrf": None})
+        for wrong in (None, "not-a-token"):
+            refused = console(hosts, name, "/api/cluster", wrong)
+            assert (refused.status, refused.body["error"]) == (401, "unauthorized"), refused
+        cluster = wait_until(lambda n=name: (a := console(hosts, n, "/api/cluster", token)).status == 200
+                             and len(a.body["hosts"]) == 2 and a.body, timeout=60,
+                             message=f"{name}'s view of the cluster")
+        assert sorted(h["name"] for h in cluster["hosts"]) == list(GROUPS["hcm"]) and len(cluster["gcms"]) == 2
+
+    # A browser's login: an HttpOnly cookie, Secure under TLS; the token never comes back.
+    gateway = GROUPS["gcm"][0]
+    login = console(hosts, gateway, "/api/session", body={"token": token})
+    cookie = login.headers["Set-Cookie"].lower()
+    assert login.status == 200 and login.body["role"] == "admin" and token not in json.dumps(login.body)
+    assert all(flag in cookie for flag in ("httponly", "secure", "samesite=strict")), cookie
+    # The console's admin key at work: a queue made through the leader, a message through its exchange.
+    created = console(hosts, gateway, "/api/queues", token, body={"name": "console"})
+    assert created.status == 201, created
+    wait_until(lambda: console(hosts, gateway, "/api/queues/console", token).body.get("running") == 1, timeout=60,
+               message="the console's queue running")
+    published = console(hosts, gateway, "/api/queues/console/messages?topic=t", token, body=b"from the console")
+    assert published.status == 200 and published.body["count"] == 1, published
+    peeked = console(hosts, gateway, "/api/queues/console/peek?topic=t", token)
+    assert [m["payload"] for m in peeked.body["messages"]] == ["from the console"], peeked
+
+
 def test_a_round_trip_through_the_deployed_cluster_loses_nothing(deployment):
     figures = round_trip(deployment, "deployed")
     record_figures("round trip through the deployed cluster", **figures)
@@ -237,8 +323,8 @@ def test_an_upgrade_reinstalls_roq_and_restarts_its_daemons(deployment, tmp_path
     assert all(r["changed"] > 0 for r in recap.values()), recap
     after = invocations(hosts)
     restarted = {key for key in before if before[key] != after[key]}
-    expected = {(n, f"roq-{d}") for d in ("gcm", "hcm") for n in GROUPS[d]}
-    assert restarted == expected  # both daemons of node2, and never ZooKeeper
+    expected = {(n, f"roq-{d}") for d in ("gcm", "hcm") for n in GROUPS[d]} | {(n, "roq-web") for n in GROUPS["gcm"]}
+    assert restarted == expected  # every RoQ daemon of node2, and never ZooKeeper
     for name in NODES:
         installed = hosts.exec(name, "/opt/roq/venv/bin/python", "-c", "import roq; print(open(roq.__file__).read())")
         assert marker in installed
