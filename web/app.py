@@ -304,6 +304,10 @@ def cluster_view(gateway: Gateway) -> dict[str, Any]:
                       "leader": g.get("id") == leader_id} for g in status.get("gcms", [])],
             "hosts": hosts,
             "queues": [queue_row(n, q) for n, q in sorted(stats.get("queues", {}).items())],
+            "placements": [{"queue": n, "id": x["id"], "host": x.get("host"), "running": x.get("running", False),
+                            "restarts": x.get("restarts", 0), "msgs_in_per_s": x.get("msgs_in_per_s", 0.0),
+                            "msgs_out_per_s": x.get("msgs_out_per_s", 0.0)}
+                           for n, q in sorted(stats.get("queues", {}).items()) for x in q.get("by_exchange", [])],
             "events": gateway.sampler.recent_events()[-50:],
             "exchanges": status.get("exchanges", 0), "unplaced": status.get("unplaced", 0),
             "time": sampled_at}

@@ -291,6 +291,10 @@ def test_an_admin_creates_a_queue_and_watches_it_live(console: Console, web_clus
     console.message("ok", f"Queue {queue} created with 2 exchanges")
     console.wait(lambda: console.find(f"exchanges-{queue}").text == "2/2", "both exchanges running")
 
+    def placed_on() -> set[str]:
+        return {console.find(f"placement-host-{queue}-{x}").text for x in ("x1", "x2")}
+    console.wait(lambda: placed_on() == {"host-1", "host-2"}, "the overview showing where its exchanges run")
+
     with Load(web, queue, "eu.orders") as load:
         console.wait(lambda: console.rate(f"rate-in-{queue}") > 0, "the queue's msg/s in above 0 on the overview")
         console.wait(lambda: busy_samples(web, queue) >= 16, "some seconds of traffic in the history")

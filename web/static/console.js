@@ -617,6 +617,16 @@
     { cell: (g) => g.host || "–" },
   ];
 
+  const PLACEMENT_COLUMNS = [
+    { cell: (x) => queueLink(x.queue), cls: "name" },
+    { cell: (x) => x.id, cls: "mono strong" },
+    { cell: (x) => x.host || "unplaced", cls: "nowrap", testid: (x) => `placement-host-${x.queue}-${x.id}` },
+    { cell: (x) => (x.running ? badge("running", "good") : badge("down", "bad")) },
+    { cell: (x) => fmtRate(x.msgs_in_per_s), cls: "num rate in" },
+    { cell: (x) => fmtRate(x.msgs_out_per_s), cls: "num rate out" },
+    { cell: (x) => fmtCount(x.restarts), cls: "num" },
+  ];
+
   function exchangeState(running, total) {
     return h("span", { class: running < total ? "warn-text" : null }, `${running}/${total}`);
   }
@@ -650,6 +660,8 @@
       (q) => ({ "data-testid": `queue-row-${q.name}` }), "No queues yet: create one below.");
     syncTable($("hosts-body"), HOST_COLUMNS, hosts, (host) => host.name,
       (host) => ({ "data-testid": `host-row-${host.name}` }), "No hosts: start an HCM.");
+    syncTable($("placements-body"), PLACEMENT_COLUMNS, cluster.placements || [], (x) => `${x.queue}/${x.id}`,
+      (x) => ({ "data-testid": `placement-row-${x.queue}-${x.id}` }), "No exchanges: create a queue.");
     syncTable($("gcms-body"), GCM_COLUMNS, cluster.gcms, (g) => g.id,
       (g) => ({ "data-testid": `gcm-row-${g.id}` }), "No GCM is running.");
     renderEvents($("events-list"), cluster.events, true, "No scaling or failover events yet.");
