@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -88,7 +89,8 @@ def check_rules(current: dict[str, Any], changes: Any, size: int | None = None) 
             raise UserError(f"unknown rule {name!r}; rules are {', '.join(RULE_LIMITS)}")
         kind, low, high = RULE_LIMITS[name]
         flag = _flag(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or (kind is int and value != int(value)):
             raise UserError(f"{flag} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
         if not low <= value <= high:
             raise UserError(f"{flag} must be from {low:g} to {high:g}, got {value!r}")

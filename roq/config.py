@@ -165,6 +165,9 @@ class WebConfig:
     tls_cert: str = ""  # PEM files: with both set, the gateway serves HTTPS
     tls_key: str = ""
     secure_cookies: bool = False  # mark the session cookie Secure (always, with TLS): behind a TLS proxy
+    # With auth off, host names (comma-separated) a browser may use besides localhost and IP
+    # addresses: any other Host header is refused, so a DNS-rebinding page cannot drive the gateway.
+    hosts: str = ""
     sample_interval: float = 2.0  # cluster statistics sampled for the console's charts
     history_seconds: float = 600.0  # how far back the charts go
     publish_timeout: float = 10.0  # a publish is answered 503 when not confirmed in this time

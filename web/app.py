@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -44,8 +45,8 @@ from roq.errors import (
 )
 from roq.names import check_queue_name
 from roq.zk import start_client, stop_client
-from web.auth import CSRF_HEADER, SESSION_COOKIE, Guard, Identity, cross_site
-from web.gateway import Publishers, StreamLimitError, Streams, next_events, peek
+from web.auth import CSRF_HEADER, SESSION_COOKIE, Guard, Identity, cross_site, trusted_host
+from web.gateway import Publishers, StreamLimitError, Streams, TokenWriter, next_events, peek
 from web.history import Sampler
 
 STATIC = Path(__file__).parent / "static"
@@ -110,6 +111,7 @@ class Gateway:
         self.streams = Streams(config, self.zk)
         # Threads for blocking subscriber reads, apart from the pool the other routes use.
         self.stream_threads = anyio.CapacityLimiter(config.web.max_streams + 4)
+        self.closing = threading.Event()  # set first when the gateway stops: open streams end
 
     def start(self) -> None:
         self.sampler.start()
@@ -212,6 +214,9 @@ def caller(request: Request) -> Identity:
     who = guard.identify(request.headers.get("authorization"), request.cookies.get(SESSION_COOKIE))
     if who is None:
         raise HttpError(401, "unauthorized", "log in: this gateway needs a token (Authorization: Bearer TOKEN)")
+    if not guard.enabled and not trusted_host(request.headers.get("host"), request.app.state.gateway.config.web.hosts):
+        raise HttpError(403, "host", "refused: this gateway runs without web.auth and does not know the host name "
+                                     "in this request (add it to web.hosts)")
     method = request.method
     if cross_site(method, request.headers.get("origin"), request.headers.get("sec-fetch-site"),
                   request.headers.get("host")):
@@ -362,6 +367,7 @@ def _install_read_routes(app: FastAPI, gateway: Gateway) -> None:
     @app.get("/api/queues/{queue}/peek", tags=["data"], summary="The latest retained messages of a topic")
     def peek_messages(_who: Caller, queue: str, topic: str = "",
                       limit: Annotated[int, Query(ge=1, le=200)] = 20) -> dict[str, Any]:
+        _check_text(topic, "topic")
         return {"messages": peek(gateway.config, gateway.zk, queue, topic, limit)}
 
 
@@ -400,13 +406,12 @@ def _install_data_routes(app: FastAPI, gateway: Gateway) -> None:
               summary="Publish the body as one message (or one per line), answered after the confirm",
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
-    async def publish(request: Request, who: Caller, queue: str, topic: str = "",
+    async def publish(request: Request, who: Caller, queue: str, topic: str,
                       split: Annotated[str | None, Query(pattern="^lines$")] = None,
                       idempotency_key: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        _check_text(topic, "topic")
         body = await _read_body(request)
-        payloads = body.split(b"\n") if split else [body]
-        if split and payloads and payloads[-1] == b"":
-            payloads.pop()  # a final newline ends the last line, it does not start an empty one
+        payloads = _lines(body) if split else [body]
         return await run_in_threadpool(gateway.publishers.publish, queue, topic, payloads, who.name, idempotency_key)
 
     @app.get("/api/queues/{queue}/stream", tags=["data"], response_class=StreamingResponse,
@@ -417,9 +422,26 @@ def _install_data_routes(app: FastAPI, gateway: Gateway) -> None:
                      position: str | None = None, limit: Annotated[int | None, Query(ge=1)] = None,
                      last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
         token = last_event_id or position
+        for t in topic or []:
+            _check_text(t, "topic")
         subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], start, token)
         return StreamingResponse(_events(gateway, subscriber, limit), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _check_text(value: str, what: str) -> None:
+    """A query value that was not valid UTF-8 arrives with U+FFFD in it: refuse it rather than use
+    another name than the caller sent."""
+    if "\ufffd" in value:
+        raise HttpError(400, "invalid_name", f"{what} must be valid UTF-8 (percent-encoded bytes were not)")
+
+
+def _lines(body: bytes) -> list[bytes]:
+    """The body's lines, ending in LF or CRLF; a final line ending does not start an empty line."""
+    lines = body.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
 async def _read_body(request: Request) -> bytes:
@@ -439,18 +461,21 @@ async def _events(gateway: Gateway, subscriber: Subscriber, limit: int | None) -
     """The SSE body: events as messages come, a keepalive comment when quiet, an `error` event
     before ending on a failure. The subscriber is closed however the stream ends."""
     sent, quiet_since = 0, time.monotonic()
+    tokens = TokenWriter(subscriber)
     try:
         yield "retry: 1000\n\n"
         while limit is None or sent < limit:
+            if gateway.closing.is_set():  # the gateway stops: the client reconnects and resumes
+                return
             want = 500 if limit is None else min(500, limit - sent)
             try:
-                events = await anyio.to_thread.run_sync(next_events, subscriber, 0.5, want,
+                events = await anyio.to_thread.run_sync(next_events, subscriber, tokens, 0.5, want,
                                                         limiter=gateway.stream_threads)
             except RoqError as exc:
                 yield _error_event(exc.code, str(exc))
                 return
             if events:
-                sent += len(events)
+                sent += sum(1 for e in events if e.startswith("id:"))
                 quiet_since = time.monotonic()
                 yield "".join(events)
             elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:

@@ -17,6 +17,7 @@ hostile page from driving a local demo gateway that runs with `web.auth` off.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import secrets
 import threading
@@ -191,6 +192,24 @@ class Guard:
         with self._lock:
             self._reload()
             return (identity.name, identity.role) in self._tokens.values()
+
+
+def trusted_host(host: str | None, names: str) -> bool:
+    """With web.auth off: whether a request's Host names this gateway as a browser may, i.e. not
+    through a name an attacker controls (DNS rebinding). IP addresses and localhost are trusted,
+    other names only when listed in `names` (web.hosts)."""
+    if not host:
+        return True  # HTTP/1.0 without Host: not a browser
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return name in {n.strip().lower() for n in names.split(",") if n.strip()}
 
 
 def cross_site(method: str, origin: str | None, fetch_site: str | None, host: str | None) -> bool:

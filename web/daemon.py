@@ -62,6 +62,7 @@ def serve(config: Config, stop: Stop, announce: bool = False) -> int:
         if not thread.is_alive():
             log.error("the web server stopped on its own")
             return 1
+    app.state.gateway.closing.set()  # streams end first, or the graceful stop would wait for them
     server.should_exit = True
     thread.join(STOP_GRACE + 2)
     if thread.is_alive():

@@ -50,6 +50,8 @@ TOKEN_VERSION = "r1."
 MAX_TOKEN_CHARS = 256 << 10  # a resume token longer than this is refused before decoding
 MAX_POSITION_BYTES = 4 << 20  # what a token may inflate to
 MAX_TOKEN_STREAMS = 1_000  # exchange incarnations a token may name (a subscriber's own bound)
+DELTA_EVERY = 32  # events between two full encodings of a stream's position in its events' ids
+DELTA_MARK = "~"
 IDEMPOTENCY_SECONDS = 600.0
 IDEMPOTENCY_KEYS = 100_000
 MAX_IDEMPOTENCY_KEY = 200  # characters
@@ -69,29 +71,76 @@ class ResumeTokenError(UserError):
 
 def encode_token(position: dict[str, Any]) -> str:
     packed = zlib.compress(msgpack.packb(position, use_bin_type=True), 6)
-    return TOKEN_VERSION + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
+    return TOKEN_VERSION + _b64(packed)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def decode_token(token: str) -> dict[str, Any]:
-    """A position from a resume token; ResumeTokenError for anything that is not one of ours."""
+    """A position from a resume token (a base position, and the messages delivered since it);
+    ResumeTokenError for anything that is not one of ours."""
     if not token.startswith(TOKEN_VERSION) or len(token) > MAX_TOKEN_CHARS:
         raise ResumeTokenError("not a resume token of this gateway (expected the id of an event it sent)")
-    body = token[len(TOKEN_VERSION):]
+    base, _, delta = token[len(TOKEN_VERSION):].partition(DELTA_MARK)
     try:
-        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         inflater = zlib.decompressobj()
-        raw = inflater.decompress(packed, MAX_POSITION_BYTES)
+        raw = inflater.decompress(_unb64(base), MAX_POSITION_BYTES)
         if inflater.unconsumed_tail or not inflater.eof:
             raise ValueError("truncated or too large")
         data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-        Position.from_json(data)  # validates every field
-        if len(data["streams"]) > MAX_TOKEN_STREAMS:
+        position = Position.from_json(data)  # validates every field
+        if len(position.streams) > MAX_TOKEN_STREAMS:
             raise ValueError(f"more than {MAX_TOKEN_STREAMS} streams")
+        if delta:
+            _apply_delta(position, msgpack.unpackb(_unb64(delta), raw=False))
     except (binascii.Error, ValueError, zlib.error, msgpack.UnpackException, ConfigError, TypeError) as exc:
         raise ResumeTokenError(f"resume token is damaged: {exc}") from None
-    if not isinstance(data, dict):
-        raise ResumeTokenError("resume token is damaged")
-    return data
+    return position.to_json()
+
+
+def _apply_delta(position: Position, delta: Any) -> None:
+    """Mark as seen the messages a delta lists: [[publisher, first_seq, last_seq], ...]."""
+    if not isinstance(delta, list) or len(delta) > DELTA_EVERY:
+        raise ValueError("bad delta")
+    for item in delta:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in item[1:])
+                and 1 <= item[1] <= item[2] < item[1] + DELTA_EVERY):
+            raise ValueError("bad delta run")
+        seen = position.seen(item[0])
+        for seq in range(item[1], item[2] + 1):
+            seen.add(seq)
+
+
+class TokenWriter:
+    """The id of each event: the subscriber's full position, encoded at most every DELTA_EVERY
+    events, and in between that position plus the (publisher, seq) runs delivered since, so an
+    event's id costs little however large the position grows (a stream of a few topics of busy
+    publishers keeps many runs of sequence numbers)."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self.subscriber = subscriber
+        self.base = ""
+        self.delta: list[list[Any]] = []
+        self.count = DELTA_EVERY
+
+    def after(self, msg: Message) -> str:
+        if self.count >= DELTA_EVERY:
+            self.base, self.delta, self.count = encode_token(self.subscriber.position()), [], 0
+            return self.base  # the position already holds msg
+        self.count += 1
+        last = self.delta[-1] if self.delta else None
+        if last is not None and last[0] == msg.publisher and last[2] + 1 == msg.seq:
+            last[2] = msg.seq
+        else:
+            self.delta.append([msg.publisher, msg.seq, msg.seq])
+        return self.base + DELTA_MARK + _b64(msgpack.packb(self.delta))
 
 
 # ------------------------------------------------------------------ message encoding
@@ -142,12 +191,12 @@ class Publishers:
         entry, first = self._keys.claim((caller, queue, idempotency_key))
         try:
             if first:
-                entry.queued = self._queue(queue, topic, payloads)
+                entry.queued = (*self._queue(queue, topic, payloads), topic)
             else:
                 entry.wait_queued()  # the first attempt's: nothing is queued twice
             assert entry.queued is not None
-            publisher, seqs = entry.queued
-            answer = self._confirmed(publisher, seqs, queue, topic)
+            publisher, seqs, first_topic = entry.queued
+            answer = self._confirmed(publisher, seqs, queue, first_topic)
         finally:
             entry.settled()
         return answer if first else dict(answer, replayed=True)
@@ -206,7 +255,7 @@ class KeyEntry:
 
     def __init__(self, expires: float) -> None:
         self.expires = expires
-        self.queued: tuple[Publisher, range] | None = None
+        self.queued: tuple[Publisher, range, str] | None = None  # and the topic it was published to
         self._first_done = threading.Event()
 
     def wait_queued(self) -> None:
@@ -283,16 +332,21 @@ class StreamLimitError(RoqError):
     code = "too_many_streams"
 
 
-def next_events(subscriber: Subscriber, wait: float, max_events: int = 500) -> list[str]:
+def next_events(subscriber: Subscriber, tokens: TokenWriter, wait: float, max_events: int = 500) -> list[str]:
     """SSE events for the messages ready now (waiting up to `wait` for the first), each with the
-    resume token of the position just after it."""
+    resume token of the position just after it; a `gap` event first when messages of the stream's
+    topics were evicted from retention before it could fetch them."""
     events: list[str] = []
+    gaps = subscriber.gaps
     msg = subscriber.receive(timeout=wait)
     while msg is not None:
-        events.append(sse_event(msg, encode_token(subscriber.position())))
+        events.append(sse_event(msg, tokens.after(msg)))
         if len(events) >= max_events:
             break
         msg = subscriber.receive(timeout=0)
+    lost = subscriber.gaps - gaps
+    if lost > 0:
+        events.insert(0, f"event: gap\ndata: {json.dumps({'lost': lost})}\n\n")
     return events
 
 
@@ -302,7 +356,7 @@ def peek(config: Config, zk: KazooClient, queue: str, topic: str, limit: int) ->
     """The latest `limit` retained messages whose topic starts with `topic`, oldest first, taken from
     the tail of each running exchange's retention (PEEK_WINDOW frames back at most)."""
     check_queue_name(queue)
-    prefix = check_topic(topic)
+    prefix = check_topic(topic) if topic else b""  # no topic: every topic
     limit = max(1, min(limit, PEEK_MAX))
     paths = Paths(config.zk.root)
     if not zk.exists(paths.queue(queue)):

@@ -8,14 +8,15 @@ import os
 import stat
 from pathlib import Path
 
+import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from roq.client.position import Position
 from roq.errors import ConfigError
-from web.auth import Guard, add_token, cross_site, read_tokens, token_hash
-from web.gateway import ResumeTokenError, decode_token, encode_token
+from web.auth import Guard, add_token, cross_site, read_tokens, token_hash, trusted_host
+from web.gateway import DELTA_MARK, ResumeTokenError, _b64, decode_token, encode_token
 
 
 def test_a_new_token_is_stored_only_as_its_hash_in_a_private_file(tmp_path: Path) -> None:
@@ -113,3 +114,24 @@ def test_a_resume_token_round_trips_any_position(position: dict) -> None:
 def test_anything_but_a_resume_token_is_refused_with_a_clear_error(token: str) -> None:
     with pytest.raises(ResumeTokenError):
         decode_token(token)
+
+
+@pytest.mark.parametrize("host, names, trusted", [
+    ("127.0.0.1:8080", "", True), ("[::1]:8080", "", True), ("localhost:8080", "", True),
+    ("10.0.0.5:8080", "", True), ("console.example:8080", "", False), ("console.example:8080", "console.example", True),
+    ("evil.example", "console.example", False), (None, "", True),
+])
+def test_without_auth_only_addresses_localhost_and_listed_names_are_trusted_hosts(host: str | None, names: str,
+                                                                                  trusted: bool) -> None:
+    assert trusted_host(host, names) is trusted
+
+
+@given(positions, st.lists(st.tuples(st.sampled_from(["p-" + "a" * 24, "p-" + "b" * 24]), st.integers(1, 10**6),
+                                     st.integers(0, 5)), min_size=1, max_size=8))
+def test_a_token_with_a_delta_marks_the_listed_messages_seen(position: dict, runs: list) -> None:
+    delta = [[p, first, first + extra] for p, first, extra in runs]
+    token = encode_token(position) + DELTA_MARK + _b64(msgpack.packb(delta))
+    resumed = Position.from_json(decode_token(token))
+    for publisher, first, last in delta:
+        seen = resumed.seen(publisher)
+        assert all(not seen.add(seq) for seq in range(first, last + 1))
