@@ -40,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,12 +169,19 @@ def summarise(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (system, size), group in groups.items():
         out: dict[str, Any] = {"system": system, "size": size, "rounds": len(group),
                                "lost": sum(r["lost"] for r in group), "paced_rate": group[0]["paced_rate"]}
-        for name in MEDIAN_FIELDS:
-            values = [r[name] for r in group if r.get(name) is not None]
-            out[name] = statistics.median(values) if values else None
-            out[f"{name}_range"] = [min(values), max(values)] if values else None
+        out.update(medians(group, MEDIAN_FIELDS))
         summary.append(out)
     return summary
+
+
+def medians(group: list[dict[str, Any]], fields: Iterable[str]) -> dict[str, Any]:
+    """Per field, the median over the rounds of a group and its [min, max] (None when no round has it)."""
+    out: dict[str, Any] = {}
+    for name in fields:
+        values = [r[name] for r in group if r.get(name) is not None]
+        out[name] = statistics.median(values) if values else None
+        out[f"{name}_range"] = [min(values), max(values)] if values else None
+    return out
 
 
 def within_rounds(rounds: list[dict[str, Any]], system: str, baseline: str, field: str, size: int = 100,
