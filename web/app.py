@@ -45,7 +45,7 @@ from roq.errors import (
 )
 from roq.names import check_queue_name
 from roq.zk import start_client, stop_client
-from web.auth import CSRF_HEADER, SESSION_COOKIE, Guard, Identity, cross_site, trusted_host
+from web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
 from web.gateway import Publishers, StreamLimitError, Streams, TokenWriter, next_events, peek
 from web.history import Sampler
 
@@ -237,14 +237,16 @@ def caller(request: Request) -> Identity:
     if not guard.enabled and not trusted_host(request.headers.get("host"), request.app.state.gateway.config.web.hosts):
         raise HttpError(403, "host", "refused: this gateway runs without web.auth and does not know the host name "
                                      "in this request (add it to web.hosts)")
-    method = request.method
-    if cross_site(method, request.headers.get("origin"), request.headers.get("sec-fetch-site"),
-                  request.headers.get("host")):
-        raise HttpError(403, "csrf", "refused: the request came from a page of another site")
-    if who.via == "session" and method in ("POST", "PUT", "PATCH", "DELETE") \
-            and request.headers.get(CSRF_HEADER) != who.csrf:
+    refuse_cross_site(request)
+    if who.via == "session" and request.method in UNSAFE_METHODS and request.headers.get(CSRF_HEADER) != who.csrf:
         raise HttpError(403, "csrf", "refused: missing or wrong X-CSRF-Token (reload the page)")
     return who
+
+
+def refuse_cross_site(request: Request) -> None:
+    if cross_site(request.method, request.headers.get("origin"), request.headers.get("sec-fetch-site"),
+                  request.headers.get("host")):
+        raise HttpError(403, "csrf", "refused: the request came from a page of another site")
 
 
 def admin_caller(who: Annotated[Identity, Depends(caller)]) -> Identity:
@@ -270,9 +272,7 @@ def _install_session_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.post("/api/session", tags=["session"], summary="Log in with a token (sets an HttpOnly cookie)")
     def login(request: Request, body: Login, response: Response) -> dict[str, Any]:
-        if cross_site("POST", request.headers.get("origin"), request.headers.get("sec-fetch-site"),
-                      request.headers.get("host")):
-            raise HttpError(403, "csrf", "refused: the request came from a page of another site")
+        refuse_cross_site(request)
         if not guard.enabled:
             return {"auth": False, "name": "anonymous", "role": "admin", "csrf": "open"}
         found = guard.check_token(body.token.strip())
@@ -312,6 +312,10 @@ def queue_row(name: str, q: dict[str, Any], replicas: int | None = None) -> dict
             "retained_bytes": q.get("retained_bytes", 0)}
 
 
+def queue_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    return [queue_row(n, q) for n, q in sorted(stats.get("queues", {}).items())]
+
+
 def cluster_view(gateway: Gateway) -> dict[str, Any]:
     status, stats, sampled_at = _view(gateway)
     leader = status.get("leader") or None
@@ -328,7 +332,7 @@ def cluster_view(gateway: Gateway) -> dict[str, Any]:
             "gcms": [{"id": g.get("id"), "endpoint": g.get("endpoint"), "host": g.get("host"),
                       "leader": g.get("id") == leader_id} for g in status.get("gcms", [])],
             "hosts": hosts,
-            "queues": [queue_row(n, q) for n, q in sorted(stats.get("queues", {}).items())],
+            "queues": queue_rows(stats),
             "placements": [{"queue": n, "id": x["id"], "host": x.get("host"), "running": x.get("running", False),
                             "restarts": x.get("restarts", 0), "msgs_in_per_s": x.get("msgs_in_per_s", 0.0),
                             "msgs_out_per_s": x.get("msgs_out_per_s", 0.0)}
@@ -339,7 +343,7 @@ def cluster_view(gateway: Gateway) -> dict[str, Any]:
 
 
 def queue_view(gateway: Gateway, name: str) -> dict[str, Any]:
-    info = gateway.admin.describe_queue(name)
+    info, rules = gateway.sampler.queue_details(name)
     _status, stats, _ = _view(gateway)
     q = stats.get("queues", {}).get(name, {})
     rates = {x["id"]: x for x in q.get("by_exchange", [])}
@@ -357,7 +361,7 @@ def queue_view(gateway: Gateway, name: str) -> dict[str, Any]:
         publishers += [{"id": p, "exchange": x["id"], "msgs_per_s": rate} for p, rate in r.get("top_publishers", [])]
     row = queue_row(name, q, info.get("replicas"))
     row.update(publisher_count=row["publishers"], exchanges=len(info.get("exchanges", [])),
-               rules=gateway.admin.queue_rules(name), exchanges_detail=exchanges,
+               rules=rules, exchanges_detail=exchanges,
                publishers=sorted(publishers, key=lambda p: -p["msgs_per_s"]),
                subscribers=list(q.get("subscribers", [])), events=gateway.sampler.recent_events(name))
     return row
@@ -374,7 +378,7 @@ def _install_read_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/api/queues", tags=["queues"], summary="Every queue with its rates")
     def queues(_who: Caller) -> list[dict[str, Any]]:
-        return cluster_view(gateway)["queues"]
+        return queue_rows(_view(gateway)[1])
 
     @app.get("/api/queues/{queue}", tags=["queues"], summary="One queue: exchanges, publishers, subscribers, rules")
     def queue(_who: Caller, queue: str) -> dict[str, Any]:
@@ -416,7 +420,9 @@ def _install_admin_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.put("/api/queues/{queue}/rules", tags=["admin"], summary="Set or clear autoscaling rules (admin)")
     def set_rules(_who: AdminCaller, queue: str, body: Rules) -> dict[str, Any]:
-        return admin.queue_rules(check_queue_name(queue), body.rules, body.clear)
+        rules = admin.queue_rules(check_queue_name(queue), body.rules, body.clear)
+        sampler.sample_now()  # the queue page shows the new rules at once
+        return rules
 
 
 # ------------------------------------------------------------------ publish and stream

@@ -8,12 +8,12 @@ the cluster confirmed them, so a 200 means what a confirm means to a native clie
 (per caller and queue) queues nothing; it waits for the confirm of what the first one queued and
 answers the same. A first attempt that timed out waiting (503) is thus finished by its retry.
 
-Streaming: one `Subscriber` per SSE connection. After each message the subscriber's position is
-encoded into the event's id (`resume token`): a client that reconnects with it (`Last-Event-ID`)
-gets the next message and nothing it already had, from any gateway, even one started since. The
-token holds what `Subscriber.position()` holds — per exchange incarnation the stream position,
-per publisher the sequence numbers seen — compressed: it grows with the publishers of the
-queue, about 20 bytes each.
+Streaming: one `Subscriber` per SSE connection. Each event's id is a resume token: what
+`Subscriber.position()` holds after that message (per exchange incarnation the stream position,
+per publisher the sequence numbers seen), as a full position every DELTA_EVERY events and that
+position plus the messages delivered since in between (TokenWriter). A client that reconnects with
+it (`Last-Event-ID`) gets the next message and nothing it already had, from any gateway, even one
+started since.
 
 Peek: the latest retained messages of a topic, read from each exchange's retention.
 """

@@ -56,6 +56,8 @@ class Sampler:
         self.queues: dict[str, Series] = {}
         self.hosts: dict[str, Series] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_LIMIT)
+        # Queue → (description, rules), as the leader gave them since the last sample.
+        self._details: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._scaling_seen_until: dict[str, float] = {}  # queue → time of the last autoscaler event logged
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="web-sampler", daemon=True)
@@ -78,6 +80,7 @@ class Sampler:
         with self._lock:
             self._note_changes(self.status, status, self.stats, stats)
             self.status, self.stats, self.error = status, stats, None
+            self._details.clear()  # asked again after each sample, and after each admin action
             self.sampled_at = time.time()
             self._record(stats)
 
@@ -102,6 +105,17 @@ class Sampler:
             del self.queues[gone]
         for gone in set(self.hosts) - set(stats.get("hosts", {})):
             del self.hosts[gone]
+
+    def queue_details(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The queue's description and rules from the leader, asked at most once per sample: a queue
+        page polled by many browsers costs the leader two requests per interval."""
+        with self._lock:
+            cached = self._details.get(name)
+        if cached is None:
+            cached = (self.admin.describe_queue(name), self.admin.queue_rules(name))
+            with self._lock:
+                self._details[name] = cached
+        return cached
 
     def history(self, seconds: float) -> dict[str, Any]:
         start = time.time() - seconds

@@ -48,6 +48,28 @@ def spark(spark_sessions: Sessions) -> Any:
     return spark_sessions.get(LOCAL)
 
 
+def sink(frame: Any, config: Any, queue: str, **options: str) -> Any:
+    """A DataFrame writer to RoQ queue `queue` of this test's cluster."""
+    writer = frame.write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+    writer = writer.option("queue", queue)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    return writer
+
+
+def written_and_received(frame: Any, config: Any, zk: Any, queue: str, count: int) -> list[bytes]:
+    """Write `frame` to `queue` through the sink while a subscriber listens; the payloads it got
+    (`count` of them expected). save() returns once every task's messages were confirmed."""
+    from roq.client.subscriber import Subscriber
+    from roq.tools.testing import wait_until
+    got: list[bytes] = []
+    with Subscriber(queue, config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+        sub.wait_connected()
+        sink(frame, config, queue).mode("append").save()
+        wait_until(lambda: len(got) >= count, timeout=20, message=f"the {count} rows")
+    return got
+
+
 @pytest.fixture
 def cluster(config, zk, paths, procs):
     from tests.integration.conftest import start_cluster

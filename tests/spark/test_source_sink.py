@@ -12,6 +12,7 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.tools.testing import wait_until
 from tests.integration.conftest import create
+from tests.spark.conftest import sink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -22,14 +23,6 @@ def source(spark, config, queue: str, streaming: bool = False, **options: str):
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader
-
-
-def sink(frame, config, queue: str, **options: str):
-    writer = frame.write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
-    writer = writer.option("queue", queue)
-    for key, value in options.items():
-        writer = writer.option(key, value)
-    return writer
 
 
 def one_frame_each(config, zk, queue: str, count: int) -> None:

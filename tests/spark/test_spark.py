@@ -12,6 +12,7 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.tools.testing import wait_until
 from tests.integration.conftest import create
+from tests.spark.conftest import written_and_received
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -52,14 +53,8 @@ def test_the_stream_reads_exactly_what_was_published_and_resumes_from_its_checkp
 
 def test_the_sink_publishes_a_dataframe_with_confirms(spark, config, zk, paths, cluster):
     create(config, zk, paths, "sunk", 1)
-    got: list[bytes] = []
-    with Subscriber("sunk", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
-        sub.wait_connected()
-        frame = spark.createDataFrame([("orders.eu", f"order-{i}") for i in range(500)], "topic string, payload string")
-        (frame.repartition(3).write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
-         .option("queue", "sunk").mode("append").save())
-        # save() returned: every task's messages were confirmed. Now they arrive.
-        wait_until(lambda: len(got) >= 500, timeout=20, message="the 500 rows")
+    frame = spark.createDataFrame([("orders.eu", f"order-{i}") for i in range(500)], "topic string, payload string")
+    got = written_and_received(frame.repartition(3), config, zk, "sunk", 500)
     assert sorted(got) == sorted(f"order-{i}".encode() for i in range(500))
 
 

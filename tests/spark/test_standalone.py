@@ -17,11 +17,11 @@ from typing import Any
 import psutil
 import pytest
 
-from roq.client.subscriber import Subscriber
 from roq.tools.testing import wait_until
 from roq.tools.zkserver import free_port, stop_process_group
 from tests.conftest import unavailable
 from tests.integration.conftest import create
+from tests.spark.conftest import written_and_received
 from tests.spark.test_pipeline_cli import finish, no_traces, roq
 from tests.spark.test_spark import publish, read_to_parquet
 
@@ -121,13 +121,8 @@ def test_the_source_reads_exactly_once_on_executors_across_a_checkpoint_restart(
 
 def test_the_sink_publishes_from_executors(standalone, spark, config, zk, paths, cluster):
     create(config, zk, paths, "fanin", 1)
-    got: list[bytes] = []
-    with Subscriber("fanin", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
-        sub.wait_connected()
-        frame = spark.createDataFrame([("t", f"m{i}") for i in range(300)], "topic string, value string")
-        (frame.repartition(4).write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
-         .option("queue", "fanin").mode("append").save())
-        wait_until(lambda: len(got) >= 300, timeout=20, message="the 300 rows")
+    frame = spark.createDataFrame([("t", f"m{i}") for i in range(300)], "topic string, value string")
+    got = written_and_received(frame.repartition(4), config, zk, "fanin", 300)
     assert sorted(got) == sorted(f"m{i}".encode() for i in range(300))
 
 
