@@ -31,6 +31,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,12 +40,14 @@ import zmq
 from exchange.chains import PrefixChains
 from exchange.confirms import ConfirmGate
 from exchange.consumers import ConsumerProgress
+from exchange.groups import Group, Groups, Unit
 from exchange.journal import Journal
 from exchange.replay import ReplayServer, replay_socket
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.sessions import PRUNE_INTERVAL, PublisherSessions
 from exchange.stats import ExchangeStats
+from exchange.work import WorkServer, work_socket
 from roq import protocol
 from roq.client.wake import WakePipe
 from roq.config import Config, ExchangeConfig
@@ -55,6 +58,8 @@ from roq.security import Gatekeeper
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+GROUP_TICK = 0.05  # how often delayed messages, ack timeouts and silent members are checked (s)
+GROUP_POLL_MS = 50
 MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
 # Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
 _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
@@ -110,22 +115,39 @@ class Forwarder:
         # Pass every (un)subscription up, duplicates included: prefixes are counted (chains.py).
         self.back.setsockopt(zmq.XPUB_VERBOSER, 1)
         replay = replay_socket(context)
+        work = work_socket(context)
+        gone_fds: deque[int] = deque()  # the work socket's dropped connections (exchange/work.py)
         if gatekeeper is not None:
             for sock, domain in ((self.front, "publishers"), (self.back, "subscribers"), (replay, "replay")):
                 gatekeeper.guard(sock, domain)
+            gatekeeper.guard(work, "work", on_disconnect=gone_fds.append)
         pub_port = self.front.bind_to_random_port(f"tcp://{bind_host}")
         sub_port = self.back.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
+        work_port = work.bind_to_random_port(f"tcp://{bind_host}")
         self.replay = ReplayServer(replay, self.retention, self.chains, self.incarnation, config.fetch_max_bytes,
                                    config.replay_budget_bytes, 2 * config.fetch_max_bytes, self._count,
                                    archives=self.archives, on_progress=self.consumers.report)
         self.pub_endpoint = f"tcp://{advertise_host}:{pub_port}"
         self.sub_endpoint = f"tcp://{advertise_host}:{sub_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
+        self.work_endpoint = f"tcp://{advertise_host}:{work_port}"
+        # Consumer groups (exchange/groups.py): dead letters are published by this exchange itself,
+        # under a publisher id of this incarnation's own.
+        self.groups = Groups(config.max_groups, config.max_group_members, config.group_member_timeout,
+                             config.group_ttl, on_dead=self._dead_letter)
+        self.work = WorkServer(work, self.groups, exchange_id, self.incarnation, self.retention, self._count)
+        self.work.gone = gone_fds
+        if gatekeeper is None or not gatekeeper.needed:
+            self.work.watch_connections()
+        self._dead: list[tuple[Group, Unit]] = []
+        self.dead_publisher = f"dl-{self.incarnation}"
+        self._dead_seq = 0
 
     def close(self) -> None:
         for sock in (self.front, self.back, self.replay.sock):
             sock.close(linger=0)
+        self.work.close()
         if self.link is not None:
             self.link.close()
         if self.journal is not None:
@@ -154,26 +176,29 @@ class Forwarder:
         """Forward until `should_stop()`, or (`until_sealed`) until this incarnation is sealed or its
         journal failed: it must confirm nothing more."""
         poller = zmq.Poller()
-        for sock in (self.front, self.back, self.replay.sock):
+        for sock in (self.front, self.back, self.replay.sock, self.work.sock):
             poller.register(sock, zmq.POLLIN)
+        if self.work.monitor is not None:
+            poller.register(self.work.monitor, zmq.POLLIN)
         poller.register(self.journal_wake.fd, zmq.POLLIN)
         link_sock: zmq.Socket | None = None
         reading_publishers = True
-        next_beat = next_housekeeping = 0.0
+        next_beat = next_housekeeping = next_group_tick = 0.0
         while not should_stop() and not (until_sealed and (self.sealed or self.journal_failed)):
             link = self.link
-            if link is not None:
-                if self.replica_target != link.endpoint:
-                    if link_sock is not None:
-                        poller.unregister(link_sock)
-                    link.point_to(self.replica_target)
-                    link_sock = link.sock
-                    if link_sock is not None:
-                        poller.register(link_sock, zmq.POLLIN)
-                if link.blocked == reading_publishers:  # stop reading batches until the replica catches up
-                    reading_publishers = not reading_publishers
-                    poller.modify(self.front, zmq.POLLIN if reading_publishers else 0)
-            for sock, _ in poller.poll(POLL_MS):
+            if link is not None and self.replica_target != link.endpoint:
+                if link_sock is not None:
+                    poller.unregister(link_sock)
+                link.point_to(self.replica_target)
+                link_sock = link.sock
+                if link_sock is not None:
+                    poller.register(link_sock, zmq.POLLIN)
+            # Stop reading batches until the replica catches up, or the groups' members take work.
+            blocked = (link is not None and link.blocked) or self.groups.held_bytes > self.config.group_max_bytes
+            if blocked == reading_publishers:
+                reading_publishers = not reading_publishers
+                poller.modify(self.front, zmq.POLLIN if reading_publishers else 0)
+            for sock, _ in poller.poll(GROUP_POLL_MS if self.groups else POLL_MS):
                 try:
                     if sock is self.front:
                         self._drain_publishers()
@@ -181,6 +206,10 @@ class Forwarder:
                         self._drain_subscriptions()
                     elif sock is self.replay.sock:
                         self.replay.drain()
+                    elif sock is self.work.sock:
+                        self.work.drain()
+                    elif sock is self.work.monitor:
+                        self.work.drain_monitor()
                     elif sock == self.journal_wake.fd:
                         self.journal_wake.drain()  # _make_durable below releases what the sync covered
                     else:
@@ -191,6 +220,14 @@ class Forwarder:
                     self.stats.totals.internal_errors += 1
                     log.exception("unexpected error while handling a frame; going on")
             now = time.monotonic()
+            if self.work.gone:
+                self.work.forget_gone()
+            if self.groups:
+                if now >= next_group_tick:
+                    next_group_tick = now + GROUP_TICK
+                    self.groups.tick()
+                self._publish_dead_letters()
+                self.work.pump()
             self._make_durable(now)
             self.retention.trim(now)
             if now >= next_housekeeping:
@@ -401,32 +438,50 @@ class Forwarder:
         run_topic: Any = None
         seqs: list[int] = []
         payloads: list[bytes] = []
+        attrs: list[list[Any]] = []  # [index in the run, priority, not_before_ms, key]
         run_size = 0
         max_size = self.config.max_message_bytes
         for i in range(skip, count):
             topic, payload = flat[2 * i], flat[2 * i + 1]
             seq = batch.first_seq + i
+            attributes = None
+            if isinstance(topic, list):  # [topic, priority, not_before_ms, key]: for consumer groups
+                attributes = protocol.message_attributes(topic)
+                if attributes is None:
+                    totals.rejected += 1
+                    self._reply(ident, protocol.encode_reject(seq, "malformed", "an attributed message's topic "
+                                                              "must be [topic, priority 0..255, not_before_ms "
+                                                              "0..2^63-1, key of 0-255 bytes]"))
+                    continue
+                topic = attributes[0]
             problem = _check_message(topic, payload, max_size)
             if problem:
                 totals.rejected += 1
                 self._reply(ident, protocol.encode_reject(seq, problem[0], problem[1]))
                 continue
             if topic != run_topic and seqs:
-                self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size)
-                seqs, payloads, run_size = [], [], 0
+                self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
+                seqs, payloads, attrs, run_size = [], [], [], 0
             run_topic = topic
+            if attributes is not None and attributes[1:] != (0, 0, b""):
+                attrs.append([len(seqs), attributes[1], attributes[2], attributes[3]])
             seqs.append(seq)
             payloads.append(payload)
             run_size += len(payload)
         if seqs:
-            self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size)
+            self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
 
-    def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int) -> None:
-        """Number, retain and publish one frame of accepted messages; `size` is the payloads' total."""
+    def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
+              attrs: list[list[Any]] | None = None) -> None:
+        """Number, retain and publish one frame of accepted messages; `size` is the payloads' total.
+        `attrs`: [index, priority, not_before_ms, key] of messages published with attributes."""
         pos = self.retention.next_pos
         body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, self.chains.links(topic, pos),
-                                        pub, sent_ns, seqs, payloads)
+                                        pub, sent_ns, seqs, payloads, attrs)
         self.retention.add(topic, body, len(seqs))
+        if self.groups:
+            self.groups.offer(pos, topic, pub, sent_ns, seqs, payloads,
+                              [(a[0], a[1], a[2], a[3]) for a in attrs] if attrs else None)
         if self.journal is not None:
             self.journal.append(pos, topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
@@ -436,6 +491,22 @@ class Forwarder:
         totals.bytes_in += size  # every accepted payload is sent once, here
         totals.bytes_out += size
         totals.frames_out += 1
+
+    def _dead_letter(self, group: Group, unit: Unit) -> None:
+        self._dead.append((group, unit))  # published after the groups' turn, not in the middle of it
+
+    def _publish_dead_letters(self) -> None:
+        """Messages a group gave up on, as new messages of this exchange on the group's dead-letter
+        topic: the same payloads, priority and key, in a stream any subscriber or group can read."""
+        dead, self._dead = self._dead, []
+        for group, unit in dead:
+            first = self._dead_seq + 1
+            self._dead_seq += unit.count
+            payloads = unit.payloads[unit.idx:unit.idx + unit.count]
+            attrs = [[i, unit.priority, 0, unit.key] for i in range(unit.count)] \
+                if (unit.priority, unit.key) != (0, b"") else None
+            self._send(group.settings.dead_letter, self.dead_publisher, unit.sent_ns,
+                       list(range(first, first + unit.count)), payloads, unit.size, attrs)
 
     def _reply(self, ident: bytes, frame: bytes) -> None:
         try:

@@ -222,14 +222,16 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
                         tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
                         rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
                         replicated_to=forwarder.link.held if forwarder.link else 0,
-                        next_pos=retention.next_pos, consumers=forwarder.consumers.lags(retention))
+                        next_pos=retention.next_pos, consumers=forwarder.consumers.lags(retention),
+                        groups=forwarder.groups.stats())
         emit({"event": "stats", **stats.to_dict()})
 
     on_tick = every(config.exchange.stats_interval, report)
 
     try:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
-              "replay": forwarder.replay_endpoint, "incarnation": forwarder.incarnation, "pid": os.getpid(),
+              "replay": forwarder.replay_endpoint, "work": forwarder.work_endpoint,
+              "incarnation": forwarder.incarnation, "pid": os.getpid(),
               "replicas": replicas, "archived": sorted(forwarder.archives)})
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)

@@ -25,6 +25,7 @@ measures it. Writes that do carry news still go out at once, at most once per re
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from roq.records import ExchangeStats, HostStats
 
@@ -37,8 +38,10 @@ HOST_STEP_PERCENT = 5.0  # CPU or memory use must move this many points (from th
 # latency, held acks, replication progress) moves only when the exchange works or its clients change.
 QUIET_EXCHANGE_FIELDS = frozenset({"at", "rss_bytes", "retained_frames", "retained_bytes", "evicted_frames",
                                    "tracked_prefixes", "replay_held_bytes"})
-# Consumer lag: its frames and messages move with work, its seconds age with the clock (only those drift).
-_EXCHANGE_TRIGGERS = tuple(f.name for f in fields(ExchangeStats) if f.name not in QUIET_EXCHANGE_FIELDS | {"consumers"})
+# Consumer lag and consumer groups: their counts move with work, their seconds age with the clock
+# (only those drift).
+_EXCHANGE_TRIGGERS = tuple(f.name for f in fields(ExchangeStats)
+                           if f.name not in QUIET_EXCHANGE_FIELDS | {"consumers", "groups"})
 
 
 def exchange_changed(written: ExchangeStats | None, report: ExchangeStats | None) -> bool:
@@ -48,7 +51,12 @@ def exchange_changed(written: ExchangeStats | None, report: ExchangeStats | None
     if written is None:
         return True
     return any(getattr(written, name) != getattr(report, name) for name in _EXCHANGE_TRIGGERS) \
-        or _lag_counts(written) != _lag_counts(report)
+        or _lag_counts(written) != _lag_counts(report) or _group_counts(written) != _group_counts(report)
+
+
+def _group_counts(stats: ExchangeStats) -> dict[str, Any]:
+    return {name: {k: v for k, v in figures.items() if k != "oldest_ready_s"} if isinstance(figures, dict) else None
+            for name, figures in stats.groups.items()}
 
 
 def _lag_counts(stats: ExchangeStats) -> list[tuple[str, int, int]]:

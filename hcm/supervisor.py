@@ -69,8 +69,9 @@ from roq.zk import create_ephemeral, decode, encode, read_json
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (queue, slot): an exchange id ("x1") or a replica slot ("x1~r")
-# What is published of a ready event; it counts only if it names the first two (its endpoints).
-READY_FIELDS = ("pub", "sub", "replay", "incarnation", "pid", "replicas", "archived")  # of an exchange, at live/<q>/<x>
+# What is published of an exchange's ready event, at live/<q>/<x>; it counts only if it names the
+# first two (its endpoints).
+READY_FIELDS = ("pub", "sub", "replay", "work", "incarnation", "pid", "replicas", "archived")
 REPLICA_READY_FIELDS = ("repl", "replay", "incarnation", "pid")  # of a replica, at replicas/<q>/<x>
 _UNSENT = object()  # no replica line written to this process yet
 

@@ -329,7 +329,8 @@ def queue_list(ctx: Context, as_json: bool) -> None:
 @pass_ctx
 @handle_errors
 def queue_show(ctx: Context, name: str, as_json: bool) -> None:
-    """Show queue NAME: its exchanges (and replicas), where they run, their endpoints."""
+    """Show queue NAME: its exchanges (and replicas), where they run, their endpoints, and its
+    consumer groups (members, ready, in flight, acked, lag)."""
     with ctx.admin() as admin:
         info = admin.describe_queue(name)
     if as_json:
@@ -582,39 +583,71 @@ def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: flo
 @click.option("--from", "start_from", metavar="beginning|now|FILE", default=None,
               help="where to start when there is no saved position: beginning (all the exchanges still "
                    "retain), now (the default), or a position FILE (a durable subscriber's saved one)")
+@click.option("--group", metavar="NAME", default=None,
+              help="join consumer group NAME: each message goes to one member of the group, acked once "
+                   "printed (docs/work-queues.md)")
+@click.option("--prefetch", type=click.IntRange(1, 100_000), default=None,
+              help="with --group: unacked messages held per exchange (default client.prefetch)")
 @pass_ctx
 @handle_errors
 def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float,
-              durable: str | None, start_from: str | None) -> None:
+              durable: str | None, start_from: str | None, group: str | None, prefetch: int | None) -> None:
     """Print the messages of QUEUE, one per line: topic<TAB>payload.
 
     A new subscriber starts now: add --from beginning for what was published before. A --durable
-    subscriber resumes from its saved position; --from only says where a new name starts."""
+    subscriber resumes from its saved position; --from only says where a new name starts.
+    With --group it is a member of a consumer group: it prints its share and acks each message."""
     from roq.client.subscriber import Subscriber
+    if group is not None:
+        if durable is not None or start_from is not None:
+            raise click.UsageError("--group takes no --durable or --from: the group keeps its own state")
+        _work(ctx, queue_name, topics, count, timeout, group, prefetch)
+        return
+    if prefetch is not None:
+        raise click.UsageError("--prefetch needs --group")
     start, position = _start_point(ctx, queue_name, durable, start_from)
-    received = 0
-    out = sys.stdout.buffer
-    # SIGTERM leaves through the with-block, so a durable position is saved.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))
-    interrupted = False
     with Subscriber(queue_name, ctx.config, topics, durable=durable, start=start, position=position) as sub:
-        try:
-            while not count or received < count:
-                msg = sub.receive(timeout=timeout or None)
-                if msg is None:
-                    break
-                out.write(msg.topic + b"\t" + msg.payload + b"\n")
-                out.flush()
-                received += 1
-        except KeyboardInterrupt:
-            interrupted = True  # the with-block still saves a durable position
-        except BrokenPipeError:  # `roq subscribe ... | head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        received, interrupted = _print_messages(sub, count, timeout)  # the with-block saves a durable position
         stats = sub.stats()
     click.echo(f"received {received} messages (duplicates dropped {stats['duplicates']}, "
                f"recovered frames {stats['recovered_frames']}, unrecoverable gaps {stats['gaps']})", err=True)
     if interrupted:
         sys.exit(Exit.INTERRUPTED)
+
+
+def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float, group: str,
+          prefetch: int | None) -> None:
+    """`roq subscribe --group`: print this member's share, acking each message once written."""
+    from roq.client.worker import GroupSubscriber
+    with GroupSubscriber(queue_name, ctx.config, topics, group=group, prefetch=prefetch, auto_ack=False) as sub:
+        received, interrupted = _print_messages(sub, count, timeout, ack=True)  # leaving gives back the rest
+        stats = sub.stats()
+    click.echo(f"received {received} messages of group {group} (acked {stats['acked']}, "
+               f"redelivered to us {stats['redelivered']})", err=True)
+    if interrupted:
+        sys.exit(Exit.INTERRUPTED)
+
+
+def _print_messages(sub: Any, count: int, timeout: float, ack: bool = False) -> tuple[int, bool]:
+    """Print messages as topic<TAB>payload until `count` or `timeout` idle seconds; (printed, interrupted)."""
+    received = 0
+    out = sys.stdout.buffer
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))  # SIGTERM leaves through the caller's with-block
+    try:
+        while not count or received < count:
+            msg = sub.receive(timeout=timeout or None)
+            if msg is None:
+                break
+            out.write(msg.topic + b"\t" + msg.payload + b"\n")
+            out.flush()
+            if ack:
+                msg.ack()  # printed: done
+            received += 1
+    except KeyboardInterrupt:
+        return received, True
+    except BrokenPipeError:  # `roq subscribe ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return received, False
 
 
 def _start_point(ctx: Context, queue_name: str, durable: str | None,

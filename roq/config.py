@@ -112,6 +112,14 @@ class ExchangeConfig:
     # "fsync" (a batch is confirmed once its frames are fsync'ed). Files: hcm.data_dir.
     journal: str = "off"
     journal_segment_bytes: int = 16 << 20  # one journal file's size before the next is started
+    # Consumer groups (docs/work-queues.md): groups per exchange, members per group, how long a member
+    # may stay silent (members ping every second) and a group without members is kept, and the payload
+    # bytes all groups may hold before the exchange stops reading publishers (nothing is dropped).
+    max_groups: int = 64
+    max_group_members: int = 1_000
+    group_member_timeout: float = 10.0
+    group_ttl: float = 86_400.0
+    group_max_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,11 @@ class ClientConfig:
     position_save_interval: float = 1.0
     fetch_timeout: float = 3.0  # one retention fetch round trip before the exchange counts as unreachable
     receive_hwm: int = 100_000  # frames a subscriber's socket queues before the exchange holds (then drops) them
+    # Consumer group members (Subscriber(group=...)): unacked messages held per exchange, and the
+    # group's settings when the first member creates it.
+    prefetch: int = 100
+    ack_timeout: float = 30.0
+    max_deliveries: int = 5
 
 
 @dataclass(frozen=True)
@@ -359,6 +372,11 @@ def _validate(c: Config) -> None:
         ("exchange.max_publishers_per_connection", c.exchange.max_publishers_per_connection),
         ("exchange.max_prefixes", c.exchange.max_prefixes),
         ("exchange.replay_budget_bytes", c.exchange.replay_budget_bytes),
+        ("exchange.max_groups", c.exchange.max_groups), ("exchange.max_group_members", c.exchange.max_group_members),
+        ("exchange.group_member_timeout", c.exchange.group_member_timeout),
+        ("exchange.group_ttl", c.exchange.group_ttl), ("exchange.group_max_bytes", c.exchange.group_max_bytes),
+        ("client.prefetch", c.client.prefetch), ("client.ack_timeout", c.client.ack_timeout),
+        ("client.max_deliveries", c.client.max_deliveries),
         ("client.position_save_interval", c.client.position_save_interval),
         ("client.fetch_timeout", c.client.fetch_timeout), ("client.receive_hwm", c.client.receive_hwm),
         ("hcm.stats_interval", c.hcm.stats_interval), ("hcm.stats_heartbeat", c.hcm.stats_heartbeat),

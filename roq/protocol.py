@@ -353,11 +353,18 @@ class Delivery:
     sent_ns: int
     seqs: list[int]
     payloads: list[bytes]
+    # [index, priority, not_before_ms, key] of the messages published with attributes (only groups use them)
+    attrs: list[list[Any]] | None = None
 
 
 def encode_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]], publisher: str,
-                    sent_ns: int, seqs: list[int], payloads: list[bytes]) -> bytes:
-    """A frame of messages for subscribers; `chains` as PrefixChains.links gives them."""
+                    sent_ns: int, seqs: list[int], payloads: list[bytes],
+                    attrs: list[list[Any]] | None = None) -> bytes:
+    """A frame of messages for subscribers; `chains` as PrefixChains.links gives them. `attrs`, when
+    some message has attributes, rides along as an eleventh element."""
+    if attrs:
+        return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs,
+                     payloads, attrs])
     return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads])
 
 
@@ -367,10 +374,13 @@ def decode_delivery(frame: bytes) -> Delivery:
         msg = msgpack.unpackb(frame, raw=False)
     except Exception:
         raise ProtocolError("delivery is not valid msgpack") from None
-    if not isinstance(msg, list) or len(msg) != 10 or msg[0] != DELIVERY or msg[1] != DATA_VERSION:
+    if not isinstance(msg, list) or len(msg) not in (10, 11) or msg[0] != DELIVERY or msg[1] != DATA_VERSION:
         raise ProtocolError("delivery must be [\"delivery\", 2, exchange, incarnation, pos, chains, publisher, "
-                            "sent_ns, seqs, payloads]")
-    _, _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads = msg
+                            "sent_ns, seqs, payloads, attrs?]")
+    _, _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads = msg[:10]
+    attrs = msg[10] if len(msg) == 11 else None
+    if attrs is not None and not _delivery_attrs(attrs, len(seqs) if isinstance(seqs, list) else 0):
+        raise ProtocolError("delivery attrs must be [[index, priority, not_before_ms, key], ...]")
     if not _is_int(pos, 1) or not isinstance(incarnation, str) or not isinstance(exchange_id, str) \
             or not isinstance(publisher, str) or not _is_int(sent_ns, 0, MAX_U64):
         raise ProtocolError("delivery pos must be a positive integer, exchange, incarnation and publisher strings")
@@ -382,7 +392,13 @@ def decode_delivery(frame: bytes) -> Delivery:
             or not all(_is_int(s, 1) for s in seqs) or not all(isinstance(p, bytes) for p in payloads):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length (integers, bin)")
     return Delivery(exchange_id, incarnation, pos, {c[0]: c[1] for c in chains}, publisher, sent_ns, seqs,
-                    payloads)
+                    payloads, attrs)
+
+
+def _delivery_attrs(attrs: Any, count: int) -> bool:
+    return isinstance(attrs, list) and all(
+        isinstance(a, list) and len(a) == 4 and _is_int(a[0], 0, max(count - 1, 0)) and _is_int(a[1], 0, MAX_PRIORITY)
+        and _is_int(a[2]) and isinstance(a[3], bytes) and len(a[3]) <= MAX_KEY for a in attrs)
 
 
 @dataclass(frozen=True)
@@ -652,3 +668,188 @@ class ReplayRefused(ProtocolError):
         super().__init__(f"exchange refused: {code}: {message}")
         self.request_id = request_id
         self.refusal = code
+
+
+# ------------------------------------------------ message attributes (section 3.2) and work groups (section 7)
+
+MAX_PRIORITY = 255
+MAX_KEY = 255
+ATTRS_LEN = 4  # [topic, priority, not_before_ms, key] in a batch's topic slot
+
+
+def attributed_topic(topic: bytes, priority: int, not_before_ms: int, key: bytes) -> list[Any]:
+    """A batch's topic slot for a message with attributes (they matter to consumer groups only)."""
+    return [topic, priority, not_before_ms, key]
+
+
+def message_attributes(slot: list[Any]) -> tuple[bytes, int, int, bytes] | None:
+    """(topic, priority, not_before_ms, key) from an attributed topic slot, None if it is malformed."""
+    if len(slot) != ATTRS_LEN:
+        return None
+    topic, priority, not_before_ms, key = slot
+    if not isinstance(topic, bytes) or not _is_int(priority, 0, MAX_PRIORITY) or not _is_int(not_before_ms) \
+            or not isinstance(key, bytes) or len(key) > MAX_KEY:
+        return None
+    return topic, priority, not_before_ms, key
+
+
+JOIN, JOINED, LEAVE, WORK, NACK, PING, PONG = "join", "joined", "leave", "work", "nack", "ping", "pong"
+MAX_GROUP_NAME = 63
+MAX_PREFETCH = 100_000
+MAX_WORK_RANGES = 100_000
+MAX_DELIVERIES = 1000
+
+
+@dataclass(frozen=True)
+class Join:
+    group: str
+    prefixes: tuple[bytes, ...]
+    prefetch: int
+    ack_timeout_ms: int
+    max_deliveries: int
+    dead_letter: bytes
+    from_beginning: bool
+
+
+@dataclass(frozen=True)
+class Settle:
+    """An `ack` or a `nack` of messages, as (pos, idx, count) ranges of one incarnation's frames."""
+    kind: str
+    group: str
+    incarnation: str
+    ranges: list[tuple[int, int, int]]
+    requeue: bool = True
+
+
+@dataclass(frozen=True)
+class Leave:
+    group: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+def encode_join(group: str, prefixes: Sequence[bytes], prefetch: int, ack_timeout_ms: int, max_deliveries: int,
+                dead_letter: bytes, from_beginning: bool) -> bytes:
+    return pack([JOIN, DATA_VERSION, group, list(prefixes), prefetch, ack_timeout_ms, max_deliveries, dead_letter,
+                 from_beginning])
+
+
+def encode_settle(kind: str, group: str, incarnation: str, ranges: list[list[int]], requeue: bool = True) -> bytes:
+    if kind == NACK:
+        return pack([NACK, DATA_VERSION, group, incarnation, ranges, requeue])
+    return pack([ACK, DATA_VERSION, group, incarnation, ranges])
+
+
+def encode_leave(group: str) -> bytes:
+    return pack([LEAVE, DATA_VERSION, group])
+
+
+def encode_ping() -> bytes:
+    return pack([PING, DATA_VERSION])
+
+
+def _ranges(value: Any) -> list[tuple[int, int, int]] | None:
+    if not isinstance(value, list) or len(value) > MAX_WORK_RANGES:
+        return None
+    out = []
+    for r in value:
+        if not isinstance(r, list) or len(r) != 3 or not _is_int(r[0], 1) or not _is_int(r[1], 0, MAX_U64 >> 1) \
+                or not _is_int(r[2], 1, MAX_U64 >> 1):
+            return None
+        out.append((r[0], r[1], r[2]))
+    return out
+
+
+def decode_member_frame(frame: bytes, max_size: int = MAX_CONTROL_FRAME) -> Join | Settle | Leave | Ping:
+    """A group member's frame on the work socket, every field checked (section 7.2)."""
+    msg = unpack(frame, max_size)
+    kind = _kind_and_version(msg, "work frame")
+    if kind == PING:
+        if len(msg) != 2:
+            raise ProtocolError(f"ping must be [\"ping\", {DATA_VERSION}]")
+        return Ping()
+    group = msg[2] if len(msg) > 2 else None
+    if not is_name(group) or len(group) > MAX_GROUP_NAME:
+        raise ProtocolError(f"group must be a name of 1-{MAX_GROUP_NAME} letters, digits, '_', '.', '-', "
+                            "starting with a letter or digit")
+    if kind == JOIN:
+        if len(msg) != 9 or not _prefixes(msg[3]) or not msg[3] or not _is_int(msg[4], 1, MAX_PREFETCH) \
+                or not _is_int(msg[5], 1, 86_400_000) or not _is_int(msg[6], 1, MAX_DELIVERIES) \
+                or not isinstance(msg[7], bytes) or not 0 < len(msg[7]) <= MAX_TOPIC or msg[7][:1] == b"\x00" \
+                or not isinstance(msg[8], bool):
+            raise ProtocolError(f"join must be [\"join\", {DATA_VERSION}, group, [prefix, ...] (1-{MAX_PREFIXES}), "
+                                f"prefetch (1..{MAX_PREFETCH}), ack_timeout_ms (1..86400000), max_deliveries "
+                                f"(1..{MAX_DELIVERIES}), dead_letter (topic), from_beginning (bool)]")
+        if any(p[:1] == b"\x00" for p in msg[3]):
+            raise ProtocolError("group prefixes must not start with NUL")
+        return Join(group, tuple(sorted(set(msg[3]))), msg[4], msg[5], msg[6], msg[7], msg[8])
+    if kind == LEAVE:
+        if len(msg) != 3:
+            raise ProtocolError(f"leave must be [\"leave\", {DATA_VERSION}, group]")
+        return Leave(group)
+    if kind in (ACK, NACK):
+        size = 5 if kind == ACK else 6
+        ranges = _ranges(msg[4]) if len(msg) == size else None
+        if ranges is None or not _is_incarnation(msg[3]) or (kind == NACK and not isinstance(msg[5], bool)):
+            raise ProtocolError(f"{kind} must be [\"{kind}\", {DATA_VERSION}, group, incarnation, [[pos, idx, "
+                                f"count], ...]{', requeue (bool)' if kind == NACK else ''}] (at most "
+                                f"{MAX_WORK_RANGES} ranges)")
+        return Settle(kind, group, msg[3], ranges, msg[5] if kind == NACK else True)
+    raise ProtocolError(f"unknown work frame kind {kind!r}")
+
+
+def encode_joined(group: str, exchange_id: str, incarnation: str) -> bytes:
+    return pack([JOINED, DATA_VERSION, group, exchange_id, incarnation])
+
+
+def encode_work(group: str, incarnation: str, entries: list[list[Any]]) -> bytes:
+    return pack([WORK, DATA_VERSION, group, incarnation, entries])
+
+
+def encode_pong(incarnation: str, groups: list[str]) -> bytes:
+    """Answer to `ping`: the running incarnation and the groups this connection is a member of."""
+    return pack([PONG, DATA_VERSION, incarnation, groups])
+
+
+def encode_work_error(group: str | None, code: str, message: str) -> bytes:
+    return pack([ERROR, DATA_VERSION, group, code, message])
+
+
+@dataclass(frozen=True)
+class WorkReply:
+    kind: str
+    group: str | None = None
+    exchange: str = ""
+    incarnation: str = ""
+    entries: list[list[Any]] | None = None
+    groups: list[str] | None = None  # a pong's: the groups this connection is a member of
+    code: str = ""
+    message: str = ""
+
+
+def decode_work_reply(frame: bytes, max_size: int) -> WorkReply:
+    """An exchange's frame to a group member (section 7.3)."""
+    msg = unpack(frame, max_size)
+    kind = _kind_and_version(msg, "work reply")
+    if kind == WORK and len(msg) == 5 and isinstance(msg[2], str) and isinstance(msg[3], str) \
+            and isinstance(msg[4], list) and all(_is_entry(e) for e in msg[4]):
+        return WorkReply(WORK, msg[2], incarnation=msg[3], entries=msg[4])
+    if kind == JOINED and len(msg) == 5 and all(isinstance(v, str) for v in msg[2:]):
+        return WorkReply(JOINED, msg[2], msg[3], msg[4])
+    if kind == PONG and len(msg) == 4 and isinstance(msg[2], str) and isinstance(msg[3], list) \
+            and all(isinstance(g, str) for g in msg[3]):
+        return WorkReply(PONG, incarnation=msg[2], groups=msg[3])
+    if kind == ERROR and len(msg) == 5 and (msg[2] is None or isinstance(msg[2], str)) \
+            and isinstance(msg[3], str) and isinstance(msg[4], str):
+        return WorkReply(ERROR, msg[2], code=msg[3], message=msg[4])
+    raise ProtocolError(f"unexpected work reply {kind!r}")
+
+
+def _is_entry(e: Any) -> bool:
+    return isinstance(e, list) and len(e) == 10 and _is_int(e[0], 1) and _is_int(e[1]) and _is_int(e[2], 1) \
+        and isinstance(e[3], bytes) and isinstance(e[4], str) and _is_int(e[5], 0, MAX_U64) \
+        and isinstance(e[6], list) and isinstance(e[7], list) and len(e[6]) == len(e[7]) > 0 \
+        and _is_int(e[8], 0, MAX_PRIORITY) and isinstance(e[9], bytes)

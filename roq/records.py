@@ -131,6 +131,9 @@ class ExchangeStats(Record):
     next_pos: int = 0
     # Durable subscribers behind this stream, furthest first (exchange/consumers.py).
     consumers: tuple[ConsumerLag, ...] = ()
+    # Consumer groups of this stream (exchange/groups.py Groups.stats): name → members, ready, delayed,
+    # in_flight, acked, delivered, redelivered, nacked, dead_lettered, held_bytes, oldest_ready_s, topics.
+    groups: dict[str, Any] = field(default_factory=dict)
     # Confirm latency since the process started (exchange/stats.py): per CONFIRM_BUCKETS bound, the acks
     # sent within it and above the previous bound, then those above the last; and their seconds summed.
     confirm_buckets: tuple[int, ...] = ()

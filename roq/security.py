@@ -35,7 +35,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,6 +191,7 @@ class _Watched:
     domain: bytes
     monitor: zmq.Socket
     peers: dict[int, str] = field(default_factory=dict)
+    on_disconnect: Callable[[int], None] | None = None  # told each dropped connection's fd (any thread)
 
     def over(self, address: str, limit: int) -> bool:
         """More than `limit` open connections from `address`, this one included?"""
@@ -238,8 +239,10 @@ class Gatekeeper:
     def needed(self) -> bool:
         return self.keys is not None or self.limit > 0
 
-    def guard(self, sock: zmq.Socket, domain: str) -> None:
-        """Put a server socket under this gatekeeper; call before bind()."""
+    def guard(self, sock: zmq.Socket, domain: str, on_disconnect: Callable[[int], None] | None = None) -> None:
+        """Put a server socket under this gatekeeper; call before bind(). `on_disconnect(fd)` is
+        called from the gatekeeper's thread for each connection that drops (a socket has one
+        monitor, and this is it)."""
         if not self.needed:
             return
         if self.keys is not None:
@@ -248,7 +251,8 @@ class Gatekeeper:
             sock.curve_secretkey = self.keys.server_secret
         # A domain makes libzmq ask us even for unauthenticated (NULL) handshakes.
         sock.zap_domain = domain.encode()
-        self._watched.append(_Watched(domain.encode(), sock.get_monitor_socket(_MONITORED)))
+        self._watched.append(_Watched(domain.encode(), sock.get_monitor_socket(_MONITORED),
+                                      on_disconnect=on_disconnect))
 
     def start(self) -> None:
         """Serve ZAP requests and watch connections; every socket must be guarded by now."""
@@ -302,6 +306,8 @@ class Gatekeeper:
                     watched.peers[fd] = address
             elif kind == zmq.EVENT_DISCONNECTED:
                 watched.peers.pop(fd, None)
+                if watched.on_disconnect is not None:
+                    watched.on_disconnect(fd)
             elif kind & HANDSHAKE_FAILED:
                 self.refused += 1
 

@@ -3,5 +3,7 @@
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Message, MessageBatch, Subscriber
+from roq.client.worker import GroupMismatchError, GroupSubscriber, WorkMessage
 
-__all__ = ["Admin", "Message", "MessageBatch", "Publisher", "Subscriber"]
+__all__ = ["Admin", "GroupMismatchError", "GroupSubscriber", "Message", "MessageBatch", "Publisher", "Subscriber",
+           "WorkMessage"]

@@ -20,6 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from kazoo.client import KazooClient
 
@@ -76,14 +77,22 @@ class Publisher:
 
     # ------------------------------------------------------------ API
 
-    def publish(self, topic: str | bytes, payload: bytes, timeout: float | None = None) -> int:
-        """Queue one message; returns its sequence number. Blocks under backpressure."""
-        try:
-            checked = self._topics.get(topic)
-        except TypeError:  # unhashable: check_topic explains
-            checked = None
-        if checked is None:
-            checked = self._remember_topic(topic)
+    def publish(self, topic: str | bytes, payload: bytes, timeout: float | None = None, *,
+                priority: int | None = None, not_before: float | None = None, key: str | bytes | None = None) -> int:
+        """Queue one message; returns its sequence number. Blocks under backpressure.
+
+        `priority` (0..255, lower first; default 0), `not_before` (Unix time, seconds) and `key` (fair
+        delivery across keys) matter to consumer groups only (docs/work-queues.md); subscribers
+        get the message at once whatever they say."""
+        if priority is None and not_before is None and key is None:
+            try:
+                checked = self._topics.get(topic)
+            except TypeError:  # unhashable: check_topic explains
+                checked = None
+            if checked is None:
+                checked = self._remember_topic(topic)
+        else:
+            checked = self._attributed_slot(topic, priority, not_before, key)
         if type(payload) is not bytes:
             if not isinstance(payload, (bytes, bytearray, memoryview)):
                 raise TypeError("payload must be bytes")
@@ -109,6 +118,23 @@ class Publisher:
             link.wake_pending = True
             link.wake()
         return seq
+
+    def _attributed_slot(self, topic: str | bytes, priority: int | None, not_before: float | None,
+                         key: str | bytes | None) -> Any:
+        """The topic slot of a message with attributes: [topic, priority, not_before_ms, key]
+        (protocol section 3.2)."""
+        priority = 0 if priority is None else priority
+        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= protocol.MAX_PRIORITY:
+            raise UserError(f"priority must be an integer from 0 (first) to {protocol.MAX_PRIORITY}, got {priority!r}")
+        not_before_ms = 0
+        if not_before is not None:
+            if not isinstance(not_before, (int, float)) or isinstance(not_before, bool) or not 0 <= not_before < 1e15:
+                raise UserError(f"not_before must be a Unix time in seconds, got {not_before!r}")
+            not_before_ms = round(not_before * 1000)
+        raw_key = key.encode() if isinstance(key, str) else b"" if key is None else key
+        if not isinstance(raw_key, bytes) or len(raw_key) > protocol.MAX_KEY:
+            raise UserError(f"key must be str or bytes of at most {protocol.MAX_KEY} bytes, got {key!r}")
+        return protocol.attributed_topic(self._remember_topic(topic), priority, not_before_ms, raw_key)
 
     def publish_many(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
         """Queue `payloads` as consecutive messages of one topic, in order; returns their sequence numbers.

@@ -106,11 +106,19 @@ class MessageBatch(NamedTuple):
 
 
 class Subscriber:
+    def __new__(cls, *args: Any, group: str | None = None, **kwargs: Any) -> Any:
+        """`group="name"` makes this a member of a consumer group (roq.client.worker): each message
+        of the group's topics goes to one member, which acks it (docs/work-queues.md)."""
+        if group is not None:
+            from roq.client.worker import GroupSubscriber
+            return GroupSubscriber(*args, group=group, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
                  zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
                  durable: str | None = None, position: dict[str, Any] | None = None,
                  batch_callback: Callable[[MessageBatch], None] | None = None, start: str = "now",
-                 inbox_limit: int = HANDOFF_LIMIT) -> None:
+                 inbox_limit: int = HANDOFF_LIMIT, group: None = None) -> None:
         """`callback` gets one Message at a time, `batch_callback` a MessageBatch per frame (the
         fastest way to consume); both run on the I/O thread. Give at most one: ValueError otherwise.
 

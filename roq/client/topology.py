@@ -126,4 +126,4 @@ class QueueTopology:
 
 
 def _endpoints(live: dict[str, Any]) -> tuple[Any, ...]:
-    return live.get("pub"), live.get("sub"), live.get("replay")
+    return live.get("pub"), live.get("sub"), live.get("replay"), live.get("work")

@@ -87,6 +87,17 @@ def exchange_fetch(data: bytes) -> None:
     _forwarder().replay.handle(b"fuzz", data)
 
 
+def exchange_work_frame(data: bytes) -> None:
+    """A group member's frame on a live exchange's work socket, then a dispatch turn."""
+    forwarder = _forwarder()
+    try:
+        forwarder.work.handle(b"fuzz", data)
+    except UserError:
+        return  # answered `error malformed` by WorkServer.drain
+    forwarder.groups.tick()
+    forwarder.work.pump()
+
+
 @functools.lru_cache(maxsize=1)
 def _replica():
     import zmq
@@ -134,6 +145,9 @@ TARGETS: dict[str, Target] = {
     "config_json": _refused(config_json),
     "exchange_publisher_frame": exchange_publisher_frame,
     "exchange_fetch": exchange_fetch,
+    "member_frame": _refused(protocol.decode_member_frame),
+    "work_reply": _refused(lambda d: protocol.decode_work_reply(d, MAX_REPLY)),
+    "exchange_work_frame": exchange_work_frame,
     "replica_request": _refused(protocol.decode_replica_request),
     "replica_reply": _refused(protocol.decode_replica_reply),
     "replica_frame": replica_frame,
@@ -153,8 +167,13 @@ def seeds() -> dict[str, list[bytes]]:
     follow = protocol.encode_follow("x1.ab", "x1")
     copy = protocol.encode_copy("x1.ab", 4, [[b"t", delivery, 2], [b"u", b"x", 1]])
     jump = protocol.encode_copy("x1.ab", 9, [[b"t", delivery, 2]], jump=True)
+    join = protocol.encode_join("workers", [b"t", b"u"], 10, 30_000, 5, b"dead", True)
+    ack = protocol.encode_settle(protocol.ACK, "workers", "x1.ab", [[1, 0, 2], [3, 1, 1]])
+    nack = protocol.encode_settle(protocol.NACK, "workers", "x1.ab", [[1, 0, 2]], requeue=False)
+    work = protocol.encode_work("workers", "x1.ab", [[3, 0, 1, b"t", pid, 5, [1, 2], [b"a", b"b"], 0, b""]])
+    attributed = protocol.encode_batch(pid, 1, 5, [[b"t", 3, 0, b"k"], b"one", b"t", b"two"])
     return {
-        "publisher_frame": [batch, hello, protocol.encode_bye(pid)],
+        "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed],
         "delivery": [delivery],
         "sync": [protocol.encode_sync("x1", "x1.ab", 7)],
         "beat": [protocol.encode_sync("x1", "x1.ab", 7, protocol.BEAT)],
@@ -171,8 +190,12 @@ def seeds() -> dict[str, list[bytes]]:
         "config_toml": [b'[zk]\nhosts = "a:1,b:2"\nsession_timeout = 3\n[security]\ncurve = false\n',
                         b'[exchange]\nmax_message_bytes = 1024\nmax_batch_bytes = 4096\n'],
         "config_json": [Config().to_json().encode()],
-        "exchange_publisher_frame": [hello, batch],
+        "exchange_publisher_frame": [hello, batch, attributed],
         "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"]), ended],
+        "member_frame": [join, ack, nack, protocol.encode_leave("workers"), protocol.encode_ping()],
+        "work_reply": [work, protocol.encode_joined("workers", "x1", "x1.ab"), protocol.encode_pong("x1.ab", ["w"]),
+                       protocol.encode_work_error("workers", "group_mismatch", "m")],
+        "exchange_work_frame": [join, ack, nack, protocol.encode_ping()],
         "replica_request": [follow, copy, jump],
         "replica_reply": [protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
                           protocol.encode_replica_reply(protocol.COPIED, "x1.ab", 9),

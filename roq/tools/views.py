@@ -71,6 +71,43 @@ def print_queue(info: dict[str, Any]) -> None:
         table.add_row(x["id"], x["host"] or "(unplaced)", *replica, live.get("pub", "(not running)"),
                       live.get("sub", ""), rate)
     console.print(table)
+    print_groups(info)
+
+
+def group_totals(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The consumer groups of a described queue, summed over its running exchanges (lag: the
+    oldest ready message's age, the largest)."""
+    totals: dict[str, dict[str, Any]] = {}
+    summed = ("ready", "delayed", "in_flight", "acked", "redelivered", "dead_lettered")
+    for x in info["exchanges"]:
+        groups = ExchangeStats.from_dict((x.get("live") or {}).get("stats")).groups
+        for name, figures in groups.items():
+            if not isinstance(figures, dict):
+                continue
+            total = totals.setdefault(name, {"members": 0, **dict.fromkeys(summed, 0), "oldest_ready_s": 0.0,
+                                             "topics": figures.get("topics", [])})
+            total["members"] = max(total["members"], _int(figures.get("members")))
+            for key in summed:
+                total[key] += _int(figures.get(key))
+            total["oldest_ready_s"] = max(total["oldest_ready_s"], float(figures.get("oldest_ready_s") or 0))
+    return totals
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def print_groups(info: dict[str, Any]) -> None:
+    groups = group_totals(info)
+    if not groups:
+        return
+    table = Table("group", "topics", "members", "ready", "delayed", "in flight", "acked", "redelivered",
+                  "dead-lettered", "lag (s)", title=f"consumer groups of {info['name']}")
+    for name, g in sorted(groups.items()):
+        table.add_row(name, ", ".join(g["topics"]) or "(all)", str(g["members"]), f"{g['ready']:,}",
+                      f"{g['delayed']:,}", f"{g['in_flight']:,}", f"{g['acked']:,}", f"{g['redelivered']:,}",
+                      f"{g['dead_lettered']:,}", f"{g['oldest_ready_s']:.1f}")
+    out().print(table)
 
 
 def _replica_cell(x: dict[str, Any]) -> str:

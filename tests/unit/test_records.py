@@ -95,7 +95,8 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
     assert report.items() >= OLD_EXCHANGE_REPORT.items()
     assert set(report) - set(OLD_EXCHANGE_REPORT) == {"held_acks", "replicated_to", "next_pos",  # issue 18, added
                                                       "confirm_buckets", "confirm_seconds_sum",  # issue 20
-                                                      "consumers"}  # issue 20: consumer lag
+                                                      "consumers",  # issue 20: consumer lag
+                                                      "groups"}  # issue 22: consumer groups
     assert HostStats.from_dict(OLD_HOST_FIGURES).to_dict() == OLD_HOST_FIGURES
     summary = queue_summary().to_dict()
     assert set(summary) == OLD_QUEUE_KEYS | {"subscribers"}  # issue 20: consumer lag, added

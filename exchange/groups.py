@@ -1,0 +1,500 @@
+"""Consumer groups: every message of a group's topics goes to one member, which acks it.
+
+Pure logic, no sockets (exchange/work.py talks to the members). An exchange runs the groups of
+its own stream: every frame it forwards whose topic starts with one of a group's prefixes is
+offered to that group, from the group's first join on (or, for a group created with
+`from_beginning`, from the oldest frame still retained).
+
+A group holds its messages as *units*: consecutive messages of one frame with the same
+priority, key and not-before time. Units are split only where credit, fairness or a partial ack
+ask for it, so a frame of a thousand messages costs one object until a member takes part of it.
+Units reference the frame's own lists (seqs, payloads) by offset: no copy until they are sent.
+
+What is ready is served lowest priority number first, and within one priority round-robin over
+the keys that have work (one message per key per turn while several keys wait), so one key's
+thousand jobs do not starve the others. A message with a not-before time waits in a heap until
+the exchange's clock reaches it. A member holds at most `prefetch` unacked messages; a message
+not acked within the group's ack timeout, nacked, or held by a member that went away goes back
+to the front of its queue with its delivery count, and after `max_deliveries` deliveries it is
+dead-lettered: handed to `on_dead` (the forwarder publishes it on the group's dead-letter topic).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PRIORITY = 0
+NO_KEY = b""
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """What every member of a group must agree on."""
+    prefixes: tuple[bytes, ...]
+    ack_timeout: float
+    max_deliveries: int
+    dead_letter: bytes
+
+    def describe(self) -> dict[str, Any]:
+        return {"prefixes": [p.decode("utf-8", "replace") for p in self.prefixes],
+                "ack_timeout": self.ack_timeout, "max_deliveries": self.max_deliveries,
+                "dead_letter": self.dead_letter.decode("utf-8", "replace")}
+
+
+class Unit:
+    """Messages idx..idx+count-1 of the frame at `pos`, with one priority, key and not-before time."""
+
+    __slots__ = ("pos", "idx", "count", "topic", "publisher", "sent_ns", "seqs", "payloads", "priority", "key",
+                 "not_before", "deliveries", "member", "deadline", "arrived", "size")
+
+    def __init__(self, pos: int, idx: int, count: int, topic: bytes, publisher: str, sent_ns: int,
+                 seqs: list[int], payloads: list[bytes], priority: int = DEFAULT_PRIORITY, key: bytes = NO_KEY,
+                 not_before: float = 0.0, arrived: float = 0.0, size: int | None = None) -> None:
+        self.pos, self.idx, self.count = pos, idx, count
+        self.topic, self.publisher, self.sent_ns = topic, publisher, sent_ns
+        self.seqs, self.payloads = seqs, payloads  # the frame's lists: ours are [idx, idx + count)
+        self.priority, self.key, self.not_before = priority, key, not_before
+        self.deliveries = 0
+        self.member: Member | None = None  # in flight at this member
+        self.deadline = 0.0
+        self.arrived = arrived
+        self.size = sum(map(len, payloads[idx:idx + count])) if size is None else size
+
+    def cut(self, count: int) -> Unit:
+        """Split off and return the first `count` messages (same attributes, same state)."""
+        head = Unit(self.pos, self.idx, count, self.topic, self.publisher, self.sent_ns, self.seqs, self.payloads,
+                    self.priority, self.key, self.not_before, self.arrived)
+        head.deliveries, head.member, head.deadline = self.deliveries, self.member, self.deadline
+        self.idx += count
+        self.count -= count
+        self.size -= head.size
+        return head
+
+    def entry(self) -> list[Any]:
+        """The unit as one entry of a `work` frame (docs/protocol.md section 7)."""
+        end = self.idx + self.count
+        return [self.pos, self.idx, self.deliveries, self.topic, self.publisher, self.sent_ns,
+                self.seqs[self.idx:end], self.payloads[self.idx:end], self.priority, self.key]
+
+
+class Level:
+    """One priority's ready units: a queue per key, served round-robin."""
+
+    __slots__ = ("queues", "turn")
+
+    def __init__(self) -> None:
+        self.queues: dict[bytes, deque[Unit]] = {}
+        self.turn: deque[bytes] = deque()  # keys with ready units, the next to serve first
+
+    def add(self, unit: Unit, front: bool = False) -> None:
+        queue = self.queues.get(unit.key)
+        if queue is None:
+            queue = self.queues[unit.key] = deque()
+            self.turn.append(unit.key)
+        if front:
+            queue.appendleft(unit)
+        else:
+            queue.append(unit)
+
+    def take(self, limit: int) -> Unit:
+        """The next unit of at most `limit` messages (one while several keys wait: fairness)."""
+        key = self.turn[0]
+        queue = self.queues[key]
+        unit = queue[0]
+        if len(self.turn) > 1:
+            limit = 1
+        if unit.count <= limit:
+            queue.popleft()
+        else:
+            unit = unit.cut(limit)
+        if not queue:
+            del self.queues[key]
+            self.turn.popleft()
+        elif len(self.turn) > 1:
+            self.turn.rotate(-1)
+        return unit
+
+
+class Member:
+    __slots__ = ("route", "prefetch", "in_flight", "units", "last_seen")
+
+    def __init__(self, route: bytes, prefetch: int, now: float) -> None:
+        self.route = route
+        self.prefetch = prefetch
+        self.in_flight = 0  # messages
+        self.units: set[Unit] = set()
+        self.last_seen = now
+
+    @property
+    def credit(self) -> int:
+        return self.prefetch - self.in_flight
+
+
+@dataclass
+class GroupCounters:
+    delivered: int = 0  # messages sent to members, redeliveries included
+    redelivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    dead_lettered: int = 0
+    expired_members: int = 0
+    offered: int = 0
+
+
+@dataclass
+class Group:
+    name: str
+    settings: GroupSettings
+    created: float
+    members: dict[bytes, Member] = field(default_factory=dict)
+    levels: dict[int, Level] = field(default_factory=dict)
+    ready: int = 0  # messages
+    delayed: list[tuple[float, int, Unit]] = field(default_factory=list)  # heap by not-before
+    delayed_count: int = 0
+    in_flight: dict[int, list[Unit]] = field(default_factory=dict)  # pos → units out at members
+    in_flight_count: int = 0
+    held_bytes: int = 0
+    idle_since: float = 0.0  # when the last member left (0: has members)
+    counters: GroupCounters = field(default_factory=GroupCounters)
+    rotation: deque[bytes] = field(default_factory=deque)  # members, the next to fill first
+
+    def matches(self, topic: bytes) -> bool:
+        return topic.startswith(self.settings.prefixes)
+
+    # ------------------------------------------------------------ ready and delayed
+
+    def add(self, unit: Unit, now_wall: float, front: bool = False) -> None:
+        if unit.not_before > now_wall:
+            heapq.heappush(self.delayed, (unit.not_before, next(_tiebreak), unit))
+            self.delayed_count += unit.count
+            return
+        level = self.levels.get(unit.priority)
+        if level is None:
+            level = self.levels[unit.priority] = Level()
+        level.add(unit, front)
+        self.ready += unit.count
+
+    def release_due(self, now_wall: float) -> None:
+        """Move the delayed units whose time came to the ready queues."""
+        while self.delayed and self.delayed[0][0] <= now_wall:
+            unit = heapq.heappop(self.delayed)[2]
+            self.delayed_count -= unit.count
+            self.add(unit, now_wall)
+
+    def take(self, limit: int) -> Unit | None:
+        if not self.levels:
+            return None
+        priority = min(self.levels)
+        level = self.levels[priority]
+        unit = level.take(limit)
+        if not level.turn:
+            del self.levels[priority]
+        self.ready -= unit.count
+        return unit
+
+    def oldest_ready(self) -> float | None:
+        """When the oldest ready unit arrived (monotonic), or None."""
+        heads = [queue[0].arrived for level in self.levels.values() for queue in level.queues.values()]
+        return min(heads) if heads else None
+
+    # ------------------------------------------------------------ in flight
+
+    def send(self, member: Member, unit: Unit, now: float) -> None:
+        unit.member = member
+        unit.deliveries += 1
+        unit.deadline = now + self.settings.ack_timeout
+        member.units.add(unit)
+        member.in_flight += unit.count
+        self.in_flight.setdefault(unit.pos, []).append(unit)
+        self.in_flight_count += unit.count
+        self.counters.delivered += unit.count
+        if unit.deliveries > 1:
+            self.counters.redelivered += unit.count
+
+    def settle(self, pos: int, idx: int, count: int, holder: Member | None = None) -> Iterator[Unit]:
+        """Take messages idx..idx+count-1 of frame `pos` out of flight (only those `holder` holds,
+        if given); yields the pieces that were in flight (splitting units where the range ends inside)."""
+        units = self.in_flight.get(pos)
+        if not units:
+            return
+        end = idx + count
+        for unit in list(units):
+            lo, hi = max(unit.idx, idx), min(unit.idx + unit.count, end)
+            if lo >= hi or (holder is not None and unit.member is not holder):
+                continue
+            member = unit.member
+            assert member is not None
+            if lo > unit.idx:  # keep the part before the range in flight
+                head = unit.cut(lo - unit.idx)
+                units.append(head)
+                member.units.add(head)
+            if hi < unit.idx + unit.count:  # ... and the part after it
+                piece = unit.cut(hi - unit.idx)
+            else:
+                piece = unit
+                units.remove(unit)
+                member.units.discard(unit)
+            member.in_flight -= piece.count
+            self.in_flight_count -= piece.count
+            piece.member = None
+            yield piece
+        if not units:
+            del self.in_flight[pos]
+
+    def recall(self, member: Member) -> list[Unit]:
+        """Everything `member` holds, out of flight (it left, or went silent)."""
+        units = sorted(member.units, key=lambda u: (u.pos, u.idx))
+        for unit in units:
+            for _ in self.settle(unit.pos, unit.idx, unit.count):
+                pass
+        return units
+
+
+_tiebreak = itertools.count()
+
+
+class Groups:
+    """The consumer groups of one exchange incarnation."""
+
+    def __init__(self, max_groups: int = 64, max_members: int = 1000, member_timeout: float = 10.0,
+                 group_ttl: float = 86400.0, on_dead: Callable[[Group, Unit], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.max_groups = max_groups
+        self.max_members = max_members
+        self.member_timeout = member_timeout
+        self.group_ttl = group_ttl
+        self.on_dead = on_dead or (lambda group, unit: None)
+        self.clock, self.wall = clock, wall
+        self.groups: dict[str, Group] = {}
+        self.held_bytes = 0
+        self.expired_groups = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    # ------------------------------------------------------------ membership
+
+    def join(self, name: str, route: bytes, settings: GroupSettings, prefetch: int) -> tuple[Group | None, str]:
+        """Add `route` as a member (creating the group); (group, "") or (None, refusal)."""
+        now = self.clock()
+        group = self.groups.get(name)
+        if group is None:
+            if len(self.groups) >= self.max_groups:
+                return None, f"this exchange already runs {self.max_groups} groups (exchange.max_groups)"
+            group = self.groups[name] = Group(name, settings, now)
+        elif group.settings != settings:
+            return None, (f"group {name!r} runs with {group.settings.describe()}; every member must join with "
+                          "the same topics and settings")
+        member = group.members.get(route)
+        if member is None:
+            if len(group.members) >= self.max_members:
+                return None, f"group {name!r} already has {self.max_members} members"
+            member = group.members[route] = Member(route, prefetch, now)
+            group.rotation.append(route)
+        member.prefetch, member.last_seen = prefetch, now
+        group.idle_since = 0.0
+        return group, ""
+
+    def leave(self, name: str, route: bytes) -> None:
+        group = self.groups.get(name)
+        if group is not None and route in group.members:
+            self._remove_member(group, route)
+
+    def disconnected(self, route: bytes) -> None:
+        """The connection went away: it leaves every group it was in."""
+        for group in list(self.groups.values()):
+            if route in group.members:
+                self._remove_member(group, route)
+
+    def seen(self, route: bytes) -> None:
+        now = self.clock()
+        for group in self.groups.values():
+            member = group.members.get(route)
+            if member is not None:
+                member.last_seen = now
+
+    def member_of(self, route: bytes) -> list[str]:
+        return [name for name, group in self.groups.items() if route in group.members]
+
+    def _remove_member(self, group: Group, route: bytes) -> None:
+        member = group.members.pop(route)
+        group.rotation.remove(route)
+        self._requeue(group, group.recall(member))
+        if not group.members:
+            group.idle_since = self.clock()
+
+    # ------------------------------------------------------------ messages in
+
+    def offer(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
+              attrs: list[tuple[int, int, int, bytes]] | None = None, only: Group | None = None) -> None:
+        """A frame the exchange forwarded: every group whose prefixes match it takes it (or only
+        `only`). `attrs`: (index, priority, not_before_ms, key) of the messages published with some."""
+        groups = [g for g in ((only,) if only is not None else self.groups.values()) if g.matches(topic)]
+        if not groups:
+            return
+        now, wall = self.clock(), self.wall()
+        units = list(_units(pos, topic, publisher, sent_ns, seqs, payloads, attrs, now))
+        for group in groups:
+            for unit in units:
+                if len(groups) > 1:  # each group needs its own unit objects (their state differs)
+                    unit = Unit(unit.pos, unit.idx, unit.count, topic, publisher, sent_ns, seqs, payloads,
+                                unit.priority, unit.key, unit.not_before, now, unit.size)
+                group.add(unit, wall)
+                group.held_bytes += unit.size
+                self.held_bytes += unit.size
+                group.counters.offered += unit.count
+
+    # ------------------------------------------------------------ messages out
+
+    def dispatch(self, group: Group) -> Iterator[tuple[bytes, list[Unit]]]:
+        """Fill the members' credit from the ready queues: (route, units) per member served."""
+        if not group.ready or not group.members:
+            return
+        now = self.clock()
+        rotation = group.rotation
+        for _ in range(len(rotation)):
+            if not group.ready:
+                break
+            route = rotation[0]
+            rotation.rotate(-1)  # the next dispatch starts with the next member
+            member = group.members[route]
+            units = []
+            while member.credit > 0 and group.ready:
+                unit = group.take(member.credit)
+                assert unit is not None
+                group.send(member, unit, now)
+                units.append(unit)
+            if units:
+                yield route, units
+
+    def ack(self, name: str, route: bytes, ranges: list[tuple[int, int, int]]) -> int:
+        """Messages done: they leave the group for good. Only the member holding a message may
+        ack it (a late ack of a message given to another member since is ignored). Returns how
+        many were acked."""
+        group = self.groups.get(name)
+        member = group.members.get(route) if group is not None else None
+        if group is None or member is None:
+            return 0
+        done = 0
+        for pos, idx, count in ranges:
+            for piece in group.settle(pos, idx, count, member):
+                done += piece.count
+                self._drop(group, piece)
+        group.counters.acked += done
+        return done
+
+    def nack(self, name: str, route: bytes, ranges: list[tuple[int, int, int]], requeue: bool) -> int:
+        group = self.groups.get(name)
+        member = group.members.get(route) if group is not None else None
+        if group is None or member is None:
+            return 0
+        pieces = [piece for pos, idx, count in ranges for piece in group.settle(pos, idx, count, member)]
+        count = sum(piece.count for piece in pieces)
+        group.counters.nacked += count
+        if requeue:
+            self._requeue(group, pieces)
+        else:
+            for piece in pieces:
+                self._dead(group, piece)
+        return count
+
+    def unsend(self, group: Group, units: list[Unit]) -> None:
+        """Units that could not be sent (the member's socket is full, or it is gone): back to
+        the front of their queues, as if never delivered."""
+        wall = self.wall()
+        for unit in reversed(units):
+            for piece in group.settle(unit.pos, unit.idx, unit.count):
+                piece.deliveries -= 1
+                group.counters.delivered -= piece.count
+                if piece.deliveries:
+                    group.counters.redelivered -= piece.count
+                group.add(piece, wall, front=True)
+
+    def _requeue(self, group: Group, units: list[Unit]) -> None:
+        """Back to the front of their queues (oldest first), or to the dead letters."""
+        wall = self.wall()
+        for unit in reversed(units):
+            if unit.deliveries >= group.settings.max_deliveries:
+                self._dead(group, unit)
+            else:
+                group.add(unit, wall, front=True)
+
+    def _dead(self, group: Group, unit: Unit) -> None:
+        group.counters.dead_lettered += unit.count
+        self._drop(group, unit)
+        self.on_dead(group, unit)
+
+    def _drop(self, group: Group, unit: Unit) -> None:
+        group.held_bytes -= unit.size
+        self.held_bytes -= unit.size
+
+    # ------------------------------------------------------------ time
+
+    def tick(self) -> None:
+        """Release delayed messages, take back what timed out or silent members hold, forget
+        groups without members for `group_ttl`."""
+        now, wall = self.clock(), self.wall()
+        for name, group in list(self.groups.items()):
+            group.release_due(wall)
+            for route, member in list(group.members.items()):
+                if now - member.last_seen > self.member_timeout:
+                    group.counters.expired_members += 1
+                    self._remove_member(group, route)
+                    continue
+                late = [u for u in member.units if u.deadline <= now]
+                if late:
+                    late.sort(key=lambda u: (u.pos, u.idx))
+                    for unit in late:
+                        for _ in group.settle(unit.pos, unit.idx, unit.count):
+                            pass
+                    self._requeue(group, late)
+            if not group.members and group.idle_since and now - group.idle_since > self.group_ttl:
+                self.held_bytes -= group.held_bytes
+                del self.groups[name]
+                self.expired_groups += 1
+
+    def next_due(self) -> float | None:
+        """Wall-clock time of the earliest delayed message, if any."""
+        times = [group.delayed[0][0] for group in self.groups.values() if group.delayed]
+        return min(times) if times else None
+
+    # ------------------------------------------------------------ statistics
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        now = self.clock()
+        out = {}
+        for name, group in self.groups.items():
+            oldest = group.oldest_ready()
+            c = group.counters
+            out[name] = {"members": len(group.members), "ready": group.ready, "delayed": group.delayed_count,
+                         "in_flight": group.in_flight_count, "acked": c.acked, "delivered": c.delivered,
+                         "redelivered": c.redelivered, "nacked": c.nacked, "dead_lettered": c.dead_lettered,
+                         "held_bytes": group.held_bytes,
+                         "oldest_ready_s": round(now - oldest, 3) if oldest is not None else 0.0,
+                         "topics": group.settings.describe()["prefixes"]}
+        return out
+
+
+def _units(pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
+           attrs: list[tuple[int, int, int, bytes]] | None, now: float) -> Iterator[Unit]:
+    """A frame as units: the whole frame when no message has attributes, else runs of equal ones."""
+    if not attrs:
+        yield Unit(pos, 0, len(seqs), topic, publisher, sent_ns, seqs, payloads, arrived=now)
+        return
+    by_index = {a[0]: a[1:] for a in attrs}
+    plain = (DEFAULT_PRIORITY, 0, NO_KEY)
+    start, current = 0, by_index.get(0, plain)
+    for i in range(1, len(seqs) + 1):
+        here = by_index.get(i, plain) if i < len(seqs) else None
+        if here != current:
+            priority, not_before_ms, key = current
+            yield Unit(pos, start, i - start, topic, publisher, sent_ns, seqs, payloads, priority, key,
+                       not_before_ms / 1000.0, now)
+            if here is not None:
+                start, current = i, here
