@@ -31,6 +31,7 @@ import contextlib
 import logging
 import secrets
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +61,10 @@ log = logging.getLogger(__name__)
 POLL_MS = 100
 GROUP_TICK = 0.05  # how often delayed messages, ack timeouts and silent members are checked (s)
 GROUP_POLL_MS = 50
+ADOPT_TIMEOUT = 3.0  # s a replicated exchange waits at start for the groups its predecessor left
+GROUP_SYNC = 0.1  # s between two copies of the groups' state to the replica ...
+GROUP_SYNC_BYTES_PER_S = 20e6  # ... or longer for a big one
+MAX_GROUP_STATE = 16 << 20  # a bigger state is not copied (the last copy stands)
 MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
 # Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
 _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
@@ -136,7 +141,15 @@ class Forwarder:
         # under a publisher id of this incarnation's own.
         self.groups = Groups(config.max_groups, config.max_group_members, config.group_member_timeout,
                              config.group_ttl, on_dead=self._dead_letter)
-        self.work = WorkServer(work, self.groups, exchange_id, self.incarnation, self.retention, self._count)
+        self.work = WorkServer(work, self.groups, exchange_id, self.incarnation, self.retention, self._count,
+                               self._offer)
+        # With a replica, first adopt the groups an earlier incarnation of this exchange left there.
+        self.adopting = self.link is not None
+        self._adopt_asked = False
+        self._adopt_deadline = time.monotonic() + ADOPT_TIMEOUT
+        self.adopted_high: dict[str, int] = {}  # publisher → highest seq of the adopted incarnation
+        self._adopted_until = 0.0
+        self._groups_sent: tuple[float, Any, int] = (0.0, None, 0)  # when, what, how big
         self.work.gone = gone_fds
         if gatekeeper is None or not gatekeeper.needed:
             self.work.watch_connections()
@@ -182,7 +195,7 @@ class Forwarder:
             poller.register(self.work.monitor, zmq.POLLIN)
         poller.register(self.journal_wake.fd, zmq.POLLIN)
         link_sock: zmq.Socket | None = None
-        reading_publishers = True
+        reading = {self.front: True, self.work.sock: True}
         next_beat = next_housekeeping = next_group_tick = 0.0
         while not should_stop() and not (until_sealed and (self.sealed or self.journal_failed)):
             link = self.link
@@ -193,11 +206,12 @@ class Forwarder:
                 link_sock = link.sock
                 if link_sock is not None:
                     poller.register(link_sock, zmq.POLLIN)
-            # Stop reading batches until the replica catches up, or the groups' members take work.
-            blocked = (link is not None and link.blocked) or self.groups.held_bytes > self.config.group_max_bytes
-            if blocked == reading_publishers:
-                reading_publishers = not reading_publishers
-                poller.modify(self.front, zmq.POLLIN if reading_publishers else 0)
+            if self.adopting:
+                self._adoption_step()
+            for sock, wanted in ((self.front, not self._publishers_held()), (self.work.sock, not self.adopting)):
+                if reading[sock] != wanted:
+                    reading[sock] = wanted
+                    poller.modify(sock, zmq.POLLIN if wanted else 0)
             for sock, _ in poller.poll(GROUP_POLL_MS if self.groups else POLL_MS):
                 try:
                     if sock is self.front:
@@ -228,6 +242,8 @@ class Forwarder:
                     self.groups.tick()
                 self._publish_dead_letters()
                 self.work.pump()
+                if self.link is not None and not self.adopting:
+                    self._replicate_groups(now)
             self._make_durable(now)
             self.retention.trim(now)
             if now >= next_housekeeping:
@@ -237,6 +253,110 @@ class Forwarder:
                 next_beat = now + self.config.beat_interval
                 self._beat()
             on_tick()
+
+    def _publishers_held(self) -> bool:
+        """Read no batches while the replica lags too far, while the groups hold too much (after
+        dropping those without members), and while we adopt our predecessor's groups."""
+        if self.groups.held_bytes > self.config.group_max_bytes:
+            for name in self.groups.shed_idle(self.config.group_max_bytes):
+                log.warning("consumer group %s dropped with its messages: it had no member and the groups "
+                            "held more than exchange.group_max_bytes", name)
+        return (self.link is not None and self.link.blocked) or self.adopting \
+            or self.groups.held_bytes > self.config.group_max_bytes
+
+    # ------------------------------------------------------------ consumer groups across incarnations
+
+    def _adoption_step(self) -> None:
+        """At start, with a replica: ask it for the groups our previous incarnation left, and take
+        them before reading publishers or members (their resends must meet the adopted groups)."""
+        link = self.link
+        assert link is not None
+        if link.adoption is not None:
+            adoption, link.adoption = link.adoption, None
+            self.adopting = False
+            self._adopt(adoption)
+        elif link.following and not self._adopt_asked:
+            self._adopt_asked = link.ask_adoption()
+        elif time.monotonic() > self._adopt_deadline:
+            self.adopting = False
+            log.warning("no answer from the replica about earlier consumer groups in %.0fs; starting without",
+                        ADOPT_TIMEOUT)
+
+    def _adopt(self, adoption: protocol.Adoption) -> None:
+        """Take the groups of `adoption.ended`: their pending messages are forwarded again, in our
+        stream (so our replica holds them too), and offered to their group only, with their delivery
+        counts. A publisher's resends up to its highest sequence number there are not new to groups."""
+        if not adoption.ended:
+            return
+        self.adopted_high = adoption.high
+        self._adopted_until = time.monotonic() + self.config.publisher_ttl
+        frames = {pos: (topic, body) for pos, topic, body in adoption.frames}
+        adopted = 0
+        for record in adoption.groups:
+            group = self.groups.adopt(record)
+            pending: dict[int, list[tuple[int, int, int]]] = {}
+            for pos, idx, count, deliveries in record.pending:
+                pending.setdefault(pos, []).append((idx, count, deliveries))
+            for pos in sorted(frames):
+                topic, body = frames[pos]
+                if pos >= record.upto and not group.matches(topic):
+                    continue
+                runs = pending.get(pos) if pos < record.upto else [(0, 1 << 62, 0)]
+                if runs:
+                    adopted += self._forward_again(group, topic, body, runs)
+        log.info("adopted %d consumer groups of %s: %d pending messages", len(adoption.groups), adoption.ended,
+                 adopted)
+        self._groups_sent = (0.0, None, 0)  # our own state to the replica at once
+
+    def _forward_again(self, group: Group, topic: bytes, body: bytes, runs: list[tuple[int, int, int]]) -> int:
+        try:
+            d = protocol.decode_delivery(body)
+        except ProtocolError:
+            return 0
+        count = 0
+        for idx, length, deliveries in runs:
+            end = min(len(d.seqs), idx + length)
+            if idx >= end:
+                continue
+            seqs, payloads = d.seqs[idx:end], d.payloads[idx:end]
+            attrs = [[a[0] - idx, a[1], a[2], a[3]] for a in d.attrs or () if idx <= a[0] < end]
+            pos = self._send(topic, d.publisher, d.sent_ns, seqs, payloads, sum(map(len, payloads)), attrs, offer=False)
+            self.groups.offer(pos, topic, d.publisher, d.sent_ns, seqs, payloads,
+                              [(a[0], a[1], a[2], a[3]) for a in attrs] or None, only=group, deliveries=deliveries)
+            count += end - idx
+        return count
+
+    def _replicate_groups(self, now: float) -> None:
+        """Copy the groups' state to the replica when it changed, at most every GROUP_SYNC (longer
+        for a big state), so a restarted exchange adopts it (protocol section 7.6)."""
+        assert self.link is not None
+        done = self.groups.take_done()
+        if done and self.link.following:  # at once: an ack copied is an ack a failover keeps
+            self.link.send_groups(protocol.encode_done(self.incarnation, done))
+        last, signature, size = self._groups_sent
+        fresh = (self.link.follows, self.groups.signature())
+        if fresh == signature or now < last + max(GROUP_SYNC, size / GROUP_SYNC_BYTES_PER_S):
+            return
+        frame = protocol.encode_groups(self.incarnation, self.groups.records(self.retention.next_pos))
+        if len(frame) > MAX_GROUP_STATE:
+            if size <= MAX_GROUP_STATE:
+                log.warning("consumer group state of %d bytes is too big to copy to the replica: the last "
+                            "copy stands (a failover delivers again what was acked since)", len(frame))
+            self._groups_sent = (now, fresh, len(frame))
+            return
+        if self.link.send_groups(frame):
+            self._groups_sent = (now, fresh, len(frame))
+
+    def _offer(self, pos: int, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
+               attrs: list[tuple[int, int, int, bytes]] | None, only: Group | None = None) -> None:
+        """A frame to the groups, without the messages an adopted group already had."""
+        start = 0
+        if self.adopted_high:
+            if time.monotonic() > self._adopted_until:
+                self.adopted_high = {}  # no publisher resends that late
+            elif pub in self.adopted_high:
+                start = bisect_right(seqs, self.adopted_high[pub])
+        self.groups.offer(pos, topic, pub, sent_ns, seqs, payloads, attrs, only=only, start=start)
 
     def _make_durable(self, now: float) -> None:
         """Journal and copy what was forwarded, then release the acks that became durable."""
@@ -472,16 +592,17 @@ class Forwarder:
             self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
 
     def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
-              attrs: list[list[Any]] | None = None) -> None:
-        """Number, retain and publish one frame of accepted messages; `size` is the payloads' total.
-        `attrs`: [index, priority, not_before_ms, key] of messages published with attributes."""
+              attrs: list[list[Any]] | None = None, offer: bool = True) -> int:
+        """Number, retain and publish one frame of accepted messages (and offer it to the groups);
+        `size` is the payloads' total. `attrs`: [index, priority, not_before_ms, key] of messages
+        published with attributes. Returns the frame's position."""
         pos = self.retention.next_pos
         body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, self.chains.links(topic, pos),
                                         pub, sent_ns, seqs, payloads, attrs)
         self.retention.add(topic, body, len(seqs))
-        if self.groups:
-            self.groups.offer(pos, topic, pub, sent_ns, seqs, payloads,
-                              [(a[0], a[1], a[2], a[3]) for a in attrs] if attrs else None)
+        if self.groups and offer:
+            self._offer(pos, topic, pub, sent_ns, seqs, payloads, [(a[0], a[1], a[2], a[3]) for a in attrs] if attrs
+                        else None)
         if self.journal is not None:
             self.journal.append(pos, topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
@@ -491,6 +612,7 @@ class Forwarder:
         totals.bytes_in += size  # every accepted payload is sent once, here
         totals.bytes_out += size
         totals.frames_out += 1
+        return pos
 
     def _dead_letter(self, group: Group, unit: Unit) -> None:
         self._dead.append((group, unit))  # published after the groups' turn, not in the middle of it

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from roq import protocol
 
 DEFAULT_PRIORITY = 0
 NO_KEY = b""
@@ -122,7 +125,7 @@ class Level:
 
 
 class Member:
-    __slots__ = ("route", "prefetch", "in_flight", "units", "last_seen")
+    __slots__ = ("route", "prefetch", "in_flight", "units", "last_seen", "next_deadline", "paused_until")
 
     def __init__(self, route: bytes, prefetch: int, now: float) -> None:
         self.route = route
@@ -130,6 +133,10 @@ class Member:
         self.in_flight = 0  # messages
         self.units: set[Unit] = set()
         self.last_seen = now
+        # No unit of ours is late before this: units are sent with ever later deadlines, so only
+        # the tick that passes it needs to look at them.
+        self.next_deadline = math.inf
+        self.paused_until = 0.0  # its socket was full: do not encode work for it again before this
 
     @property
     def credit(self) -> int:
@@ -162,6 +169,7 @@ class Group:
     held_bytes: int = 0
     idle_since: float = 0.0  # when the last member left (0: has members)
     counters: GroupCounters = field(default_factory=GroupCounters)
+    done: list[tuple[int, int, int]] = field(default_factory=list)  # left the group since last taken (replica)
     rotation: deque[bytes] = field(default_factory=deque)  # members, the next to fill first
 
     def matches(self, topic: bytes) -> bool:
@@ -209,6 +217,7 @@ class Group:
         unit.member = member
         unit.deliveries += 1
         unit.deadline = now + self.settings.ack_timeout
+        member.next_deadline = min(member.next_deadline, unit.deadline)
         member.units.add(unit)
         member.in_flight += unit.count
         self.in_flight.setdefault(unit.pos, []).append(unit)
@@ -332,19 +341,22 @@ class Groups:
     # ------------------------------------------------------------ messages in
 
     def offer(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-              attrs: list[tuple[int, int, int, bytes]] | None = None, only: Group | None = None) -> None:
+              attrs: list[tuple[int, int, int, bytes]] | None = None, only: Group | None = None, start: int = 0,
+              deliveries: int = 0) -> None:
         """A frame the exchange forwarded: every group whose prefixes match it takes it (or only
-        `only`). `attrs`: (index, priority, not_before_ms, key) of the messages published with some."""
+        `only`), from message `start` on. `attrs`: (index, priority, not_before_ms, key) of the
+        messages published with some; `deliveries`: how often they were delivered already (adopted)."""
         groups = [g for g in ((only,) if only is not None else self.groups.values()) if g.matches(topic)]
-        if not groups:
+        if not groups or start >= len(seqs):
             return
         now, wall = self.clock(), self.wall()
-        units = list(_units(pos, topic, publisher, sent_ns, seqs, payloads, attrs, now))
+        units = list(_units(pos, topic, publisher, sent_ns, seqs, payloads, attrs, now, start))
         for group in groups:
             for unit in units:
                 if len(groups) > 1:  # each group needs its own unit objects (their state differs)
                     unit = Unit(unit.pos, unit.idx, unit.count, topic, publisher, sent_ns, seqs, payloads,
                                 unit.priority, unit.key, unit.not_before, now, unit.size)
+                unit.deliveries = deliveries
                 group.add(unit, wall)
                 group.held_bytes += unit.size
                 self.held_bytes += unit.size
@@ -364,6 +376,8 @@ class Groups:
             route = rotation[0]
             rotation.rotate(-1)  # the next dispatch starts with the next member
             member = group.members[route]
+            if member.paused_until > now:
+                continue
             units = []
             while member.credit > 0 and group.ready:
                 unit = group.take(member.credit)
@@ -386,6 +400,7 @@ class Groups:
             for piece in group.settle(pos, idx, count, member):
                 done += piece.count
                 self._drop(group, piece)
+                group.done.append((piece.pos, piece.idx, piece.count))
         group.counters.acked += done
         return done
 
@@ -428,6 +443,7 @@ class Groups:
     def _dead(self, group: Group, unit: Unit) -> None:
         group.counters.dead_lettered += unit.count
         self._drop(group, unit)
+        group.done.append((unit.pos, unit.idx, unit.count))
         self.on_dead(group, unit)
 
     def _drop(self, group: Group, unit: Unit) -> None:
@@ -447,22 +463,82 @@ class Groups:
                     group.counters.expired_members += 1
                     self._remove_member(group, route)
                     continue
-                late = [u for u in member.units if u.deadline <= now]
-                if late:
-                    late.sort(key=lambda u: (u.pos, u.idx))
-                    for unit in late:
-                        for _ in group.settle(unit.pos, unit.idx, unit.count):
-                            pass
-                    self._requeue(group, late)
+                if now >= member.next_deadline:
+                    self._take_back_late(group, member, now)
             if not group.members and group.idle_since and now - group.idle_since > self.group_ttl:
-                self.held_bytes -= group.held_bytes
-                del self.groups[name]
-                self.expired_groups += 1
+                self._drop_group(name)
+
+    def _take_back_late(self, group: Group, member: Member, now: float) -> None:
+        late = sorted((u for u in member.units if u.deadline <= now), key=lambda u: (u.pos, u.idx))
+        for unit in late:
+            for _ in group.settle(unit.pos, unit.idx, unit.count):
+                pass
+        self._requeue(group, late)
+        member.next_deadline = min((u.deadline for u in member.units), default=math.inf)
+
+    def shed_idle(self, max_bytes: int) -> list[str]:
+        """Over `max_bytes` held: drop groups without members, longest idle first, until under it
+        (an abandoned group must not stop the exchange; groups with members get flow control)."""
+        dropped = []
+        idle = sorted((g for g in self.groups.values() if not g.members), key=lambda g: g.idle_since)
+        for group in idle:
+            if self.held_bytes <= max_bytes:
+                break
+            self._drop_group(group.name)
+            dropped.append(group.name)
+        return dropped
+
+    def _drop_group(self, name: str) -> None:
+        group = self.groups.pop(name)
+        self.held_bytes -= group.held_bytes
+        self.expired_groups += 1
 
     def next_due(self) -> float | None:
         """Wall-clock time of the earliest delayed message, if any."""
         times = [group.delayed[0][0] for group in self.groups.values() if group.delayed]
         return min(times) if times else None
+
+    # ------------------------------------------------------------ replication (protocol section 7.6)
+
+    def signature(self) -> tuple[int, ...]:
+        """Changes whenever a group's state does (for copying it only when it changed)."""
+        total = [len(self.groups)]
+        for group in self.groups.values():
+            c = group.counters
+            total += (c.offered, c.acked, c.nacked, c.delivered, c.dead_lettered, group.ready, group.delayed_count)
+        return tuple(total)
+
+    def take_done(self) -> dict[str, list[tuple[int, int, int]]]:
+        """What left each group (acked, dead-lettered) since the last call."""
+        done = {}
+        for name, group in self.groups.items():
+            if group.done:
+                done[name], group.done = group.done, []
+        return done
+
+    def records(self, upto: int) -> list[protocol.GroupRecord]:
+        """Every group's state at stream position `upto` (every frame below it was offered): its
+        messages not yet acked or dead-lettered, as (pos, idx, count, deliveries)."""
+        records = []
+        for name, group in self.groups.items():
+            units: list[Unit] = [u for level in group.levels.values() for q in level.queues.values() for u in q]
+            units += [entry[2] for entry in group.delayed]
+            units += [u for flying in group.in_flight.values() for u in flying]
+            s = group.settings
+            records.append(protocol.GroupRecord(name, s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries,
+                                                s.dead_letter, upto,
+                                                [(u.pos, u.idx, u.count, u.deliveries) for u in units]))
+        return records
+
+    def adopt(self, record: protocol.GroupRecord) -> Group:
+        """A group of an ended incarnation, without members until they join again."""
+        settings = GroupSettings(tuple(sorted(set(record.prefixes))), record.ack_timeout_ms / 1000.0,
+                                 record.max_deliveries, record.dead_letter)
+        group = self.groups.get(record.name)
+        if group is None:
+            group = self.groups[record.name] = Group(record.name, settings, self.clock())
+            group.idle_since = self.clock()
+        return group
 
     # ------------------------------------------------------------ statistics
 
@@ -482,15 +558,15 @@ class Groups:
 
 
 def _units(pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-           attrs: list[tuple[int, int, int, bytes]] | None, now: float) -> Iterator[Unit]:
-    """A frame as units: the whole frame when no message has attributes, else runs of equal ones."""
+           attrs: list[tuple[int, int, int, bytes]] | None, now: float, start: int = 0) -> Iterator[Unit]:
+    """Messages start.. of a frame as units: one when no message has attributes, else runs of equal ones."""
     if not attrs:
-        yield Unit(pos, 0, len(seqs), topic, publisher, sent_ns, seqs, payloads, arrived=now)
+        yield Unit(pos, start, len(seqs) - start, topic, publisher, sent_ns, seqs, payloads, arrived=now)
         return
     by_index = {a[0]: a[1:] for a in attrs}
     plain = (DEFAULT_PRIORITY, 0, NO_KEY)
-    start, current = 0, by_index.get(0, plain)
-    for i in range(1, len(seqs) + 1):
+    current = by_index.get(start, plain)
+    for i in range(start + 1, len(seqs) + 1):
         here = by_index.get(i, plain) if i < len(seqs) else None
         if here != current:
             priority, not_before_ms, key = current

@@ -52,6 +52,11 @@ class Replica:
         self.exchange_id = exchange_id
         self.incarnation = f"{exchange_id}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
+        # The newest consumer group state of an incarnation (protocol section 7.6): what a restarted
+        # exchange adopts. Its pending messages' frames are kept in the copy (pinned) meanwhile.
+        self.group_state: dict[str, list[protocol.GroupRecord]] = {}
+        self.group_done: dict[str, dict[str, list[tuple[int, int, int]]]] = {}  # since that state
+        self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.counters: dict[str, int] = {}
         self.curve = load_keys(config.security) is not None
@@ -95,6 +100,9 @@ class Replica:
                     log.exception("unexpected error while handling a frame; going on")
             now = time.monotonic()
             for copy in self.copies.values():
+                if copy.protect_from is not None and copy.bytes > self.pin_cap:
+                    log.warning("a copy pinned for consumer groups outgrew %d bytes: unpinned", self.pin_cap)
+                    copy.protect_from = None
                 copy.trim(now)
             on_tick()
 
@@ -119,12 +127,30 @@ class Replica:
                 self._count("malformed", 1)
                 log.warning("refusing a replication frame: %s", err)
                 continue
-            reply = self._follow(route, request) if isinstance(request, protocol.Follow) \
-                else self._copy(route, request)
+            reply = self.handle(route, request)
+            if reply is None:
+                continue
             try:
                 self.repl.send_multipart([route, reply], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass  # the primary is gone or not reading; it asks again
+
+    def handle(self, route: bytes, request: protocol.Follow | protocol.Copy | protocol.GroupState
+               | protocol.GroupsDone | protocol.Adopt) -> bytes | None:
+        """The answer to a primary's frame (None: the group state frames get none)."""
+        if isinstance(request, protocol.Follow):
+            return self._follow(route, request)
+        if isinstance(request, protocol.Copy):
+            return self._copy(route, request)
+        if isinstance(request, protocol.Adopt):
+            return self._adopt(request)
+        if isinstance(request, protocol.GroupState):
+            self._store_groups(request)  # the next one replaces it
+        elif request.incarnation in self.group_state:
+            done = self.group_done.setdefault(request.incarnation, {})
+            for group, ranges in request.done.items():
+                done.setdefault(group, []).extend(ranges)
+        return None
 
     def _follow(self, route: bytes, follow: protocol.Follow) -> bytes:
         incarnation = follow.incarnation
@@ -160,6 +186,54 @@ class Replica:
         self._count("copied_frames", max(0, len(request.frames) - skip))
         return protocol.encode_replica_reply(protocol.COPIED, incarnation, copy.next_pos)
 
+    def _store_groups(self, state: protocol.GroupState) -> None:
+        """Keep an incarnation's group state, and the frames of its pending messages; the state of
+        the incarnations before it (adopted by it) goes."""
+        copy = self.copies.get(state.incarnation)
+        if copy is None or state.incarnation in self.sealed:
+            return
+        self.group_state[state.incarnation] = state.groups
+        self.group_done.pop(state.incarnation, None)  # the state includes them
+        pins = [min([p[0] for p in g.pending], default=g.upto) for g in state.groups]
+        copy.protect_from = min(pins) if pins else None
+        for older in list(self.copies):
+            if older == state.incarnation:
+                break
+            self.copies[older].protect_from = None
+            self.group_state.pop(older, None)
+            self.group_done.pop(older, None)
+
+    def _adopt(self, adopt: protocol.Adopt) -> bytes:
+        """A restarted exchange asks for the groups its earlier incarnation left: the newest state
+        held, with the frames of its pending messages and each publisher's highest sequence number
+        in that copy (its resends up to there are not new to the groups)."""
+        ended = next((inc for inc in reversed(self.copies) if inc != adopt.incarnation and inc in self.group_state
+                      and inc.rsplit(".", 1)[0] == adopt.exchange), "")
+        if not ended:
+            return protocol.encode_adoption(adopt.incarnation, "", [], {}, [])
+        copy = self.copies[ended]
+        entries = [(pos, topic, body, messages) for pos, (topic, body, messages)
+                   in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest)]
+        index = [(pos, topic, messages) for pos, topic, _, messages in entries]
+        done = self.group_done.get(ended, {})
+        groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in self.group_state[ended]]  # type: ignore[arg-type]
+        pending = {p[0] for g in groups for p in g.pending}
+        high: dict[str, int] = {}
+        frames = []
+        for pos, topic, body, _ in entries:
+            assert isinstance(topic, bytes) and isinstance(body, bytes)
+            try:
+                delivery = protocol.decode_delivery(body)
+            except ProtocolError:
+                continue
+            if delivery.seqs:
+                high[delivery.publisher] = max(high.get(delivery.publisher, 0), delivery.seqs[-1])
+            if pos in pending:
+                frames.append((pos, topic, body))
+        log.info("%s adopts the %d consumer groups of %s (%d frames)", adopt.incarnation, len(groups), ended,
+                 len(frames))
+        return protocol.encode_adoption(adopt.incarnation, ended, groups, high, frames)
+
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange
         copy = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=max(first_pos, 1))
@@ -167,6 +241,8 @@ class Replica:
         self.copies.move_to_end(incarnation)
         while len(self.copies) > MAX_COPIES:
             dropped, _ = self.copies.popitem(last=False)
+            self.group_state.pop(dropped, None)
+            self.group_done.pop(dropped, None)
             self._add_sealed(dropped)
         return copy
 
@@ -189,3 +265,36 @@ class Replica:
     def report(self) -> dict[str, int]:
         return {"copies": len(self.copies), "retained_frames": sum(len(c) for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.counters}
+
+
+def _final(record: protocol.GroupRecord, done: list[tuple[int, int, int]],
+           frames: list[tuple[int, bytes, int]], next_pos: int) -> protocol.GroupRecord:
+    """A group's state as the adopting exchange reads it: every pending message listed, up to the
+    copy's end. Frames from the state's `upto` on were pending whole (those of the group's topics);
+    what left the group since the state (acked, dead-lettered) is taken out."""
+    gone: dict[int, list[tuple[int, int]]] = {}
+    for pos, idx, count in done:
+        gone.setdefault(pos, []).append((idx, idx + count))
+    pending = list(record.pending)
+    pending += [(pos, 0, messages, 0) for pos, topic, messages in frames
+                if pos >= record.upto and messages and topic.startswith(record.prefixes)]
+    kept = []
+    for pos, idx, count, deliveries in pending:
+        for start, end in _minus((idx, idx + count), sorted(gone.get(pos, ()))):
+            kept.append((pos, start, end - start, deliveries))
+    return protocol.GroupRecord(record.name, record.prefixes, record.ack_timeout_ms, record.max_deliveries,
+                                record.dead_letter, max(next_pos, record.upto), kept)
+
+
+def _minus(span: tuple[int, int], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`span` without the (sorted) `holes`."""
+    out, start = [], span[0]
+    for lo, hi in holes:
+        if hi <= start or lo >= span[1]:
+            continue
+        if lo > start:
+            out.append((start, lo))
+        start = max(start, hi)
+    if start < span[1]:
+        out.append((start, span[1]))
+    return out

@@ -68,6 +68,8 @@ class ReplicaLink:
         self._asked = 0.0  # when we last said follow / sent a page with nothing heard since
         self.sealed = False
         self.copied_frames = 0
+        self.adoption: protocol.Adoption | None = None  # the replica's answer to `adopt`
+        self.follows = 0  # times the replica said where it is: a new one needs the group state again
         retention.protect_from = self.held
 
     # ------------------------------------------------------------ wiring
@@ -152,6 +154,9 @@ class ReplicaLink:
             return
         if reply.incarnation != self.incarnation:
             return
+        if isinstance(reply, protocol.Adoption):
+            self.adoption = reply
+            return
         self._asked = time.monotonic()
         if reply.kind == protocol.SEALED:
             if not self.sealed:
@@ -168,6 +173,7 @@ class ReplicaLink:
                 return
             # Start where it is: frames below our oldest were confirmed with an earlier replica.
             self.following = True
+            self.follows += 1
             self._pages.clear()
             self.sent = max(reply.next_pos, 1)  # pump starts at our oldest if that is later
             self._set_held(max(reply.next_pos, 1))
@@ -177,6 +183,14 @@ class ReplicaLink:
                 self._pages.popleft()
             self.copied_frames += max(0, reply.next_pos - self.held)
             self._set_held(max(reply.next_pos, self.held))  # one connection: acks never go back
+
+    def ask_adoption(self) -> bool:
+        """Ask the replica for the consumer groups our exchange's earlier incarnation left."""
+        return self._send(protocol.encode_adopt(self.incarnation, self.exchange_id))
+
+    def send_groups(self, frame: bytes) -> bool:
+        """Our consumer groups' state (protocol.encode_groups), replacing the last one sent."""
+        return self.following and self._send(frame)
 
     def _set_held(self, next_pos: int) -> None:
         """`held` as the current replica reports it (it may go down when a new replica starts)."""

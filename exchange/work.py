@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 WORK_HWM = 1000  # frames queued per member; credit (prefetch) bounds them first
 WORK_FRAME_BYTES = 1 << 20  # a work frame holds about this much payload at most
 MAX_MEMBER_FRAME = 8 << 20  # an ack of 100,000 ranges fits
+SEND_RETRY = 0.1  # s before work is encoded again for a member whose socket was full
 
 
 def work_socket(context: zmq.Context) -> zmq.Socket:
@@ -41,13 +42,16 @@ def work_socket(context: zmq.Context) -> zmq.Socket:
 
 class WorkServer:
     def __init__(self, sock: zmq.Socket, groups: Groups, exchange_id: str, incarnation: str,
-                 retention: Retention, count: Callable[[str, int], None]) -> None:
+                 retention: Retention, count: Callable[[str, int], None], offer: Callable[..., None]) -> None:
+        """`offer(pos, topic, publisher, sent_ns, seqs, payloads, attrs, only=group)` gives a retained
+        frame to a group (the forwarder's, which leaves out what an adopted group had)."""
         self.sock = sock
         self.groups = groups
         self.exchange_id = exchange_id
         self.incarnation = incarnation
         self.retention = retention
         self._count = count
+        self._offer = offer
         self.gone: deque[int] = deque()  # fds of dropped connections (appended by any thread)
         self._routes_by_fd: dict[int, set[bytes]] = {}
         self.monitor: zmq.Socket | None = None  # our own, when no gatekeeper watches the socket
@@ -153,7 +157,7 @@ class WorkServer:
             except ProtocolError:
                 continue
             attrs = [(a[0], a[1], a[2], a[3]) for a in d.attrs] if d.attrs else None
-            self.groups.offer(d.pos, topic, d.publisher, d.sent_ns, d.seqs, d.payloads, attrs, only=group)
+            self._offer(d.pos, topic, d.publisher, d.sent_ns, d.seqs, d.payloads, attrs, only=group)
 
     def pump(self) -> None:
         """Hand ready messages to members with credit."""
@@ -171,6 +175,9 @@ class WorkServer:
             if size >= WORK_FRAME_BYTES or i == len(units) - 1:
                 if not self._send(route, protocol.encode_work(group.name, self.incarnation, entries)):
                     self.groups.unsend(group, units[i + 1 - len(entries):])  # this frame's and the rest
+                    member = group.members.get(route)
+                    if member is not None:
+                        member.paused_until = self.groups.clock() + SEND_RETRY
                     return
                 entries, size = [], 0
 

@@ -623,12 +623,29 @@ def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], jump:
     return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump])
 
 
-def decode_replica_request(frame: bytes) -> Follow | Copy:
+def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Adopt:
     """What a replica receives from its primary, every field range-checked."""
     msg = unpack(frame, MAX_COPY_FRAME)
     kind = _kind_and_version(msg, "replication request")
     if kind == FOLLOW and len(msg) == 4 and _is_incarnation(msg[2]) and _is_incarnation(msg[3]):
         return Follow(msg[2], msg[3])
+    if kind == GROUPS:
+        groups = _group_states(msg[3]) if len(msg) == 4 and _is_incarnation(msg[2]) else None
+        if groups is None:
+            raise ProtocolError(f"groups must be [\"groups\", {DATA_VERSION}, incarnation, [[group, [prefix, ...], "
+                                "ack_timeout_ms, max_deliveries, dead_letter, upto, [[pos, idx, count, deliveries], "
+                                "...]], ...]]")
+        return GroupState(msg[2], groups)
+    if kind == DONE:
+        done = _done_lists(msg[3]) if len(msg) == 4 and _is_incarnation(msg[2]) else None
+        if done is None:
+            raise ProtocolError(f"done must be [\"done\", {DATA_VERSION}, incarnation, [[group, [[pos, idx, count], "
+                                "...]], ...]]")
+        return GroupsDone(msg[2], done)
+    if kind == ADOPT:
+        if len(msg) != 4 or not _is_incarnation(msg[2]) or not _is_incarnation(msg[3]):
+            raise ProtocolError(f"adopt must be [\"adopt\", {DATA_VERSION}, incarnation, exchange]")
+        return Adopt(msg[2], msg[3])
     if kind != COPY or len(msg) != 6 or not _is_incarnation(msg[2]) or not _is_int(msg[3], 1) \
             or not isinstance(msg[4], list) or not isinstance(msg[5], bool):
         raise ProtocolError(f"replication request must be [\"follow\", {DATA_VERSION}, incarnation, exchange] "
@@ -650,9 +667,11 @@ def encode_replica_reply(kind: str, incarnation: str, next_pos: int = 0) -> byte
     return pack([kind, DATA_VERSION, incarnation, next_pos])
 
 
-def decode_replica_reply(frame: bytes) -> ReplicaReply:
-    msg = unpack(frame, MAX_CONTROL_FRAME)
+def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption:
+    msg = unpack(frame, MAX_COPY_FRAME)
     kind = _kind_and_version(msg, "replica reply")
+    if kind == ADOPTION:
+        return _decode_adoption(msg)
     if kind == SEALED and len(msg) == 3 and _is_incarnation(msg[2]):
         return ReplicaReply(SEALED, msg[2], 0)
     if kind in (FOLLOWING, COPIED) and len(msg) == 4 and _is_incarnation(msg[2]) and _is_int(msg[3]):
@@ -853,3 +872,129 @@ def _is_entry(e: Any) -> bool:
         and isinstance(e[3], bytes) and isinstance(e[4], str) and _is_int(e[5], 0, MAX_U64) \
         and isinstance(e[6], list) and isinstance(e[7], list) and len(e[6]) == len(e[7]) > 0 \
         and _is_int(e[8], 0, MAX_PRIORITY) and isinstance(e[9], bytes)
+
+
+
+# ------------------------------------------------ consumer groups' state at the replica (section 7.6)
+
+GROUPS, DONE, ADOPT, ADOPTION = "groups", "done", "adopt", "adoption"
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One group's state at stream position `upto`: every message of its topics in a frame below
+    `upto` is done unless listed in `pending` as (pos, idx, count, deliveries); every message of its
+    topics in a frame at or above `upto` is pending (delivered 0 times)."""
+    name: str
+    prefixes: tuple[bytes, ...]
+    ack_timeout_ms: int
+    max_deliveries: int
+    dead_letter: bytes
+    upto: int
+    pending: list[tuple[int, int, int, int]]
+
+    def wire(self) -> list[Any]:
+        return [self.name, list(self.prefixes), self.ack_timeout_ms, self.max_deliveries, self.dead_letter, self.upto,
+                [list(p) for p in self.pending]]
+
+
+@dataclass(frozen=True)
+class GroupState:
+    incarnation: str
+    groups: list[GroupRecord]
+
+
+@dataclass(frozen=True)
+class GroupsDone:
+    """Messages that left groups (acked or dead-lettered) since the last `groups` state."""
+    incarnation: str
+    done: dict[str, list[tuple[int, int, int]]]
+
+
+def encode_done(incarnation: str, done: dict[str, list[tuple[int, int, int]]]) -> bytes:
+    return pack([DONE, DATA_VERSION, incarnation, [[g, [list(r) for r in ranges]] for g, ranges in done.items()]])
+
+
+def _done_lists(value: Any) -> dict[str, list[tuple[int, int, int]]] | None:
+    if not isinstance(value, list) or len(value) > 1024:
+        return None
+    done = {}
+    for entry in value:
+        ranges = _ranges(entry[1]) if isinstance(entry, list) and len(entry) == 2 and is_name(entry[0]) else None
+        if ranges is None:
+            return None
+        done[entry[0]] = ranges
+    return done
+
+
+@dataclass(frozen=True)
+class Adopt:
+    incarnation: str  # the asking primary's (new) incarnation
+    exchange: str
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """The groups of the newest earlier incarnation the replica holds state of (`ended`, "" if none),
+    the frames of its copy holding their pending messages, and each publisher's highest sequence
+    number in that copy."""
+    incarnation: str
+    ended: str
+    groups: list[GroupRecord]
+    high: dict[str, int]
+    frames: list[tuple[int, bytes, bytes]]  # (pos, topic, body)
+    kind: str = ADOPTION
+
+
+def encode_groups(incarnation: str, groups: list[GroupRecord]) -> bytes:
+    return pack([GROUPS, DATA_VERSION, incarnation, [g.wire() for g in groups]])
+
+
+def encode_adopt(incarnation: str, exchange: str) -> bytes:
+    return pack([ADOPT, DATA_VERSION, incarnation, exchange])
+
+
+def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], high: dict[str, int],
+                    frames: list[tuple[int, bytes, bytes]]) -> bytes:
+    return pack([ADOPTION, DATA_VERSION, incarnation, ended, [g.wire() for g in groups],
+                 [[p, s] for p, s in high.items()], [list(f) for f in frames]])
+
+
+def _group_states(value: Any) -> list[GroupRecord] | None:
+    if not isinstance(value, list) or len(value) > 1024:
+        return None
+    records = []
+    for g in value:
+        if not isinstance(g, list) or len(g) != 7 or not is_name(g[0]) or len(g[0]) > MAX_GROUP_NAME \
+                or not _prefixes(g[1]) or not g[1] or not _is_int(g[2], 1, 86_400_000) \
+                or not _is_int(g[3], 1, MAX_DELIVERIES) or not isinstance(g[4], bytes) \
+                or not 0 < len(g[4]) <= MAX_TOPIC or not _is_int(g[5], 1) or not isinstance(g[6], list):
+            return None
+        pending = []
+        for p in g[6]:
+            if not isinstance(p, list) or len(p) != 4 or not _is_int(p[0], 1) or not _is_int(p[1]) \
+                    or not _is_int(p[2], 1) or not _is_int(p[3], 0, MAX_DELIVERIES):
+                return None
+            pending.append((p[0], p[1], p[2], p[3]))
+        records.append(GroupRecord(g[0], tuple(g[1]), g[2], g[3], g[4], g[5], pending))
+    return records
+
+
+def _decode_adoption(msg: list[Any]) -> Adoption:
+    groups = _group_states(msg[4]) if len(msg) == 7 else None
+    if groups is None or not _is_incarnation(msg[2]) or not (msg[3] == "" or _is_incarnation(msg[3])) \
+            or not isinstance(msg[5], list) or not isinstance(msg[6], list):
+        raise ProtocolError(f"adoption must be [\"adoption\", {DATA_VERSION}, incarnation, ended, groups, "
+                            "[[publisher, seq], ...], [[pos, topic, body], ...]]")
+    high = {}
+    for entry in msg[5]:
+        if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str) or not _is_int(entry[1]):
+            raise ProtocolError("adoption high must be [[publisher, seq], ...]")
+        high[entry[0]] = entry[1]
+    frames = []
+    for f in msg[6]:
+        if not isinstance(f, list) or len(f) != 3 or not _is_int(f[0], 1) or not isinstance(f[1], bytes) \
+                or not isinstance(f[2], bytes):
+            raise ProtocolError("adoption frames must be [[pos, topic, body], ...]")
+        frames.append((f[0], f[1], f[2]))
+    return Adoption(msg[2], msg[3], groups, high, frames)

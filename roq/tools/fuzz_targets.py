@@ -119,10 +119,7 @@ def replica_frame(data: bytes) -> None:
         request = protocol.decode_replica_request(data)
     except UserError:
         return
-    if isinstance(request, protocol.Follow):
-        replica._follow(b"fuzz", request)
-    else:
-        replica._copy(b"fuzz", request)
+    replica.handle(b"fuzz", request)
 
 
 def replica_fetch(data: bytes) -> None:
@@ -172,6 +169,9 @@ def seeds() -> dict[str, list[bytes]]:
     nack = protocol.encode_settle(protocol.NACK, "workers", "x1.ab", [[1, 0, 2]], requeue=False)
     work = protocol.encode_work("workers", "x1.ab", [[3, 0, 1, b"t", pid, 5, [1, 2], [b"a", b"b"], 0, b""]])
     attributed = protocol.encode_batch(pid, 1, 5, [[b"t", 3, 0, b"k"], b"one", b"t", b"two"])
+    record = protocol.GroupRecord("workers", (b"t",), 30_000, 5, b"dead", 5, [(3, 0, 2, 1)])
+    groups = protocol.encode_groups("x1.ab", [record])
+    done = protocol.encode_done("x1.ab", {"workers": [(3, 0, 1)]})
     return {
         "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed],
         "delivery": [delivery],
@@ -196,10 +196,12 @@ def seeds() -> dict[str, list[bytes]]:
         "work_reply": [work, protocol.encode_joined("workers", "x1", "x1.ab"), protocol.encode_pong("x1.ab", ["w"]),
                        protocol.encode_work_error("workers", "group_mismatch", "m")],
         "exchange_work_frame": [join, ack, nack, protocol.encode_ping()],
-        "replica_request": [follow, copy, jump],
-        "replica_reply": [protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
+        "replica_request": [follow, copy, jump, groups, done, protocol.encode_adopt("x1.cd", "x1")],
+        "replica_reply": [protocol.encode_adoption("x1.cd", "x1.ab", [record], {pid: 4}, [(3, b"t", delivery)]),
+                          protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
                           protocol.encode_replica_reply(protocol.COPIED, "x1.ab", 9),
                           protocol.encode_replica_reply(protocol.SEALED, "x1.ab")],
-        "replica_frame": [follow, copy, jump, protocol.encode_follow("x1.cd", "x1")],
+        "replica_frame": [follow, copy, jump, protocol.encode_follow("x1.cd", "x1"), groups, done,
+                          protocol.encode_adopt("x1.cd", "x1")],
         "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz")],
     }
