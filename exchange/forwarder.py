@@ -242,8 +242,8 @@ class Forwarder:
                     self.groups.tick()
                 self._publish_dead_letters()
                 self.work.pump()
-                if self.link is not None and not self.adopting:
-                    self._replicate_groups(now)
+            if self.link is not None and not self.adopting:
+                self._replicate_groups(now)  # also once when the last group went: it must not come back
             self._make_durable(now)
             self.retention.trim(now)
             if now >= next_housekeeping:
