@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -168,10 +168,40 @@ def exchange_metrics(out: Families, queue: str, exchange: str, host: str, stats:
                   "subscriber has taken", named, lag.frames)
         out.gauge("roq_exchange_consumer_lag_seconds", "how long the oldest message the durable subscriber has "
                   "not taken has waited", named, lag.seconds)
+    for name, figures in stats.groups.items():  # consumer groups (docs/work-queues.md)
+        if isinstance(figures, dict):
+            _group_metrics(out, {**labels, "group": name}, figures)
     if len(stats.confirm_buckets) == len(CONFIRM_BUCKETS) + 1:  # else a report of another version
         out.histogram(CONFIRM_HISTOGRAM, "seconds from the exchange reading a batch to sending its ack "
                       "(with a replica or an fsync journal: until what it holds is durable)", labels,
                       CONFIRM_BUCKETS, stats.confirm_buckets, stats.confirm_seconds_sum)
+
+
+GROUP_GAUGES = {
+    "members": ("roq_group_members", "members of the consumer group connected to this exchange"),
+    "ready": ("roq_group_ready_messages", "messages ready for the group's members"),
+    "delayed": ("roq_group_delayed_messages", "messages waiting for their not-before time"),
+    "in_flight": ("roq_group_in_flight_messages", "messages sent to members and not yet acked"),
+    "oldest_ready_s": ("roq_group_lag_seconds", "how long the oldest ready message has waited"),
+    "held_bytes": ("roq_group_held_bytes", "payload bytes the group holds"),
+}
+GROUP_COUNTERS = {
+    "acked": ("roq_group_acked_total", "messages acked by the group's members"),
+    "delivered": ("roq_group_delivered_total", "messages sent to members, redeliveries included"),
+    "redelivered": ("roq_group_redelivered_total", "messages sent again (ack timeout, nack, member lost)"),
+    "dead_lettered": ("roq_group_dead_lettered_total", "messages given up on, sent to the dead-letter topic"),
+}
+
+
+def _group_metrics(out: Families, labels: Labels, figures: dict[str, Any]) -> None:
+    for key, (metric, help_text) in GROUP_GAUGES.items():
+        value = figures.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.gauge(metric, help_text, labels, value)
+    for key, (metric, help_text) in GROUP_COUNTERS.items():
+        value = figures.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out.counter(metric, help_text, labels, value)
 
 
 def replica_metrics(out: Families, queue: str, exchange: str, host: str, stats: ExchangeStats | None,
