@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 PING_INTERVAL = 1.0  # s; the exchange forgets a member silent for exchange.group_member_timeout
 JOIN_TIMEOUT = 10.0  # s the constructor waits for the running exchanges to answer the join
+QUEUE_GONE_GRACE = 5.0  # receive() raises once the queue has been deleted this long (as a Subscriber's)
 MAX_WORK_FRAME = 64 << 20
 
 
@@ -138,6 +139,7 @@ class GroupSubscriber:
         self._settled_lock = threading.Lock()
         self._links: dict[str, _Link] = {}
         self._closed = False
+        self._gone_since: float | None = None
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         self._wake = WakePipe()
@@ -170,12 +172,21 @@ class GroupSubscriber:
         try:
             msg = self._inbox.get(timeout=timeout)
         except queue_module.Empty:
-            if self.topology.deleted:
-                raise QueueNotFoundError(f"queue {self.queue!r} was deleted") from None
+            self._check_queue()
             return None
         if self.auto_ack:
             self._last = msg
         return msg
+
+    def _check_queue(self) -> None:
+        """Raise QueueNotFoundError once the queue has been deleted (and not created again) a while."""
+        if not self.topology.deleted:
+            self._gone_since = None
+            return
+        now = time.monotonic()
+        self._gone_since = self._gone_since or now
+        if now - self._gone_since >= QUEUE_GONE_GRACE:
+            raise QueueNotFoundError(f"queue {self.queue!r} was deleted")
 
     def __iter__(self) -> Iterator[WorkMessage]:
         while not self._closed:
@@ -185,7 +196,7 @@ class GroupSubscriber:
 
     @property
     def connected(self) -> set[str]:
-        return {xid for xid, link in self._links.items() if link.joined}
+        return {xid for xid, link in list(self._links.items()) if link.joined}
 
     def wait_connected(self, count: int | None = None, timeout: float = 10.0) -> None:
         """Wait until this member has joined the group on `count` exchanges (default: all running)."""
@@ -245,12 +256,12 @@ class GroupSubscriber:
         deadline = time.monotonic() + JOIN_TIMEOUT
         with self._joined:
             while True:
-                refused = [link.refusal for link in self._links.values() if link.refusal]
+                refused = [link.refusal for link in list(self._links.values()) if link.refusal]
                 if refused:
                     code, message = refused[0]
                     raise GroupMismatchError(f"group {self.group!r} refused this member: {code}: {message}")
                 running = set(self.topology.snapshot())
-                if running <= {xid for xid, link in self._links.items() if link.joined}:
+                if running <= self.connected:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
