@@ -89,7 +89,8 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def roq_cluster(workdir: Path, replicas: int = 1, journal: str = "off") -> Iterator[dict[str, Any]]:
+def roq_cluster(workdir: Path, replicas: int = 1, journal: str = "off",
+                queue: str = "bench") -> Iterator[dict[str, Any]]:
     """A fresh local cluster (2 GCMs, 2 HCMs: a replica runs on the host its exchange does not)
     with one queue of one exchange. The hosts' journals go under `workdir` (hcm.data_dir)."""
     from roq.config import Config, load_config
@@ -100,8 +101,8 @@ def roq_cluster(workdir: Path, replicas: int = 1, journal: str = "off") -> Itera
     local.up()
     try:
         config = load_config(local.config_path)
-        ensure_queue(config, "bench", 1, replicas=replicas if replicas > 1 else None)
-        yield {"config": config.to_json(), "queue": "bench"}
+        ensure_queue(config, queue, 1, replicas=replicas if replicas > 1 else None)
+        yield {"config": config.to_json(), "queue": queue}
     finally:
         local.down()
 
@@ -326,8 +327,13 @@ def chart(rows: list[dict[str, Any]], path: Path, rate: float) -> None:
               help="rounds; medians and spread are reported")
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--smoke", is_flag=True, help="tiny counts: checks that every tool works, measures nothing")
+@click.option("--workqueue", is_flag=True,
+              help="work queues instead (bench/workqueue.py): 1 producer, 4 workers, acks, 100-B messages")
 def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: float, repeat: int, out: str,
-         smoke: bool) -> None:
+         smoke: bool, workqueue: bool) -> None:
+    if workqueue:
+        work_queues(2_000 if smoke else messages, repeat, Path(out))
+        return
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     unknown = set(chosen) - set(ADAPTERS)
     if unknown:
@@ -372,6 +378,41 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     console.print(f"wrote {out_dir / 'compare.json'} and {out_dir / 'compare.png'}")
     if any(r["lost"] for r in rows):
         console.print("[red]some system lost messages in this run[/]")
+
+
+def work_queues(messages: int, repeat: int, out_dir: Path) -> None:
+    """The work-queue rows: RoQ's consumer groups, RabbitMQ with manual acks, NATS queue groups."""
+    from bench import workqueue
+    servers.ensure_installed(["rabbitmq", "nats"])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    rows = workqueue.measure(list(workqueue.SYSTEMS), messages, repeat, log=console.print)
+    summary = []
+    result = Table("system", "msg/s (median)", "spread", "acks", "lost", "duplicates",
+                   title=f"work queues: 1 producer, {workqueue.WORKERS} workers, {workqueue.SIZE}-B messages, "
+                         f"prefetch {workqueue.PREFETCH}, {messages:,} messages, {repeat} round(s)")
+    for name in workqueue.SYSTEMS:
+        runs = [r for r in rows if r["system"] == name]
+        rates = [r["msgs_per_s"] for r in runs]
+        summary.append({"system": name, "msgs_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+                        "acks": runs[0]["acks"], "lost": sum(r["lost"] for r in runs),
+                        "duplicates": sum(r["duplicates"] for r in runs)})
+        row = summary[-1]
+        result.add_row(name, f"{row['msgs_per_s']:,.0f}", f"{row['min']:,}-{row['max']:,}",
+                       "yes" if row["acks"] else "no (at most once)", str(row["lost"]), str(row["duplicates"]))
+    console.print(result)
+    found = workqueue.ratios(rows)
+    for name, value in found.items():
+        console.print(f"{name}: {value}x (median of the ratios within each round)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "workqueue.json").write_text(json.dumps({"settings": {"messages": messages, "repeat": repeat,
+                                                                     "workers": workqueue.WORKERS,
+                                                                     "prefetch": workqueue.PREFETCH,
+                                                                     "size": workqueue.SIZE},
+                                                        "results": summary, "ratios": found, "rounds": rows},
+                                                       indent=2) + "\n")
+    console.print(f"wrote {out_dir / 'workqueue.json'}")
+    if any(r["lost"] for r in summary if r["acks"]):
+        console.print("[red]a system with acks lost messages in this run[/]")
 
 
 if __name__ == "__main__":

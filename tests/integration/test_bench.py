@@ -73,3 +73,21 @@ def test_comparison_script_runs_every_system(tmp_path):
     assert stalls["cpus"] >= 1 and stalls["lost_percent"] >= 0 and stalls["worst_us"] >= 0
     assert report["machine"]["fsync"]["p50_us"] > 0  # the disk under the journals, measured first
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(300)
+def test_work_queue_comparison_runs_every_system(tmp_path):
+    missing = [path for path in BINARIES.values() if not Path(path).exists()]
+    if missing:
+        unavailable(f"not installed: {missing} (make bench-servers)", "the work-queue comparison")
+    done = subprocess.run([sys.executable, "bench/compare.py", "--workqueue", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, timeout=280)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    report = json.loads((tmp_path / "workqueue.json").read_text())
+    rows = {r["system"]: r for r in report["results"]}
+    assert set(rows) == {"roq-workqueue", "rabbitmq-workqueue", "nats-queue-group"}
+    for row in rows.values():
+        assert row["msgs_per_s"] > 0 and row["lost"] == 0 and row["duplicates"] == 0, row
+    assert rows["roq-workqueue"]["acks"] and not rows["nats-queue-group"]["acks"]
+    assert report["ratios"]["roq_vs_rabbitmq"] > 0 and report["ratios"]["roq_vs_nats"] > 0
+    assert all(len(r["per_worker"]) == 4 for r in report["rounds"])
