@@ -2,7 +2,8 @@
 
 Each system is used as its Python client normally runs a work queue:
 * roq-workqueue: a consumer group (`Subscriber(group=...)`, callback style), `msg.ack()` per
-  message, prefetch P; the producer uses `publish_many`;
+  message, prefetch P; the producer calls `publish()` per message, like the others;
+  roq-workqueue-batch: the same workers, the producer `publish_many()`s lists of 1,000;
 * rabbitmq-workqueue: pika, one queue, `basic_qos(prefetch_count=P)`, manual `basic_ack` per
   message; the producer `basic_publish`es (no publisher confirms, as bench/peers.py);
 * nats-queue-group: nats-py, a queue group; core NATS has no acks (at most once): it is the
@@ -33,7 +34,7 @@ WORKERS = 4
 SIZE = 100
 PREFETCH = 500
 IDLE = 1.0  # s without a message after the first: a worker is done
-SYSTEMS = ("roq-workqueue", "rabbitmq-workqueue", "nats-queue-group")
+SYSTEMS = ("roq-workqueue", "roq-workqueue-batch", "rabbitmq-workqueue", "nats-queue-group")
 QUEUE = "work"
 
 
@@ -124,12 +125,22 @@ def nats_worker(settings: dict[str, Any], ready: Any, results: Any) -> None:
     results.put(tally.report())
 
 
-WORKER = {"roq-workqueue": roq_worker, "rabbitmq-workqueue": rabbit_worker, "nats-queue-group": nats_worker}
+WORKER = {"roq-workqueue": roq_worker, "roq-workqueue-batch": roq_worker, "rabbitmq-workqueue": rabbit_worker,
+          "nats-queue-group": nats_worker}
 
 
 # ------------------------------------------------------------------ producers (this process)
 
 def roq_produce(settings: dict[str, Any], count: int) -> None:
+    from roq.client.publisher import Publisher
+    from roq.config import config_from_json
+    with Publisher(QUEUE, config_from_json(settings["config"])) as pub:
+        for i in range(count):
+            pub.publish("jobs", payload(i))
+        pub.flush(timeout=300)
+
+
+def roq_produce_batch(settings: dict[str, Any], count: int) -> None:
     from roq.client.publisher import Publisher
     from roq.config import config_from_json
     with Publisher(QUEUE, config_from_json(settings["config"])) as pub:
@@ -161,7 +172,8 @@ def nats_produce(settings: dict[str, Any], count: int) -> None:
     asyncio.run(run())
 
 
-PRODUCE = {"roq-workqueue": roq_produce, "rabbitmq-workqueue": rabbit_produce, "nats-queue-group": nats_produce}
+PRODUCE = {"roq-workqueue": roq_produce, "roq-workqueue-batch": roq_produce_batch,
+           "rabbitmq-workqueue": rabbit_produce, "nats-queue-group": nats_produce}
 
 
 # ------------------------------------------------------------------ one run
@@ -171,7 +183,7 @@ def system(name: str, workdir: Path) -> Iterator[dict[str, Any]]:
     """Start what `name` needs (a RoQ cluster with one single-exchange queue, or a server)."""
     from bench import servers
     scratch = servers.scratch(workdir, name)
-    if name == "roq-workqueue":
+    if name.startswith("roq-"):
         from bench.compare import roq_cluster
         with roq_cluster(scratch, queue=QUEUE) as settings:
             yield settings

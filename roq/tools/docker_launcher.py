@@ -8,12 +8,13 @@ disconnect, reconnect. `teardown()` removes every container and the network,
 whatever state they are in; `logs()` collects every container's output for
 the report of a failing test.
 
-Client containers (`start_client`) run one of the two client programs of this
-module from the same image, so a publisher or a subscriber can be killed or cut
-off like a host:
+Client containers (`start_client`) run one of the client programs of this
+module from the same image, so a publisher, a subscriber or a consumer group
+member can be killed or cut off like a host:
 
     python -m roq.tools.docker_launcher publish --queue q --rate 1000 --token HEX
     python -m roq.tools.docker_launcher subscribe --queue q
+    python -m roq.tools.docker_launcher work --queue q --group workers --prefetch 20
 
 Both read their configuration from the environment (`ROQ_*`, `ROQ_CONFIG`) and
 print one fact a line on stdout, flushed at once, so what a container printed
@@ -25,6 +26,7 @@ before it was killed is still in `docker logs` (`ClientOutput` follows them):
     confirmed <n> sent <m>               on each change: messages 1..n are confirmed
     got <publisher> <runs>               messages handed to the application (runs: 1-5,7)
     ready | stats {json} | closed        subscriber connected; its counters; clean exit
+    did <message id> <deliveries>        a group member processed a message (it acks it next)
 
 The client programs need only the core (`roq`); docker-py, which the image does
 not have, is imported only by the launcher's own code.
@@ -500,7 +502,42 @@ def subscribe_program(argv: Sequence[str]) -> int:
     return 0
 
 
-PROGRAMS: dict[str, Callable[[Sequence[str]], int]] = {"publish": publish_program, "subscribe": subscribe_program}
+def work_program(argv: Sequence[str]) -> int:
+    """A consumer group member: print `did <id> <deliveries>` once a message is processed (then
+    ack it), and `ready` once joined; on SIGTERM leave the group."""
+    parser = argparse.ArgumentParser(prog="docker_launcher work")
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--topic", action="append", default=[], help="a topic prefix (default: all)")
+    parser.add_argument("--group", default="workers")
+    parser.add_argument("--prefetch", type=int, default=20)
+    parser.add_argument("--pause", type=float, default=0.005, help="seconds of work per message")
+    args = parser.parse_args(argv)
+    from roq.client.worker import GroupSubscriber
+    from roq.config import load_config
+    from roq.logs import configure
+    config = load_config()
+    configure(config.log.level, "work")
+    say = _Printer()
+    stop = _stop_on_sigterm()
+    member = GroupSubscriber(args.queue, config, args.topic, group=args.group, prefetch=args.prefetch,
+                             auto_ack=False)
+    try:
+        say("ready")
+        while not stop.is_set():
+            msg = member.receive(timeout=0.2)
+            if msg is None:
+                continue
+            time.sleep(args.pause)
+            say(f"did {msg.id} {msg.deliveries}")
+            msg.ack()
+    finally:
+        member.close()
+        say("closed")
+    return 0
+
+
+PROGRAMS: dict[str, Callable[[Sequence[str]], int]] = {"publish": publish_program, "subscribe": subscribe_program,
+                                                       "work": work_program}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

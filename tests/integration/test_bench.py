@@ -85,7 +85,7 @@ def test_work_queue_comparison_runs_every_system(tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     report = json.loads((tmp_path / "workqueue.json").read_text())
     rows = {r["system"]: r for r in report["results"]}
-    assert set(rows) == {"roq-workqueue", "rabbitmq-workqueue", "nats-queue-group"}
+    assert set(rows) == {"roq-workqueue", "roq-workqueue-batch", "rabbitmq-workqueue", "nats-queue-group"}
     for row in rows.values():
         assert row["msgs_per_s"] > 0 and row["lost"] == 0 and row["duplicates"] == 0, row
     assert rows["roq-workqueue"]["acks"] and not rows["nats-queue-group"]["acks"]
