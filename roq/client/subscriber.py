@@ -61,7 +61,7 @@ from roq.client.replay import ReplayClient
 from roq.client.streams import FetchFailed, Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import QueueNotFoundError
+from roq.errors import QueueNotFoundError, UserError
 from roq.names import check_subscriber_name, check_topic
 from roq.paths import Paths
 from roq.security import load_keys
@@ -111,6 +111,10 @@ class Subscriber:
         of the group's topics goes to one member, which acks it (docs/work-queues.md)."""
         if group is not None:
             from roq.client.worker import GroupSubscriber
+            fanout_only = sorted(set(kwargs) & {"durable", "position", "start", "batch_callback"})
+            if fanout_only:
+                raise UserError(f"a consumer group member takes no {', '.join(fanout_only)}: the group keeps its "
+                                "own state (docs/work-queues.md)")
             return GroupSubscriber(*args, group=group, **kwargs)
         return super().__new__(cls)
 
