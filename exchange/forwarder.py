@@ -240,6 +240,7 @@ class Forwarder:
                 if now >= next_group_tick:
                     next_group_tick = now + GROUP_TICK
                     self.groups.tick()
+                    self._shed_idle_groups()
                 self._publish_dead_letters()
                 self.work.pump()
             if self.link is not None and not self.adopting:
@@ -255,14 +256,18 @@ class Forwarder:
             on_tick()
 
     def _publishers_held(self) -> bool:
-        """Read no batches while the replica lags too far, while the groups hold too much (after
-        dropping those without members), and while we adopt our predecessor's groups."""
+        """Read no batches while the replica lags too far, while the groups hold too much, and while
+        we adopt our predecessor's groups."""
+        return (self.link is not None and self.link.blocked) or self.adopting \
+            or self.groups.held_bytes > self.config.group_max_bytes
+
+    def _shed_idle_groups(self) -> None:
+        """Over exchange.group_max_bytes, groups without members go first: an abandoned group must
+        not hold the publishers."""
         if self.groups.held_bytes > self.config.group_max_bytes:
             for name in self.groups.shed_idle(self.config.group_max_bytes):
                 log.warning("consumer group %s dropped with its messages: it had no member and the groups "
                             "held more than exchange.group_max_bytes", name)
-        return (self.link is not None and self.link.blocked) or self.adopting \
-            or self.groups.held_bytes > self.config.group_max_bytes
 
     # ------------------------------------------------------------ consumer groups across incarnations
 

@@ -212,16 +212,17 @@ class Replica:
         if not ended:
             return protocol.encode_adoption(adopt.incarnation, "", [], {}, [])
         copy = self.copies[ended]
-        entries = [(pos, topic, body, messages) for pos, (topic, body, messages)
-                   in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest)]
+        entries: list[tuple[int, bytes, bytes, int]] = []
+        for pos, (topic, body, messages) in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest):
+            assert isinstance(topic, bytes) and isinstance(body, bytes) and isinstance(messages, int)
+            entries.append((pos, topic, body, messages))
         index = [(pos, topic, messages) for pos, topic, _, messages in entries]
         done = self.group_done.get(ended, {})
-        groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in self.group_state[ended]]  # type: ignore[arg-type]
+        groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in self.group_state[ended]]
         pending = {p[0] for g in groups for p in g.pending}
         high: dict[str, int] = {}
         frames = []
         for pos, topic, body, _ in entries:
-            assert isinstance(topic, bytes) and isinstance(body, bytes)
             try:
                 delivery = protocol.decode_delivery(body)
             except ProtocolError:

@@ -775,8 +775,7 @@ def _ranges(value: Any) -> list[tuple[int, int, int]] | None:
         return None
     out = []
     for r in value:
-        if not isinstance(r, list) or len(r) != 3 or not _is_int(r[0], 1) or not _is_int(r[1], 0, MAX_U64 >> 1) \
-                or not _is_int(r[2], 1, MAX_U64 >> 1):
+        if not isinstance(r, list) or len(r) != 3 or not _is_int(r[0], 1) or not _is_int(r[1]) or not _is_int(r[2], 1):
             return None
         out.append((r[0], r[1], r[2]))
     return out

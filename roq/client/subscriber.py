@@ -61,7 +61,7 @@ from roq.client.replay import ReplayClient
 from roq.client.streams import FetchFailed, Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import QueueNotFoundError, UserError
+from roq.errors import UserError
 from roq.names import check_subscriber_name, check_topic
 from roq.paths import Paths
 from roq.security import load_keys
@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 HANDOFF_LIMIT = 100_000  # messages buffered between the I/O thread and the application
 START_POINTS = ("now", "beginning")  # where a subscriber without a position starts
 PROGRESS_REFRESH = 30.0  # a durable subscriber re-reports an unchanged position this often (s)
-QUEUE_GONE_GRACE = 5.0  # receive() raises once the queue has been deleted this long (not re-created)
 
 
 class Message(NamedTuple):  # a tuple: cheap to build, once per message
@@ -172,7 +171,6 @@ class Subscriber:
         self.duplicates = 0
         self.recovered = 0  # frames fetched from retention and handed over
         self.callback_errors = 0
-        self._gone_since: float | None = None
         self._closed = False
         try:
             self._receiver = SubscriberReceiver(queue, config, self.zk, self.topics, self._sync_topic, self._streams,
@@ -227,19 +225,10 @@ class Subscriber:
         try:
             msg = self._inbox.get(timeout=timeout)
         except queue_module.Empty:
-            self._check_queue()
+            self.topology.check_exists()
             return None
         self._note_taken(msg)
         return msg
-
-    def _check_queue(self) -> None:
-        if not self.topology.deleted:
-            self._gone_since = None
-            return
-        now = time.monotonic()
-        self._gone_since = self._gone_since or now
-        if now - self._gone_since >= QUEUE_GONE_GRACE:
-            raise QueueNotFoundError(f"queue {self.queue!r} was deleted")
 
     def __iter__(self) -> Iterator[Message]:
         while not self._closed:

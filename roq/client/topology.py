@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from roq.paths import Paths
 from roq.state import read_live
 
 log = logging.getLogger(__name__)
+
+GONE_GRACE = 5.0  # s a receiver goes on after its queue was deleted (it may be created again)
 
 
 class QueueTopology:
@@ -43,6 +46,7 @@ class QueueTopology:
         self._lock = threading.Lock()
         self._closed = False
         self.deleted = False
+        self._gone_since: float | None = None  # when check_exists() first saw it deleted
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.version = 0
         try:
@@ -60,6 +64,17 @@ class QueueTopology:
             self._closed = True
             self._on_change = None
         self.zk.remove_listener(self._session_changed)
+
+    def check_exists(self) -> None:
+        """Raise QueueNotFoundError once the queue has been deleted (and not created again) for
+        GONE_GRACE seconds: what a receiver's `receive()` calls when nothing came."""
+        if not self.deleted:
+            self._gone_since = None
+            return
+        now = time.monotonic()
+        self._gone_since = self._gone_since or now
+        if now - self._gone_since >= GONE_GRACE:
+            raise QueueNotFoundError(f"queue {self.queue!r} was deleted")
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:

@@ -30,7 +30,7 @@ from roq import protocol
 from roq.client.topology import QueueTopology
 from roq.client.wake import WakePipe
 from roq.config import Config
-from roq.errors import InvalidNameError, ProtocolError, QueueNotFoundError, RoqError, UserError
+from roq.errors import InvalidNameError, ProtocolError, RoqError, UserError
 from roq.names import check_topic, is_name
 from roq.paths import Paths
 from roq.security import load_keys, secure_client
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 PING_INTERVAL = 1.0  # s; the exchange forgets a member silent for exchange.group_member_timeout
 JOIN_TIMEOUT = 10.0  # s the constructor waits for the running exchanges to answer the join
-QUEUE_GONE_GRACE = 5.0  # receive() raises once the queue has been deleted this long (as a Subscriber's)
 MAX_WORK_FRAME = 64 << 20
 
 
@@ -139,7 +138,6 @@ class GroupSubscriber:
         self._settled_lock = threading.Lock()
         self._links: dict[str, _Link] = {}
         self._closed = False
-        self._gone_since: float | None = None
         self._own_zk = zk is None
         self.zk = zk or start_client(config)
         self._wake = WakePipe()
@@ -172,21 +170,11 @@ class GroupSubscriber:
         try:
             msg = self._inbox.get(timeout=timeout)
         except queue_module.Empty:
-            self._check_queue()
+            self.topology.check_exists()
             return None
         if self.auto_ack:
             self._last = msg
         return msg
-
-    def _check_queue(self) -> None:
-        """Raise QueueNotFoundError once the queue has been deleted (and not created again) a while."""
-        if not self.topology.deleted:
-            self._gone_since = None
-            return
-        now = time.monotonic()
-        self._gone_since = self._gone_since or now
-        if now - self._gone_since >= QUEUE_GONE_GRACE:
-            raise QueueNotFoundError(f"queue {self.queue!r} was deleted")
 
     def __iter__(self) -> Iterator[WorkMessage]:
         while not self._closed:

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
 
     import docker
+    from roq.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -383,6 +384,16 @@ class _Printer:
             sys.stdout.flush()
 
 
+def _client_setup(program: str) -> tuple[Config, _Printer, threading.Event]:
+    """What every client program starts with: the configuration from the environment, logging
+    under the program's name, a line printer, and an event SIGTERM sets."""
+    from roq.config import load_config
+    from roq.logs import configure
+    config = load_config()
+    configure(config.log.level, program)
+    return config, _Printer(), _stop_on_sigterm()
+
+
 def _stop_on_sigterm() -> threading.Event:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -405,12 +416,7 @@ def publish_program(argv: Sequence[str]) -> int:
     parser.add_argument("--interval", type=float, default=0.01, help="seconds between confirm checks")
     args = parser.parse_args(argv)
     from roq.client.publisher import Publisher
-    from roq.config import load_config
-    from roq.logs import configure
-    config = load_config()
-    configure(config.log.level, "publish")
-    say = _Printer()
-    stop = _stop_on_sigterm()
+    config, say, stop = _client_setup("publish")
     pub = Publisher(args.queue, config, token=bytes.fromhex(args.token) if args.token else None,
                     prefer=args.prefer)
     say(f"id {pub.id}")
@@ -474,12 +480,7 @@ def subscribe_program(argv: Sequence[str]) -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between stats lines")
     args = parser.parse_args(argv)
     from roq.client.subscriber import MessageBatch, Subscriber
-    from roq.config import load_config
-    from roq.logs import configure
-    config = load_config()
-    configure(config.log.level, "subscribe")
-    say = _Printer()
-    stop = _stop_on_sigterm()
+    config, say, stop = _client_setup("subscribe")
 
     def got(batch: MessageBatch) -> None:
         say(f"got {batch.publisher} {runs(batch.seqs)}")
@@ -513,12 +514,7 @@ def work_program(argv: Sequence[str]) -> int:
     parser.add_argument("--pause", type=float, default=0.005, help="seconds of work per message")
     args = parser.parse_args(argv)
     from roq.client.worker import GroupSubscriber
-    from roq.config import load_config
-    from roq.logs import configure
-    config = load_config()
-    configure(config.log.level, "work")
-    say = _Printer()
-    stop = _stop_on_sigterm()
+    config, say, stop = _client_setup("work")
     member = GroupSubscriber(args.queue, config, args.topic, group=args.group, prefetch=args.prefetch,
                              auto_ack=False)
     try:

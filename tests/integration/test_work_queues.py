@@ -27,11 +27,12 @@ from roq.client.subscriber import Subscriber
 from roq.client.worker import GroupMismatchError, WorkMessage
 from roq.config import Config
 from roq.paths import Paths
-from roq.state import read_hosts, read_leader, read_live
+from roq.state import read_live
 from roq.tools.testing import Processes, fast_config, record_figures, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
+from tests.integration.conftest import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -94,10 +95,7 @@ def lab(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory,
     zk = start_client(config)
     paths = Paths(config.zk.root)
     try:
-        procs.start("gcm", "gcm-0")
-        for host in ("host-1", "host-2"):
-            procs.start("hcm", host, f"hcm.host={host}")
-        wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="cluster")
+        start_cluster(procs, zk, paths)
         yield Lab(config, zk, procs, workdir)
     finally:
         procs.stop_all()
