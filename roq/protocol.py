@@ -867,10 +867,13 @@ def decode_work_reply(frame: bytes, max_size: int) -> WorkReply:
 
 
 def _is_entry(e: Any) -> bool:
+    """A `work` entry, down to each sequence number and payload (a member trusts nothing it is sent)."""
     return isinstance(e, list) and len(e) == 10 and _is_int(e[0], 1) and _is_int(e[1]) and _is_int(e[2], 1) \
-        and isinstance(e[3], bytes) and isinstance(e[4], str) and _is_int(e[5], 0, MAX_U64) \
-        and isinstance(e[6], list) and isinstance(e[7], list) and len(e[6]) == len(e[7]) > 0 \
-        and _is_int(e[8], 0, MAX_PRIORITY) and isinstance(e[9], bytes)
+        and isinstance(e[3], bytes) and 0 < len(e[3]) <= MAX_TOPIC and isinstance(e[4], str) \
+        and _is_int(e[5], 0, MAX_U64) and isinstance(e[6], list) and isinstance(e[7], list) \
+        and len(e[6]) == len(e[7]) > 0 and all(_is_int(seq, 1) for seq in e[6]) \
+        and all(isinstance(p, bytes) for p in e[7]) and _is_int(e[8], 0, MAX_PRIORITY) \
+        and isinstance(e[9], bytes) and len(e[9]) <= MAX_KEY
 
 
 

@@ -3,12 +3,14 @@ on a group's state, and the engine's records of it."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exchange.groups import Groups, GroupSettings
 from exchange.replica import _final, _minus
 from roq import protocol
+from roq.errors import ProtocolError
 
 SETTINGS = GroupSettings((b"jobs",), 30.0, 5, b"dead")
 
@@ -65,3 +67,13 @@ def test_group_records_survive_the_wire(pending) -> None:
     assert isinstance(adoption, protocol.Adoption)
     assert (adoption.ended, adoption.groups, adoption.high, adoption.frames) == \
         ("x1.ab", [rec], {"p-a": 7}, [(3, b"jobs", b"body")])
+
+
+def test_a_work_entry_whose_items_lie_is_refused() -> None:
+    good = [3, 0, 1, b"t", "p-a", 5, [1], [b"x"], 0, b"k"]
+    assert protocol.decode_work_reply(protocol.encode_work("w", "x1.a", [good]), 1 << 20).entries == [good]
+    for index, lie in ((6, ["one"]), (6, [0]), (7, [7]), (9, b"k" * 300), (3, b""), (3, b"t" * 256)):
+        entry = list(good)
+        entry[index] = lie
+        with pytest.raises(ProtocolError):
+            protocol.decode_work_reply(protocol.encode_work("w", "x1.a", [entry]), 1 << 20)
