@@ -68,6 +68,7 @@ MAX_GROUP_STATE = 16 << 20  # a bigger state is not copied (the last copy stands
 MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
 # Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
 _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 class Forwarder:
@@ -436,22 +437,41 @@ class Forwarder:
 
     def _drain_publishers(self, budget: int = 256) -> None:
         """Handle queued publisher frames, a bounded number per wake-up."""
+        front = self.front
         for _ in range(budget):
             try:
-                frames = self.front.recv_multipart(zmq.NOBLOCK)
+                ident = front.recv(_NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 2:
+            frame, block, extra = self._rest_of_message(front)
+            if frame is None or extra:
                 self.stats.totals.malformed += 1
-                if frames:
-                    self._reply(frames[0], protocol.encode_publisher_error(
-                        protocol.MALFORMED, "expected exactly one frame per message"))
+                self._reply(ident, protocol.encode_publisher_error(
+                    protocol.MALFORMED, "expected one frame per message, or two for a batch of one topic"))
                 continue
             try:
-                self.handle_publisher(frames[0], frames[1])
+                self.handle_publisher(ident, frame, block)
             except Exception:  # never end the exchange on one frame
                 self.stats.totals.internal_errors += 1
                 log.exception("unexpected error while handling a publisher frame; going on")
+
+    @staticmethod
+    def _rest_of_message(sock: zmq.Socket) -> tuple[bytes | None, Any, bool]:
+        """The parts after the routing id: the frame, a two-part batch's payload block (not copied
+        out of libzmq's message: it is spliced into the delivery as it is) and whether more parts
+        followed (refused)."""
+        more = sock.getsockopt
+        if not more(_RCVMORE):
+            return None, None, False
+        frame = sock.recv()
+        if not more(_RCVMORE):
+            return frame, None, False
+        block = sock.recv(copy=False).buffer
+        extra = False
+        while more(_RCVMORE):
+            sock.recv()
+            extra = True
+        return frame, block, extra
 
     def _drain_subscriptions(self) -> None:
         while True:
@@ -493,9 +513,9 @@ class Forwarder:
         except zmq.ZMQError:
             pass  # the subscriber falls back to its sync timeout
 
-    def handle_publisher(self, ident: bytes, payload: bytes) -> None:
+    def handle_publisher(self, ident: bytes, payload: bytes, block: Any = None) -> None:
         try:
-            frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes)
+            frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes, block)
         except protocol.RefusedBatch as err:
             self.stats.totals.malformed += 1
             self._reply(ident, protocol.encode_resend(self.sessions.refusal_point(ident, err.publisher),
@@ -530,18 +550,24 @@ class Forwarder:
             self._reply(ident, protocol.encode_resend(verdict.resend, verdict.code, verdict.message))
             return
         self.stats.publishers[pub] = now
-        flat = batch.flat
-        count = len(flat) // 2
+        count = batch.count
         skip = verdict.skip
         totals = self.stats.totals
         totals.duplicates += skip
         if skip < count:
-            topics, payloads = flat[2 * skip::2], flat[2 * skip + 1::2]
+            block = None
+            if batch.payloads is not None:  # one topic, its payloads as one block
+                payloads = batch.payloads[skip:] if skip else batch.payloads
+                topics = [batch.topic]
+                block = None if skip else batch.block  # resent duplicates: pack the rest again
+            else:
+                topics, payloads = batch.flat[2 * skip::2], batch.flat[2 * skip + 1::2]
             size = _one_valid_topic(topics, payloads, self.config.max_message_bytes)
             if size >= 0:
                 # The common case, checked with C-level calls instead of a loop per message.
                 first = batch.first_seq + skip
-                self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size)
+                self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size,
+                           block=block)
             else:
                 self._forward_one_by_one(ident, batch, skip)
             totals.msgs_in += count - skip
@@ -558,7 +584,7 @@ class Forwarder:
 
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
         """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""
-        pub, flat, totals = batch.publisher, batch.flat, self.stats.totals
+        pub, flat, totals = batch.publisher, batch.messages(), self.stats.totals
         count = len(flat) // 2
         run_topic: Any = None
         seqs: list[int] = []
@@ -597,13 +623,19 @@ class Forwarder:
             self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
 
     def _send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
-              attrs: list[list[Any]] | None = None, offer: bool = True) -> int:
+              attrs: list[list[Any]] | None = None, offer: bool = True, block: Any = None) -> int:
         """Number, retain and publish one frame of accepted messages (and offer it to the groups);
         `size` is the payloads' total. `attrs`: [index, priority, not_before_ms, key] of messages
-        published with attributes. Returns the frame's position."""
+        published with attributes. `block`: the payloads as the publisher encoded them (a two-part
+        batch), spliced into the frame as they are. Returns the frame's position."""
         pos = self.retention.next_pos
-        body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, self.chains.links(topic, pos),
-                                        pub, sent_ns, seqs, payloads, attrs)
+        links = self.chains.links(topic, pos)
+        if block is not None:
+            body = protocol.encode_delivery_spliced(self.exchange_id, self.incarnation, pos, links, pub, sent_ns,
+                                                    seqs, block)
+        else:
+            body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, links, pub, sent_ns, seqs,
+                                            payloads, attrs)
         self.retention.add(topic, body, len(seqs))
         if self.groups and offer:
             self._offer(pos, topic, pub, sent_ns, seqs, payloads, [(a[0], a[1], a[2], a[3]) for a in attrs] if attrs

@@ -129,6 +129,9 @@ class ClientConfig:
     max_unconfirmed: int = 50_000  # messages in flight before publish() blocks
     max_batch: int = 2_000  # messages per batch frame
     max_batch_bytes: int = 256 << 10  # bytes per batch frame; bounds what a slow subscriber can pin
+    # A batch of one topic goes as two parts, its payloads as one block the exchange passes on without
+    # packing each again (protocol 3.2). Off: one frame, for exchanges older than that form.
+    payload_blocks: bool = True
     publish_timeout: float = 30.0  # how long publish() blocks under backpressure
     confirm_timeout: float = 5.0  # no confirm this long → move to another exchange
     # Confirmed messages kept for resending after a move: an exchange that dies may have

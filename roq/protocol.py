@@ -170,6 +170,12 @@ def _is_int(value: Any, low: int = 0, high: int = MAX_SEQ) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+def _all_ints(values: list[Any], low: int = 0, high: int = MAX_SEQ) -> bool:
+    """_is_int of every value, with C-level passes instead of a call per value (a delivery's
+    sequence numbers: one per message)."""
+    return not values or (set(map(type, values)) == {int} and low <= min(values) and max(values) <= high)
+
+
 def _kind_and_version(msg: Any, what: str) -> str:
     if not isinstance(msg, list) or len(msg) < 2 or not isinstance(msg[0], str):
         raise ProtocolError(f"{what} must be an array [kind, version, ...]")
@@ -191,15 +197,29 @@ class Hello:
 
 @dataclass(frozen=True)
 class Batch:
-    """Consecutive messages of one publisher (section 3.2); each message is checked by the exchange."""
+    """Consecutive messages of one publisher (section 3.2); each message is checked by the exchange.
+    One frame holds them as `flat`; a batch of one topic may come in two parts instead: `topic`,
+    then its `payloads` as one msgpack array (`block`, kept as sent so that the exchange can pass it
+    on to subscribers without packing each payload again)."""
     publisher: str
     first_seq: int
     sent_ns: int
     flat: list[Any]  # topic, payload, topic, payload, ... (each message checked by the exchange)
+    topic: Any = None  # the two-part form: every message's topic (checked by the exchange) ...
+    payloads: list[Any] | None = None  # ... the payloads, decoded from ...
+    block: Any = None  # ... the second part, a msgpack array of bin (bytes or a buffer)
 
     @property
     def count(self) -> int:
-        return len(self.flat) // 2
+        return len(self.payloads) if self.payloads is not None else len(self.flat) // 2
+
+    def messages(self) -> list[Any]:
+        """The messages as a flat [topic, payload, ...] list, whatever the form."""
+        if self.payloads is None:
+            return self.flat
+        flat: list[Any] = [self.topic] * (2 * len(self.payloads))
+        flat[1::2] = self.payloads
+        return flat
 
 
 @dataclass(frozen=True)
@@ -228,21 +248,32 @@ def encode_batch(publisher: str, first_seq: int, sent_ns: int, flat: list[bytes]
     return pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, flat])
 
 
+def encode_batch_parts(publisher: str, first_seq: int, sent_ns: int, topic: bytes,
+                       payloads: list[bytes]) -> tuple[bytes, bytes]:
+    """`batch` of one topic in two parts: the header, then the payloads as one msgpack array, which
+    the exchange splices into its delivery as it is (section 3.2)."""
+    return (pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, topic]),
+            msgpack.packb(payloads, use_bin_type=True))
+
+
 def encode_bye(publisher: str) -> bytes:
     """`bye`: the publisher leaves this connection."""
     return pack([BYE, DATA_VERSION, publisher])
 
 
-def decode_publisher_frame(frame: bytes, max_size: int) -> Hello | Batch | Bye:
+def decode_publisher_frame(frame: bytes, max_size: int, block: Any = None) -> Hello | Batch | Bye:
     """A publisher's frame, every field checked; ProtocolError (RefusedBatch when it is a batch
-    that can be attributed) otherwise."""
+    that can be attributed) otherwise. `block`: the second part of a two-part batch (bytes or a
+    buffer), None when the message had one part."""
     msg = unpack(frame, max_size)
     kind = _kind_and_version(msg, "publisher frame")
     publisher = msg[2] if len(msg) > 2 else None
     if not isinstance(publisher, str) or not 0 < len(publisher) <= 128:
         raise ProtocolError("publisher id must be a string of 1-128 characters")
     if kind == BATCH:
-        return _decode_batch(msg, publisher)
+        return _decode_batch(msg, publisher, block, max_size - len(frame))
+    if block is not None:
+        raise ProtocolError(f"a {kind} is one frame; only a batch of one topic has two")
     if kind == HELLO:
         if len(msg) != 5 or not isinstance(msg[3], bytes) or not TOKEN_MIN <= len(msg[3]) <= TOKEN_MAX \
                 or not _is_int(msg[4], 1):
@@ -256,7 +287,7 @@ def decode_publisher_frame(frame: bytes, max_size: int) -> Hello | Batch | Bye:
     raise ProtocolError(f"unknown publisher frame kind {kind!r}")
 
 
-def _decode_batch(msg: list[Any], publisher: str) -> Batch:
+def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int) -> Batch:
     if len(msg) < 4 or not _is_int(msg[3], 1):
         raise ProtocolError("batch first_seq must be an integer from 1 to 2^63-1")
     first_seq: int = msg[3]
@@ -267,12 +298,38 @@ def _decode_batch(msg: list[Any], publisher: str) -> Batch:
     if not _is_int(sent_ns, 0, MAX_U64):
         raise RefusedBatch("batch sent_ns must be an integer from 0 to 2^64-1 (a msgpack integer, "
                            "not a float)", publisher, first_seq)
+    if block is not None or isinstance(flat, bytes):
+        return _decode_two_part_batch(publisher, first_seq, sent_ns, flat, block, block_limit)
     if not isinstance(flat, list) or not flat or len(flat) % 2:
         raise RefusedBatch("batch messages must be a non-empty flat array [topic, payload, ...]",
                            publisher, first_seq)
     if first_seq + len(flat) // 2 - 1 > MAX_SEQ:
         raise RefusedBatch("batch sequence numbers would pass 2^63-1", publisher, first_seq)
     return Batch(publisher, first_seq, sent_ns, flat)
+
+
+def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topic: Any, block: Any,
+                           block_limit: int) -> Batch:
+    """A batch of one topic: the header names the topic, the second part holds the payloads as
+    one msgpack array. The block is decoded here (C-level) so that every payload is known to be a
+    bin before the exchange passes the block on."""
+    if not isinstance(topic, bytes) or block is None:
+        raise RefusedBatch("a two-part batch is [\"batch\", 2, publisher, first_seq, sent_ns, topic] "
+                           "then [payload, ...] in a second frame", publisher, first_seq)
+    if len(block) > block_limit:
+        raise RefusedBatch(f"batch of {len(block)} payload bytes exceeds exchange.max_batch_bytes",
+                           publisher, first_seq)
+    try:
+        payloads = msgpack.unpackb(block, raw=False, max_bin_len=block_limit, max_str_len=block_limit,
+                                   max_array_len=block_limit, max_map_len=0, max_ext_len=0)
+    except Exception as exc:
+        raise RefusedBatch(f"batch payloads are not one msgpack array: {type(exc).__name__}",
+                           publisher, first_seq) from None
+    if not isinstance(payloads, list) or not payloads or set(map(type, payloads)) != {bytes}:
+        raise RefusedBatch("batch payloads must be a non-empty array of bin", publisher, first_seq)
+    if first_seq + len(payloads) - 1 > MAX_SEQ:
+        raise RefusedBatch("batch sequence numbers would pass 2^63-1", publisher, first_seq)
+    return Batch(publisher, first_seq, sent_ns, [], topic, payloads, block)
 
 
 # ------------------------------------------------ exchange → publisher
@@ -368,6 +425,18 @@ def encode_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[l
     return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads])
 
 
+_FIXARRAY = 0x90  # msgpack's array header for 0-15 elements: this byte + the count
+
+
+def encode_delivery_spliced(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]],
+                            publisher: str, sent_ns: int, seqs: list[int], block: Any) -> bytes:
+    """encode_delivery's bytes, exactly, with the payloads given as their msgpack array already
+    encoded (a two-part batch's second part): the array is copied once, not packed again."""
+    head = pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs])
+    # The nine fields' array becomes a ten-field one whose last element is the block.
+    return b"".join((bytes((_FIXARRAY | 10,)), memoryview(head)[1:], block))
+
+
 def decode_delivery(frame: bytes) -> Delivery:
     """A delivery body, every field checked (section 4.2)."""
     try:
@@ -389,7 +458,7 @@ def decode_delivery(frame: bytes) -> Delivery:
             for c in chains):
         raise ProtocolError("delivery chains must be [[prefix_length, prev < pos], ...]")
     if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads) \
-            or not all(_is_int(s, 1) for s in seqs) or not all(isinstance(p, bytes) for p in payloads):
+            or not _all_ints(seqs, 1) or (payloads and set(map(type, payloads)) != {bytes}):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length (integers, bin)")
     return Delivery(exchange_id, incarnation, pos, {c[0]: c[1] for c in chains}, publisher, sent_ns, seqs,
                     payloads, attrs)

@@ -61,6 +61,9 @@ HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have bee
 # statistics are older than the newest of the queue's by more than its znode's `heartbeat` (the
 # longest its HCM leaves unchanged statistics unwritten; 0 if absent) plus this many report intervals.
 STALE_STATS = 3.0
+# A payload block this big is handed to libzmq without a copy (pyzmq then keeps it until sent).
+ZERO_COPY_BYTES = 64 << 10
+_NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 class PublisherLink:
@@ -347,20 +350,36 @@ class PublisherLink:
         with self._cond:
             resend = log.take_resend()
         for first, flat in merge(resend, client.max_batch, client.max_batch_bytes):
-            if not self._send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat)):
+            if not self._send_batch(sock, first, flat):
                 return
         while len(log.in_flight) < MAX_IN_FLIGHT:
             with self._cond:
                 chunk = log.take()
             if chunk is None:
                 return
-            if not self._send_frame(sock, protocol.encode_batch(self.id, chunk.first, time.time_ns(), chunk.flat)):
+            if not self._send_batch(sock, chunk.first, chunk.flat):
                 return
 
-    def _send_frame(self, sock: zmq.Socket, frame: bytes) -> bool:
-        """Never block: an exchange whose queue to us is full is not reading (dead or stuck)."""
+    def _send_batch(self, sock: zmq.Socket, first: int, flat: list[bytes]) -> bool:
+        """Messages first, first+1, ... as one batch: of one topic, in two parts (the payloads as
+        one block the exchange passes on as it is); else as one frame."""
+        topic = flat[0]
+        if self.config.client.payload_blocks and type(topic) is bytes:
+            topics = flat[0::2]
+            if topics.count(topic) == len(topics):
+                head, block = protocol.encode_batch_parts(self.id, first, time.time_ns(), topic, flat[1::2])
+                return self._send_frame(sock, head, block)
+        return self._send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat))
+
+    def _send_frame(self, sock: zmq.Socket, frame: bytes, block: bytes | None = None) -> bool:
+        """Never block: an exchange whose queue to us is full is not reading (dead or stuck). A
+        message's first part queued means its second is too."""
         try:
-            sock.send(frame, zmq.NOBLOCK)
+            if block is None:
+                sock.send(frame, _NOBLOCK)
+            else:
+                sock.send(frame, _MORE_NOBLOCK)
+                sock.send(block, _NOBLOCK, copy=len(block) < ZERO_COPY_BYTES)
             return True
         except zmq.Again:
             self._avoid_current()

@@ -82,6 +82,22 @@ def exchange_publisher_frame(data: bytes) -> None:
     _forwarder().handle_publisher(b"fuzz", data)
 
 
+BLOCK_ROUTE, BLOCK_TOKEN = b"fuzz-block", b"b" * 16
+
+
+def exchange_block_batch(data: bytes) -> None:
+    """The payload block of a two-part batch (protocol 3.2) at a live exchange, from a publisher
+    that said hello: refused whole, or forwarded with each payload checked."""
+    forwarder = _forwarder()
+    pid = protocol.publisher_id_for(BLOCK_TOKEN)
+    session = forwarder.sessions.sessions.get(pid)
+    if session is None or session.route != BLOCK_ROUTE:
+        forwarder.handle_publisher(BLOCK_ROUTE, protocol.encode_hello(pid, BLOCK_TOKEN, 1))
+        session = forwarder.sessions.sessions[pid]
+    head, _ = protocol.encode_batch_parts(pid, session.last + 1, 0, b"t", [])
+    forwarder.handle_publisher(BLOCK_ROUTE, head, data)
+
+
 def exchange_fetch(data: bytes) -> None:
     """A subscriber's fetch or position request at a live exchange."""
     _forwarder().replay.handle(b"fuzz", data)
@@ -142,6 +158,7 @@ TARGETS: dict[str, Target] = {
     "config_json": _refused(config_json),
     "exchange_publisher_frame": exchange_publisher_frame,
     "exchange_fetch": exchange_fetch,
+    "exchange_block_batch": exchange_block_batch,
     "member_frame": _refused(protocol.decode_member_frame),
     "work_reply": _refused(lambda d: protocol.decode_work_reply(d, MAX_REPLY)),
     "exchange_work_frame": exchange_work_frame,
@@ -192,6 +209,8 @@ def seeds() -> dict[str, list[bytes]]:
         "config_json": [Config().to_json().encode()],
         "exchange_publisher_frame": [hello, batch, attributed],
         "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"]), ended],
+        "exchange_block_batch": [protocol.encode_batch_parts(pid, 1, 5, b"t", [b"one", b"", b"x" * 300])[1],
+                                 protocol.pack([b"ok", "a str"]), protocol.pack([b"x" * 2000])],
         "member_frame": [join, ack, nack, protocol.encode_leave("workers"), protocol.encode_ping()],
         "work_reply": [work, protocol.encode_joined("workers", "x1", "x1.ab"), protocol.encode_pong("x1.ab", ["w"]),
                        protocol.encode_work_error("workers", "group_mismatch", "m")],
