@@ -110,6 +110,7 @@ class Forwarder:
         # Sync markers subscribed, counted: one per RoQ subscriber (a reconnecting subscriber's new
         # subscription may arrive before its old connection's unsubscription).
         self.subscribers: dict[bytes, int] = {}
+        self._acks: dict[bytes, tuple[int, float]] = {}  # connection → (ack due, batch received) this drain
         self.front = context.socket(zmq.ROUTER)
         self.front.linger = 0
         self.front.rcvhwm = config.pub_hwm
@@ -438,6 +439,13 @@ class Forwarder:
     def _drain_publishers(self, budget: int = 256) -> None:
         """Handle queued publisher frames, a bounded number per wake-up."""
         front = self.front
+        try:
+            self._drain_publisher_frames(front, budget)
+        finally:
+            if self._acks:
+                self._send_acks()
+
+    def _drain_publisher_frames(self, front: zmq.Socket, budget: int) -> None:
         for _ in range(budget):
             try:
                 ident = front.recv(_NOBLOCK)
@@ -450,7 +458,7 @@ class Forwarder:
                     protocol.MALFORMED, "expected one frame per message, or two for a batch of one topic"))
                 continue
             try:
-                self.handle_publisher(ident, frame, block)
+                self._handle_publisher(ident, frame, block)
             except Exception:  # never end the exchange on one frame
                 self.stats.totals.internal_errors += 1
                 log.exception("unexpected error while handling a publisher frame; going on")
@@ -514,6 +522,11 @@ class Forwarder:
             pass  # the subscriber falls back to its sync timeout
 
     def handle_publisher(self, ident: bytes, payload: bytes, block: Any = None) -> None:
+        """One publisher message, answered (the drain holds acks back to send one per connection)."""
+        self._handle_publisher(ident, payload, block)
+        self._send_acks()
+
+    def _handle_publisher(self, ident: bytes, payload: bytes, block: Any = None) -> None:
         try:
             frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes, block)
         except protocol.RefusedBatch as err:
@@ -579,8 +592,8 @@ class Forwarder:
         if self.gated:
             self.gate.hold(self.retention.next_pos, ident, pub, last, now)
         else:
-            self._reply(ident, protocol.encode_ack(last, self.subscriber_count))
-            self.stats.note_confirm(time.monotonic() - now)
+            # Acks are cumulative: one per connection per drain, sent once the drain's deliveries went.
+            self._acks[ident] = (last, now)
 
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
         """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""
@@ -667,7 +680,24 @@ class Forwarder:
             self._send(group.settings.dead_letter, self.dead_publisher, unit.sent_ns,
                        list(range(first, first + unit.count)), payloads, unit.size, attrs)
 
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        subscribers = self.subscriber_count
+        now = time.monotonic()
+        for ident, (seq, received) in acks.items():
+            self._send_reply(ident, protocol.encode_ack(seq, subscribers))
+            self.stats.note_confirm(now - received)
+
     def _reply(self, ident: bytes, frame: bytes) -> None:
+        """Replies leave in the order of the frames they answer: an ack still held for this
+        connection goes first."""
+        if ident in self._acks:
+            seq, received = self._acks.pop(ident)
+            self._send_reply(ident, protocol.encode_ack(seq, self.subscriber_count))
+            self.stats.note_confirm(time.monotonic() - received)
+        self._send_reply(ident, frame)
+
+    def _send_reply(self, ident: bytes, frame: bytes) -> None:
         try:
             self.front.send(ident, _MORE_NOBLOCK)  # once the first part went, the rest goes too
             self.front.send(frame, _NOBLOCK)

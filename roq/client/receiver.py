@@ -32,6 +32,7 @@ from roq.paths import Paths
 from roq.security import secure_client
 
 log = logging.getLogger(__name__)
+_NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
 
 
 class SubscriberReceiver:
@@ -156,13 +157,19 @@ class SubscriberReceiver:
 
     def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:
         streams = self._streams
+        more = sock.getsockopt
         for _ in range(budget):
             try:
-                topic, body = sock.recv_multipart(zmq.NOBLOCK)
+                topic = sock.recv(_NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:
+            if not more(_RCVMORE):
                 continue  # not two frames: not from an exchange
+            body = sock.recv(copy=False).buffer  # decoded in place: a delivery's bytes are not copied out
+            if more(_RCVMORE):
+                while more(_RCVMORE):
+                    sock.recv()
+                continue
             try:
                 if topic[:1] == b"\x00":
                     if topic == protocol.BEAT_TOPIC:
