@@ -27,6 +27,9 @@ durability and over NATS, likewise. Writes JSON and a PNG chart to `--out`.
     .venv/bin/python bench/compare.py                   # everything once, about 8 minutes
     .venv/bin/python bench/compare.py --repeat 5 --out docs/bench
     .venv/bin/python bench/compare.py --smoke           # seconds: keeps the tools working (CI)
+
+`--curves` runs bench/curves.py instead: fan-out, fan-in, topics, message size, idle connections
+and latency against rate, each point with RoQ beside raw ZeroMQ and NATS (`--only` picks curves).
 """
 
 from __future__ import annotations
@@ -89,20 +92,30 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def roq_cluster(workdir: Path, replicas: int = 1, journal: str = "off",
-                queue: str = "bench") -> Iterator[dict[str, Any]]:
-    """A fresh local cluster (2 GCMs, 2 HCMs: a replica runs on the host its exchange does not)
-    with one queue of one exchange. The hosts' journals go under `workdir` (hcm.data_dir)."""
-    from roq.config import Config, load_config
+def roq_cluster(workdir: Path, replicas: int = 1, journal: str = "off", queue: str = "bench",
+                exchanges: int = 1) -> Iterator[dict[str, Any]]:
+    """A fresh local cluster (local_cluster) with one queue of `exchanges` exchanges."""
     from roq.tools.bench_cli import ensure_queue
+    with local_cluster(workdir, journal) as config:
+        ensure_queue(config, queue, exchanges, replicas=replicas if replicas > 1 else None)
+        yield {"config": config.to_json(), "queue": queue}
+
+
+@contextlib.contextmanager
+def local_cluster(workdir: Path, journal: str = "off",
+                  overrides: dict[str, dict[str, Any]] | None = None) -> Iterator[Any]:
+    """A fresh local cluster (2 GCMs, 2 HCMs: a replica runs on the host its exchange does not), no
+    queue yet; yields its roq.config.Config. The hosts' journals go under `workdir` (hcm.data_dir).
+    `overrides`: configuration sections to change, {"security": {"max_connections_per_client": 0}}."""
+    from roq.config import Config, load_config
     from roq.tools.cluster import LocalCluster
     base = Config() if journal == "off" else Config().replace(exchange={"journal": journal})
+    if overrides:
+        base = base.replace(**overrides)
     local = LocalCluster(base, workdir / "cluster")
     local.up()
     try:
-        config = load_config(local.config_path)
-        ensure_queue(config, queue, 1, replicas=replicas if replicas > 1 else None)
-        yield {"config": config.to_json(), "queue": queue}
+        yield load_config(local.config_path)
     finally:
         local.down()
 
@@ -329,10 +342,18 @@ def chart(rows: list[dict[str, Any]], path: Path, rate: float) -> None:
 @click.option("--smoke", is_flag=True, help="tiny counts: checks that every tool works, measures nothing")
 @click.option("--workqueue", is_flag=True,
               help="work queues instead (bench/workqueue.py): 1 producer, 4 workers, acks, 100-B messages")
+@click.option("--curves", "curves", is_flag=True,
+              help="curves instead (bench/curves.py): fan-out, fan-in, topics, message size, connections, "
+                   "latency against rate; RoQ beside raw ZeroMQ and NATS")
+@click.option("--only", default="", help="with --curves: comma-separated curves to run (default: all)")
 def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: float, repeat: int, out: str,
-         smoke: bool, workqueue: bool) -> None:
+         smoke: bool, workqueue: bool, curves: bool, only: str) -> None:
     if workqueue:
         work_queues(2_000 if smoke else messages, repeat, Path(out))
+        return
+    if curves:
+        from bench import curves as curve_bench
+        curve_bench.main([c.strip() for c in only.split(",") if c.strip()], repeat, Path(out), smoke, console)
         return
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
     unknown = set(chosen) - set(ADAPTERS)

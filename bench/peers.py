@@ -5,31 +5,42 @@ batching its client offers, and with limits raised so that nothing is dropped
 for a slow subscriber (so throughput is not bought with loss):
 * raw ZeroMQ: PUB → SUB, one message per send, no broker, no high-water mark;
   and batched by hand (one msgpack list of payloads per send), for reference;
+  for several publishers into one subscriber, the other way round (PUB connect
+  → SUB bind, `ZmqFanInAdapter`);
 * python-hop: raw ZeroMQ through one minimal Python forwarding process
   (`bench/hop.py`): the latency floor of any broker written in Python;
 * NATS: nats-py (asyncio), core publish/subscribe, pending limits lifted;
 * Redis: redis-py PUBLISH (pipelined by 100 when unpaced), SUBSCRIBE;
 * RabbitMQ: pika, a fanout exchange, one exclusive auto-ack queue per
   subscriber, no publisher confirms.
+
+Raw ZeroMQ and NATS also take settings["topics"] = N (roq.tools.bench.topic_count):
+publishers spread messages round-robin over N topics, subscribers take them by prefix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from roq.tools.bench import Adapter, BatchAdapter
+from roq.tools.bench import Adapter, BatchAdapter, topic_count, topic_names
 
 SUBJECT = "bench"
 
 
 class ZmqAdapter(Adapter):
-    """settings: {"endpoint": "tcp://127.0.0.1:port"}; the publisher binds, subscribers connect."""
+    """settings: {"endpoint": "tcp://127.0.0.1:port"}; the publisher binds, subscribers connect.
+
+    Over many topics (settings["topics"] > 1) each frame is the topic, then the payload: the SUB
+    socket filters on the prefix b"bench/", and strips the topic (one width) before the harness
+    reads the payload."""
 
     name = "zeromq"
+    SUBSCRIBER_ATTACH = "connect"  # how the subscriber's socket reaches settings["endpoint"]
 
     def subscribe(self, on_payload: Callable[[bytes], None]) -> None:
         import zmq
@@ -37,12 +48,14 @@ class ZmqAdapter(Adapter):
         sock = self.context.socket(zmq.SUB)
         sock.linger = 0
         sock.rcvhwm = 0
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.connect(self.settings["endpoint"])
+        many = topic_count(self.settings) > 1
+        sock.setsockopt(zmq.SUBSCRIBE, b"bench/" if many else b"")
+        getattr(sock, self.SUBSCRIBER_ATTACH)(self.settings["endpoint"])
         self._stop = threading.Event()
+        receive = _without_topic(sock.recv) if many else sock.recv
 
         def loop() -> None:
-            recv = sock.recv
+            recv = receive
             while not self._stop.is_set():
                 if sock.poll(100):
                     while True:
@@ -67,6 +80,10 @@ class ZmqAdapter(Adapter):
         self.sock.sndhwm = 0
         getattr(self.sock, attach)(self.settings[endpoint])
         self.publish = self.sock.send
+        topics = topic_count(self.settings)
+        if topics > 1:  # each frame starts with the next topic (a copy of the payload per send)
+            send, turn = self.sock.send, itertools.cycle([t.encode() for t in topic_names(topics)])
+            self.publish = lambda payload: send(next(turn) + payload)
 
     def close(self) -> None:
         if hasattr(self, "_thread"):
@@ -76,6 +93,34 @@ class ZmqAdapter(Adapter):
             self.sock.close()
         if hasattr(self, "context"):
             self.context.term()
+
+
+def _without_topic(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """recv() of frames that start with a topic of topic_names(): the payload after it."""
+    width = len(topic_names(1)[0])
+    return lambda flags: recv(flags)[width:]
+
+
+class ZmqFanInAdapter(ZmqAdapter):
+    """settings: {"endpoint": ...}: several publishers into one subscriber, the ZeroMQ way round
+    for that: the subscriber binds, every publisher connects (PUB connect → SUB bind); same payloads.
+
+    A publisher's socket is an XPUB (a PUB that also hands up the subscriptions it receives), and
+    it waits for the subscriber's subscription before it sends anything: a PUB drops what it sends
+    before then, and the harness starts the measured messages once the subscriber has seen a
+    warm-up from one publisher, not from every one."""
+
+    name = "zeromq-fanin"
+    PUBLISHER = ("XPUB", "connect", "endpoint")
+    SUBSCRIBER_ATTACH = "bind"
+    SUBSCRIPTION_WAIT_MS = 30_000
+
+    def open_publisher(self) -> None:
+        super().open_publisher()
+        if not self.sock.poll(self.SUBSCRIPTION_WAIT_MS):
+            raise TimeoutError(f"no subscriber subscribed at {self.settings['endpoint']} "
+                               f"in {self.SUBSCRIPTION_WAIT_MS / 1000:.0f}s")
+        self.sock.recv()  # the subscription
 
 
 class ZmqBatchAdapter(ZmqAdapter, BatchAdapter):
@@ -104,7 +149,8 @@ class PythonHopAdapter(ZmqAdapter):
 
 
 class NatsAdapter(Adapter):
-    """settings: {"url": "nats://127.0.0.1:port"}."""
+    """settings: {"url": "nats://127.0.0.1:port"}. Over many topics (settings["topics"] > 1) the
+    subjects are bench.00000, bench.00001, ..., and subscribers take `bench.>`."""
 
     name = "nats"
 
@@ -112,6 +158,7 @@ class NatsAdapter(Adapter):
         import nats
         ready = threading.Event()
         self._loop = asyncio.new_event_loop()
+        subject = "bench.>" if topic_count(self.settings) > 1 else SUBJECT
 
         async def start() -> None:
             self.nc = await nats.connect(self.settings["url"], pending_size=1 << 30)
@@ -119,7 +166,7 @@ class NatsAdapter(Adapter):
             async def handler(msg: Any) -> None:
                 on_payload(msg.data)
 
-            await self.nc.subscribe(SUBJECT, cb=handler, pending_msgs_limit=10_000_000,
+            await self.nc.subscribe(subject, cb=handler, pending_msgs_limit=10_000_000,
                                     pending_bytes_limit=1 << 30)
             await self.nc.flush()
             ready.set()
@@ -138,16 +185,35 @@ class NatsAdapter(Adapter):
         import nats
         self._loop = asyncio.new_event_loop()
         self.nc = self._loop.run_until_complete(nats.connect(self.settings["url"], pending_size=1 << 30))
+        count = topic_count(self.settings)
+        self._subjects: Iterator[str] | None = itertools.cycle(topic_names(count, ".")) if count > 1 else None
 
     def publish(self, payload: bytes) -> None:
-        self._loop.run_until_complete(self.nc.publish(SUBJECT, payload))
+        subject = next(self._subjects) if self._subjects else SUBJECT
+        self._loop.run_until_complete(self.nc.publish(subject, payload))
+
+    def _burst(self, make_payload: Callable[[], bytes]) -> Callable[[int], Awaitable[None]]:
+        """A coroutine function that publishes n messages: to one subject, or to the subjects in
+        turn (a loop of its own, so that the one-subject loop does no more than before)."""
+        publish, subjects = self.nc.publish, self._subjects
+
+        async def one_subject(n: int) -> None:
+            for _ in range(n):
+                await publish(SUBJECT, make_payload())
+
+        async def in_turn(n: int) -> None:
+            assert subjects is not None
+            for _ in range(n):
+                await publish(next(subjects), make_payload())
+
+        return one_subject if subjects is None else in_turn
 
     def send_all(self, make_payload: Callable[[], bytes], count: int, rate: float) -> None:
+        burst = self._burst(make_payload)
+
         async def send() -> None:
-            publish = self.nc.publish
             if rate <= 0:
-                for _ in range(count):
-                    await publish(SUBJECT, make_payload())
+                await burst(count)
                 return
             start, sent = time.monotonic(), 0
             while sent < count:
@@ -156,8 +222,7 @@ class NatsAdapter(Adapter):
                     await self.nc.flush()
                     await asyncio.sleep(min(0.0002, (sent + 1 - due) / rate))
                     continue
-                for _ in range(due - sent):
-                    await publish(SUBJECT, make_payload())
+                await burst(due - sent)
                 sent = due
 
         self._loop.run_until_complete(send())

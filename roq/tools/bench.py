@@ -7,8 +7,9 @@ through a small adapter interface, so every system is measured the same way:
 * Each payload starts with a kind byte and its send time (CLOCK_MONOTONIC,
   shared by every process on the machine); subscribers measure the end-to-end
   latency of every message they get.
-* Publishers send warm-up messages until every subscriber has seen one (no
-  slow-joiner losses, no sleeps), then the measured messages, as fast as they
+* Publishers send warm-up messages until every subscriber has seen one and
+  every publisher is connected (no slow-joiner losses, no sleeps, several
+  publishers start together), then the measured messages, as fast as they
   can (`rate=0`) or paced at `rate` messages per second in total.
 * Throughput is deliveries per second per subscriber, from the first measured
   send to the last delivery; latency percentiles are the worst subscriber's.
@@ -20,6 +21,7 @@ runs every system in one invocation.
 from __future__ import annotations
 
 import importlib
+import itertools
 import multiprocessing as mp
 import signal
 import struct
@@ -38,6 +40,18 @@ PROGRESS_EVERY = 1024
 
 
 # ---------------------------------------------------------------- adapters
+
+
+def topic_count(settings: dict[str, Any]) -> int:
+    """settings["topics"] = N: publishers spread messages round-robin over N topics and subscribers
+    take them all by prefix (the topics curve of bench/curves.py); 1, the default, is one topic."""
+    return int(settings.get("topics", 1))
+
+
+def topic_names(count: int, separator: str = "/") -> list[str]:
+    """The `count` topics of a run with several: "bench/00000", "bench/00001", ...; one width, so a
+    system that carries the topic in front of the payload (raw ZeroMQ) strips it by length."""
+    return [f"bench{separator}{i:05d}" for i in range(count)]
 
 
 def pace(count: int, rate: float, send: Callable[[int], None]) -> None:
@@ -120,7 +134,8 @@ class BatchAdapter(Adapter):
 
 
 class RoqAdapter(Adapter):
-    """RoQ through `roq.client`: settings = {"config": <config json>, "queue": name}."""
+    """RoQ through `roq.client`: settings = {"config": <config json>, "queue": name}, optionally
+    "topics": N (topic_count)."""
 
     name = "roq"
 
@@ -128,9 +143,13 @@ class RoqAdapter(Adapter):
         from roq.config import config_from_json
         return config_from_json(self.settings["config"])
 
+    def _subscribed(self) -> list[str]:
+        """One topic, "bench", or the prefix of the many: "bench/"."""
+        return ["bench/"] if topic_count(self.settings) > 1 else ["bench"]
+
     def subscribe(self, on_payload: Callable[[bytes], None]) -> None:
         from roq.client.subscriber import Subscriber
-        self.sub = Subscriber(self.settings["queue"], self._config(), topics=["bench"],
+        self.sub = Subscriber(self.settings["queue"], self._config(), topics=self._subscribed(),
                               callback=lambda msg: on_payload(msg.payload))
         self.sub.wait_connected(timeout=30)
 
@@ -138,6 +157,14 @@ class RoqAdapter(Adapter):
         from roq.client.publisher import Publisher
         self.pub = Publisher(self.settings["queue"], self._config())
         self._publish = self.pub.publish
+        if topic_count(self.settings) > 1:
+            self._spread_over_topics(topic_names(topic_count(self.settings)))
+
+    def _spread_over_topics(self, topics: list[str]) -> None:
+        """Replace publish() (an instance attribute wins over the method) by one that takes the
+        topics in turn; the one-topic path above keeps its method untouched."""
+        publish, turn = self.pub.publish, itertools.cycle(topics)
+        self.publish = lambda payload: publish(next(turn), payload)
 
     def publish(self, payload: bytes) -> None:
         self._publish("bench", payload)
@@ -163,9 +190,24 @@ class RoqBatchAdapter(RoqAdapter, BatchAdapter):
 
     def subscribe_batches(self, on_payloads: Callable[[list[bytes]], None]) -> None:
         from roq.client.subscriber import Subscriber
-        self.sub = Subscriber(self.settings["queue"], self._config(), topics=["bench"],
+        self.sub = Subscriber(self.settings["queue"], self._config(), topics=self._subscribed(),
                               batch_callback=lambda batch: on_payloads(batch.payloads))
         self.sub.wait_connected(timeout=30)
+
+    def _spread_over_topics(self, topics: list[str]) -> None:
+        """publish_many() takes one topic per call. Over N topics, message j of the run goes to topic
+        j mod N, as with publish(): each list is split by topic, one publish_many() call per topic
+        it touches (so a list of 1,000 over 10,000 topics is 1,000 calls of one message)."""
+        super()._spread_over_topics(topics)
+        publish_many, count, state = self.pub.publish_many, len(topics), {"next": 0}
+
+        def spread(payloads: list[bytes]) -> None:
+            start = state["next"]
+            for offset in range(min(count, len(payloads))):
+                publish_many(topics[(start + offset) % count], payloads[offset::count])
+            state["next"] = (start + len(payloads)) % count
+
+        self.publish_many = spread
 
     def publish_many(self, payloads: list[bytes]) -> None:
         self.pub.publish_many("bench", payloads)
@@ -300,7 +342,7 @@ def subscriber_worker(adapter_path: str, settings: dict[str, Any], expected: int
 
 
 def publisher_worker(adapter_path: str, settings: dict[str, Any], size: int, count: int, rate: float,
-                     go: Any, results: Any) -> None:
+                     go: Any, results: Any, opened: Any = None) -> None:
     adapter = _load(adapter_path, settings)
     pad = b"x" * max(0, size - HEADER.size)
     pack = HEADER.pack
@@ -309,6 +351,8 @@ def publisher_worker(adapter_path: str, settings: dict[str, Any], size: int, cou
     sent, confirmed, warmups = 0, -1, 0
     try:
         adapter.open_publisher()
+        if opened is not None:
+            opened.set()
         publish = adapter.publish
         while not go.is_set():
             publish(pack(WARMUP, now()) + pad)
@@ -341,6 +385,9 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
     go = ctx.Event()
     expected = messages * publishers
     readies = [ctx.Event() for _ in range(subscribers)]
+    # Each publisher says when it is connected: the measured messages start once all are, so a
+    # publisher process that starts late does not stretch a run of several (fan-in).
+    opened = [ctx.Event() for _ in range(publishers)]
     counters = [ctx.Value("q", 0, lock=False) for _ in range(subscribers)]
     name = getattr(_adapter_class(adapter_path), "name", adapter_path)
     procs = [ctx.Process(target=subscriber_worker, args=(adapter_path, settings, expected, readies[i],
@@ -349,17 +396,17 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
     per_pub_rate = rate / publishers if rate else 0.0
     pub_settings = publisher_settings or [settings] * publishers
     procs += [ctx.Process(target=publisher_worker, args=(adapter_path, pub_settings[i], size, messages,
-                                                         per_pub_rate, go, results), daemon=True)
+                                                         per_pub_rate, go, results, opened[i]), daemon=True)
               for i in range(publishers)]
     _start_ignoring_sigint(procs)
     deadline = time.monotonic() + timeout
     finished = False
     try:
-        while not all(ready.is_set() for ready in readies):
+        while not all(event.is_set() for event in readies + opened):
             if any(p.exitcode not in (None, 0) for p in procs):
                 raise RuntimeError(f"{name}: a worker process failed before the start")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: a subscriber saw no warm-up message")
+                raise TimeoutError(f"{name}: a subscriber saw no warm-up message, or a publisher did not connect")
             readies[0].wait(0.05)
         go.set()
         pubs: list[dict[str, Any]] = []
