@@ -28,7 +28,7 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-def unpack(frame: bytes, max_size: int) -> Any:
+def unpack(frame: bytes | memoryview, max_size: int) -> Any:
     """Decode one frame body of at most `max_size` bytes; ProtocolError on anything else."""
     if len(frame) > max_size:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {max_size}")
@@ -437,7 +437,7 @@ def encode_delivery_spliced(exchange_id: str, incarnation: str, pos: int, chains
     return b"".join((bytes((_FIXARRAY | 10,)), memoryview(head)[1:], block))
 
 
-def decode_delivery(frame: bytes) -> Delivery:
+def decode_delivery(frame: bytes | memoryview) -> Delivery:
     """A delivery body, every field checked (section 4.2)."""
     try:
         msg = msgpack.unpackb(frame, raw=False)
@@ -488,7 +488,7 @@ def encode_sync(exchange_id: str, incarnation: str, next_pos: int, kind: str = S
     return pack([kind, DATA_VERSION, exchange_id, incarnation, next_pos])
 
 
-def decode_sync(frame: bytes, kind: str = SYNC) -> Sync:
+def decode_sync(frame: bytes | memoryview, kind: str = SYNC) -> Sync:
     """A sync answer, or (kind=BEAT) a heartbeat: both tell the next position."""
     msg = unpack(frame, MAX_CONTROL_FRAME)
     if not isinstance(msg, list) or len(msg) != 5 or msg[:2] != [kind, DATA_VERSION] \
