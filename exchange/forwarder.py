@@ -69,6 +69,7 @@ MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
 # Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
 _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
+ZERO_COPY_BYTES = 64 << 10  # frames this big are sent without copying (smaller: the copy is cheaper)
 
 
 class Forwarder:
@@ -656,7 +657,8 @@ class Forwarder:
         if self.journal is not None:
             self.journal.append(pos, topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
-        self.back.send(body)
+        # A big frame goes to libzmq without a copy: retention keeps the bytes alive anyway.
+        self.back.send(body, copy=len(body) < ZERO_COPY_BYTES)
         totals = self.stats.totals
         totals.msgs_out += len(seqs)
         totals.bytes_in += size  # every accepted payload is sent once, here

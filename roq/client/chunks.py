@@ -64,6 +64,7 @@ class ChunkLog:
         self.sent: deque[Chunk] = deque()  # awaiting an ack, oldest first
         self.unsent: deque[Chunk] = deque()  # sealed, not yet sent
         self.open: list[bytes] = []  # the newest messages as [topic, payload, ...] ...
+        self.open_at = 0  # ... from this index on (the items before it are sealed) ...
         self.open_first = 1  # ... the first of which has this sequence number
         self.replay: deque[Chunk] = deque()  # confirmed, kept for resending after a move
         self.replay_size = 0
@@ -101,29 +102,40 @@ class ChunkLog:
         resend, self.resend = self.resend, []
         return resend
 
+    def open_messages(self) -> list[bytes]:
+        """The messages not yet sealed into a chunk, as [topic, payload, ...]."""
+        return self.open[self.open_at:]
+
     def seal(self) -> None:
         """Turn the oldest open messages into a chunk of at most one batch."""
-        pending = self.open
-        items = min(len(pending), 2 * self.max_batch)
-        if not items:
+        pending, start = self.open, self.open_at
+        items = min(len(pending) - start, 2 * self.max_batch)
+        if items <= 0:
             return
         limit = self.max_batch_bytes
         # Size only what can fit: with big messages a batch holds far fewer than max_batch, and
         # measuring all of them on every seal was the publisher's biggest cost (1000-B messages).
-        first_size = len(pending[0]) + len(pending[1])
-        items = min(items, 2 * (limit // max(1, first_size) + 2))
-        flat = pending if items == len(pending) else pending[:items]
+        first_size = len(pending[start]) + len(pending[start + 1])
+        items = min(items, 2 * max(1, limit // max(1, first_size)))
+        flat = pending if start == 0 and items == len(pending) else pending[start:start + items]
         size = sum(map(len, flat))  # one C-level pass; the cut below is the rare case
         if size > limit:
             ends = list(accumulate(map(len, flat)))
             items = max(2, (bisect_left(ends, limit) // 2 + 1) * 2)  # the message that crosses the limit goes too
             flat, size = flat[:items], ends[items - 1]
-        if flat is pending:
-            self.open = []  # all of it: no copy, no shift
-        else:
-            del pending[:items]
+        self._consume_open(items)
         self.unsent.append(Chunk(self.open_first, flat, size))
         self.open_first += items // 2
+
+    def _consume_open(self, items: int) -> None:
+        """The first `items` open items are sealed. They are dropped from the list only once they are
+        most of it: deleting a list's head shifts all the rest (100,000 items under backpressure)."""
+        self.open_at += items
+        if self.open_at == len(self.open):
+            self.open, self.open_at = [], 0
+        elif self.open_at > 4096 and 2 * self.open_at > len(self.open):
+            del self.open[:self.open_at]
+            self.open_at = 0
 
     def confirm(self, seq: int, now: float) -> bool:
         """Everything up to `seq` is confirmed (an ack, a welcome). False if that is nothing new."""
@@ -133,7 +145,7 @@ class ChunkLog:
         seq = min(seq, self.next_seq - 1)  # a fresh exchange says 0 (or an old position): only forward
         self._confirm(self.sent, seq, now)
         self._confirm(self.unsent, seq, now)
-        while self.open and self.open_first <= seq:  # a welcome can cover messages not yet sent
+        while len(self.open) > self.open_at and self.open_first <= seq:  # a welcome can cover messages not yet sent
             self.seal()
             self._confirm(self.unsent, seq, now)
         self.trim_replay(now)

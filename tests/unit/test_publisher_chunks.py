@@ -107,7 +107,7 @@ def test_every_message_is_unconfirmed_or_in_the_window_exactly_once(steps: list[
     confirmed = [int(p) for c in log.replay for p in c.flat[1::2]]
     assert confirmed == list(range(1, log.acked + 1))
     pending = [int(p) for part in (log.sent, log.unsent) for c in part for p in c.flat[1::2]]
-    pending += [int(p) for p in log.open[1::2]]
+    pending += [int(p) for p in log.open_messages()[1::2]]
     assert pending == list(range(log.acked + 1, log.next_seq))
 
 
