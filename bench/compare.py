@@ -60,7 +60,7 @@ console = Console(stderr=True, width=150)  # the table with spreads is wide; log
 ROQ_SINGLE, ROQ_BATCH = "roq.tools.bench.RoqAdapter", "roq.tools.bench.RoqBatchAdapter"
 ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.ZmqBatchAdapter",
             "python-hop": "bench.peers.PythonHopAdapter",
-            "roq": ROQ_SINGLE, "roq-batch": ROQ_BATCH,
+            "roq": ROQ_SINGLE, "roq-batch": ROQ_BATCH, "roq-batch-oneframe": ROQ_BATCH,
             "roq-replicated": ROQ_SINGLE, "roq-replicated-batch": ROQ_BATCH,
             "roq-journal-fsync": ROQ_SINGLE, "roq-journal-fsync-batch": ROQ_BATCH,
             "nats": "bench.peers.NatsAdapter", "redis": "bench.peers.RedisAdapter",
@@ -68,9 +68,12 @@ ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.Zmq
 ALL = list(ADAPTERS)
 # What durability each RoQ system buys (issue 18), each with both APIs: the queue's `replicas` (2: a
 # replica process on the other host, an ack once it holds the frame) and `exchange.journal`.
-ROQ_SETUPS = {"roq": (1, "off"), "roq-batch": (1, "off"),
+ROQ_SETUPS = {"roq": (1, "off"), "roq-batch": (1, "off"), "roq-batch-oneframe": (1, "off"),
               "roq-replicated": (2, "off"), "roq-replicated-batch": (2, "off"),
               "roq-journal-fsync": (1, "fsync"), "roq-journal-fsync-batch": (1, "fsync")}
+# The batch API with every batch in one frame (client.payload_blocks off): the exchange then
+# unpacks and packs each payload again, as before two-part batches (issue 23's zero-copy path).
+ROQ_CLIENT = {"roq-batch-oneframe": {"payload_blocks": False}}
 # Each durable system against the RoQ system with the same API and no durability.
 DURABLE = {"roq-replicated": "roq", "roq-replicated-batch": "roq-batch",
            "roq-journal-fsync": "roq", "roq-journal-fsync-batch": "roq-batch"}
@@ -85,6 +88,10 @@ def system_settings(system: str, workdir: Path) -> Iterator[dict[str, Any]]:
     elif system in ROQ_SETUPS:
         replicas, journal = ROQ_SETUPS[system]
         with roq_cluster(scratch, replicas, journal) as settings:
+            if system in ROQ_CLIENT:
+                from roq.config import config_from_json
+                client = config_from_json(settings["config"]).replace(client=ROQ_CLIENT[system])
+                settings = dict(settings, config=client.to_json())
             yield settings
     else:
         with getattr(servers, system.replace("-", "_"))(scratch) as settings:
@@ -273,6 +280,30 @@ def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                 "rate": next(r["paced_rate"] for r in rounds if r["system"] == system), "goal": 1000,
                 "met": median <= 1000, "rounds_met": sum(p <= 1000 for p in p99s)}
     found.update(durability_targets(rounds))
+    found.update(zero_copy_targets(rounds))
+    return found
+
+
+def zero_copy_targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 23, within rounds: the batch API over raw single-message ZeroMQ at 1000 B (goal 1.0)
+    and 64 KiB (0.8); at 100 B over the same API with one-frame batches (not worse: 1.0); and each
+    RoQ API's p99 at the paced rate over NATS's (at most 1.2)."""
+    found: dict[str, Any] = {}
+    for key, system, baseline, size, goal in (
+            ("roq_batch_vs_raw_zeromq_1000", "roq-batch", "zeromq", 1000, 1.0),
+            ("roq_batch_vs_raw_zeromq_65536", "roq-batch", "zeromq", 65536, 0.8),
+            ("roq_batch_vs_oneframe_100", "roq-batch", "roq-batch-oneframe", 100, 1.0)):
+        ratio = ratio_within_rounds(rounds, system, baseline, size)
+        if ratio:
+            met = sum(r >= goal for r in within_rounds(rounds, system, baseline, "msgs_per_s", size))
+            found[key] = dict(ratio, goal=goal, met=ratio["ratio"] >= goal, rounds_met=met)
+    for system in ("roq", "roq-batch"):
+        ratios = within_rounds(rounds, system, "nats", "p99_us")
+        if ratios:
+            found[f"{_key(system)}_p99_over_nats"] = {
+                "ratio": round(statistics.median(ratios), 2), "range": [round(min(ratios), 2), round(max(ratios), 2)],
+                "rounds": len(ratios), "goal": 1.2, "met": statistics.median(ratios) <= 1.2,
+                "rounds_met": sum(r <= 1.2 for r in ratios)}
     return found
 
 

@@ -47,7 +47,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,7 @@ FULL = Scale(
     messages=200_000, fanout_messages=100_000, topic_messages=100_000, min_messages=2_000, run_bytes=400_000_000,
     latency_seconds=2.0, idle_seconds=3.0,
     # zmq.Context holds at most 1023 sockets; a RoQ client is a thread, a context and a few pipes.
-    clients_per_process={"zeromq": 500, "nats": 250, "roq": 100},
+    clients_per_process={"zeromq": 500, "nats": 250, "roq": 500},
     run_timeout=180.0, connect_timeout=180.0)
 # The smoke run keeps every curve and system but only the first and last point of each (starting
 # the processes of a run, not its messages, is what takes the time), and one RoQ cluster.
@@ -457,26 +456,77 @@ def hold_nats(settings: dict[str, Any], role: str, count: int, ready: Any, stop:
 
 
 def hold_roq(settings: dict[str, Any], role: str, count: int, ready: Any, stop: Any) -> None:
-    """RoQ clients sharing one ZooKeeper session (one each would be 2,000 sessions at 1,000)."""
-    from roq.client.publisher import Publisher
-    from roq.client.subscriber import Subscriber
+    """RoQ clients as the exchange sees them, at the protocol level (docs/protocol.md): a subscriber
+    is a SUB connection subscribed to its prefix, the beat and its own sync marker (answered with a
+    `sync`); a publisher is a DEALER connection that said `hello` (answered with a `welcome`). The
+    client library's own threads (an I/O thread and a ZeroMQ context per client) are left out: 2,000
+    of them would measure this 2-vCPU machine, not the exchange."""
+    import zmq
+
+    from roq import protocol
     from roq.config import config_from_json
+    from roq.paths import Paths
+    from roq.state import read_live
     from roq.zk import start_client, stop_client
     config = config_from_json(settings["config"])
-    queue = settings["queue"]
     zk = start_client(config)
-    clients: list[Any] = []
+    try:
+        live = next(iter(read_live(zk, Paths(config.zk.root), settings["queue"]).values()))
+    finally:
+        stop_client(zk)
+    context = zmq.Context()
+    socks: list[zmq.Socket] = []
     try:
         for _ in range(count):
-            # A publisher says hello as soon as it connects: the exchange knows it from then on.
-            clients.append(Subscriber(queue, config, topics=["bench/"], zk=zk) if role == "sub"
-                           else Publisher(queue, config, zk=zk))
+            socks.append(_idle_subscriber(context, live["sub"]) if role == "sub" else
+                         _idle_publisher(context, live["pub"]))
+        deadline = time.monotonic() + 60
+        pending = list(socks)
+        while pending and time.monotonic() < deadline:  # each has its sync or welcome
+            pending = [sock for sock in pending if not _answered(sock, role, protocol)]
+        if pending:
+            raise RuntimeError(f"{len(pending)} of {count} idle {role} connections got no answer")
         ready.set()
         stop.wait()
     finally:
-        with ThreadPoolExecutor(16) as pool:  # each close joins an I/O thread: not one after another
-            list(pool.map(lambda c: c.close(), clients))
-        stop_client(zk)
+        for sock in socks:
+            sock.close(linger=0)
+        context.term()
+
+
+def _idle_subscriber(context: Any, endpoint: str) -> Any:
+    import uuid
+
+    import zmq
+
+    from roq import protocol
+    sock = context.socket(zmq.SUB)
+    for topic in (b"bench/", protocol.BEAT_TOPIC, protocol.sync_topic(uuid.uuid4().hex)):
+        sock.setsockopt(zmq.SUBSCRIBE, topic)
+    sock.connect(endpoint)
+    return sock
+
+
+def _idle_publisher(context: Any, endpoint: str) -> Any:
+    import secrets
+
+    import zmq
+
+    from roq import protocol
+    sock = context.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    token = secrets.token_bytes(16)
+    sock.send(protocol.encode_hello(protocol.publisher_id_for(token), token, 1))
+    return sock
+
+
+def _answered(sock: Any, role: str, protocol: Any) -> bool:
+    """A subscriber's sync marker came back (its subscriptions are live), or a publisher's welcome."""
+    while sock.poll(0):
+        frames = sock.recv_multipart()
+        if role == "pub" or frames[0].startswith(protocol.SYNC_PREFIX):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- the curves
@@ -750,7 +800,7 @@ def command(names: list[str], repeat: int, out: Path, smoke: bool) -> str:
             f" --out {out}")
 
 
-FDS_PER_ROQ_CLIENT = 12  # a RoQ client's context, sockets, connection and wake pipes (measured: ~11.5)
+FDS_PER_ROQ_CLIENT = 2  # an idle RoQ connection (hold_roq): its socket's TCP connection and a mailbox share
 
 
 def fd_note(scale: Scale, limits: tuple[int, int]) -> str | None:

@@ -51,8 +51,8 @@ def test_comparison_script_runs_every_system(tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     report = json.loads((tmp_path / "compare.json").read_text())
     rows = {r["system"]: r for r in report["results"]}
-    assert set(rows) == {"zeromq", "zeromq-batch", "python-hop", "roq", "roq-batch", "roq-replicated",
-                         "roq-replicated-batch", "roq-journal-fsync", "roq-journal-fsync-batch", "nats", "redis",
+    assert set(rows) == {"zeromq", "zeromq-batch", "python-hop", "roq", "roq-batch", "roq-batch-oneframe",
+                         "roq-replicated", "roq-replicated-batch", "roq-journal-fsync", "roq-journal-fsync-batch", "nats", "redis",
                          "rabbitmq"}
     for row in rows.values():
         assert row["msgs_per_s"] > 0 and row["p99_us"] > 0 and row["lost"] == 0, row
@@ -60,6 +60,9 @@ def test_comparison_script_runs_every_system(tmp_path):
     targets = report["targets"]
     assert {"roq_batch_vs_raw_zeromq", "roq_vs_raw_zeromq", "roq_batch_vs_nats", "roq_p99_us_at_rate",
             "python_hop_p99_us_at_rate"} <= set(targets)
+    # Issue 23: two-part batches against one-frame ones at 100 B, and the tail against NATS's.
+    assert targets["roq_batch_vs_oneframe_100"]["goal"] == 1.0 and targets["roq_batch_vs_oneframe_100"]["ratio"] > 0
+    assert targets["roq_p99_over_nats"]["goal"] == 1.2 and targets["roq_batch_p99_over_nats"]["ratio"] > 0
     # The cost of durability (issue 18), like against like: replication has goals, the journal none.
     for durable, plain in (("roq_replicated", "roq"), ("roq_replicated_batch", "roq_batch"),
                            ("roq_journal_fsync", "roq"), ("roq_journal_fsync_batch", "roq_batch")):
@@ -91,3 +94,18 @@ def test_work_queue_comparison_runs_every_system(tmp_path):
     assert rows["roq-workqueue"]["acks"] and not rows["nats-queue-group"]["acks"]
     assert report["ratios"]["roq_vs_rabbitmq"] > 0 and report["ratios"]["roq_vs_nats"] > 0
     assert all(len(r["per_worker"]) == 4 for r in report["rounds"])
+
+
+@pytest.mark.timeout(240)
+def test_latency_stages_script_runs(tmp_path):
+    """bench/stages.py (issue 23): every stage of every system has percentiles, RoQ's split into
+    the publisher's hand-over and the delivery."""
+    done = subprocess.run([sys.executable, "bench/stages.py", "--smoke", "--out", str(tmp_path)],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, timeout=220)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    report = json.loads((tmp_path / "stages.json").read_text())
+    results = {r["system"]: r for r in report["results"]}
+    assert set(results) == {"zeromq", "python-hop", "exchange", "roq"}
+    assert set(results["roq"]) >= {"publisher", "delivery", "total"}
+    for result in results.values():
+        assert result["total"]["p50_us"] > 0 and result["total"]["p99_us"] >= result["total"]["p50_us"], result

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Where RoQ's latency goes, stage by stage, at a paced rate (issue 23, point 3).
+
+One invocation, same machine, 100-byte messages paced at `--rate` (10,000/s), each run in its own
+publisher and subscriber processes, interleaved over `--repeat` rounds:
+
+* `zeromq`: raw PUB → SUB, one message per send: two processes, no broker (the floor of floors);
+* `python-hop`: raw PUSH → bench/hop.py → SUB: the least any broker written in Python adds;
+* `exchange`: a raw publisher (one two-part batch of what fell due, sent from the application's
+  own thread, its acks read as they come) → RoQ's exchange → a raw SUB that decodes deliveries:
+  RoQ's exchange without RoQ's client library;
+* `roq`: `Publisher.publish_many` → the exchange → `Subscriber(batch_callback=...)`: the whole
+  client library. Its latency is split at the batch's `sent_ns` (the moment the publisher's I/O
+  thread sent it) into `publisher` (publish_many → sent: the hand-over to the I/O thread) and
+  `delivery` (sent → the subscriber's callback).
+
+So `exchange - python-hop` is what the exchange's work adds over a bare Python hop, and `roq -
+exchange` what the client library's threads add. Writes stages.json to `--out`.
+
+    .venv/bin/python bench/stages.py --repeat 3 --out docs/bench    # about 3 minutes
+    .venv/bin/python bench/stages.py --smoke --out /tmp/stages      # seconds: keeps the tool working (CI)
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import secrets
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
+
+from bench import compare  # noqa: E402
+from roq.tools.bench import run  # noqa: E402
+
+console = Console(stderr=True, width=150)
+STAMP = struct.Struct("<q")  # the payload starts with its creation time (CLOCK_MONOTONIC, ns)
+SIZE = 100
+PAD = b"x" * (SIZE - STAMP.size)
+# Wall clock minus monotonic clock in this process: sent_ns (wall) → monotonic, to a few µs.
+WALL_OFFSET = time.time_ns() - time.monotonic_ns()
+
+
+def percentiles(values: list[int]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    pick = lambda f: round(ordered[min(len(ordered) - 1, int(f * len(ordered)))] / 1000, 1)  # noqa: E731
+    return {"p50_us": pick(0.5), "p90_us": pick(0.9), "p99_us": pick(0.99), "p999_us": pick(0.999),
+            "count": len(ordered)}
+
+
+def paced(rate: float, count: int, send: Any) -> None:
+    start, sent = time.monotonic(), 0
+    while sent < count:
+        due = min(count, int((time.monotonic() - start) * rate) + 1)
+        if due <= sent:
+            time.sleep(min(0.0002, (sent + 1 - due) / rate))
+            continue
+        send([STAMP.pack(time.monotonic_ns()) + PAD for _ in range(due - sent)])
+        sent = due
+
+
+# ---------------------------------------------------------------- the exchange with raw clients
+
+
+def raw_subscriber(endpoint: str, count: int, out: Any) -> None:
+    import zmq
+
+    from roq import protocol
+    sock = zmq.Context().socket(zmq.SUB)
+    sock.rcvhwm = 0
+    sock.setsockopt(zmq.SUBSCRIBE, b"bench")
+    sock.connect(endpoint)
+    latencies: list[int] = []
+    warm = False
+    while len(latencies) < count and sock.poll(5000):
+        _, body = sock.recv_multipart()
+        now = time.monotonic_ns()
+        for payload in protocol.decode_delivery(body).payloads:
+            (created,) = STAMP.unpack_from(payload)
+            if created:
+                latencies.append(now - created)
+            elif not warm:
+                warm = True
+                out.put("warm")
+    out.put(latencies)
+
+
+def raw_publisher(endpoint: str, count: int, rate: float, go: Any) -> None:
+    import zmq
+
+    from roq import protocol
+    sock = zmq.Context().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    token = secrets.token_bytes(16)
+    pid = protocol.publisher_id_for(token)
+    sock.send(protocol.encode_hello(pid, token, 1))
+    sock.recv()
+    seq = 1
+
+    def send(payloads: list[bytes]) -> None:
+        nonlocal seq
+        sock.send_multipart(protocol.encode_batch_parts(pid, seq, time.time_ns(), b"bench", payloads))
+        seq += len(payloads)
+        while sock.poll(0):
+            sock.recv()  # acks: read as they come, as RoQ's publisher does
+
+    while not go.is_set():
+        send([STAMP.pack(0) + PAD])
+        go.wait(0.005)
+    paced(rate, count, send)
+    sock.close(linger=1000)
+
+
+def exchange_run(settings: dict[str, Any], count: int, rate: float) -> dict[str, Any]:
+    from kazoo.client import KazooClient
+
+    from roq.config import config_from_json
+    from roq.paths import Paths
+    from roq.state import read_live
+    config = config_from_json(settings["config"])
+    zk = KazooClient(hosts=config.zk.hosts)
+    zk.start()
+    try:
+        live = next(iter(read_live(zk, Paths(config.zk.root), settings["queue"]).values()))
+    finally:
+        zk.stop()
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=raw_subscriber, args=(live["sub"], count, out)),
+             ctx.Process(target=raw_publisher, args=(live["pub"], count, rate, go))]
+    for proc in procs:
+        proc.start()
+    try:
+        if out.get(timeout=30) != "warm":
+            raise RuntimeError("the raw subscriber saw no warm-up message")
+        go.set()
+        latencies = out.get(timeout=120)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return {"total": percentiles(latencies)}
+
+
+# ---------------------------------------------------------------- the whole client library
+
+
+def roq_subscriber(settings: dict[str, Any], count: int, out: Any) -> None:
+    from roq.client.subscriber import Subscriber
+    from roq.config import config_from_json
+    rows: list[tuple[int, int, int]] = []  # created, sent (monotonic), delivered
+    warm: list[bool] = []
+
+    def on_batch(batch: Any) -> None:
+        now = time.monotonic_ns()
+        sent = batch.sent_ns - WALL_OFFSET
+        for payload in batch.payloads:
+            (created,) = STAMP.unpack_from(payload)
+            if created:
+                rows.append((created, sent, now))
+            elif not warm:
+                warm.append(True)
+                out.put("warm")
+
+    sub = Subscriber(settings["queue"], config_from_json(settings["config"]), topics=["bench"],
+                     batch_callback=on_batch)
+    try:
+        deadline = time.monotonic() + 120
+        while len(rows) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sub.close()
+    out.put({"publisher": percentiles([s - c for c, s, _ in rows]),
+             "delivery": percentiles([d - s for _, s, d in rows]),
+             "total": percentiles([d - c for c, _, d in rows])})
+
+
+def roq_publisher(settings: dict[str, Any], count: int, rate: float, go: Any) -> None:
+    from roq.client.publisher import Publisher
+    from roq.config import config_from_json
+    pub = Publisher(settings["queue"], config_from_json(settings["config"]))
+    try:
+        while not go.is_set():
+            pub.publish("bench", STAMP.pack(0) + PAD)
+            go.wait(0.005)
+        paced(rate, count, lambda payloads: pub.publish_many("bench", payloads))
+        pub.flush(30)
+    finally:
+        pub.close()
+
+
+def roq_run(settings: dict[str, Any], count: int, rate: float) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=roq_subscriber, args=(settings, count, out)),
+             ctx.Process(target=roq_publisher, args=(settings, count, rate, go))]
+    for proc in procs:
+        proc.start()
+    try:
+        if out.get(timeout=60) != "warm":
+            raise RuntimeError("the subscriber saw no warm-up message")
+        go.set()
+        result: dict[str, Any] = out.get(timeout=180)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return result
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def one_round(count: int, rate: float, workdir: Path, round_no: int) -> list[dict[str, Any]]:
+    rows = []
+    for system in ("zeromq", "python-hop"):
+        with compare.system_settings(system, workdir) as settings:
+            result = run(compare.ADAPTERS[system], settings, SIZE, count, rate=rate, timeout=120)
+        rows.append({"system": system, "round": round_no, "total": {
+            "p50_us": result.p50_us, "p99_us": result.p99_us, "p999_us": result.p999_us}})
+    with compare.roq_cluster(workdir / f"roq-{round_no}") as settings:
+        rows.append({"system": "exchange", "round": round_no, **exchange_run(settings, count, rate)})
+        rows.append({"system": "roq", "round": round_no, **roq_run(settings, count, rate)})
+    for row in rows:
+        console.print(f"  {row['system']:>10}: " + ", ".join(
+            f"{stage} p50 {v.get('p50_us', 0):,.0f} p99 {v.get('p99_us', 0):,.0f} µs"
+            for stage, v in row.items() if isinstance(v, dict)))
+    return rows
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for system in dict.fromkeys(r["system"] for r in rows):
+        mine = [r for r in rows if r["system"] == system]
+        stages: dict[str, Any] = {}
+        for stage in [k for k, v in mine[0].items() if isinstance(v, dict)]:
+            stages[stage] = {}
+            for field in ("p50_us", "p99_us", "p999_us"):
+                values = [r[stage][field] for r in mine if r[stage].get(field) is not None]
+                if values:
+                    stages[stage][field] = statistics.median(values)
+                    stages[stage][f"{field}_range"] = [min(values), max(values)]
+        out.append({"system": system, "rounds": len(mine), **stages})
+    return out
+
+
+@click.command()
+@click.option("--rate", type=click.FloatRange(100), default=10_000, show_default=True)
+@click.option("--messages", type=click.IntRange(500), default=30_000, show_default=True, help="per run")
+@click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
+@click.option("--smoke", is_flag=True, help="tiny counts, one round: checks that the tool works, measures nothing")
+def main(rate: float, messages: int, repeat: int, out: str, smoke: bool) -> None:
+    if smoke:
+        rate, messages, repeat = 1_000, 500, 1
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="roq-stages-") as tmp:
+        for round_no in range(repeat):
+            console.print(f"[bold]round {round_no + 1}[/] (load {os.getloadavg()[0]:.2f})")
+            rows += one_round(messages, rate, Path(tmp), round_no)
+    summary = medians(rows)
+    table = Table(title=f"latency by stage at {rate:,.0f} msg/s, {SIZE} B (medians of {repeat} rounds)")
+    for column in ("system", "stage", "p50 µs", "p99 µs", "p99.9 µs"):
+        table.add_column(column, justify="left" if column in ("system", "stage") else "right")
+    for row in summary:
+        for stage, v in row.items():
+            if isinstance(v, dict):
+                table.add_row(row["system"], stage, *(f"{v.get(f, 0):,.0f}" for f in ("p50_us", "p99_us", "p999_us")))
+    console.print(table)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["bench/stages.py"] + sys.argv[1:]),
+              "settings": {"rate": rate, "messages": messages, "repeat": repeat, "size": SIZE},
+              "load_before": [round(x, 2) for x in load_before],
+              "load_after": [round(x, 2) for x in os.getloadavg()], "results": summary, "rounds": rows}
+    (out_dir / "stages.json").write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {out_dir / 'stages.json'}")
+
+
+if __name__ == "__main__":
+    main()
