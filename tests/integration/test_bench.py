@@ -52,8 +52,8 @@ def test_comparison_script_runs_every_system(tmp_path):
     report = json.loads((tmp_path / "compare.json").read_text())
     rows = {r["system"]: r for r in report["results"]}
     assert set(rows) == {"zeromq", "zeromq-batch", "python-hop", "roq", "roq-batch", "roq-batch-oneframe",
-                         "roq-replicated", "roq-replicated-batch", "roq-journal-fsync", "roq-journal-fsync-batch", "nats", "redis",
-                         "rabbitmq"}
+                         "roq-replicated", "roq-replicated-batch", "roq-journal-fsync", "roq-journal-fsync-batch",
+                         "nats", "redis", "rabbitmq"}
     for row in rows.values():
         assert row["msgs_per_s"] > 0 and row["p99_us"] > 0 and row["lost"] == 0, row
     assert rows["zeromq"]["vs_zeromq"] == 1.0
