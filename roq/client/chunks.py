@@ -102,6 +102,18 @@ class ChunkLog:
         resend, self.resend = self.resend, []
         return resend
 
+    def full_batch_waiting(self) -> bool:
+        """A batch's worth is ready: a sealed chunk, or open messages enough for a full batch."""
+        if self.unsent:
+            return True
+        items = len(self.open) - self.open_at
+        if items >= 2 * self.max_batch:
+            return True
+        if items <= 0:
+            return False
+        first = len(self.open[self.open_at]) + len(self.open[self.open_at + 1])
+        return (items // 2) * first >= self.max_batch_bytes
+
     def open_messages(self) -> list[bytes]:
         """The messages not yet sealed into a chunk, as [topic, payload, ...]."""
         return self.open[self.open_at:]

@@ -43,6 +43,9 @@ from roq.security import load_keys
 from roq.zk import start_client, stop_client
 
 TOPIC_CACHE = 10_000  # validated topics remembered; the cache starts again when full
+# publish() looks for a full batch (to wake the I/O thread while batches are in flight) once per
+# this many + 1 messages: a batch of up to client.max_batch is noticed within that many.
+FULL_CHECK_EVERY = 127
 
 
 class Publisher:
@@ -117,6 +120,9 @@ class Publisher:
         if not link.wake_pending:  # one wake-up per batch, not one system call per message
             link.wake_pending = True
             link.wake()
+        elif not link.full_signalled and not seq & FULL_CHECK_EVERY and log.full_batch_waiting():
+            link.full_signalled = True  # a full batch may go while others are in flight
+            link.wake()
         return seq
 
     def _attributed_slot(self, topic: str | bytes, priority: int | None, not_before: float | None,
@@ -158,6 +164,9 @@ class Publisher:
                 if not link.wake_pending:
                     link.wake_pending = True
                     link.wake()  # before waiting for room: the I/O thread must send what is queued
+                elif not link.full_signalled and self._log.full_batch_waiting():
+                    link.full_signalled = True
+                    link.wake()
         return range(first, first + len(items))
 
     def publish_all(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
