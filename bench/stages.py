@@ -42,7 +42,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from bench import compare  # noqa: E402
-from roq.tools.bench import run  # noqa: E402
+from roq.tools.bench import pace, run  # noqa: E402
 
 console = Console(stderr=True, width=150)
 STAMP = struct.Struct("<q")  # the payload starts with its creation time (CLOCK_MONOTONIC, ns)
@@ -62,14 +62,30 @@ def percentiles(values: list[int]) -> dict[str, float]:
 
 
 def paced(rate: float, count: int, send: Any) -> None:
-    start, sent = time.monotonic(), 0
-    while sent < count:
-        due = min(count, int((time.monotonic() - start) * rate) + 1)
-        if due <= sent:
-            time.sleep(min(0.0002, (sent + 1 - due) / rate))
-            continue
-        send([STAMP.pack(time.monotonic_ns()) + PAD for _ in range(due - sent)])
-        sent = due
+    """roq.tools.bench.pace, with the payloads of what fell due built and stamped here."""
+    pace(count, rate, lambda n: send([STAMP.pack(time.monotonic_ns()) + PAD for _ in range(n)]))
+
+
+def pub_sub_run(subscriber: Any, publisher: Any, sub_args: tuple[Any, ...], pub_args: tuple[Any, ...],
+                timeout: float) -> Any:
+    """Run `subscriber(*sub_args, out)` and `publisher(*pub_args, go)` in processes of their own;
+    start the measured messages once the subscriber saw a warm-up one; return what it reports."""
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=subscriber, args=(*sub_args, out)),
+             ctx.Process(target=publisher, args=(*pub_args, go))]
+    for proc in procs:
+        proc.start()
+    try:
+        if out.get(timeout=60) != "warm":
+            raise RuntimeError("the subscriber saw no warm-up message")
+        go.set()
+        return out.get(timeout=timeout)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
 
 
 # ---------------------------------------------------------------- the exchange with raw clients
@@ -125,34 +141,17 @@ def raw_publisher(endpoint: str, count: int, rate: float, go: Any) -> None:
 
 
 def exchange_run(settings: dict[str, Any], count: int, rate: float) -> dict[str, Any]:
-    from kazoo.client import KazooClient
-
     from roq.config import config_from_json
     from roq.paths import Paths
     from roq.state import read_live
+    from roq.zk import start_client, stop_client
     config = config_from_json(settings["config"])
-    zk = KazooClient(hosts=config.zk.hosts)
-    zk.start()
+    zk = start_client(config)  # with the cluster's ZooKeeper credentials, if it has any
     try:
         live = next(iter(read_live(zk, Paths(config.zk.root), settings["queue"]).values()))
     finally:
-        zk.stop()
-    ctx = mp.get_context("spawn")
-    out, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=raw_subscriber, args=(live["sub"], count, out)),
-             ctx.Process(target=raw_publisher, args=(live["pub"], count, rate, go))]
-    for proc in procs:
-        proc.start()
-    try:
-        if out.get(timeout=30) != "warm":
-            raise RuntimeError("the raw subscriber saw no warm-up message")
-        go.set()
-        latencies = out.get(timeout=120)
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        stop_client(zk)
+    latencies = pub_sub_run(raw_subscriber, raw_publisher, (live["sub"], count), (live["pub"], count, rate), 120)
     return {"total": percentiles(latencies)}
 
 
@@ -204,22 +203,7 @@ def roq_publisher(settings: dict[str, Any], count: int, rate: float, go: Any) ->
 
 
 def roq_run(settings: dict[str, Any], count: int, rate: float) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    out, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=roq_subscriber, args=(settings, count, out)),
-             ctx.Process(target=roq_publisher, args=(settings, count, rate, go))]
-    for proc in procs:
-        proc.start()
-    try:
-        if out.get(timeout=60) != "warm":
-            raise RuntimeError("the subscriber saw no warm-up message")
-        go.set()
-        result: dict[str, Any] = out.get(timeout=180)
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+    result: dict[str, Any] = pub_sub_run(roq_subscriber, roq_publisher, (settings, count), (settings, count, rate), 180)
     return result
 
 
