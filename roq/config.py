@@ -25,6 +25,9 @@ from roq.errors import ConfigError
 
 ENV_PREFIX = "ROQ_"
 ENV_CONFIG_FILE = "ROQ_CONFIG"
+# ROQ_ variables that are not settings: the file above, Spark's log level (docs/spark.md) and the
+# pipeline driver's parent (roq/spark/stats_job.py).
+ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "ROQ_SPARK_LOG_LEVEL", "ROQ_PIPELINE_PARENT"})
 JOURNAL_MODES = ("off", "async", "fsync")
 MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 
@@ -290,7 +293,7 @@ def _read_file(path: Path) -> dict[str, Any]:
 def _from_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     layer: dict[str, dict[str, str]] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
         if section not in _SECTIONS or not key:

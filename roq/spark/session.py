@@ -98,6 +98,14 @@ class StderrGate:
 _gate: StderrGate | None = None
 
 
+def say(text: str) -> None:
+    """One line to the terminal, past this process's stderr gate if it has one."""
+    if _gate is not None:
+        _gate.say(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def gate_stderr() -> StderrGate:
     """Install this process's StderrGate (once); quiet() closes it."""
     global _gate

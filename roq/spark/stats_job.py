@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ import click
 
 PARENT_ENV = "ROQ_PIPELINE_PARENT"
 SHUFFLE_PARTITIONS = 4  # fixed by a streaming query's first checkpoint: the value local[*] always had
+RESTARTS = 3  # failed queries started again from their checkpoints in one run, before it fails
 STOP_GRACE = 15.0  # seconds a running micro-batch may take to finish before its query is stopped anyway
+AGGREGATES = ("exchanges", "hosts")  # the Parquet datasets under --output, one streaming query each
 SPARK_TYPES = {float: "double", int: "long", str: "string", bool: "boolean"}
 
 
@@ -91,17 +94,21 @@ def aggregate_retained(spark: Any, zk: str, root: str, queue: str, output: str, 
         frame.write.mode("overwrite").parquet(str(Path(output) / name))
 
 
-def start_queries(spark: Any, zk: str, root: str, queue: str, output: str, window: int) -> list[Any]:
-    """Streaming: a window is appended once the watermark (one window past the newest record) passes it."""
+def start_queries(spark: Any, zk: str, root: str, queue: str, output: str, window: int) -> dict[str, Any]:
+    """Streaming, one query per aggregate, by name: a window is appended once the watermark (one
+    window past the newest record) passes it."""
+    return {name: start_query(spark, zk, root, queue, output, window, name) for name in AGGREGATES}
+
+
+def start_query(spark: Any, zk: str, root: str, queue: str, output: str, window: int, name: str) -> Any:
+    """One aggregate's query; started again after a failure, it continues from its checkpoint."""
     records = parse(source(spark, zk, root, queue, True)).withWatermark("time", f"{window} seconds")
-    queries = []
-    for name, frame in aggregate(records, window).items():
-        queries.append(frame.writeStream.format("parquet").outputMode("append")
-                       .option("path", str(Path(output) / name))
-                       .option("checkpointLocation", str(Path(output) / "_checkpoints" / name))
-                       .trigger(processingTime=f"{max(1, min(window, 5))} seconds")
-                       .queryName(f"roq_stats_{name}").start())
-    return queries
+    frame = aggregate(records, window)[name]
+    return (frame.writeStream.format("parquet").outputMode("append")
+            .option("path", str(Path(output) / name))
+            .option("checkpointLocation", str(Path(output) / "_checkpoints" / name))
+            .trigger(processingTime=f"{max(1, min(window, 5))} seconds")
+            .queryName(f"roq_stats_{name}").start())
 
 
 def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
@@ -118,7 +125,9 @@ def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, du
             cancel_when(stop, spark)
             aggregate_retained(spark, zk, root, queue, output, window)
         elif not stop.is_set():
-            follow(spark, start_queries(spark, zk, root, queue, output, window), duration, stop)
+            queries = start_queries(spark, zk, root, queue, output, window)
+            follow(spark, queries, duration, stop,
+                   restart=lambda name: start_query(spark, zk, root, queue, output, window, name))
     except Exception:
         if not stop.is_set():
             raise
@@ -129,15 +138,28 @@ def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, du
         raise KeyboardInterrupt
 
 
-def follow(spark: Any, queries: list[Any], duration: float, stop: threading.Event) -> None:
-    """Until `duration` (0: forever) or `stop`; then each query stops between two micro-batches."""
+def follow(spark: Any, queries: dict[str, Any], duration: float, stop: threading.Event,
+           restart: Callable[[str], Any] | None = None) -> None:
+    """Until `duration` (0: forever) or `stop`; then each query stops between two micro-batches.
+    A query that fails is started again (`restart(name)`), from its checkpoint, up to RESTARTS
+    times in the run: the file sink commits each micro-batch once, so nothing is lost or doubled."""
     from roq.errors import RoqError
+    from roq.spark.session import say
     deadline = time.monotonic() + duration if duration > 0 else None
-    while all(q.isActive for q in queries) and not stop.is_set() \
-            and (deadline is None or time.monotonic() < deadline):
+    restarts = 0
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        failed = [name for name, q in queries.items() if not q.isActive]
+        if failed and (restart is None or restarts + len(failed) > RESTARTS
+                       or any(queries[name].exception() is None for name in failed)):
+            break  # out of restarts, or stopped by someone else: stop the rest and say why
+        for name in failed:
+            restarts += 1
+            say(f"roq: query {queries[name].name} failed ({first_line(queries[name].exception())}); "
+                f"started again from its checkpoint ({restarts} of {RESTARTS})")
+            queries[name] = restart(name)  # type: ignore[misc]
         stop.wait(0.5)
-    stop_between_batches(spark, queries)
-    failed = [q for q in queries if q.exception()]
+    stop_between_batches(spark, list(queries.values()))
+    failed = [q for q in queries.values() if q.exception()]
     if failed:
         raise RoqError(f"{failed[0].name} failed: {first_line(failed[0].exception())}")
 

@@ -119,7 +119,7 @@ def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, 
         pub.publish("exchange", stats_record("exchange", t0 + 35, msgs_in_per_s=50))  # moves the watermark on
         pub.flush(30)
     out = tmp_path / "pipeline"
-    queries = start_queries(spark, config.zk.hosts, config.zk.root, "stream-stats", str(out), 10)
+    queries = list(start_queries(spark, config.zk.hosts, config.zk.root, "stream-stats", str(out), 10).values())
     try:
         def closed_windows() -> list:
             for q in queries:
@@ -134,3 +134,51 @@ def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, 
             q.stop()
     assert (rows[0].msgs_in_per_s, rows[0].msgs_in_per_s_peak, rows[0].samples) == (200.0, 300.0, 3)
     assert all(r.window_start < rows[0].window_start.__class__.fromtimestamp(t0 + 30) for r in rows)  # open ones wait
+
+
+def test_a_failed_pipeline_query_is_started_again_from_its_checkpoint(spark, tmp_path):
+    import threading
+
+    from pyspark.sql import functions as F
+
+    from roq.spark.report import committed
+    from roq.spark.stats_job import follow
+    marker = tmp_path / "failed-once"
+
+    @F.udf("long")
+    def fail_once(value):  # no type hints: they would make it a pandas UDF
+        # In Spark's Python worker: the first micro-batch with rows fails.
+        if not marker.exists():
+            marker.touch()
+            raise RuntimeError("a micro-batch that fails once")
+        return value
+
+    started, files_before_restart = [], []
+
+    def start(name: str):
+        started.append(name)
+        files_before_restart.append(len(committed(tmp_path / "out") or []))
+        return (spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+                .select(fail_once("value").alias("value")).writeStream.format("parquet")
+                .option("path", str(tmp_path / "out")).option("checkpointLocation", str(tmp_path / "checkpoint"))
+                .trigger(processingTime="1 second").queryName(f"restart_{name}").start())
+
+    def committed_after_the_restart() -> bool:
+        return len(started) == 2 and len(committed(tmp_path / "out") or []) > files_before_restart[1]
+
+    stop = threading.Event()
+
+    def stop_once_committed() -> None:
+        try:
+            wait_until(committed_after_the_restart, timeout=120, message="a micro-batch committed after the restart")
+        finally:
+            stop.set()
+    watcher = threading.Thread(target=stop_once_committed)
+    watcher.start()
+    try:
+        follow(spark, {"q": start("q")}, 150, stop, restart=start)  # raises if the restart did not happen
+    finally:
+        stop.set()
+        watcher.join()
+    assert marker.exists() and started == ["q", "q"] and committed_after_the_restart()
+    assert spark.read.parquet(*committed(tmp_path / "out")).count() > 0

@@ -32,6 +32,11 @@ def test_unknown_environment_variable_is_refused() -> None:
         load_config(env={"ROQ_ZK": "x"})
 
 
+def test_roq_variables_that_are_not_settings_are_left_alone() -> None:
+    config = load_config(env={"ROQ_SPARK_LOG_LEVEL": "INFO", "ROQ_PIPELINE_PARENT": "1", "ROQ_ZK_HOSTS": "zk1:2181"})
+    assert config.zk.hosts == "zk1:2181"
+
+
 def test_missing_or_broken_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "none.toml", env={})
