@@ -684,19 +684,19 @@ class Forwarder:
 
     def _send_acks(self) -> None:
         acks, self._acks = self._acks, {}
-        subscribers = self.subscriber_count
         now = time.monotonic()
         for ident, (seq, received) in acks.items():
-            self._send_reply(ident, protocol.encode_ack(seq, subscribers))
-            self.stats.note_confirm(now - received)
+            self._send_ack(ident, seq, received, now)
+
+    def _send_ack(self, ident: bytes, seq: int, received: float, now: float) -> None:
+        self._send_reply(ident, protocol.encode_ack(seq, self.subscriber_count))
+        self.stats.note_confirm(now - received)
 
     def _reply(self, ident: bytes, frame: bytes) -> None:
         """Replies leave in the order of the frames they answer: an ack still held for this
         connection goes first."""
         if ident in self._acks:
-            seq, received = self._acks.pop(ident)
-            self._send_reply(ident, protocol.encode_ack(seq, self.subscriber_count))
-            self.stats.note_confirm(time.monotonic() - received)
+            self._send_ack(ident, *self._acks.pop(ident), time.monotonic())
         self._send_reply(ident, frame)
 
     def _send_reply(self, ident: bytes, frame: bytes) -> None:

@@ -107,12 +107,13 @@ class ChunkLog:
         if self.unsent:
             return True
         items = len(self.open) - self.open_at
-        if items >= 2 * self.max_batch:
-            return True
-        if items <= 0:
-            return False
+        return items > 0 and items >= self._batch_items()
+
+    def _batch_items(self) -> int:
+        """How many open items (a topic and a payload per message) one batch can take, judged by
+        the first message's size: sizing them all would cost a pass over up to 2 * max_batch."""
         first = len(self.open[self.open_at]) + len(self.open[self.open_at + 1])
-        return (items // 2) * first >= self.max_batch_bytes
+        return 2 * min(self.max_batch, max(1, self.max_batch_bytes // max(1, first)))
 
     def open_messages(self) -> list[bytes]:
         """The messages not yet sealed into a chunk, as [topic, payload, ...]."""
@@ -121,14 +122,12 @@ class ChunkLog:
     def seal(self) -> None:
         """Turn the oldest open messages into a chunk of at most one batch."""
         pending, start = self.open, self.open_at
-        items = min(len(pending) - start, 2 * self.max_batch)
-        if items <= 0:
+        if len(pending) <= start:
             return
         limit = self.max_batch_bytes
         # Size only what can fit: with big messages a batch holds far fewer than max_batch, and
         # measuring all of them on every seal was the publisher's biggest cost (1000-B messages).
-        first_size = len(pending[start]) + len(pending[start + 1])
-        items = min(items, 2 * max(1, limit // max(1, first_size)))
+        items = min(len(pending) - start, self._batch_items())
         flat = pending if start == 0 and items == len(pending) else pending[start:start + items]
         size = sum(map(len, flat))  # one C-level pass; the cut below is the rare case
         if size > limit:
