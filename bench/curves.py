@@ -326,19 +326,8 @@ def listening(port: int) -> bool:
 @contextlib.contextmanager
 def nats_idle_server(workdir: Path) -> Iterator[IdleServer]:
     with servers.nats(workdir) as settings:
-        port = int(settings["url"].rsplit(":", 1)[1])
-        pid = child_pid(lambda cmdline: "nats-server" in " ".join(cmdline) and str(port) in cmdline)
+        port, pid = int(settings["url"].rsplit(":", 1)[1]), settings["pid"]
         yield IdleServer(pid, settings, lambda: tcp_clients(pid, {port}), "TCP connections of nats-server")
-
-
-def child_pid(matches: Callable[[list[str]], bool]) -> int:
-    """The pid of our (grand)child process whose command line `matches`."""
-    import psutil
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if matches(child.cmdline()):
-                return child.pid
-    raise RuntimeError("no such child process")
 
 
 @contextlib.contextmanager

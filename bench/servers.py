@@ -95,7 +95,7 @@ def nats(workdir: Path) -> Iterator[dict[str, Any]]:
     proc = _spawn([BINARIES["nats"], "-a", "127.0.0.1", "-p", str(port)], workdir)
     try:
         wait_port(port, proc, "nats-server")
-        yield {"url": f"nats://127.0.0.1:{port}"}
+        yield {"url": f"nats://127.0.0.1:{port}", "pid": proc.pid}  # its pid: what bench/curves.py measures
     finally:
         _stop(proc)
 

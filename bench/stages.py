@@ -27,7 +27,6 @@ import json
 import multiprocessing as mp
 import os
 import secrets
-import statistics
 import struct
 import sys
 import tempfile
@@ -42,23 +41,23 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from bench import compare  # noqa: E402
-from roq.tools.bench import pace, run  # noqa: E402
+from roq.tools.bench import pace, percentile, run  # noqa: E402
 
 console = Console(stderr=True, width=150)
 STAMP = struct.Struct("<q")  # the payload starts with its creation time (CLOCK_MONOTONIC, ns)
 SIZE = 100
 PAD = b"x" * (SIZE - STAMP.size)
+PERCENTILES = {"p50_us": 0.5, "p90_us": 0.9, "p99_us": 0.99, "p999_us": 0.999}
 # Wall clock minus monotonic clock in this process: sent_ns (wall) → monotonic, to a few µs.
 WALL_OFFSET = time.time_ns() - time.monotonic_ns()
 
 
 def percentiles(values: list[int]) -> dict[str, float]:
+    """Latencies in ns → percentiles in µs."""
     ordered = sorted(values)
     if not ordered:
         return {}
-    pick = lambda f: round(ordered[min(len(ordered) - 1, int(f * len(ordered)))] / 1000, 1)  # noqa: E731
-    return {"p50_us": pick(0.5), "p90_us": pick(0.9), "p99_us": pick(0.99), "p999_us": pick(0.999),
-            "count": len(ordered)}
+    return {**{name: round(percentile(ordered, f), 1) for name, f in PERCENTILES.items()}, "count": len(ordered)}
 
 
 def paced(rate: float, count: int, send: Any) -> None:
@@ -228,17 +227,12 @@ def one_round(count: int, rate: float, workdir: Path, round_no: int) -> list[dic
 
 
 def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per system and stage, each percentile's median over the rounds and its [min, max]."""
     out = []
     for system in dict.fromkeys(r["system"] for r in rows):
         mine = [r for r in rows if r["system"] == system]
-        stages: dict[str, Any] = {}
-        for stage in [k for k, v in mine[0].items() if isinstance(v, dict)]:
-            stages[stage] = {}
-            for field in ("p50_us", "p99_us", "p999_us"):
-                values = [r[stage][field] for r in mine if r[stage].get(field) is not None]
-                if values:
-                    stages[stage][field] = statistics.median(values)
-                    stages[stage][f"{field}_range"] = [min(values), max(values)]
+        stages = {stage: compare.medians([r[stage] for r in mine], ("p50_us", "p99_us", "p999_us"))
+                  for stage, v in mine[0].items() if isinstance(v, dict)}
         out.append({"system": system, "rounds": len(mine), **stages})
     return out
 
@@ -265,7 +259,7 @@ def main(rate: float, messages: int, repeat: int, out: str, smoke: bool) -> None
     for row in summary:
         for stage, v in row.items():
             if isinstance(v, dict):
-                table.add_row(row["system"], stage, *(f"{v.get(f, 0):,.0f}" for f in ("p50_us", "p99_us", "p999_us")))
+                table.add_row(row["system"], stage, *(f"{v.get(f) or 0:,.0f}" for f in ("p50_us", "p99_us", "p999_us")))
     console.print(table)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)

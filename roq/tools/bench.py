@@ -342,7 +342,7 @@ def subscriber_worker(adapter_path: str, settings: dict[str, Any], expected: int
 
 
 def publisher_worker(adapter_path: str, settings: dict[str, Any], size: int, count: int, rate: float,
-                     go: Any, results: Any, opened: Any = None) -> None:
+                     go: Any, results: Any, opened: Any) -> None:
     adapter = _load(adapter_path, settings)
     pad = b"x" * max(0, size - HEADER.size)
     pack = HEADER.pack
@@ -351,8 +351,7 @@ def publisher_worker(adapter_path: str, settings: dict[str, Any], size: int, cou
     sent, confirmed, warmups = 0, -1, 0
     try:
         adapter.open_publisher()
-        if opened is not None:
-            opened.set()
+        opened.set()  # run() starts the clock once every publisher is connected
         publish = adapter.publish
         while not go.is_set():
             publish(pack(WARMUP, now()) + pad)
