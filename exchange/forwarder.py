@@ -85,6 +85,8 @@ class Forwarder:
         self.exchange_id = exchange_id
         # A restarted exchange keeps its id but starts a new stream of positions.
         self.incarnation = f"{exchange_id}.{secrets.token_hex(4)}"
+        # Proves to our replica that copies come from this incarnation: only its digest is published.
+        self.copy_secret = secrets.token_bytes(32)
         self.stats = ExchangeStats()
         self.retention = Retention(config.retention_seconds, config.retention_bytes)
         self.gate = ConfirmGate()
@@ -93,7 +95,8 @@ class Forwarder:
         if replicas >= 2:
             if cluster_config is None:
                 raise ValueError("replicas >= 2 needs the cluster configuration")
-            self.link = ReplicaLink(context, cluster_config, self.retention, self.incarnation, exchange_id)
+            self.link = ReplicaLink(context, cluster_config, self.retention, self.incarnation, exchange_id,
+                                    self.copy_secret)
         self.replica_target: str | None = None  # set from the stdin thread; the loop connects
         self.journal: Journal | None = None
         if journal_dir is not None and config.journal != "off":
@@ -340,12 +343,13 @@ class Forwarder:
         assert self.link is not None
         done = self.groups.take_done()
         if done and self.link.following:  # at once: an ack copied is an ack a failover keeps
-            self.link.send_groups(protocol.encode_done(self.incarnation, done))
+            self.link.send_groups(protocol.encode_done(self.incarnation, done, self.copy_secret))
         last, signature, size = self._groups_sent
         fresh = (self.link.follows, self.groups.signature())
         if fresh == signature or now < last + max(GROUP_SYNC, size / GROUP_SYNC_BYTES_PER_S):
             return
-        frame = protocol.encode_groups(self.incarnation, self.groups.records(self.retention.next_pos))
+        frame = protocol.encode_groups(self.incarnation, self.groups.records(self.retention.next_pos),
+                                       self.copy_secret)
         if len(frame) > MAX_GROUP_STATE:
             if size <= MAX_GROUP_STATE:
                 log.warning("consumer group state of %d bytes is too big to copy to the replica: the last "

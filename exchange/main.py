@@ -10,10 +10,11 @@ parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
 `{"replica": null}` tells an exchange with `--replicas 2` where its replica is.
 With `--role replica` the process is a replica (exchange/replica.py) instead:
 its ready event names `repl` and `replay` endpoints. An exchange whose replica
-sealed its incarnation exits (code 4) so that it restarts as a new one. On SIGTERM it asks its
-publishers to move, then exits. A configuration it refuses (including CURVE
-keys it cannot read) exits with `Exit.CONFIG`, before it reports ready; entry
-point, signals and exit codes: roq/daemon.py.
+sealed its incarnation exits (code 6, `Exit.ENDED`: not a crash) so that it
+restarts as a new one. On SIGTERM it asks its publishers to move, then exits.
+A configuration it refuses (including CURVE keys it cannot read) exits with
+`Exit.CONFIG`, before it reports ready; entry point, signals and exit codes:
+roq/daemon.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from exchange.forwarder import Forwarder
 from exchange.journal import load_archives
 from exchange.replica import Replica
 from exchange.retention import Retention
+from roq import protocol
 from roq.config import Config, config_from_json, load_config
 from roq.daemon import Stop, run_daemon
 from roq.errors import Exit
@@ -162,9 +164,7 @@ def main(queue: str, exchange_id: str, host: str, role: str, replicas: int, conf
 
     def body(config: Config, stop: Stop) -> Exit:
         if role == "replica":
-            if watch_parent:
-                watch_stdin(stop)
-            serve_replica(config, stop, queue, exchange_id)
+            serve_replica(config, stop, queue, exchange_id, watch_parent)
             return Exit.OK
         return serve(config, stop, queue, exchange_id, replicas, watch_parent)
 
@@ -195,7 +195,8 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
 def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, replicas: int = 1,
           watch_parent: bool = False) -> Exit:
     """Bind, report ready, forward until `stop` is set, then ask publishers to move and close.
-    Returns Exit.INTERNAL if the replica sealed this incarnation (the HCM starts a new one)."""
+    Returns Exit.ENDED if the replica sealed this incarnation (the HCM starts a new one at once),
+    Exit.INTERNAL if its journal failed."""
     context = zmq.Context()
     try:
         gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
@@ -232,7 +233,8 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
               "replay": forwarder.replay_endpoint, "work": forwarder.work_endpoint,
               "incarnation": forwarder.incarnation, "pid": os.getpid(),
-              "replicas": replicas, "archived": sorted(forwarder.archives)})
+              "replicas": replicas, "archived": sorted(forwarder.archives),
+              "copy_digest": protocol.copy_digest(forwarder.copy_secret)})
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
@@ -249,7 +251,9 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         gatekeeper.stop()
         context.term()
     log.info("exchange %s/%s stopped", queue, exchange_id)
-    return Exit.INTERNAL if forwarder.sealed or forwarder.journal_failed else Exit.OK
+    if forwarder.sealed:
+        return Exit.ENDED
+    return Exit.INTERNAL if forwarder.journal_failed else Exit.OK
 
 
 def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:
@@ -261,7 +265,15 @@ def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:
     forwarder.replica_target = endpoint if isinstance(endpoint, str) and endpoint.startswith("tcp://") else None
 
 
-def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id: str) -> None:
+def _on_primary_line(replica: Replica, message: dict[str, Any]) -> None:
+    """The HCM says which incarnation of our primary runs, and its copy digest (stdin thread)."""
+    if "primary" in message:
+        primary = message["primary"]
+        replica.learn_primary(primary if isinstance(primary, dict) else None)
+
+
+def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id: str,
+                  watch_parent: bool = False) -> None:
     """Bind, report ready, keep copies of exchange_id's stream until `stop` is set."""
     context = zmq.Context()
     try:
@@ -271,6 +283,8 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id
     except BaseException:
         context.destroy(linger=0)
         raise
+    if watch_parent:
+        watch_stdin(stop, lambda message: _on_primary_line(replica, message))
     gatekeeper.start()
     on_tick = every(config.exchange.stats_interval,
                     lambda: emit({"event": "stats", **replica.report(), "rss_bytes": _rss_bytes()}))

@@ -9,7 +9,8 @@ Besides its own running incarnation (none on a replica), a server may hold `arch
 other incarnations' streams (a replica's copies of its primary, an exchange's journal of its
 earlier incarnations). Fetches naming one are served from it; a position request naming one
 answers where that copy ends (every prefix's chain is taken to end there: the asker fetches the
-whole range) and calls `on_ended`, which a replica uses to seal the copy (protocol section 6.3).
+whole range) once `on_ended` agreed: a replica seals the copy then, and refuses (`running`) while
+the cluster still lists that incarnation as running (protocol section 6.3).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class ReplayServer:
     def __init__(self, sock: zmq.Socket, retention: Retention | None, chains: PrefixChains | None,
                  incarnation: str, fetch_max_bytes: int, budget_bytes: int, per_connection_bytes: int,
                  count: Callable[[str, int], None], archives: Mapping[str, Retention] | None = None,
-                 on_ended: Callable[[str], None] | None = None,
+                 on_ended: Callable[[str], bool] | None = None,
                  on_progress: Callable[[protocol.Progress], None] | None = None) -> None:
         """`count(name, n)` adds to the exchange's counters (fetches, fetched_frames, malformed, busy).
         `retention` and `chains` are None on a replica, which only serves `archives`."""
@@ -43,7 +44,7 @@ class ReplayServer:
         self.chains = chains
         self.incarnation = incarnation
         self.archives: Mapping[str, Retention] = archives if archives is not None else {}
-        self.on_ended = on_ended
+        self.on_ended = on_ended  # may a stored incarnation be read as ended (sealing it)? False: `running`
         self.on_progress = on_progress  # a durable subscriber's report (consumer lag); never answered
         self.fetch_max_bytes = fetch_max_bytes
         self.budget = budget_bytes
@@ -120,8 +121,10 @@ class ReplayServer:
             stored = self.archives.get(req.incarnation)
             if stored is None:
                 return self._unknown(req.request_id, req.incarnation)
-            if self.on_ended is not None:
-                self.on_ended(req.incarnation)
+            if self.on_ended is not None and not self.on_ended(req.incarnation):
+                return protocol.encode_replay_error(
+                    req.request_id, "running", f"{req.incarnation} is still running as far as this replica "
+                    "knows: its copy is not sealed; ask again once the incarnation ended")
             end = stored.next_pos
             return protocol.encode_position(req.request_id, req.incarnation, stored.oldest, end,
                                             [end - 1] * len(req.prefixes))

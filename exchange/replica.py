@@ -14,19 +14,32 @@ are refused (`sealed`), so an exchange cut off from the cluster (its live znode 
 still running) can confirm nothing the subscriber's tail fetch would not see. A `follow` of a new
 incarnation of the same exchange seals the older ones too.
 
+Who may copy: every frame on `repl` carries the incarnation's copy secret (`proof`, protocol 6.1),
+which the primary made at start and of which only the SHA-256 (`copy_digest`) was published, in
+its live znode. This replica's HCM follows that znode and writes each `{"primary": {"incarnation",
+"copy_digest"}}` (or `{"primary": null}`) to our stdin (`learn_primary`, from the stdin thread:
+handed to the loop through a queue). A frame whose proof does not hash to its incarnation's digest
+is dropped and counted (`refused_copies`); a `follow` of an incarnation whose digest has not come
+yet waits (at most `MAX_WAITING`) and is answered once it comes. So a peer that reaches `repl`
+cannot follow, continue, jump or replace a copy, nor send group state, whatever it read in
+ZooKeeper. The same knowledge decides sealing: a position request for the incarnation the cluster
+lists as running is refused (`running`), so only an ended incarnation's copy is ever sealed.
+
 Peers may lie: frames are decoded with range checks, a copy must continue what is held (else the
 answer is `following next_pos`, and the primary resends; a copy of an incarnation not followed
-here is answered `following 0`, and the primary says follow again). With CURVE only the cluster's daemons (the server
-key) may say anything on `repl`. Without it, anyone who reaches `repl` can follow made-up
-incarnations of this exchange and so seal and push out the real copies (docs/security.md).
+here is answered `following 0`, and the primary says follow again). With CURVE only the cluster's
+daemons (the server key) may say anything on `repl`, on top of the proofs.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import queue
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -43,6 +56,9 @@ log = logging.getLogger(__name__)
 POLL_MS = 100
 MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
 MAX_SEALED = 4096  # sealed incarnations remembered
+MAX_DIGESTS = 64  # primary incarnations whose copy digest is remembered (the newest)
+MAX_WAITING = 16  # follows waiting for their incarnation's digest; the oldest give way
+ProofFrame = protocol.Follow | protocol.Copy | protocol.GroupState | protocol.GroupsDone | protocol.Adopt
 
 
 class Replica:
@@ -58,7 +74,16 @@ class Replica:
         self.group_done: dict[str, dict[str, list[tuple[int, int, int]]]] = {}  # since that state
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
+        # What the cluster says of our primary (from our HCM): each incarnation's copy digest, and
+        # the incarnation listed as running (None: none; `told` False: nothing heard yet).
+        self.digests: OrderedDict[str, str] = OrderedDict()
+        self.proven: dict[str, bytes] = {}  # incarnation → its proof, once checked against the digest
+        self.running: str | None = None
+        self.told = False
+        self._news: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()  # from the stdin thread
+        self.waiting: OrderedDict[str, tuple[bytes, protocol.Follow]] = OrderedDict()  # incarnation → follow
         self.counters: dict[str, int] = {}
+        self._proof_warned = -1e9
         self.curve = load_keys(config.security) is not None
         self.repl = context.socket(zmq.ROUTER)
         self.repl.linger = 0
@@ -71,7 +96,8 @@ class Replica:
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
         ex = config.exchange
         self.replay = ReplayServer(replay, None, None, "", ex.fetch_max_bytes, ex.replay_budget_bytes,
-                                   2 * ex.fetch_max_bytes, self._count, archives=self.copies, on_ended=self.seal)
+                                   2 * ex.fetch_max_bytes, self._count, archives=self.copies,
+                                   on_ended=self.seal_ended)
         self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
 
@@ -87,6 +113,7 @@ class Replica:
         poller.register(self.repl, zmq.POLLIN)
         poller.register(self.replay.sock, zmq.POLLIN)
         while not should_stop():
+            self._take_news()
             for sock, _ in poller.poll(POLL_MS):
                 try:
                     if sock is self.repl:
@@ -118,7 +145,7 @@ class Replica:
                 self._count("malformed", 1)
                 continue
             if self.curve and peer_role(parts[1]) != SERVER:
-                self._count("refused", 1)  # only the cluster's daemons copy into a replica
+                self._count("refused_copies", 1)  # only the cluster's daemons copy into a replica
                 continue
             route, payload = parts[0].bytes, parts[1].bytes
             try:
@@ -127,17 +154,80 @@ class Replica:
                 self._count("malformed", 1)
                 log.warning("refusing a replication frame: %s", err)
                 continue
-            reply = self.handle(route, request)
-            if reply is None:
-                continue
-            try:
-                self.repl.send_multipart([route, reply], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass  # the primary is gone or not reading; it asks again
+            if self.proof_holds(route, request):
+                self._answer(route, self.handle(route, request))
 
-    def handle(self, route: bytes, request: protocol.Follow | protocol.Copy | protocol.GroupState
-               | protocol.GroupsDone | protocol.Adopt) -> bytes | None:
-        """The answer to a primary's frame (None: the group state frames get none)."""
+    def _answer(self, route: bytes, reply: bytes | None) -> None:
+        if reply is None:
+            return
+        try:
+            self.repl.send_multipart([route, reply], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the primary is gone or not reading; it asks again
+
+    # ------------------------------------------------------------ who may copy
+
+    def learn_primary(self, primary: dict[str, Any] | None) -> None:
+        """Our HCM's news of the primary's live znode (any thread): `{"incarnation", "copy_digest"}`
+        while one runs, None while none does."""
+        self._news.put(primary)
+
+    def _take_news(self) -> None:
+        while True:
+            try:
+                primary = self._news.get_nowait()
+            except queue.Empty:
+                return
+            self.told = True
+            incarnation = primary.get("incarnation") if isinstance(primary, dict) else None
+            digest = primary.get("copy_digest") if isinstance(primary, dict) else None
+            if not isinstance(incarnation, str) or not isinstance(digest, str):
+                self.running = None
+                continue
+            self.running = incarnation
+            if self.digests.get(incarnation) != digest:
+                self.digests[incarnation] = digest
+                self.proven.pop(incarnation, None)
+            self.digests.move_to_end(incarnation)
+            while len(self.digests) > MAX_DIGESTS:
+                dropped, _ = self.digests.popitem(last=False)
+                self.proven.pop(dropped, None)
+            waiting = self.waiting.pop(incarnation, None)
+            if waiting is not None and self.proof_holds(*waiting):
+                self._answer(waiting[0], self.handle(*waiting))
+
+    def proof_holds(self, route: bytes, request: ProofFrame) -> bool:
+        """Does the frame carry its incarnation's copy secret? A follow of an incarnation whose
+        digest we do not know yet waits for it; anything else unproven is dropped and counted."""
+        incarnation = request.incarnation
+        digest = self.digests.get(incarnation)
+        if digest is None:
+            if isinstance(request, protocol.Follow) and incarnation.rsplit(".", 1)[0] == self.exchange_id:
+                self.waiting.pop(incarnation, None)
+                self.waiting[incarnation] = (route, request)
+                while len(self.waiting) > MAX_WAITING:
+                    self.waiting.popitem(last=False)
+            else:
+                self._count("refused_copies", 1)  # no digest known for that incarnation
+            return False
+        known = self.proven.get(incarnation)
+        if known is not None:
+            held = hmac.compare_digest(known, request.proof)
+        else:
+            held = hmac.compare_digest(protocol.copy_digest(request.proof), digest)
+            if held:
+                self.proven[incarnation] = request.proof
+        if not held:
+            self._count("refused_copies", 1)
+            now = time.monotonic()
+            if now >= self._proof_warned + 10:  # a peer sending many must not flood the log
+                self._proof_warned = now
+                log.warning("dropped a %s frame for %s without its copy secret (%d so far)",
+                            type(request).__name__.lower(), incarnation, self.counters["refused_copies"])
+        return held
+
+    def handle(self, route: bytes, request: ProofFrame) -> bytes | None:
+        """The answer to a primary's frame whose proof held (None: the group state frames get none)."""
         if isinstance(request, protocol.Follow):
             return self._follow(route, request)
         if isinstance(request, protocol.Copy):
@@ -248,6 +338,15 @@ class Replica:
         return copy
 
     # ------------------------------------------------------------ from subscribers
+
+    def seal_ended(self, incarnation: str) -> bool:
+        """A subscriber asks where the copy of `incarnation` ends: seal it, unless the cluster (our
+        HCM) still lists it as running, or has told us nothing yet. Returns whether it is sealed."""
+        if not self.told or incarnation == self.running:
+            self._count("refused_seals", 1)
+            return False
+        self.seal(incarnation)
+        return True
 
     def seal(self, incarnation: str) -> None:
         """Take nothing more of `incarnation`: it ended, and a subscriber is reading its copy."""

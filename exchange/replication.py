@@ -2,9 +2,12 @@
 publisher's ack waits until the replica holds everything the stream held when it was earned.
 
 The exchange (primary) connects a DEALER to its replica's `repl` endpoint, which its HCM tells it
-on stdin, and says `follow`. The replica answers `following next_pos` (what it needs of this
-incarnation), and the primary copies its retention from there on, page by page, at most
-`WINDOW_PAGES` pages unacknowledged; the replica acks each page cumulatively (`copied next_pos`).
+on stdin, and says `follow`. Every frame it sends there ends with this incarnation's copy secret
+(`proof`), made at start and known to the replica only by its digest, published in our live znode:
+it is what makes the replica take copies from us and from nobody else (protocol section 6.1).
+The replica answers `following next_pos` (what it needs of this incarnation), and the primary
+copies its retention from there on, page by page, at most `WINDOW_PAGES` pages unacknowledged;
+the replica acks each page cumulatively (`copied next_pos`).
 `held` is the position below which the current replica holds the whole stream: the confirm gate
 (exchange/confirms.py) releases an ack once `held` reaches the stream position it was earned at.
 
@@ -52,8 +55,9 @@ def max_copy_frame(config: Config) -> int:
 
 class ReplicaLink:
     def __init__(self, context: zmq.Context, config: Config, retention: Retention, incarnation: str,
-                 exchange_id: str) -> None:
+                 exchange_id: str, proof: bytes) -> None:
         self.context = context
+        self.proof = proof
         self.config = config
         self.retention = retention
         self.incarnation = incarnation
@@ -104,7 +108,7 @@ class ReplicaLink:
     def _follow(self) -> None:
         self._pages.clear()
         self._asked = time.monotonic()
-        self._send(protocol.encode_follow(self.incarnation, self.exchange_id))
+        self._send(protocol.encode_follow(self.incarnation, self.exchange_id, self.proof))
 
     def _send(self, frame: bytes) -> bool:
         if self.sock is None:
@@ -139,7 +143,8 @@ class ReplicaLink:
             entries = retention.entries(start, self.page_bytes)
             if not entries:
                 return
-            if not self._send(protocol.encode_copy(self.incarnation, start, entries, jump=start > self.sent)):
+            page = protocol.encode_copy(self.incarnation, start, entries, self.proof, jump=start > self.sent)
+            if not self._send(page):
                 return
             if not self._pages:
                 self._asked = now
@@ -186,7 +191,7 @@ class ReplicaLink:
 
     def ask_adoption(self) -> bool:
         """Ask the replica for the consumer groups our exchange's earlier incarnation left."""
-        return self._send(protocol.encode_adopt(self.incarnation, self.exchange_id))
+        return self._send(protocol.encode_adopt(self.incarnation, self.exchange_id, self.proof))
 
     def send_groups(self, frame: bytes) -> bool:
         """Our consumer groups' state (protocol.encode_groups), replacing the last one sent."""

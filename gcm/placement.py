@@ -95,11 +95,14 @@ def place_new_exchanges(count: int, hosts: Iterable[HostLoad], replicas: int,
     return result
 
 
-def plan_moves(capacities: Mapping[str, int], placements: Slots, evacuate: Collection[str]) -> list[Move]:
+def plan_moves(capacities: Mapping[str, int], placements: Slots, evacuate: Collection[str],
+               stuck: Collection[tuple[str, str]] = ()) -> list[Move]:
     """Where the slots go that need a host: unplaced ones, those on a host in `evacuate` (lost for
-    long enough), and replicas that share their primary's host. Primaries first, then replicas,
-    each in queue and id order, each decision seeing the ones before it. A replica that shares its
-    primary's host and has nowhere else to go is unplaced; any other slot with nowhere to go stays."""
+    long enough), replicas that share their primary's host, and the slots in `stuck` (a process
+    that stopped answering while its host stays: moved to any other host). Primaries first, then
+    replicas, each in queue and id order, each decision seeing the ones before it. A replica that
+    shares its primary's host and has nowhere else to go is unplaced; any other slot with nowhere
+    to go stays."""
     working = dict(placements)
     load = Counter(h for h in working.values() if h is not None and h in capacities)
     moves: list[Move] = []
@@ -107,11 +110,13 @@ def plan_moves(capacities: Mapping[str, int], placements: Slots, evacuate: Colle
         old = working[(queue, slot)]
         partner = working.get((queue, _partner(slot)))
         doubled = is_replica_slot(slot) and old is not None and old == partner
-        if old is not None and old not in evacuate and not doubled:
+        hung = old is not None and (queue, slot) in stuck
+        if old is not None and old not in evacuate and not doubled and not hung:
             continue
         spread = Counter(h for (q, _), h in working.items() if q == queue and h is not None and h in capacities)
         hosts = [HostLoad(name, cap, load[name]) for name, cap in sorted(capacities.items())]
-        picks = choose_hosts(1, hosts, spread, avoid={partner} if partner else ())
+        avoid = {h for h in (partner, old if hung else None) if h}
+        picks = choose_hosts(1, hosts, spread, avoid=avoid)
         new = picks[0] if picks else None
         if new is None and not doubled:
             continue  # no room: retried on the next tick

@@ -7,7 +7,10 @@ exchanges never placed (no capacity at the time), are moved to the least
 loaded survivors; so are the replicas of a replicas-2 queue (a lost or missing
 replica is placed again, never on its exchange's host, and an exchange that
 moves never goes to its replica's host: gcm.placement's `plan_moves`, the
-rules' one home). The hosts' assignment lists, `~r` slots included, are
+rules' one home). A replica whose process stopped answering while its host stays
+(its znode `silent` for `REPLICA_SILENT_GRACE`: frozen, or stuck where its HCM's
+kill of a hung child did not help) is moved to another host if one can take it,
+like a lost one: its primary confirms nothing meanwhile. The hosts' assignment lists, `~r` slots included, are
 repaired to match the placements, and `live/` and `replicas/` to hold one
 directory per queue. Every write is fenced (gcm.fence), the directories it
 needs too; a refused one simply ends the tick.
@@ -40,6 +43,11 @@ from roq.zk import encode
 
 log = logging.getLogger(__name__)
 
+# Seconds a replica's znode may say `silent` before the leader moves the replica to another host:
+# longer than an HCM takes to kill a hung child and start it again (hcm.hung_timeout), so the
+# cheaper cure goes first.
+REPLICA_SILENT_GRACE = 10.0
+
 
 class Reconciler:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
@@ -57,6 +65,7 @@ class Reconciler:
         # journal_grace for it (a restart brings them back to their journals) instead of `grace`.
         self.journal_grace = grace if journal_grace is None else max(grace, journal_grace)
         self._journaled: set[str] = set()
+        self._silent_since: dict[tuple[str, str], float] = {}  # replica slot → when first seen silent
         self.moves = 0  # slots (exchanges and replicas) moved since this leader started (for status)
 
     def tick(self) -> dict[str, HostInfo]:
@@ -65,7 +74,7 @@ class Reconciler:
             hosts = read_hosts(self.cache, self.paths)
             placements = self.queues.all_placements()
             movable = self._hosts_to_evacuate(hosts, placements.values())
-            self._place_orphans(hosts, placements, movable)
+            self._place_orphans(hosts, placements, movable, self._stuck_replicas(hosts, placements))
             self._repair_assignments(placements, hosts)
             self._repair_live_dirs()
         return hosts
@@ -91,12 +100,34 @@ class Reconciler:
     def _grace_of(self, host: str) -> float:
         return self.journal_grace if host in self._journaled else self.grace
 
-    def _place_orphans(self, hosts: dict[str, HostInfo], placements: Placements, evacuate: set[str]) -> None:
+    def _stuck_replicas(self, hosts: dict[str, HostInfo], placements: Placements) -> set[tuple[str, str]]:
+        """Replica slots on live hosts whose process has said nothing for REPLICA_SILENT_GRACE."""
+        now = time.monotonic()
+        silent = set()
+        for (queue, slot), host in placements.items():
+            if is_replica_slot(slot) and host in hosts:
+                data = self.cache.read_json(self.paths.replica_live(queue, primary_of(slot))) or {}
+                if data.get("silent") is True and data.get("host") == host:
+                    silent.add((queue, slot))
+        for key in set(self._silent_since) - silent:
+            del self._silent_since[key]
+        stuck = set()
+        for key in silent:
+            since = self._silent_since.setdefault(key, now)
+            if now - since >= REPLICA_SILENT_GRACE:
+                stuck.add(key)
+                if now - since < REPLICA_SILENT_GRACE + 1:  # once, not every tick it stays
+                    log.warning("replica of exchange %s/%s on %s has been silent for %.0fs: moving it",
+                                key[0], primary_of(key[1]), placements[key], now - since)
+        return stuck
+
+    def _place_orphans(self, hosts: dict[str, HostInfo], placements: Placements, evacuate: set[str],
+                       stuck: set[tuple[str, str]]) -> None:
         """Carry out gcm.placement's plan, one fenced transaction per exchange (its slot and its
         replica's together); `placements` is updated to match, for the repair that follows."""
         capacities = {h.name: h.capacity for h in hosts.values()}
         by_exchange: dict[tuple[str, str], list[Move]] = {}
-        for move in plan_moves(capacities, placements, evacuate):
+        for move in plan_moves(capacities, placements, evacuate, stuck):
             by_exchange.setdefault((move.queue, primary_of(move.slot)), []).append(move)
         for (queue, xid), moves in by_exchange.items():
             for move in moves:

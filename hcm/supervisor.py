@@ -21,14 +21,25 @@ Replicas: an assignment of a replica slot (`x1~r`, roq.paths.replica_slot) runs
 `exchange.main --role replica --id x1`. Its ready event carries `repl` and `replay`
 (no pub/sub), and it is published at `replicas/<q>/<x>` instead of `live/<q>/<x>`,
 with the same lifecycle (removed when it exits or is stopped, published again after
-a session loss, its statistics refreshed). A primary reads its queue's settings once
-at each start: with replicas 2 it gets `--replicas 2`, and a DataWatch on its
-replica's `replicas/<q>/<x>` (kept across restarts, stopped when the child is
-dropped) says where its replica is. The child hears it as JSON lines on its stdin,
-`{"replica": {"repl": endpoint, "incarnation": R}}` or `{"replica": null}`: right
-after its configuration line, and again whenever the endpoint or incarnation
-changes (not on a statistics refresh). The watch only records the value and wakes
-the tick; the tick thread writes to the pipe.
+a session loss, its statistics refreshed). The two halves of a replicated exchange
+hear of each other through a `PeerWatch` (a kazoo DataWatch, kept across restarts,
+stopped when the child is dropped), as JSON lines on their stdin: right after the
+configuration line, and again whenever what they need changes (not on a statistics
+refresh). A primary reads its queue's settings once at each start; with replicas 2
+it gets `--replicas 2` and hears where its replica is, from `replicas/<q>/<x>`:
+`{"replica": {"repl": endpoint, "incarnation": R}}` or `{"replica": null}`. A
+replica hears which incarnation of its primary runs and the digest of that
+incarnation's copy secret, from `live/<q>/<x>`: `{"primary": {"incarnation": I,
+"copy_digest": D}}` or `{"primary": null}` (exchange/replica.py: only copies proved
+by that secret are taken, only ended incarnations are sealed). The watch only
+records the value and wakes the tick; the tick thread writes to the pipe.
+
+Two exits are not crashes: one we asked for (a stop), and `Exit.ENDED`, an
+exchange whose replica sealed its incarnation (the cluster saw it end): it
+starts again at once. A ready child that sends no report for `hcm.hung_timeout`
+(stopped, frozen, stuck: the znode already says `silent`) is killed, which counts
+as a crash, and started again: a frozen replica would stall its primary's
+confirms for as long as it hangs.
 
 Statistics: each ready child's znode is written again when its report changed
 materially, when it stopped (or resumed) reporting, and otherwise once every
@@ -61,6 +72,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from hcm.heartbeat import SILENT_AFTER, exchange_changed, write_due
 from roq.config import Config
+from roq.errors import Exit
 from roq.paths import Paths, is_replica_slot, primary_of
 from roq.records import ExchangeStats
 from roq.state import replica_count
@@ -71,19 +83,24 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (queue, slot): an exchange id ("x1") or a replica slot ("x1~r")
 # What is published of an exchange's ready event, at live/<q>/<x>; it counts only if it names the
 # first two (its endpoints).
-READY_FIELDS = ("pub", "sub", "replay", "work", "incarnation", "pid", "replicas", "archived")
+READY_FIELDS = ("pub", "sub", "replay", "work", "incarnation", "pid", "replicas", "archived", "copy_digest")
 REPLICA_READY_FIELDS = ("repl", "replay", "incarnation", "pid")  # of a replica, at replicas/<q>/<x>
 _UNSENT = object()  # no replica line written to this process yet
 
 
-class ReplicaWatch:
-    """Where the replica of a primary child runs, followed by a kazoo DataWatch on `replicas/<q>/<x>`.
+class PeerWatch:
+    """The other half of a replicated exchange, followed by a kazoo DataWatch: for a primary child
+    its replica (`replicas/<q>/<x>`: where to copy), for a replica child its primary (`live/<q>/<x>`:
+    which incarnation runs, and the digest of its copy secret).
 
     The callback runs in kazoo's thread (the first one in the constructor's): it only records the
-    target and wakes the tick, which writes it to the child."""
+    target and wakes the tick, which writes it to the child as `{line: target}`."""
 
-    def __init__(self, client: KazooClient, path: str, wake: threading.Event) -> None:
-        self.target: dict[str, Any] | None = None  # {"repl", "incarnation"} while the replica runs
+    def __init__(self, client: KazooClient, path: str, line: str, fields: tuple[str, ...],
+                 wake: threading.Event) -> None:
+        self.line = line
+        self.fields = fields  # what the child hears of the znode; the first must be present
+        self.target: dict[str, Any] | None = None  # while the peer runs
         self.stopped = False
         self._wake = wake
         client.DataWatch(path, self._on_data)
@@ -92,7 +109,7 @@ class ReplicaWatch:
         if self.stopped:
             return False  # kazoo drops the watch
         found = decode(data) if data is not None else {}
-        target = {"repl": found["repl"], "incarnation": found.get("incarnation")} if found.get("repl") else None
+        target = {key: found.get(key) for key in self.fields} if found.get(self.fields[0]) else None
         if target != self.target:
             self.target = target
             self._wake.set()
@@ -121,8 +138,8 @@ class Child:
     restarts: int = 0
     crashes: tuple[float, ...] = ()  # when it crashed, within the last restart_window
     failed_until: float | None = None  # crashed too often: left alone until then
-    replica_watch: ReplicaWatch | None = None  # a primary of a replicas-2 queue: where its replica is
-    replica_sent: Any = _UNSENT  # the replica target last written to this process
+    peer_watch: PeerWatch | None = None  # a replicated exchange's other half (its replica, or its primary)
+    peer_sent: Any = _UNSENT  # the peer target last written to this process
 
     @property
     def is_replica(self) -> bool:
@@ -178,8 +195,8 @@ class Supervisor:
             else:
                 self._drive_stop(child, now)
                 if child.process is None:
-                    if child.replica_watch:
-                        child.replica_watch.stop()
+                    if child.peer_watch:
+                        child.peer_watch.stop()
                     del self.children[key]
 
     def _reap(self, child: Child, now: float) -> None:
@@ -192,6 +209,11 @@ class Supervisor:
         child.process, child.ready, child.stop_deadline = None, None, None
         if expected:
             log.info("exchange %s/%s stopped", *child.key)
+            return
+        if code == Exit.ENDED:  # its replica sealed it: the cluster had seen it end, not a crash
+            child.next_start = now
+            log.info("exchange %s/%s ended its incarnation (sealed by its replica); starting a new one",
+                     *child.key)
             return
         child.crashes = tuple(t for t in child.crashes if now - t < self.hcm.restart_window) + (now,)
         if len(child.crashes) > self.hcm.max_restarts:
@@ -218,11 +240,16 @@ class Supervisor:
             if now >= child.next_start:
                 self._spawn(child, now)
             return
-        self._send_replica(child)
+        self._send_peer(child)
         if child.ready and (not child.published or self._stats_due(child, now)):
             self._publish(child, now)
         elif not child.ready and now - child.started > self.hcm.ready_timeout:
             log.error("exchange %s/%s not ready after %.0fs; killing it", *child.key, self.hcm.ready_timeout)
+            child.process.kill()
+        if child.ready and self._hung(child, now):
+            log.error("exchange %s/%s has sent nothing for %.1fs (hung: stopped, frozen or stuck); killing it "
+                      "so that it starts again (hcm.hung_timeout = %.0fs)", *child.key, now - child.reported,
+                      self.hcm.hung_timeout)
             child.process.kill()
 
     def _drive_stop(self, child: Child, now: float) -> None:
@@ -247,9 +274,9 @@ class Supervisor:
                                          stderr=subprocess.PIPE, close_fds=True)
         # The configuration goes through the pipe, not argv (which every local user can read);
         # the pipe then stays open: its EOF tells the child that we are gone.
-        child.replica_sent = _UNSENT
+        child.peer_sent = _UNSENT
         _write_line(child, self.config.to_json().encode())
-        self._send_replica(child)
+        self._send_peer(child)
         child.started, child.ready, child.published = now, None, False
         child.written_at, child.written_stats, child.written_silent = None, None, False
         if child.next_start:
@@ -261,15 +288,21 @@ class Supervisor:
                          name=f"logs-{queue}-{slot}", daemon=True).start()
 
     def _role_arguments(self, child: Child) -> list[str]:
-        """`--role replica` for a replica slot; for a primary, `--replicas N` from its queue's settings
-        (read once per start), and with N = 2 the watch that follows its replica. Read before the
-        process starts: a ZooKeeper error leaves the start to the next tick."""
+        """`--role replica` for a replica slot, with the watch that follows its primary; for a
+        primary, `--replicas N` from its queue's settings (read once per start), and with N = 2 the
+        watch that follows its replica. Read before the process starts: a ZooKeeper error leaves
+        the start to the next tick."""
+        queue, slot = child.key
+        xid = primary_of(slot)
         if child.is_replica:
+            if child.peer_watch is None and self.client is not None:
+                child.peer_watch = PeerWatch(self.client, self.paths.live_exchange(queue, xid), "primary",
+                                             ("incarnation", "copy_digest"), self.changed)
             return ["--role", "replica"]
-        queue, xid = child.key
         replicas = self._queue_replicas(queue)
-        if replicas == 2 and child.replica_watch is None:
-            child.replica_watch = ReplicaWatch(self.client, self.paths.replica_live(queue, xid), self.changed)
+        if replicas == 2 and child.peer_watch is None:
+            child.peer_watch = PeerWatch(self.client, self.paths.replica_live(queue, xid), "replica",
+                                         ("repl", "incarnation"), self.changed)
         return ["--role", "primary", "--replicas", str(replicas)]
 
     def _queue_replicas(self, queue: str) -> int:
@@ -279,14 +312,14 @@ class Supervisor:
             return 1
         return replica_count(read_json(self.client, self.paths.queue(queue)) or {})
 
-    def _send_replica(self, child: Child) -> None:
-        """Tell a primary where its replica is, if that changed since it last heard."""
-        if child.replica_watch is None or child.process is None:
+    def _send_peer(self, child: Child) -> None:
+        """Tell a replicated exchange where its other half is, if that changed since it last heard."""
+        if child.peer_watch is None or child.process is None:
             return
-        target = child.replica_watch.target
-        if target != child.replica_sent:
-            child.replica_sent = target
-            _write_line(child, json.dumps({"replica": target}).encode())
+        target = child.peer_watch.target
+        if target != child.peer_sent:
+            child.peer_sent = target
+            _write_line(child, json.dumps({child.peer_watch.line: target}).encode())
 
     def _read_events(self, child: Child, stream: IO[bytes]) -> None:
         fields = REPLICA_READY_FIELDS if child.is_replica else READY_FIELDS
@@ -332,6 +365,13 @@ class Supervisor:
         if self._late:
             return child.written_silent
         return now - child.reported > SILENT_AFTER * self.config.exchange.stats_interval
+
+    def _hung(self, child: Child, now: float) -> bool:
+        """Has a ready child sent nothing (no report) for `hcm.hung_timeout`? Not judged on a late
+        tick (this process was held up itself). A frozen replica would stall every confirm of its
+        primary, a frozen exchange its publishers: replaced like a dead one."""
+        timeout = self.hcm.hung_timeout
+        return timeout > 0 and not self._late and now - child.reported > timeout
 
     def _stats_due(self, child: Child, now: float) -> bool:
         """Write the published child's statistics again now? On a material change of its report, on

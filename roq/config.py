@@ -82,6 +82,9 @@ class HcmConfig:
     failed_cooloff: float = 300.0
     ready_timeout: float = 15.0
     stop_grace: float = 5.0  # SIGTERM → SIGKILL delay
+    # A ready child that sends no statistics report for this long (stopped, frozen, stuck) is killed
+    # and started again like a crashed one: a frozen replica stalls its primary's confirms. 0 = never.
+    hung_timeout: float = 5.0
     stats_interval: float = 1.0  # host CPU and memory reported to ZooKeeper
     # Statistics that did not change materially are written to ZooKeeper again after this long at
     # most (a liveness heartbeat; hcm/heartbeat.py): an idle cluster writes next to nothing.
@@ -407,6 +410,9 @@ def _validate(c: Config) -> None:
         raise ConfigError("hcm.restart_backoff_max must be >= hcm.restart_backoff")
     for where, value in (("hcm.max_restarts", c.hcm.max_restarts), ("hcm.restart_window", c.hcm.restart_window)):
         positive(where, value)
+    if c.hcm.hung_timeout < 0 or 0 < c.hcm.hung_timeout < 3 * c.exchange.stats_interval:
+        raise ConfigError("hcm.hung_timeout must be 0 (never) or at least 3 x exchange.stats_interval: an "
+                          "exchange reports once per interval, and a healthy one must not look hung")
     if c.hcm.failed_cooloff < c.hcm.restart_window:
         raise ConfigError("hcm.failed_cooloff must be >= hcm.restart_window: a shorter cool-off would "
                           "restart a flapping exchange more often than hcm.max_restarts allows")

@@ -152,6 +152,9 @@ class Exit(enum.IntEnum):
     UNAVAILABLE = 3  # ZooKeeper or the leader cannot be reached
     INTERNAL = 4  # a bug: an unexpected error stopped the command or the daemon
     REFUSED = 5  # a server refused the connection: connection limit or unknown key
+    # An exchange whose incarnation had to end (its replica sealed it: the cluster saw it end): the
+    # HCM starts a new incarnation at once and does not count it as a crash.
+    ENDED = 6
     INTERRUPTED = 130
 
     @classmethod

@@ -143,6 +143,9 @@ EXCHANGE_GAUGES = {
 CONFIRM_HISTOGRAM = "roq_exchange_confirm_seconds"
 REPLICA_COUNTERS = {
     "roq_replica_fetches_total": ("fetches", "retention fetches answered from the copies"),
+    "roq_replica_copied_frames_total": ("copied_frames", "frames its primary copied into it"),
+    "roq_replica_refused_copies_total": ("refused_copies", "frames refused on repl: no or a wrong copy secret"),
+    "roq_replica_refused_seals_total": ("refused_seals", "position requests refused: the incarnation still runs"),
 }
 REPLICA_GAUGES = {
     "roq_replica_retained_bytes": ("retained_bytes", "bytes (topic and frame) of the copies it holds"),

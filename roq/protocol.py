@@ -658,11 +658,26 @@ def _is_incarnation(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_INCARNATION
 
 
+MIN_PROOF, MAX_PROOF = 16, 64  # bytes of an incarnation's copy secret
+
+
+def copy_digest(proof: bytes) -> str:
+    """What an exchange publishes of its copy secret (`copy_digest` in its live znode): the hex
+    SHA-256, from which the secret cannot be found."""
+    return hashlib.sha256(proof).hexdigest()
+
+
+def _is_proof(value: Any) -> bool:
+    return isinstance(value, bytes) and MIN_PROOF <= len(value) <= MAX_PROOF
+
+
 @dataclass(frozen=True)
 class Follow:
-    """`follow`: the exchange (primary) asks its replica to keep a copy of `incarnation`."""
+    """`follow`: the exchange (primary) asks its replica to keep a copy of `incarnation`. `proof`,
+    on every frame of the primary, is the incarnation's copy secret (section 6.1)."""
     incarnation: str
     exchange: str
+    proof: bytes
 
 
 @dataclass(frozen=True)
@@ -672,6 +687,7 @@ class Copy:
     first_pos: int
     frames: list[tuple[bytes, bytes, int]]  # (topic, delivery body, messages in it)
     jump: bool  # the primary holds nothing before first_pos (evicted): start the copy there
+    proof: bytes
 
 
 @dataclass(frozen=True)
@@ -683,43 +699,49 @@ class ReplicaReply:
     next_pos: int
 
 
-def encode_follow(incarnation: str, exchange: str) -> bytes:
-    return pack([FOLLOW, DATA_VERSION, incarnation, exchange])
+def encode_follow(incarnation: str, exchange: str, proof: bytes) -> bytes:
+    return pack([FOLLOW, DATA_VERSION, incarnation, exchange, proof])
 
 
-def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], jump: bool = False) -> bytes:
+def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], proof: bytes, jump: bool = False) -> bytes:
     """`frames` are [topic, body, messages] lists (as retention holds them)."""
-    return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump])
+    return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump, proof])
 
 
 def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Adopt:
-    """What a replica receives from its primary, every field range-checked."""
+    """What a replica receives from its primary, every field range-checked. Each frame ends with
+    the incarnation's copy secret (`proof`); checking it is the replica's business."""
     msg = unpack(frame, MAX_COPY_FRAME)
     kind = _kind_and_version(msg, "replication request")
-    if kind == FOLLOW and len(msg) == 4 and _is_incarnation(msg[2]) and _is_incarnation(msg[3]):
-        return Follow(msg[2], msg[3])
+    proof = msg[-1] if len(msg) > 3 else None
+    if not _is_proof(proof) or not _is_incarnation(msg[2]):
+        raise ProtocolError(f"a replication request must be [kind, {DATA_VERSION}, incarnation, ..., proof] "
+                            f"with a proof of {MIN_PROOF}-{MAX_PROOF} bytes (section 6.1)")
+    assert isinstance(proof, bytes)
+    if kind == FOLLOW and len(msg) == 5 and _is_incarnation(msg[3]):
+        return Follow(msg[2], msg[3], proof)
     if kind == GROUPS:
-        groups = _group_states(msg[3]) if len(msg) == 4 and _is_incarnation(msg[2]) else None
+        groups = _group_states(msg[3]) if len(msg) == 5 else None
         if groups is None:
             raise ProtocolError(f"groups must be [\"groups\", {DATA_VERSION}, incarnation, [[group, [prefix, ...], "
                                 "ack_timeout_ms, max_deliveries, dead_letter, upto, [[pos, idx, count, deliveries], "
-                                "...]], ...]]")
-        return GroupState(msg[2], groups)
+                                "...]], ...], proof]")
+        return GroupState(msg[2], groups, proof)
     if kind == DONE:
-        done = _done_lists(msg[3]) if len(msg) == 4 and _is_incarnation(msg[2]) else None
+        done = _done_lists(msg[3]) if len(msg) == 5 else None
         if done is None:
             raise ProtocolError(f"done must be [\"done\", {DATA_VERSION}, incarnation, [[group, [[pos, idx, count], "
-                                "...]], ...]]")
-        return GroupsDone(msg[2], done)
+                                "...]], ...], proof]")
+        return GroupsDone(msg[2], done, proof)
     if kind == ADOPT:
-        if len(msg) != 4 or not _is_incarnation(msg[2]) or not _is_incarnation(msg[3]):
-            raise ProtocolError(f"adopt must be [\"adopt\", {DATA_VERSION}, incarnation, exchange]")
-        return Adopt(msg[2], msg[3])
-    if kind != COPY or len(msg) != 6 or not _is_incarnation(msg[2]) or not _is_int(msg[3], 1) \
-            or not isinstance(msg[4], list) or not isinstance(msg[5], bool):
-        raise ProtocolError(f"replication request must be [\"follow\", {DATA_VERSION}, incarnation, exchange] "
+        if len(msg) != 5 or not _is_incarnation(msg[3]):
+            raise ProtocolError(f"adopt must be [\"adopt\", {DATA_VERSION}, incarnation, exchange, proof]")
+        return Adopt(msg[2], msg[3], proof)
+    if kind != COPY or len(msg) != 7 or not _is_int(msg[3], 1) or not isinstance(msg[4], list) \
+            or not isinstance(msg[5], bool):
+        raise ProtocolError(f"replication request must be [\"follow\", {DATA_VERSION}, incarnation, exchange, proof] "
                             f"or [\"copy\", {DATA_VERSION}, incarnation, first_pos >= 1, [[topic, body, "
-                            "messages], ...], jump]")
+                            "messages], ...], jump, proof]")
     frames = msg[4]
     for f in frames:
         if not (isinstance(f, list) and len(f) == 3 and isinstance(f[0], bytes) and 0 < len(f[0]) <= MAX_TOPIC
@@ -727,7 +749,7 @@ def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsD
             raise ProtocolError("copy frames must be [topic (1-255 bytes), body (bytes), messages (int)]")
     if msg[3] + len(frames) > MAX_SEQ:
         raise ProtocolError("copy positions overflow")
-    return Copy(msg[2], msg[3], [(f[0], f[1], f[2]) for f in frames], msg[5])
+    return Copy(msg[2], msg[3], [(f[0], f[1], f[2]) for f in frames], msg[5], proof)
 
 
 def encode_replica_reply(kind: str, incarnation: str, next_pos: int = 0) -> bytes:
@@ -973,6 +995,7 @@ class GroupRecord:
 class GroupState:
     incarnation: str
     groups: list[GroupRecord]
+    proof: bytes
 
 
 @dataclass(frozen=True)
@@ -980,10 +1003,12 @@ class GroupsDone:
     """Messages that left groups (acked or dead-lettered) since the last `groups` state."""
     incarnation: str
     done: dict[str, list[tuple[int, int, int]]]
+    proof: bytes
 
 
-def encode_done(incarnation: str, done: dict[str, list[tuple[int, int, int]]]) -> bytes:
-    return pack([DONE, DATA_VERSION, incarnation, [[g, [list(r) for r in ranges]] for g, ranges in done.items()]])
+def encode_done(incarnation: str, done: dict[str, list[tuple[int, int, int]]], proof: bytes) -> bytes:
+    return pack([DONE, DATA_VERSION, incarnation, [[g, [list(r) for r in ranges]] for g, ranges in done.items()],
+                 proof])
 
 
 def _done_lists(value: Any) -> dict[str, list[tuple[int, int, int]]] | None:
@@ -1002,6 +1027,7 @@ def _done_lists(value: Any) -> dict[str, list[tuple[int, int, int]]] | None:
 class Adopt:
     incarnation: str  # the asking primary's (new) incarnation
     exchange: str
+    proof: bytes
 
 
 @dataclass(frozen=True)
@@ -1017,12 +1043,12 @@ class Adoption:
     kind: str = ADOPTION
 
 
-def encode_groups(incarnation: str, groups: list[GroupRecord]) -> bytes:
-    return pack([GROUPS, DATA_VERSION, incarnation, [g.wire() for g in groups]])
+def encode_groups(incarnation: str, groups: list[GroupRecord], proof: bytes) -> bytes:
+    return pack([GROUPS, DATA_VERSION, incarnation, [g.wire() for g in groups], proof])
 
 
-def encode_adopt(incarnation: str, exchange: str) -> bytes:
-    return pack([ADOPT, DATA_VERSION, incarnation, exchange])
+def encode_adopt(incarnation: str, exchange: str, proof: bytes) -> bytes:
+    return pack([ADOPT, DATA_VERSION, incarnation, exchange, proof])
 
 
 def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], high: dict[str, int],

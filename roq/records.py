@@ -129,6 +129,12 @@ class ExchangeStats(Record):
     held_acks: int = 0
     replicated_to: int = 0
     next_pos: int = 0
+    # A replica's own (exchange/replica.py): copies (incarnations) held, frames copied into them, frames
+    # refused on `repl` (no or a wrong copy secret, or not a daemon's key), seals refused (still running).
+    copies: int = 0
+    copied_frames: int = 0
+    refused_copies: int = 0
+    refused_seals: int = 0
     # Durable subscribers behind this stream, furthest first (exchange/consumers.py).
     consumers: tuple[ConsumerLag, ...] = ()
     # Consumer groups of this stream (exchange/groups.py Groups.stats): name → members, ready, delayed,

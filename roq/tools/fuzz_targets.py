@@ -114,6 +114,9 @@ def exchange_work_frame(data: bytes) -> None:
     forwarder.work.pump()
 
 
+FUZZ_PROOF = b"p" * 32  # the copy secret of the fuzzed replica's incarnations
+
+
 @functools.lru_cache(maxsize=1)
 def _replica():
     import zmq
@@ -122,20 +125,26 @@ def _replica():
     from roq.config import ExchangeConfig
     config = Config(exchange=ExchangeConfig(retention_bytes=1 << 20, fetch_max_bytes=65536))
     replica = Replica(zmq.Context.instance(), config, "x1", "127.0.0.1", "127.0.0.1")
-    # A followed incarnation with a few frames, so that copies and fetches reach a store.
-    replica._follow(b"fuzz", protocol.Follow("x1.ab", "x1"))
-    replica._copy(b"fuzz", protocol.Copy("x1.ab", 1, [(b"t", b"body", 1)] * 3, False))
+    # x1.cd ended, x1.ab runs (as the replica's HCM would say): each with a copy of a few frames.
+    digest = protocol.copy_digest(FUZZ_PROOF)
+    for incarnation in ("x1.cd", "x1.ab"):
+        replica.learn_primary({"incarnation": incarnation, "copy_digest": digest})
+        replica._take_news()
+        replica._follow(b"fuzz", protocol.Follow(incarnation, "x1", FUZZ_PROOF))
+        replica._copy(b"fuzz", protocol.Copy(incarnation, 1, [(b"t", b"body", 1)] * 3, False, FUZZ_PROOF))
     return replica
 
 
 def replica_frame(data: bytes) -> None:
-    """A frame on a replica's `repl` socket, handled as Replica._drain_primary handles it."""
+    """A frame on a replica's `repl` socket, handled as Replica._drain_primary handles it: only
+    frames whose proof holds reach the copies."""
     replica = _replica()
     try:
         request = protocol.decode_replica_request(data)
     except UserError:
         return
-    replica.handle(b"fuzz", request)
+    if replica.proof_holds(b"fuzz", request):
+        replica.handle(b"fuzz", request)
 
 
 def replica_fetch(data: bytes) -> None:
@@ -178,17 +187,19 @@ def seeds() -> dict[str, list[bytes]]:
     hello = protocol.encode_hello(pid, token, 1)
     fetch = protocol.encode_fetch(1, "x1.ab", 0, 10, [b"t"], 4096)
     ended = protocol.encode_position_request(4, [b"t", b""], "x1.ab")  # a stored incarnation's end
-    follow = protocol.encode_follow("x1.ab", "x1")
-    copy = protocol.encode_copy("x1.ab", 4, [[b"t", delivery, 2], [b"u", b"x", 1]])
-    jump = protocol.encode_copy("x1.ab", 9, [[b"t", delivery, 2]], jump=True)
+    follow = protocol.encode_follow("x1.ab", "x1", FUZZ_PROOF)
+    copy = protocol.encode_copy("x1.ab", 4, [[b"t", delivery, 2], [b"u", b"x", 1]], FUZZ_PROOF)
+    jump = protocol.encode_copy("x1.ab", 9, [[b"t", delivery, 2]], FUZZ_PROOF, jump=True)
+    forged = protocol.encode_copy("x1.ab", 5, [[b"t", delivery, 2]], b"f" * 32, jump=True)  # a wrong proof
     join = protocol.encode_join("workers", [b"t", b"u"], 10, 30_000, 5, b"dead", True)
     ack = protocol.encode_settle(protocol.ACK, "workers", "x1.ab", [[1, 0, 2], [3, 1, 1]])
     nack = protocol.encode_settle(protocol.NACK, "workers", "x1.ab", [[1, 0, 2]], requeue=False)
     work = protocol.encode_work("workers", "x1.ab", [[3, 0, 1, b"t", pid, 5, [1, 2], [b"a", b"b"], 0, b""]])
     attributed = protocol.encode_batch(pid, 1, 5, [[b"t", 3, 0, b"k"], b"one", b"t", b"two"])
     record = protocol.GroupRecord("workers", (b"t",), 30_000, 5, b"dead", 5, [(3, 0, 2, 1)])
-    groups = protocol.encode_groups("x1.ab", [record])
-    done = protocol.encode_done("x1.ab", {"workers": [(3, 0, 1)]})
+    groups = protocol.encode_groups("x1.ab", [record], FUZZ_PROOF)
+    done = protocol.encode_done("x1.ab", {"workers": [(3, 0, 1)]}, FUZZ_PROOF)
+    adopt = protocol.encode_adopt("x1.cd", "x1", FUZZ_PROOF)
     return {
         "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed],
         "delivery": [delivery],
@@ -215,12 +226,13 @@ def seeds() -> dict[str, list[bytes]]:
         "work_reply": [work, protocol.encode_joined("workers", "x1", "x1.ab"), protocol.encode_pong("x1.ab", ["w"]),
                        protocol.encode_work_error("workers", "group_mismatch", "m")],
         "exchange_work_frame": [join, ack, nack, protocol.encode_ping()],
-        "replica_request": [follow, copy, jump, groups, done, protocol.encode_adopt("x1.cd", "x1")],
+        "replica_request": [follow, copy, jump, groups, done, adopt],
         "replica_reply": [protocol.encode_adoption("x1.cd", "x1.ab", [record], {pid: 4}, [(3, b"t", delivery)]),
                           protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
                           protocol.encode_replica_reply(protocol.COPIED, "x1.ab", 9),
                           protocol.encode_replica_reply(protocol.SEALED, "x1.ab")],
-        "replica_frame": [follow, copy, jump, protocol.encode_follow("x1.cd", "x1"), groups, done,
-                          protocol.encode_adopt("x1.cd", "x1")],
-        "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz")],
+        "replica_frame": [follow, copy, jump, forged, protocol.encode_follow("x1.cd", "x1", FUZZ_PROOF), groups,
+                          done, adopt],
+        "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz"),
+                          protocol.encode_position_request(6, [b"t"], "x1.cd")],
     }

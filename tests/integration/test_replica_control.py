@@ -229,7 +229,26 @@ def test_the_hcm_tells_a_primary_where_its_replica_is(supervisor, zk, paths):
     assert len(child.lines()) == 4  # nothing for the statistics refresh
 
     # The watch lasts while the slot is assigned and stops when its child is dropped.
-    watch = supervisor.children[("q", "x1")].replica_watch
+    watch = supervisor.children[("q", "x1")].peer_watch
     supervisor.set_desired(set())
     ticking(supervisor, lambda: ("q", "x1") not in supervisor.children, "the primary dropped")
     assert watch is not None and watch.stopped  # kazoo drops it at its next event
+
+
+def test_the_hcm_tells_a_replica_which_incarnation_of_its_primary_runs_and_its_copy_digest(supervisor, zk, paths):
+    """What exchange/replica.py checks copies against, and decides sealing by (protocol 6.1, 6.3)."""
+    FakeProcess.ready = {}  # never ready: only its stdin matters here
+    supervisor.set_desired({("q", "x1~r")})
+    ticking(supervisor, lambda: FakeProcess.instances, "the replica started")
+    child = FakeProcess.instances[0]
+    assert child.lines() == [{"primary": None}]  # at once, after the configuration line
+    live = {"pub": "tcp://p:1", "sub": "tcp://p:2", "incarnation": "x1.aaaa", "copy_digest": "ab" * 32,
+            "host": "host-2", "stats": {}}
+    zk.ensure_path(paths.live_queue("q"))
+    zk.create(paths.live_exchange("q", "x1"), encode(live))
+    ticking(supervisor, lambda: len(child.lines()) == 2, "the primary's incarnation written")
+    assert child.lines()[-1] == {"primary": {"incarnation": "x1.aaaa", "copy_digest": "ab" * 32}}
+    zk.set(paths.live_exchange("q", "x1"), encode(dict(live, stats={"msgs_in": 5})))  # a statistics refresh
+    zk.delete(paths.live_exchange("q", "x1"))  # the primary ended
+    ticking(supervisor, lambda: child.lines()[-1] == {"primary": None}, "the primary's end written")
+    assert len(child.lines()) == 3  # nothing for the statistics refresh

@@ -60,7 +60,7 @@ def test_records_list_ready_delayed_and_in_flight_units_with_their_deliveries() 
 @given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 9), st.integers(1, 9), st.integers(0, 5)), max_size=8))
 def test_group_records_survive_the_wire(pending) -> None:
     rec = record(10, pending)
-    decoded = protocol.decode_replica_request(protocol.encode_groups("x1.ab", [rec]))
+    decoded = protocol.decode_replica_request(protocol.encode_groups("x1.ab", [rec], b"s" * 32))
     assert isinstance(decoded, protocol.GroupState) and decoded.groups == [rec]
     adoption = protocol.decode_replica_reply(protocol.encode_adoption("x1.cd", "x1.ab", [rec], {"p-a": 7},
                                                                       [(3, b"jobs", b"body")]))

@@ -96,7 +96,9 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
     assert set(report) - set(OLD_EXCHANGE_REPORT) == {"held_acks", "replicated_to", "next_pos",  # issue 18, added
                                                       "confirm_buckets", "confirm_seconds_sum",  # issue 20
                                                       "consumers",  # issue 20: consumer lag
-                                                      "groups"}  # issue 22: consumer groups
+                                                      "groups",  # issue 22: consumer groups
+                                                      # issue 31: a replica's copies and refusals
+                                                      "copies", "copied_frames", "refused_copies", "refused_seals"}
     assert HostStats.from_dict(OLD_HOST_FIGURES).to_dict() == OLD_HOST_FIGURES
     summary = queue_summary().to_dict()
     assert set(summary) == OLD_QUEUE_KEYS | {"subscribers"}  # issue 20: consumer lag, added

@@ -114,6 +114,13 @@ def test_a_lost_primary_never_moves_onto_its_replica() -> None:
     assert plan_moves({"b": 4}, placed, evacuate={"a"}) == []  # unplaced until another host appears
 
 
+def test_a_replica_that_stopped_answering_moves_to_a_host_other_than_its_own_and_its_primarys() -> None:
+    placed = {("q", "x1"): "a", ("q", "x1~r"): "b"}
+    stuck = {("q", "x1~r")}
+    assert plan_moves({"a": 4, "b": 4, "c": 4}, placed, set(), stuck) == [Move("q", "x1~r", "b", "c")]
+    assert plan_moves({"a": 4, "b": 4}, placed, set(), stuck) == []  # nowhere else: its HCM's restart is all
+
+
 def test_hosts_within_their_grace_are_left_alone() -> None:
     placed = {("q", "x1"): "a", ("q", "x1~r"): "b"}
     assert plan_moves({"a": 4, "c": 4}, placed, evacuate=set()) == []

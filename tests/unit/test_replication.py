@@ -13,6 +13,7 @@ only once everything it covers is held.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,26 @@ INC = "x1.aaaa"
 INC2 = "x1.bbbb"
 TOPIC = b"orders"
 WAIT = 5.0  # seconds any single expected answer may take on loopback
+
+
+def proof(inc: str) -> bytes:
+    """A test incarnation's copy secret (a real primary draws its own at random)."""
+    return hashlib.sha256(inc.encode()).digest()
+
+
+def vouch(r: Replica, *incs: str, running: str | None = None) -> None:
+    """What the replica's HCM writes (protocol 6.1): each incarnation's copy digest as it ran, then
+    the one running now (None: none, so every copy may be sealed)."""
+    for inc in (*incs, running):
+        r.learn_primary({"incarnation": inc, "copy_digest": protocol.copy_digest(proof(inc))} if inc else None)
+    r._take_news()
+
+
+def make_replica(ctx: zmq.Context, cfg: Config | None = None) -> Replica:
+    """A replica that knows the copy digests of INC and INC2, neither running."""
+    r = Replica(ctx, cfg or config(), X, "127.0.0.1", "127.0.0.1")
+    vouch(r, INC, INC2)
+    return r
 
 
 def config(**exchange: object) -> Config:
@@ -75,7 +96,7 @@ def ctx() -> Iterator[zmq.Context]:
 
 @pytest.fixture
 def replica(ctx: zmq.Context) -> Iterator[Replica]:
-    r = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    r = make_replica(ctx)
     yield r
     r.close()
 
@@ -104,12 +125,17 @@ def ask(r: Replica, sock: zmq.Socket, payload: bytes) -> protocol.ReplicaReply:
 
 
 def follow(r: Replica, sock: zmq.Socket, inc: str = INC) -> protocol.ReplicaReply:
-    return ask(r, sock, protocol.encode_follow(inc, X))
+    """A follow with the incarnation's proof; the replica is told its digest first if need be."""
+    if inc not in r.digests:
+        vouch(r, inc)
+    return ask(r, sock, protocol.encode_follow(inc, X, proof(inc)))
 
 
 def copy(r: Replica, sock: zmq.Socket, first: int, entries: list[list[object]], inc: str = INC,
          jump: bool = False) -> protocol.ReplicaReply:
-    return ask(r, sock, protocol.encode_copy(inc, first, entries, jump=jump))
+    if inc not in r.digests:
+        vouch(r, inc)
+    return ask(r, sock, protocol.encode_copy(inc, first, entries, proof(inc), jump=jump))
 
 
 def replay_ask(r: Replica, sock: zmq.Socket, payload: bytes) -> protocol.Frames | protocol.StreamPosition:
@@ -234,9 +260,98 @@ def test_a_follow_of_another_exchanges_incarnation_is_refused(ctx: zmq.Context, 
     follow(replica, primary)
     before = snapshot(replica)
     for other in ("x2.aaaa", "x10.aaaa", "x.aaaa", "y1.aaaa", "x1x.aaaa"):
+        vouch(replica, other)  # even with a digest (another exchange's primary): not ours to copy
         assert follow(replica, primary, other).kind == protocol.SEALED, other
         assert copy(replica, primary, 1, frames(other, 1, 1), inc=other).kind != protocol.COPIED
     assert snapshot(replica) == before
+
+
+def test_frames_without_the_copy_secret_are_dropped_unanswered_and_change_nothing(
+        ctx: zmq.Context, replica: Replica) -> None:
+    """Issue 31: a peer that reached `repl` followed the running incarnation and sent one copy with
+    `jump`; the replica threw its copy away for the attacker's. Every frame must carry the
+    incarnation's copy secret now: another incarnation's secret, or any other bytes, will not do."""
+    primary, attacker = dealer(ctx, replica.repl_endpoint), dealer(ctx, replica.repl_endpoint)
+    follow(replica, primary)
+    copy(replica, primary, 1, frames(INC, 1, 3))
+    before = (snapshot(replica), dict(replica.group_state))
+    forged = [[TOPIC, b"forged", 1]] * 3
+    record = protocol.GroupRecord("g", (TOPIC,), 1000, 5, b"dead", 1, [])
+    for secret in (b"w" * 32, proof(INC2), proof(INC)[:16], proof(INC) + b"!"):
+        for frame in (protocol.encode_follow(INC, X, secret), protocol.encode_copy(INC, 4, forged, secret),
+                      protocol.encode_copy(INC, 9, forged, secret, jump=True),
+                      protocol.encode_copy(INC, 1, forged, secret, jump=True),
+                      protocol.encode_groups(INC, [record], secret),
+                      protocol.encode_done(INC, {"g": [(1, 0, 9)]}, secret), protocol.encode_adopt(INC, X, secret)):
+            attacker.send(frame)
+    serve_for(replica, 0.3)
+    assert not attacker.poll(0), "a frame without the copy secret was answered"
+    assert (snapshot(replica), dict(replica.group_state)) == before
+    assert replica.counters["refused_copies"] == 4 * 7
+    # The primary goes on as if nothing happened.
+    assert kind(copy(replica, primary, 4, frames(INC, 4, 1))) == (protocol.COPIED, 5)
+
+
+def serve_for(r: Replica, seconds: float) -> None:
+    """Let the replica handle what reaches `repl` for a while (frames that get no answer)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if r.repl.poll(10):
+            r._drain_primary()
+
+
+def test_a_follow_waits_for_its_incarnations_digest_and_is_answered_when_it_comes(ctx: zmq.Context) -> None:
+    """A primary usually follows before its live znode (with the digest) is written: its follow is
+    held and answered once the replica's HCM passes the digest on; a wrong one is dropped then."""
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    try:
+        primary, attacker = dealer(ctx, replica.repl_endpoint), dealer(ctx, replica.repl_endpoint)
+        inc = "x1.0f0f0f0f"
+        attacker.send(protocol.encode_follow("x1.eeee", X, b"w" * 32))  # another incarnation's, never vouched
+        primary.send(protocol.encode_follow(inc, X, proof(inc)))
+        serve_for(replica, 0.2)
+        assert not primary.poll(0) and not replica.copies
+        vouch(replica, running=inc)
+        assert kind(protocol.decode_replica_reply(serve_until_answer(replica, primary))) == (protocol.FOLLOWING, 0)
+        assert list(replica.copies) == [inc] and not attacker.poll(0)
+    finally:
+        replica.close()
+
+
+def test_only_an_ended_incarnation_is_sealed_by_a_position_request(ctx: zmq.Context) -> None:
+    """Issue 31: any subscriber's `position` naming the running incarnation sealed it, and the
+    exchange restarted (six times in 22 s made it FAILED). The replica's HCM says which one runs:
+    that one is refused `running`; once it ended (or another runs), the request seals it."""
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    try:
+        primary, subscriber = dealer(ctx, replica.repl_endpoint), dealer(ctx, replica.replay_endpoint)
+        vouch(replica, INC, running=INC)
+        follow(replica, primary)
+        copy(replica, primary, 1, frames(INC, 1, 2))
+        for rid in range(1, 7):
+            with pytest.raises(protocol.ReplayRefused) as refused:
+                replay_ask(replica, subscriber, protocol.encode_position_request(rid, [TOPIC], INC))
+            assert refused.value.refusal == "running"
+        assert not replica.sealed and replica.counters["refused_seals"] == 6
+        assert kind(copy(replica, primary, 3, frames(INC, 3, 1))) == (protocol.COPIED, 4)
+        vouch(replica)  # its live znode is gone: the cluster saw it end
+        answer = replay_ask(replica, subscriber, protocol.encode_position_request(9, [TOPIC], INC))
+        assert answer == protocol.StreamPosition(9, INC, 1, 4, [3]) and INC in replica.sealed
+        assert copy(replica, primary, 4, frames(INC, 4, 1)).kind == protocol.SEALED
+    finally:
+        replica.close()
+
+
+def test_before_its_hcm_said_anything_a_replica_seals_nothing(ctx: zmq.Context) -> None:
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    try:
+        replica._follow(b"r", protocol.Follow(INC, X, proof(INC)))
+        subscriber = dealer(ctx, replica.replay_endpoint)
+        with pytest.raises(protocol.ReplayRefused) as refused:
+            replay_ask(replica, subscriber, protocol.encode_position_request(1, [TOPIC], INC))
+        assert refused.value.refusal == "running" and not replica.sealed
+    finally:
+        replica.close()
 
 
 def bad_frames() -> list[list[bytes]]:
@@ -284,8 +399,8 @@ def bad_frames() -> list[list[bytes]]:
     return packed + [
         [b""], [b"\xc1"], [b"\x93\xa4copy"], [b"\xff" * 64], [msgpack.packb("copy")],
         [b"a", b"b"],  # more parts than one
-        [protocol.encode_follow(INC, X), b""],
-        [b"", protocol.encode_copy(INC, 1, frames(INC, 1, 1))],
+        [protocol.encode_follow(INC, X, proof(INC)), b""],
+        [b"", protocol.encode_copy(INC, 1, frames(INC, 1, 1), proof(INC))],
     ]
 
 
@@ -298,7 +413,7 @@ def test_malformed_frames_never_raise_get_no_answer_and_change_nothing(ctx: zmq.
     for parts in sent:
         primary.send_multipart(parts)
     # A follow after them all: its answer is the first one (the bad frames got none).
-    primary.send(protocol.encode_follow(INC, X))
+    primary.send(protocol.encode_follow(INC, X, proof(INC)))
     answer = protocol.decode_replica_reply(serve_until_answer(replica, primary))
     assert kind(answer) == (protocol.FOLLOWING, 4)
     assert not primary.poll(50)
@@ -333,7 +448,7 @@ def test_a_long_dropped_incarnation_stays_refused_however_many_incarnations_foll
     zombie = "x1.zombie"
     follow(replica, primary, zombie)
     for i in range(16 * MAX_COPIES + 2):
-        replica._follow(b"route", protocol.Follow(f"x1.{i:04x}", X))
+        replica._follow(b"route", protocol.Follow(f"x1.{i:04x}", X, proof(f"x1.{i:04x}")))
     current = f"x1.{16 * MAX_COPIES + 1:04x}"
     assert follow(replica, primary, zombie).kind == protocol.SEALED, \
         "an incarnation dropped long ago was followed afresh"
@@ -430,9 +545,10 @@ class Pair:
                  page_bytes: int = 1 << 16, inc: str = INC) -> None:
         self.ctx = ctx
         self.retention = Retention(seconds, max_bytes)
-        self.replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+        self.replica = make_replica(ctx)
+        vouch(self.replica, inc)
         self.replicas = [self.replica]
-        self.link = ReplicaLink(ctx, config(), self.retention, inc, X)
+        self.link = ReplicaLink(ctx, config(), self.retention, inc, X, proof(inc))
         self.link.page_bytes = page_bytes
         self.inc = inc
         self.replies: list[protocol.ReplicaReply] = []
@@ -603,7 +719,7 @@ def test_a_new_replica_starts_from_the_oldest_retained_frame_and_held_counts_onl
     p.retention.trim(time.monotonic())
     oldest = p.retention.oldest
     assert oldest > 1 and p.link.held == 13
-    second = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    second = make_replica(ctx)
     p.replicas.append(second)
     p.replica = second
     p.link.point_to(second.repl_endpoint)
@@ -657,7 +773,7 @@ def test_a_follow_of_the_next_incarnation_seals_the_link_of_the_previous_one(
     p = pair_of()
     p.publish(2)
     p.settle(p.caught_up)
-    restarted = ReplicaLink(ctx, config(), Retention(60, 1 << 20), INC2, X)
+    restarted = ReplicaLink(ctx, config(), Retention(60, 1 << 20), INC2, X, proof(INC2))
     try:
         restarted.point_to(p.replica.repl_endpoint)
         p.replica_drains(wait_ms=200)
@@ -731,7 +847,7 @@ def test_a_replica_restarted_on_the_same_endpoint_gets_the_stream_again(
     p.settle(p.caught_up)
     endpoint = p.replica.repl.getsockopt_string(zmq.LAST_ENDPOINT)
     p.replica.close()
-    fresh = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    fresh = make_replica(ctx)
     p.replicas.append(fresh)
     p.replica = fresh
     fresh.repl.close(linger=0)
@@ -768,6 +884,10 @@ class Exchange:
         self.ctx = ctx
         self.fw = Forwarder(ctx, ExchangeConfig(), X, "127.0.0.1", "127.0.0.1", replicas=2, cluster_config=config())
         self.replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+        self.replica.learn_primary({"incarnation": self.fw.incarnation,
+                                    "copy_digest": protocol.copy_digest(self.fw.copy_secret)})
+        self.replica.learn_primary(None)
+        self.replica._take_news()
         self.token = b"t" * 16
         self.pid = protocol.publisher_id_for(self.token)
 
@@ -902,7 +1022,7 @@ class ReplicationModel(RuleBasedStateMachine):
         self._clock.start()
         self.ctx = zmq.Context()
         self.retention = Retention(RETENTION_SECONDS, RETENTION_BYTES)  # no real clock in here
-        self.link = ReplicaLink(self.ctx, config(), self.retention, INC, X)
+        self.link = ReplicaLink(self.ctx, config(), self.retention, INC, X, proof(INC))
         self.link.page_bytes = PAGE_BYTES
         self.link._send = self._to_replica  # type: ignore[method-assign]  # the wire is ours
         self.to_replica: list[bytes] = []
@@ -928,7 +1048,7 @@ class ReplicationModel(RuleBasedStateMachine):
             self.acked_earlier = max(self.acked_earlier, self.max_held)
         self.generation += 1
         self.route = b"conn-%d" % self.generation
-        self.replica = Replica(self.ctx, config(retention_bytes=1 << 20), X, "127.0.0.1", "127.0.0.1")
+        self.replica = make_replica(self.ctx, config(retention_bytes=1 << 20))
         self.to_replica.clear()
         self.to_link.clear()
         self.max_held = 1
@@ -1018,14 +1138,14 @@ class ReplicationModel(RuleBasedStateMachine):
     def _replica_handles(self, frame: bytes) -> None:
         assert self.replica is not None
         request = protocol.decode_replica_request(frame)
-        if isinstance(request, protocol.Follow):
-            reply = self.replica._follow(self.route, request)
-        else:
+        assert self.replica.proof_holds(self.route, request), "the primary's own frame was refused"
+        if isinstance(request, protocol.Copy):
             stored = self.replica.copies.get(INC)
             if EXCUSE_FRESH_COPY_WITHOUT_JUMP and stored is not None and not len(stored) and stored.next_pos <= 1 \
                     and request.first_pos > 1 and not request.jump and INC not in self.replica.sealed:
                 self.excused_below = max(self.excused_below, request.first_pos)
-            reply = self.replica._copy(self.route, request)
+        reply = self.replica.handle(self.route, request)
+        assert reply is not None
         self.to_link.append(reply)
 
     def _link_handles(self, frame: bytes) -> None:
@@ -1044,6 +1164,29 @@ class ReplicationModel(RuleBasedStateMachine):
     def replica_restarts(self) -> None:
         """The replica is replaced by a new one, empty (another host, or restarted)."""
         self._new_replica()
+
+    @rule(kind=st.sampled_from(["follow", "copy", "jump", "rewrite", "groups", "done", "adopt"]),
+          incarnation=st.sampled_from([INC, INC2, "x1.cccc"]), first=st.integers(1, 40),
+          secret=st.sampled_from([b"w" * 32, b"w" * 16, b"x" * 64]))
+    def hostile_peer(self, kind: str, incarnation: str, first: int, secret: bytes) -> None:
+        """Another connection on `repl`, which read everything in ZooKeeper but not the copy secret:
+        whatever it sends is refused unanswered and changes nothing the replica holds."""
+        assert self.replica is not None
+        forged = [[TOPIC, b"forged", 1]] * 3
+        record = protocol.GroupRecord("g", (TOPIC,), 1000, 5, b"dead", first, [])
+        frame = {
+            "follow": lambda: protocol.encode_follow(incarnation, X, secret),
+            "copy": lambda: protocol.encode_copy(incarnation, first, forged, secret),
+            "jump": lambda: protocol.encode_copy(incarnation, first, forged, secret, jump=True),
+            "rewrite": lambda: protocol.encode_copy(incarnation, 1, forged, secret, jump=True),
+            "groups": lambda: protocol.encode_groups(incarnation, [record], secret),
+            "done": lambda: protocol.encode_done(incarnation, {"g": [(first, 0, 1000)]}, secret),
+            "adopt": lambda: protocol.encode_adopt(incarnation, X, secret),
+        }[kind]()
+        before = (snapshot(self.replica), dict(self.replica.group_state), dict(self.replica.group_done))
+        request = protocol.decode_replica_request(frame)
+        assert not self.replica.proof_holds(b"hostile", request)
+        assert (snapshot(self.replica), dict(self.replica.group_state), dict(self.replica.group_done)) == before
 
     @precondition(lambda self: self.sealed_at is None)
     @rule()

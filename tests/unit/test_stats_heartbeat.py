@@ -79,6 +79,9 @@ class RunningProcess:
     def poll(self) -> int | None:
         return self.returncode
 
+    def kill(self) -> None:
+        self.returncode = -9
+
 
 # ------------------------------------------------------------------ the rule
 
@@ -117,12 +120,14 @@ def test_write_due() -> None:
 # ------------------------------------------------------------------ the supervisor
 
 
-@pytest.fixture
-def running(monkeypatch: pytest.MonkeyPatch) -> tuple[Supervisor, FakeZooKeeper]:
-    """One exchange, ready at T0 and published, with one report written."""
+@pytest.fixture(params=[0.0])
+def running(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> tuple[Supervisor, FakeZooKeeper]:
+    """One exchange, ready at T0 and published, with one report written. Silent exchanges stay
+    (hcm.hung_timeout 0) unless a test asks for a timeout (indirect parametrization)."""
     monkeypatch.setattr(hcm.supervisor.subprocess, "Popen", RunningProcess)
     zk = FakeZooKeeper()
-    config = Config().replace(exchange={"stats_interval": INTERVAL}, hcm={"stats_heartbeat": HEARTBEAT})
+    config = Config().replace(exchange={"stats_interval": INTERVAL},
+                              hcm={"stats_heartbeat": HEARTBEAT, "hung_timeout": request.param})
     sup = Supervisor(zk, Paths("/test"), config, "host-1")  # type: ignore[arg-type]
     sup.set_desired({KEY})
     sup.tick(T0)
@@ -186,6 +191,29 @@ def test_a_silent_exchange_is_written_once_as_silent_and_again_when_it_reports(r
     assert len(zk.writes) == 2, "no heartbeat while silent"
     run(sup, T0 + 11 * HEARTBEAT, 1.0)
     assert len(zk.writes) == 3 and zk.writes[-1][1]["silent"] is False
+
+
+@pytest.mark.parametrize("running", [5.0], indirect=True)
+def test_a_hung_exchange_is_killed_after_hung_timeout_and_started_again(running) -> None:
+    """Issue 31: a frozen replica stalled its primary's confirms for as long as it hung."""
+    sup, zk = running
+    first = sup.children[KEY].process
+    run(sup, T0 + TICK, 5.0 - 2 * TICK, stats=None)  # silent, not yet hung
+    assert sup.children[KEY].process is first and first.returncode is None
+    run(sup, T0 + 5.0, 2 * TICK, stats=None)
+    assert first.returncode == -9, "killed once it sent nothing for hcm.hung_timeout"
+    run(sup, T0 + 5.0 + 2 * TICK, 2.0, stats=None)
+    child = sup.children[KEY]
+    assert child.process is not None and child.process is not first and child.restarts == 1
+    assert len(child.crashes) == 1  # a hang counts as a crash: one that keeps hanging ends FAILED
+
+
+@pytest.mark.parametrize("running", [5.0], indirect=True)
+def test_a_paused_hcm_does_not_kill_for_its_own_pause(running) -> None:
+    sup, _ = running
+    process = sup.children[KEY].process
+    sup.tick(T0 + 8)  # the HCM itself was held up for 8 s: the reports meanwhile are not read yet
+    assert process.returncode is None
 
 
 def test_a_paused_hcm_does_not_take_its_own_pause_for_the_exchange_s_silence(running) -> None:

@@ -13,6 +13,7 @@ import pytest
 import hcm.supervisor
 from hcm.supervisor import Supervisor
 from roq.config import Config
+from roq.errors import Exit
 from roq.paths import Paths
 
 KEY = ("q", "x1")
@@ -105,3 +106,23 @@ def test_crashes_spread_wider_than_the_window_never_mark_it_failed(supervisor) -
         supervisor.tick(now + TICK)
         assert supervisor.children[KEY].failed_until is None
     assert supervisor.children[KEY].restarts == 11
+
+
+def test_an_incarnation_sealed_by_its_replica_is_started_again_at_once_and_never_counts_as_a_crash(
+        supervisor, monkeypatch) -> None:
+    """Issue 31: a sealed exchange exited with code 4, a crash: six seals in 22 s made it FAILED.
+    `Exit.ENDED` means the cluster saw the incarnation end: a new one starts on the next tick."""
+    monkeypatch.setattr(FakeProcess, "crash_at_start", False)
+    starts = []
+    now = T0
+    for _ in range(4 * supervisor.config.hcm.max_restarts):
+        supervisor.tick(now)
+        child = supervisor.children[KEY]
+        assert child.process is not None, f"not running at {now - T0:.1f}s"
+        starts.append(child.process.pid)
+        child.process.returncode = Exit.ENDED
+        now += TICK
+        supervisor.tick(now)  # reaped ...
+        now += TICK
+    child = supervisor.children[KEY]
+    assert len(set(starts)) == len(starts) and child.failed_until is None and child.crashes == ()
