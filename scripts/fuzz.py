@@ -101,13 +101,14 @@ def run_target(name: str, libfuzzer_args: list[str]) -> int:
 
 
 def seed_corpus(name: str, corpus: Path) -> None:
-    """Start an empty corpus from valid inputs."""
-    if corpus.is_dir() and any(corpus.iterdir()):
-        return
+    """Add the valid inputs a corpus lacks: all of them to a new one, and those a protocol change
+    brought to an old one (whose inputs may now all be refused at the first field)."""
     from roq.tools.fuzz_targets import seeds
     corpus.mkdir(parents=True, exist_ok=True)
     for data in seeds()[name]:
-        (corpus / sha1(data).hexdigest()).write_bytes(data)
+        path = corpus / sha1(data).hexdigest()
+        if not path.exists():
+            path.write_bytes(data)
 
 
 def _stat(text: str, key: str) -> str:
