@@ -21,6 +21,13 @@ one fault, chosen at random (seeded) from --kinds:
 * restart  SIGKILL the victim publisher and every HCM (all exchanges and replicas die), then
            restart every HCM: with the journal on (--journal), what the exchanges confirmed
            is on disk and must arrive once.
+* hungreplica  (--replicas 2) SIGSTOP a replica for 8-15 s, then SIGCONT if it still lives: its
+           HCM kills it after hcm.hung_timeout and starts a new one, confirms resume;
+* replicaforge (--replicas 2) a raw peer attacks a replica's `repl` socket: a follow of the
+           running incarnation and copies jumping ahead or rewriting it from position 1 with
+           forged deliveries under the steady publisher's id, forged group state, acks and an
+           adoption request, without the copy secret; and six `position` requests naming the
+           running incarnation at the replica's `replay` (a seal would restart the exchange).
 
 The victims publish on topic "victim" at --victim-rate and report each cumulative
 confirmed count on a pipe (python -m roq.tools.docker_launcher publish); "confirmed"
@@ -38,8 +45,8 @@ duplicate or unintended exchange exit.
     .venv/bin/python scripts/chaos.py --faults 20 --replicas 2 --journal fsync \
         --kinds kill,host,freeze,pubhost,restart --seed 7
 
-Without --kinds: the first eight kinds, plus pubhost with --replicas 2 and restart
-with the journal on.
+Without --kinds: the first eight kinds, plus pubhost, hungreplica and replicaforge with
+--replicas 2, and restart with the journal on.
 """
 
 from __future__ import annotations
@@ -75,12 +82,13 @@ from roq.state import read_hosts, read_leader, read_live
 from roq.tools.docker_launcher import last_confirmed
 from roq.tools.testing import Processes, SteadyTraffic, fast_config, wait_until
 from roq.tools.zkserver import ZooKeeperServer
-from roq.zk import start_client, stop_client
+from roq.zk import read_json, start_client, stop_client
 
 console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")
 BASIC_KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall")
-KINDS = (*BASIC_KINDS, "pubhost", "restart")
+REPLICA_KINDS = ("pubhost", "hungreplica", "replicaforge")
+KINDS = (*BASIC_KINDS, *REPLICA_KINDS, "restart")
 VICTIM_TOPIC = b"victim"
 QUEUE = "chaos"
 STALL_MESSAGES = 2_000
@@ -303,6 +311,16 @@ def hcm_fates(procs: Processes) -> dict[int, str]:
     return fates
 
 
+def failed_lines(procs: Processes) -> list[str]:
+    """The HCMs' lines saying an exchange or replica crashed too often and is left alone."""
+    found = []
+    for host in HOSTS:
+        path = procs.logs.get(host)
+        if path and path.exists():
+            found += [line for line in path.read_text(errors="replace").splitlines() if ": FAILED," in line]
+    return found
+
+
 def dealer(endpoint: str, config) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
@@ -357,6 +375,8 @@ class Chaos:
             return self.restart()
         if kind == "stall":
             return self.stall.start_round()
+        if kind in ("hungreplica", "replicaforge"):
+            return self.on_a_replica(kind)
         target = self.pick()
         if target is None:
             return "no live exchange: skipped"
@@ -440,6 +460,66 @@ class Chaos:
         new = self.new_victim()
         return (f"SIGKILL {said}every HCM (pids {sorted(doomed)} with them), every HCM restarted, "
                 f"victim {new.number} started")
+
+    def on_a_replica(self, kind: str) -> str:
+        replicas = {}
+        for xid in self.watch.live():
+            data = read_json(self.zk, self.paths.replica_live(QUEUE, xid))
+            if data:
+                replicas[xid] = data
+        if not replicas:
+            return "no running replica: skipped"
+        xid = self.rng.choice(sorted(replicas))
+        return getattr(self, kind)(xid, replicas[xid])
+
+    def hungreplica(self, xid: str, replica: dict[str, Any]) -> str:
+        pid = replica["pid"]
+        seconds = self.rng.uniform(8, 15)
+        os.kill(pid, signal.SIGSTOP)
+        with self._frozen_lock:
+            self.frozen.append((pid, time.monotonic() + seconds))
+        timer = threading.Timer(seconds, self.resume_due)
+        timer.daemon = True
+        timer.start()
+        return f"SIGSTOP replica of {xid} (pid {pid}) on {replica['host']} for {seconds:.1f}s"
+
+    def replicaforge(self, xid: str, replica: dict[str, Any]) -> str:
+        live = self.watch.live().get(xid) or {}
+        incarnation, next_pos = live.get("incarnation", f"{xid}.0"), (live.get("stats") or {}).get("next_pos", 1)
+        victim = self.traffic.pub.id
+        forged = [[b"load", protocol.encode_delivery(xid, incarnation, next_pos + 3 + i, [], victim, 0, [i + 1],
+                                                     [b"forged"]), 1] for i in range(5)]
+        wrong = secrets.token_bytes(32)
+        record = ["g", [b"load"], 30_000, 5, b"dead", next_pos, []]
+        frames = [["follow", 2, incarnation, xid], ["follow", 2, incarnation, xid, wrong],
+                  ["copy", 2, incarnation, next_pos + 3, forged, True, wrong],
+                  ["copy", 2, incarnation, 1, forged, True, wrong], ["groups", 2, incarnation, [record], wrong],
+                  ["done", 2, incarnation, [["g", [[1, 0, 1_000_000]]]], wrong],
+                  ["adopt", 2, f"{xid}.ffffffff", xid, wrong]]
+        sock = dealer(replica["repl"], self.config)
+        try:
+            for frame in frames:
+                sock.send(msgpack.packb(frame, use_bin_type=True))
+            answered = sock.poll(500)
+        finally:
+            sock.close()
+        seals: Counter[str] = Counter()
+        sock = dealer(replica["replay"], self.config)
+        try:
+            for rid in range(1, 7):
+                sock.send(protocol.encode_position_request(rid, [b"load"], incarnation))
+                if not sock.poll(3000):
+                    seals["no answer"] += 1
+                    continue
+                try:
+                    protocol.decode_replay_reply(sock.recv(), 1 << 30)
+                    seals["sealed"] += 1
+                except protocol.ReplayRefused as refused:
+                    seals[refused.refusal] += 1
+        finally:
+            sock.close()
+        return (f"{len(frames)} forged frames on the replica of {xid} ({incarnation}): "
+                f"{'ANSWERED' if answered else 'no answer'}; 6 positions naming it → {dict(seals)}")
 
     def freeze(self, xid: str, data: dict[str, Any]) -> str:
         pid = data["pid"]
@@ -589,7 +669,7 @@ def per_kind(traffic: Traffic, chaos: Chaos | None, confirmed: int,
 def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: float, replicas: int,
          journal: str | None, victim_rate: float, seed: int | None) -> None:
     if kinds is None:
-        chosen = list(BASIC_KINDS) + (["pubhost"] if replicas == 2 else []) \
+        chosen = list(BASIC_KINDS) + (list(REPLICA_KINDS) if replicas == 2 else []) \
             + (["restart"] if journal not in (None, "off") else [])
     else:
         chosen = [k.strip() for k in kinds.split(",") if k.strip()]
@@ -598,6 +678,8 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         raise click.BadParameter(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
     if journal is None:
         journal = "fsync" if "restart" in chosen else "off"
+    if {"hungreplica", "replicaforge"} & set(chosen) and replicas == 1:
+        raise click.BadParameter("hungreplica and replicaforge need --replicas 2")
     if "pubhost" in chosen and replicas == 1:
         console.print("[yellow]pubhost with --replicas 1: a publisher dying with its exchange's host may lose "
                       "what it had confirmed (not guaranteed with one copy)[/yellow]")
@@ -712,6 +794,9 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         procs.stop_all()
         server.stop()
     fates = hcm_fates(procs)
+    failed_exchanges = failed_lines(procs)
+    for line in failed_exchanges:
+        console.print(f"[red]{line}[/red]")
     unintended = watch.unintended()
     # An exchange the HCM stopped on purpose (the GCM moved it) is no crash: shown, not counted.
     stopped = [u for u in unintended if fates.get(u[0]) == "stopped"]
@@ -735,6 +820,7 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         ("longest pause (s)", "longest_pause_s"))]
     rows += [("exchange exits (unintended)",
               str(len(crashed)) + (f" (+{len(stopped)} stopped by their HCM)" if stopped else "")),
+             ("exchanges or replicas FAILED", str(len(failed_exchanges))),
              ("exchange peak RSS MB (one process / all)",
               f"{watch.peak_rss / 1e6:.1f} / {watch.peak_total / 1e6:.1f}")]
     for row in rows:
@@ -763,7 +849,7 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
                   f"{stalled['sub_duplicates']}, unexpected {stalled['extra']})")
     console.print(f"steady subscriber: dropped duplicates {report['dropped_duplicates']}, "
                   f"publisher replayed {report['replayed']}, forged deliveries {traffic.foreign}")
-    failed = report["lost"] or report["duplicated"] or crashed or traffic.foreign \
+    failed = report["lost"] or report["duplicated"] or crashed or traffic.foreign or failed_exchanges \
         or total["victim lost"] or total["victim duplicated"] or victim_errors \
         or stalled["received"] != stalled["sent"] or stalled["duplicates"]
     sys.exit(1 if failed else 0)
