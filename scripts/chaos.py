@@ -7,7 +7,7 @@ one fault, chosen at random (seeded) from --kinds:
 
 * kill     SIGKILL a random exchange process;
 * host     SIGKILL a random HCM (its exchanges die with it) and restart it at once;
-* freeze   SIGSTOP an exchange for 3-10 s, then SIGCONT;
+* freeze   SIGSTOP an exchange for 3-10 s, then SIGCONT (beyond hcm.hung_timeout its HCM kills it);
 * forge    a raw peer sends batches and a hello claiming the steady publisher's id;
 * overflow a raw publisher sends batches with first_seq 2^64-1 and 2^63-1 and a float sent_ns;
 * hoard    a raw peer sends 300 fetches to a replay socket and never reads (closed at the next fault);
@@ -524,6 +524,8 @@ class Chaos:
     def freeze(self, xid: str, data: dict[str, Any]) -> str:
         pid = data["pid"]
         seconds = self.rng.uniform(3, 10)
+        if seconds > self.config.hcm.hung_timeout - 1:  # its HCM may kill it as hung: an exit we caused
+            self.watch.intended.add(pid)
         os.kill(pid, signal.SIGSTOP)
         self.frozen.append((pid, time.monotonic() + seconds))
         timer = threading.Timer(seconds, self.resume_due)
