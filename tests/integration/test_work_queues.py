@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from kazoo.client import KazooClient
 
+from roq import protocol
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
@@ -358,4 +360,107 @@ def test_the_cli_subscribes_as_a_group_member_and_shows_the_group(lab: Lab) -> N
         assert shown.returncode == 0 and "printers" in shown.stdout and "consumer groups" in shown.stdout
     finally:
         member.kill()
+        lab.delete(queue)
+
+
+class RawMember:
+    """A hostile group member on a bare DEALER (no client library): it joins with any prefetch and
+    either keeps what it is sent (`nack_loop` False) or nacks it with requeue as soon as it comes,
+    in a loop, on its own thread (which owns the socket)."""
+
+    def __init__(self, endpoint: str, prefetch: int, nack_loop: bool) -> None:
+        self.endpoint, self.prefetch, self.nack_loop = endpoint, prefetch, nack_loop
+        self.frames: list[int] = []  # messages per work frame received
+        self.nacked = 0
+        self.joined = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.joined.wait(10), "the raw member's join was not answered"
+
+    def _run(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(self.endpoint)
+        try:
+            sock.send(protocol.encode_join("workers", [b"jobs"], self.prefetch, 30_000, 5, b"roq.dead/workers",
+                                           False))
+            next_ping = time.monotonic() + 1
+            while not self.stop.is_set():
+                if time.monotonic() >= next_ping:
+                    next_ping += 1
+                    sock.send(protocol.encode_ping())
+                if not sock.poll(50):
+                    continue
+                reply = protocol.decode_work_reply(sock.recv(), 64 << 20)
+                if reply.kind == protocol.JOINED:
+                    self.joined.set()
+                elif reply.kind == protocol.WORK and reply.entries is not None:
+                    self._take(sock, reply.incarnation, reply.entries)
+        finally:
+            sock.close(linger=0)
+
+    def _take(self, sock: zmq.Socket, incarnation: str, entries: list[list[object]]) -> None:
+        ranges = [[e[0], e[1], len(e[6])] for e in entries]  # type: ignore[arg-type]
+        self.frames.append(sum(r[2] for r in ranges))
+        if self.nack_loop:
+            sock.send(protocol.encode_settle(protocol.NACK, "workers", incarnation, ranges, requeue=True))
+            self.nacked += self.frames[-1]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_a_raw_member_asking_a_prefetch_of_100000_holds_at_most_the_cap(lab: Lab) -> None:
+    queue = lab.queue("greedy")
+    cap = lab.config.exchange.group_max_prefetch
+    raw = RawMember(read_live(lab.zk, lab.paths, queue)["x1"]["work"], prefetch=100_000, nack_loop=False)
+    total = 3 * cap
+    try:
+        with Publisher(queue, lab.config, lab.zk) as pub:
+            pub.publish_many("jobs", [b"%d" % i for i in range(total)])
+            pub.flush()
+        wait_until(lambda: lab.group_figures(queue).get("ready") == total - cap, timeout=20,
+                   message=f"{cap} messages out, the rest waiting")
+        wait_until(lambda: sum(raw.frames) == cap, timeout=10, message="the raw member has its share")
+        figures = lab.group_figures(queue)
+        record_figures("work-prefetch-cap", asked=100_000, cap=cap, held=sum(raw.frames), frames=len(raw.frames),
+                       largest_frame=max(raw.frames))
+        assert figures["in_flight"] == cap and sum(raw.frames) == cap
+        assert max(raw.frames) <= 1000  # one work frame hands out at most 1000 messages
+    finally:
+        raw.close()
+        lab.delete(queue)
+
+
+def test_a_raw_member_nacking_in_a_loop_dead_letters_nothing_an_honest_member_can_do(lab: Lab) -> None:
+    """The report of issue 31: a raw member with a huge prefetch nacks everything with requeue, in
+    a loop, beside a slow honest member (the real client, prefetch 1): every message must reach the
+    honest member, none the dead letters (max_deliveries 5)."""
+    queue = lab.queue("nack-loop")
+    got = Collector(work=0.002)
+    honest = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member("honest"),
+                        prefetch=1)
+    raw = RawMember(read_live(lab.zk, lab.paths, queue)["x1"]["work"], prefetch=100_000, nack_loop=True)
+    dead = Subscriber(queue, lab.config, ["roq.dead/workers"], zk=lab.zk)
+    total = 300
+    try:
+        with Publisher(queue, lab.config, lab.zk) as pub:
+            seqs = pub.publish_many("jobs", [b"%d" % i for i in range(total)])
+            pub.flush()
+            wait_until(lambda: len(got.ids()) == total, timeout=60, message="every message processed")
+        raw.close()
+        wait_until(lambda: lab.group_figures(queue).get("acked") == total, timeout=10, message="all acked")
+        figures = lab.group_figures(queue)
+        record_figures("work-nack-loop", messages=total, nacked_by_raw=raw.nacked,
+                       dead_lettered=figures.get("dead_lettered"), redelivered=figures.get("redelivered"))
+        assert raw.nacked >= total  # it did take the work, and gave all of it back again and again
+        assert set(got.ids()) == {f"{pub.id}:{seq}" for seq in seqs}
+        assert figures["dead_lettered"] == 0
+        assert dead.receive(timeout=0.5) is None
+    finally:
+        raw.close()
+        for sub in (honest, dead):
+            sub.close()
         lab.delete(queue)
