@@ -59,3 +59,16 @@ def test_the_message_environment_names_the_message_and_survives_nul_bytes(monkey
 
 def test_a_command_that_runs_roq_is_not_refused_for_the_message_variables() -> None:
     load_config(env={name: "x" for name in MESSAGE_ENV})
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--exec", "true"], "--exec needs --group"),
+    (["--group", "g", "--concurrency", "2"], "--concurrency needs --exec"),
+    (["--group", "g", "--exec", "true", "--concurrency", "0"], "--concurrency"),
+])
+def test_exec_options_are_checked_before_anything_connects(args: list[str], says: str) -> None:
+    from click.testing import CliRunner
+
+    from roq.cli import main
+    result = CliRunner().invoke(main, ["--set", "zk.hosts=127.0.0.1:1", "subscribe", "q", *args])
+    assert result.exit_code == 2 and says in result.output
