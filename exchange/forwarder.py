@@ -146,7 +146,7 @@ class Forwarder:
         # Consumer groups (exchange/groups.py): dead letters are published by this exchange itself,
         # under a publisher id of this incarnation's own.
         self.groups = Groups(config.max_groups, config.max_group_members, config.group_member_timeout,
-                             config.group_ttl, on_dead=self._dead_letter)
+                             config.group_ttl, on_dead=self._dead_letter, max_prefetch=config.group_max_prefetch)
         self.work = WorkServer(work, self.groups, exchange_id, self.incarnation, self.retention, self._count,
                                self._offer)
         # With a replica, first adopt the groups an earlier incarnation of this exchange left there.

@@ -13,10 +13,17 @@ Units reference the frame's own lists (seqs, payloads) by offset: no copy until 
 What is ready is served lowest priority number first, and within one priority round-robin over
 the keys that have work (one message per key per turn while several keys wait), so one key's
 thousand jobs do not starve the others. A message with a not-before time waits in a heap until
-the exchange's clock reaches it. A member holds at most `prefetch` unacked messages; a message
-not acked within the group's ack timeout, nacked, or held by a member that went away goes back
-to the front of its queue with its delivery count, and after `max_deliveries` deliveries it is
-dead-lettered: handed to `on_dead` (the forwarder publishes it on the group's dead-letter topic).
+the exchange's clock reaches it. A member holds at most `prefetch` unacked messages, and never
+more than `max_prefetch` whatever its join asked (a larger join is clamped). A message not acked
+within the group's ack timeout, nacked, or held by a member that went away goes back to the front
+of its queue with its delivery count, remembering the member it came back from; after
+`max_deliveries` counted deliveries it is dead-lettered: handed to `on_dead` (the forwarder
+publishes it on the group's dead-letter topic).
+
+A message that came back goes to a member it has not come back from whenever one has credit; only
+when none has may it go back to one it came back from, and that repeat does not count toward
+`max_deliveries` while the group has a member it has not come back from: one member's nack loop
+(or a member that lets everything time out) cannot dead-letter work that others could do.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from roq import protocol
 
 DEFAULT_PRIORITY = 0
 NO_KEY = b""
+# Turns over the members in one dispatch when a message waits for a member it has not come back
+# from (each turn must hand something out); what is left goes at the next dispatch.
+DISPATCH_PASSES = 3
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,8 @@ class Unit:
     """Messages idx..idx+count-1 of the frame at `pos`, with one priority, key and not-before time."""
 
     __slots__ = ("pos", "idx", "count", "topic", "publisher", "sent_ns", "seqs", "payloads", "priority", "key",
-                 "not_before", "deliveries", "member", "deadline", "arrived", "size")
+                 "not_before", "deliveries", "counted", "counting", "returned", "member", "deadline", "arrived",
+                 "size")
 
     def __init__(self, pos: int, idx: int, count: int, topic: bytes, publisher: str, sent_ns: int,
                  seqs: list[int], payloads: list[bytes], priority: int = DEFAULT_PRIORITY, key: bytes = NO_KEY,
@@ -63,7 +74,10 @@ class Unit:
         self.topic, self.publisher, self.sent_ns = topic, publisher, sent_ns
         self.seqs, self.payloads = seqs, payloads  # the frame's lists: ours are [idx, idx + count)
         self.priority, self.key, self.not_before = priority, key, not_before
-        self.deliveries = 0
+        self.deliveries = 0  # sent to a member this often (what members are told)
+        self.counted = 0  # ... of which count toward max_deliveries
+        self.counting = False  # the delivery in flight is one of those
+        self.returned: tuple[bytes, ...] = ()  # the members (routes) it came back from
         self.member: Member | None = None  # in flight at this member
         self.deadline = 0.0
         self.arrived = arrived
@@ -73,7 +87,8 @@ class Unit:
         """Split off and return the first `count` messages (same attributes, same state)."""
         head = Unit(self.pos, self.idx, count, self.topic, self.publisher, self.sent_ns, self.seqs, self.payloads,
                     self.priority, self.key, self.not_before, self.arrived)
-        head.deliveries, head.member, head.deadline = self.deliveries, self.member, self.deadline
+        head.deliveries, head.counted, head.counting = self.deliveries, self.counted, self.counting
+        head.returned, head.member, head.deadline = self.returned, self.member, self.deadline
         self.idx += count
         self.count -= count
         self.size -= head.size
@@ -104,6 +119,9 @@ class Level:
             queue.appendleft(unit)
         else:
             queue.append(unit)
+
+    def head(self) -> Unit:
+        return self.queues[self.turn[0]][0]
 
     def take(self, limit: int) -> Unit:
         """The next unit of at most `limit` messages (one while several keys wait: fairness)."""
@@ -195,11 +213,15 @@ class Group:
             self.delayed_count -= unit.count
             self.add(unit, now_wall)
 
-    def take(self, limit: int) -> Unit | None:
+    def take(self, limit: int, refuse: Callable[[Unit], bool] | None = None) -> Unit | None:
+        """The next ready unit of at most `limit` messages; None when there is none, or when
+        `refuse` says no to the one that comes next (it stays first)."""
         if not self.levels:
             return None
         priority = min(self.levels)
         level = self.levels[priority]
+        if refuse is not None and refuse(level.head()):
+            return None
         unit = level.take(limit)
         if not level.turn:
             del self.levels[priority]
@@ -216,6 +238,10 @@ class Group:
     def send(self, member: Member, unit: Unit, now: float) -> None:
         unit.member = member
         unit.deliveries += 1
+        # Back to a member it came back from, while another could have it: not counted (a member
+        # that nacks in a loop must not make it a dead letter).
+        unit.counting = not (member.route in unit.returned and self.has_member_besides(unit.returned))
+        unit.counted += unit.counting
         unit.deadline = now + self.settings.ack_timeout
         member.next_deadline = min(member.next_deadline, unit.deadline)
         member.units.add(unit)
@@ -256,6 +282,9 @@ class Group:
         if not units:
             del self.in_flight[pos]
 
+    def has_member_besides(self, routes: tuple[bytes, ...]) -> bool:
+        return any(route not in routes for route in self.members)
+
     def recall(self, member: Member) -> list[Unit]:
         """Everything `member` holds, out of flight (it left, or went silent)."""
         units = sorted(member.units, key=lambda u: (u.pos, u.idx))
@@ -273,8 +302,10 @@ class Groups:
 
     def __init__(self, max_groups: int = 64, max_members: int = 1000, member_timeout: float = 10.0,
                  group_ttl: float = 86400.0, on_dead: Callable[[Group, Unit], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 max_prefetch: int = 1000) -> None:
         self.max_groups = max_groups
+        self.max_prefetch = max_prefetch
         self.max_members = max_members
         self.member_timeout = member_timeout
         self.group_ttl = group_ttl
@@ -290,7 +321,9 @@ class Groups:
     # ------------------------------------------------------------ membership
 
     def join(self, name: str, route: bytes, settings: GroupSettings, prefetch: int) -> tuple[Group | None, str]:
-        """Add `route` as a member (creating the group); (group, "") or (None, refusal)."""
+        """Add `route` as a member (creating the group), holding at most min(prefetch, max_prefetch)
+        unacked messages; (group, "") or (None, refusal)."""
+        prefetch = min(prefetch, self.max_prefetch)
         now = self.clock()
         group = self.groups.get(name)
         if group is None:
@@ -334,7 +367,7 @@ class Groups:
     def _remove_member(self, group: Group, route: bytes) -> None:
         member = group.members.pop(route)
         group.rotation.remove(route)
-        self._requeue(group, group.recall(member))
+        self._requeue(group, group.recall(member), member)
         if not group.members:
             group.idle_since = self.clock()
 
@@ -356,7 +389,7 @@ class Groups:
                 if len(groups) > 1:  # each group needs its own unit objects (their state differs)
                     unit = Unit(unit.pos, unit.idx, unit.count, topic, publisher, sent_ns, seqs, payloads,
                                 unit.priority, unit.key, unit.not_before, now, unit.size)
-                unit.deliveries = deliveries
+                unit.deliveries = unit.counted = deliveries
                 group.add(unit, wall)
                 group.held_bytes += unit.size
                 self.held_bytes += unit.size
@@ -364,28 +397,46 @@ class Groups:
 
     # ------------------------------------------------------------ messages out
 
-    def dispatch(self, group: Group) -> Iterator[tuple[bytes, list[Unit]]]:
-        """Fill the members' credit from the ready queues: (route, units) per member served."""
+    def dispatch(self, group: Group, unit_limit: int = 1 << 62) -> list[tuple[bytes, list[Unit]]]:
+        """Fill the members' credit from the ready queues, in turn, in units of at most `unit_limit`
+        messages: (route, units) per member served. A message that came back waits for a member it
+        has not come back from while one has credit; that member's turn comes in the same call."""
         if not group.ready or not group.members:
-            return
+            return []
         now = self.clock()
         rotation = group.rotation
-        for _ in range(len(rotation)):
-            if not group.ready:
+        served: dict[bytes, list[Unit]] = {}
+        for _ in range(DISPATCH_PASSES):
+            deferred = progress = False
+            for _ in range(len(rotation)):
+                if not group.ready:
+                    break
+                route = rotation[0]
+                rotation.rotate(-1)  # the next dispatch starts with the next member
+                member = group.members[route]
+                if member.paused_until > now:
+                    continue
+                while member.credit > 0 and group.ready:
+                    unit = group.take(min(member.credit, unit_limit),
+                                      lambda head: self._elsewhere(group, head, member, now))
+                    if unit is None:
+                        deferred = True
+                        break
+                    group.send(member, unit, now)
+                    served.setdefault(route, []).append(unit)
+                    progress = True
+            # A member passed over for a message that waits for another may take what came after it.
+            if not (deferred and progress and group.ready):
                 break
-            route = rotation[0]
-            rotation.rotate(-1)  # the next dispatch starts with the next member
-            member = group.members[route]
-            if member.paused_until > now:
-                continue
-            units = []
-            while member.credit > 0 and group.ready:
-                unit = group.take(member.credit)
-                assert unit is not None
-                group.send(member, unit, now)
-                units.append(unit)
-            if units:
-                yield route, units
+        return list(served.items())
+
+    @staticmethod
+    def _elsewhere(group: Group, unit: Unit, member: Member, now: float) -> bool:
+        """`unit` came back from `member`, and another member it has not come back from has credit."""
+        if member.route not in unit.returned:
+            return False
+        return any(other.credit > 0 and other.paused_until <= now and other.route not in unit.returned
+                   for other in group.members.values())
 
     def ack(self, name: str, route: bytes, ranges: list[tuple[int, int, int]]) -> int:
         """Messages done: they leave the group for good. Only the member holding a message may
@@ -413,7 +464,7 @@ class Groups:
         count = sum(piece.count for piece in pieces)
         group.counters.nacked += count
         if requeue:
-            self._requeue(group, pieces)
+            self._requeue(group, pieces, member)
         else:
             for piece in pieces:
                 self._dead(group, piece)
@@ -426,19 +477,23 @@ class Groups:
         for unit in reversed(units):
             for piece in group.settle(unit.pos, unit.idx, unit.count):
                 piece.deliveries -= 1
+                piece.counted -= piece.counting
                 group.counters.delivered -= piece.count
                 if piece.deliveries:
                     group.counters.redelivered -= piece.count
                 group.add(piece, wall, front=True)
 
-    def _requeue(self, group: Group, units: list[Unit]) -> None:
-        """Back to the front of their queues (oldest first), or to the dead letters."""
+    def _requeue(self, group: Group, units: list[Unit], returner: Member) -> None:
+        """Back from `returner` to the front of their queues (oldest first), or to the dead letters
+        once delivered `max_deliveries` times that counted."""
         wall = self.wall()
         for unit in reversed(units):
-            if unit.deliveries >= group.settings.max_deliveries:
+            if unit.counted >= group.settings.max_deliveries:
                 self._dead(group, unit)
-            else:
-                group.add(unit, wall, front=True)
+                continue
+            if returner.route not in unit.returned:
+                unit.returned += (returner.route,)
+            group.add(unit, wall, front=True)
 
     def _dead(self, group: Group, unit: Unit) -> None:
         group.counters.dead_lettered += unit.count
@@ -473,7 +528,7 @@ class Groups:
         for unit in late:
             for _ in group.settle(unit.pos, unit.idx, unit.count):
                 pass
-        self._requeue(group, late)
+        self._requeue(group, late, member)
         member.next_deadline = min((u.deadline for u in member.units), default=math.inf)
 
     def shed_idle(self, max_bytes: int) -> list[str]:
@@ -518,7 +573,7 @@ class Groups:
 
     def records(self, upto: int) -> list[protocol.GroupRecord]:
         """Every group's state at stream position `upto` (every frame below it was offered): its
-        messages not yet acked or dead-lettered, as (pos, idx, count, deliveries)."""
+        messages not yet acked or dead-lettered, as (pos, idx, count, deliveries that counted)."""
         records = []
         for name, group in self.groups.items():
             units: list[Unit] = [u for level in group.levels.values() for q in level.queues.values() for u in q]
@@ -527,7 +582,7 @@ class Groups:
             s = group.settings
             records.append(protocol.GroupRecord(name, s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries,
                                                 s.dead_letter, upto,
-                                                [(u.pos, u.idx, u.count, u.deliveries) for u in units]))
+                                                [(u.pos, u.idx, u.count, u.counted) for u in units]))
         return records
 
     def adopt(self, record: protocol.GroupRecord) -> Group:

@@ -1,7 +1,9 @@
 """The work socket: consumer group members join, take work and ack it (docs/protocol.md section 7).
 
 A ROUTER socket. Members' frames go to the groups (exchange/groups.py); what the groups hand
-out leaves as `work` frames, one per member per dispatch, at most WORK_FRAME_BYTES each.
+out leaves as `work` frames, per member per dispatch, each of at most WORK_FRAME_MESSAGES messages
+and about WORK_FRAME_BYTES of payloads. A member holds at most `exchange.group_max_prefetch`
+unacked messages whatever its join asked (the groups clamp it).
 A member whose process died gives its unacked messages back at once: the socket's monitor
 reports the dropped connection's file descriptor, and each member's join and pings tell which
 descriptor its connection has (ZMQ_SRCFD). A frozen member keeps its connection, and gives them
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 WORK_HWM = 1000  # frames queued per member; credit (prefetch) bounds them first
 WORK_FRAME_BYTES = 1 << 20  # a work frame holds about this much payload at most
+WORK_FRAME_MESSAGES = 1000  # ... and at most this many messages
 MAX_MEMBER_FRAME = 8 << 20  # an ack of 100,000 ranges fits
 SEND_RETRY = 0.1  # s before work is encoded again for a member whose socket was full
 
@@ -164,22 +167,24 @@ class WorkServer:
         for group in list(self.groups.groups.values()):
             if not group.ready or not group.members:
                 continue
-            for route, units in list(self.groups.dispatch(group)):
+            for route, units in self.groups.dispatch(group, WORK_FRAME_MESSAGES):
                 self._send_units(group, route, units)
 
     def _send_units(self, group: Group, route: bytes, units: list[Unit]) -> None:
-        entries, size = [], 0
+        entries, size, count = [], 0, 0
         for i, unit in enumerate(units):
             entries.append(unit.entry())
             size += unit.size
-            if size >= WORK_FRAME_BYTES or i == len(units) - 1:
+            count += unit.count
+            last = i == len(units) - 1
+            if last or size >= WORK_FRAME_BYTES or count + units[i + 1].count > WORK_FRAME_MESSAGES:
                 if not self._send(route, protocol.encode_work(group.name, self.incarnation, entries)):
                     self.groups.unsend(group, units[i + 1 - len(entries):])  # this frame's and the rest
                     member = group.members.get(route)
                     if member is not None:
                         member.paused_until = self.groups.clock() + SEND_RETRY
                     return
-                entries, size = [], 0
+                entries, size, count = [], 0, 0
 
     def _send(self, route: bytes, frame: bytes) -> bool:
         try:

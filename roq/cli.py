@@ -24,6 +24,10 @@ if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.config import Config
 
 DEFAULT_LOCAL_CONFIG = Path(".roq/cluster/config.toml")
+# A printing group member holds one message unacked: each message a member holds when it stops (a
+# closed pipe) goes back counting a delivery, so a larger prefetch and repeated `| head` runs could
+# make dead letters of messages nobody read.
+CLI_PREFETCH = 1
 # With no configuration at all, ZooKeeper's default address is a guess: give up on it quickly.
 GUESS_CONNECT_TIMEOUT = 2.5
 HOW_TO_CONFIGURE = ("no cluster is configured here: point at one with --config FILE, ROQ_CONFIG=FILE or "
@@ -585,23 +589,35 @@ def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: flo
                    "retain), now (the default), or a position FILE (a durable subscriber's saved one)")
 @click.option("--group", metavar="NAME", default=None,
               help="join consumer group NAME: each message goes to one member of the group, acked once "
-                   "printed (docs/work-queues.md)")
+                   "the reader has its line (docs/work-queues.md)")
 @click.option("--prefetch", type=click.IntRange(1, 100_000), default=None,
-              help="with --group: unacked messages held per exchange (default client.prefetch)")
+              help=f"with --group: unacked messages held per exchange (default {CLI_PREFETCH}; with --exec, "
+                   "--concurrency)")
+@click.option("--exec", "command", metavar="CMD", default=None,
+              help="with --group: run CMD (/bin/sh -c) for each message, payload on stdin, attributes in ROQ_* "
+                   "variables; ack when it exits 0, nack otherwise")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=None,
+              help="with --exec: commands run at once (default 1)")
 @pass_ctx
 @handle_errors
 def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float,
-              durable: str | None, start_from: str | None, group: str | None, prefetch: int | None) -> None:
+              durable: str | None, start_from: str | None, group: str | None, prefetch: int | None,
+              command: str | None, concurrency: int | None) -> None:
     """Print the messages of QUEUE, one per line: topic<TAB>payload.
 
     A new subscriber starts now: add --from beginning for what was published before. A --durable
     subscriber resumes from its saved position; --from only says where a new name starts.
-    With --group it is a member of a consumer group: it prints its share and acks each message."""
+    With --group it is a member of a consumer group: it prints its share, acking each message once
+    its line is read (written, flushed, and out of the pipe), or with --exec runs a command for each."""
     from roq.client.subscriber import Subscriber
+    if command is not None and group is None:
+        raise click.UsageError("--exec needs --group")
+    if concurrency is not None and command is None:
+        raise click.UsageError("--concurrency needs --exec")
     if group is not None:
         if durable is not None or start_from is not None:
             raise click.UsageError("--group takes no --durable or --from: the group keeps its own state")
-        _work(ctx, queue_name, topics, count, timeout, group, prefetch)
+        _work(ctx, queue_name, topics, count, timeout, group, prefetch, command, concurrency or 1)
         return
     if prefetch is not None:
         raise click.UsageError("--prefetch needs --group")
@@ -616,19 +632,36 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
 
 
 def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float, group: str,
-          prefetch: int | None) -> None:
-    """`roq subscribe --group`: print this member's share, acking each message once written."""
+          prefetch: int | None, command: str | None, concurrency: int) -> None:
+    """`roq subscribe --group`: print this member's share, or run `command` for each message
+    (roq/tools/work_cli.py). Nothing is acked that the reader or the command did not finish."""
     from roq.client.worker import GroupSubscriber
+    from roq.tools.work_cli import LineOut, Stop, exec_share, print_share
+    out = LineOut(sys.stdout.buffer) if command is None else None
+    prefetch = prefetch or (concurrency if command is not None else CLI_PREFETCH)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))  # leaves through the with-block below
+    stop, done, interrupted = Stop.DONE, 0, False
     with GroupSubscriber(queue_name, ctx.config, topics, group=group, prefetch=prefetch, auto_ack=False) as sub:
-        received, interrupted = _print_messages(sub, count, timeout, ack=True)  # leaving gives back the rest
-        stats = sub.stats()
-    click.echo(f"received {received} messages of group {group} (acked {stats['acked']}, "
-               f"redelivered to us {stats['redelivered']})", err=True)
+        try:
+            if out is not None:
+                done, stop = print_share(sub, out, count, timeout)
+            else:
+                assert command is not None
+                done = exec_share(sub, command, concurrency, count, timeout)
+        except KeyboardInterrupt:
+            interrupted = True
+        stats = sub.stats()  # leaving the group gives what was not done back to the other members at once
+    if stop is Stop.PIPE_CLOSED:  # nothing more can go there, not even at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    what = "printed" if out is not None else "ran the command for"
+    click.echo(f"{what} {done} messages of group {group} (acked {stats['acked']}, nacked {stats['nacked']}, "
+               f"redelivered to us {stats['redelivered']}){'; ' + stop.value if stop is not Stop.DONE else ''}",
+               err=True)
     if interrupted:
         sys.exit(Exit.INTERRUPTED)
 
 
-def _print_messages(sub: Any, count: int, timeout: float, ack: bool = False) -> tuple[int, bool]:
+def _print_messages(sub: Any, count: int, timeout: float) -> tuple[int, bool]:
     """Print messages as topic<TAB>payload until `count` or `timeout` idle seconds; (printed, interrupted)."""
     received = 0
     out = sys.stdout.buffer
@@ -640,8 +673,6 @@ def _print_messages(sub: Any, count: int, timeout: float, ack: bool = False) -> 
                 break
             out.write(msg.topic + b"\t" + msg.payload + b"\n")
             out.flush()
-            if ack:
-                msg.ack()  # printed: done
             received += 1
     except KeyboardInterrupt:
         return received, True

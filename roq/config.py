@@ -22,12 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from roq.errors import ConfigError
+from roq.protocol import MAX_PREFETCH
 
 ENV_PREFIX = "ROQ_"
 ENV_CONFIG_FILE = "ROQ_CONFIG"
-# ROQ_ variables that are not settings: the file above, Spark's log level (docs/spark.md) and the
-# pipeline driver's parent (roq/spark/stats_job.py).
-ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "ROQ_SPARK_LOG_LEVEL", "ROQ_PIPELINE_PARENT"})
+# What `roq subscribe --group --exec` tells each command about its message (roq/tools/work_cli.py,
+# docs/cli.md): a command may run `roq` itself.
+MESSAGE_ENV = ("ROQ_QUEUE", "ROQ_GROUP", "ROQ_EXCHANGE", "ROQ_TOPIC", "ROQ_TOPIC_HEX", "ROQ_KEY", "ROQ_KEY_HEX",
+               "ROQ_PUBLISHER", "ROQ_SEQ", "ROQ_MESSAGE_ID", "ROQ_DELIVERIES", "ROQ_PRIORITY")
+# ROQ_ variables that are not settings: the file above, Spark's log level (docs/spark.md), the
+# pipeline driver's parent (roq/spark/stats_job.py) and the message variables above.
+ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "ROQ_SPARK_LOG_LEVEL", "ROQ_PIPELINE_PARENT", *MESSAGE_ENV})
 JOURNAL_MODES = ("off", "async", "fsync")
 MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 
@@ -123,6 +128,8 @@ class ExchangeConfig:
     # bytes all groups may hold before the exchange stops reading publishers (nothing is dropped).
     max_groups: int = 64
     max_group_members: int = 1_000
+    # Unacked messages one member may hold, whatever its join asks (a larger prefetch is clamped).
+    group_max_prefetch: int = 1_000
     group_member_timeout: float = 10.0
     group_ttl: float = 86_400.0
     group_max_bytes: int = 256 << 20
@@ -382,6 +389,7 @@ def _validate(c: Config) -> None:
         ("exchange.max_prefixes", c.exchange.max_prefixes),
         ("exchange.replay_budget_bytes", c.exchange.replay_budget_bytes),
         ("exchange.max_groups", c.exchange.max_groups), ("exchange.max_group_members", c.exchange.max_group_members),
+        ("exchange.group_max_prefetch", c.exchange.group_max_prefetch),
         ("exchange.group_member_timeout", c.exchange.group_member_timeout),
         ("exchange.group_ttl", c.exchange.group_ttl), ("exchange.group_max_bytes", c.exchange.group_max_bytes),
         ("client.prefetch", c.client.prefetch), ("client.ack_timeout", c.client.ack_timeout),
@@ -423,6 +431,9 @@ def _validate(c: Config) -> None:
         raise ConfigError("exchange.replay_budget_bytes must be at least 2 x exchange.fetch_max_bytes")
     if c.exchange.max_batch_bytes < c.exchange.max_message_bytes:
         raise ConfigError("exchange.max_batch_bytes must be >= exchange.max_message_bytes")
+    if c.exchange.group_max_prefetch > MAX_PREFETCH:
+        raise ConfigError(f"exchange.group_max_prefetch must be at most {MAX_PREFETCH} (the most a join may ask), "
+                          f"got {c.exchange.group_max_prefetch}")
     for where, port in (("gcm.port", c.gcm.port), ("cluster.zk_port", c.cluster.zk_port), ("web.port", c.web.port)):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where} must be a TCP port (0 = any free one), got {port}")

@@ -7,8 +7,10 @@ tests/unit/test_fuzz_corpus.py replays the kept corpus through the same function
 
 The exchange targets drive a real Forwarder (real ZeroMQ sockets on loopback), so a hostile
 publisher's or subscriber's frame goes through exactly what it would reach in production; the
-replica targets likewise drive a real Replica (exchange/replica.py): a primary's follow and copy
-frames, and subscribers' fetches and position requests naming stored incarnations.
+work session target plays several group members against a real work socket (exchange/work.py)
+and checks the groups' invariants after every step (a violation is an AssertionError: a crash);
+the replica targets likewise drive a real Replica (exchange/replica.py): a primary's follow and
+copy frames, and subscribers' fetches and position requests naming stored incarnations.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from __future__ import annotations
 import functools
 import tomllib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from roq import protocol
 from roq.config import Config, _apply, config_from_json
 from roq.errors import UserError
+
+if TYPE_CHECKING:
+    from exchange.groups import Groups
 
 Target = Callable[[bytes], None]
 MAX_REPLY = 1 << 20
@@ -114,6 +120,100 @@ def exchange_work_frame(data: bytes) -> None:
     forwarder.work.pump()
 
 
+WORK_ROUTES = (b"m0", b"m1", b"m2")
+WORK_CAP = 8  # exchange.group_max_prefetch of the session target: small, so members reach it
+
+
+@functools.lru_cache(maxsize=1)
+def _work_server():
+    """A real WorkServer on a real ROUTER, with one connected DEALER per member route (so that work
+    frames are really sent); each input gets fresh groups."""
+    import zmq
+
+    from exchange.groups import Groups
+    from exchange.retention import Retention
+    from exchange.work import WorkServer, work_socket
+    context = zmq.Context.instance()
+    sock = work_socket(context)
+    sock.bind("inproc://fuzz-work")
+    server = WorkServer(sock, Groups(max_prefetch=WORK_CAP), "x1", "x1.ab", Retention(60, 1 << 20),
+                        lambda kind, n: None, lambda *a, **kw: server.groups.offer(*a, **kw))
+    dealers = []
+    for route in WORK_ROUTES:
+        dealer = context.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.routing_id = route
+        dealer.connect("inproc://fuzz-work")
+        dealers.append(dealer)
+    return server, dealers
+
+
+class _Ops:
+    """The input read as a program: one byte chooses the step, the next ones its arguments."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def byte(self) -> int:
+        self.at += 1
+        return self.data[self.at - 1] if self.at <= len(self.data) else 0
+
+    def more(self) -> bool:
+        return self.at < len(self.data)
+
+
+def exchange_work_session(data: bytes) -> None:
+    """Members on a live work socket: joins with any prefetch (up to 2^24), acks and nacks of any
+    ranges, nack-with-requeue loops, leaves, raw frames, messages arriving between them. After every
+    step no member holds more than the cap, and every message offered is ready, delayed, in flight,
+    acked or dead-lettered: exactly once in the counts. A violation raises AssertionError (a crash)."""
+    from exchange.groups import Groups
+    server, dealers = _work_server()
+    server.groups = Groups(max_prefetch=WORK_CAP)
+    ops, pos = _Ops(data), 0
+    while ops.more():
+        step, route = ops.byte() % 8, WORK_ROUTES[ops.byte() % len(WORK_ROUTES)]
+        if step == 0:
+            prefetch = max(1, min(protocol.MAX_PREFETCH, ops.byte() << 16 | ops.byte() << 8 | ops.byte()))
+            frame = protocol.encode_join("w", [b"jobs"], prefetch, 30_000, 3, b"dead", False)
+        elif step in (1, 2, 3):
+            ranges = [[ops.byte() % 8 + 1, ops.byte() % 32, ops.byte() % 32 + 1]]
+            kind = protocol.ACK if step == 1 else protocol.NACK
+            frame = protocol.encode_settle(kind, "w", "x1.ab", ranges, requeue=step == 2)
+        elif step == 4:  # the nack loop: everything it holds, back with requeue
+            group = server.groups.groups.get("w")
+            member = group.members.get(route) if group is not None else None
+            held = [[u.pos, u.idx, u.count] for u in member.units] if member is not None else []
+            frame = protocol.encode_settle(protocol.NACK, "w", "x1.ab", held, requeue=True)
+        elif step == 5:
+            frame = protocol.encode_leave("w")
+        elif step == 6:
+            pos += 1
+            count = ops.byte() % 32 + 1
+            server.groups.offer(pos, b"jobs", "p", 0, list(range(1, count + 1)), [b"x"] * count)
+            frame = protocol.encode_ping()
+        else:
+            frame = bytes(ops.byte() for _ in range(ops.byte() % 64))
+        try:
+            server.handle(route, frame)
+        except UserError:
+            pass  # answered `error malformed` by WorkServer.drain
+        server.pump()
+        for dealer in dealers:
+            while dealer.poll(0):
+                dealer.recv()
+        _check_groups(server.groups)
+
+
+def _check_groups(groups: Groups) -> None:
+    for group in groups.groups.values():
+        for member in group.members.values():
+            assert member.in_flight <= WORK_CAP, f"a member holds {member.in_flight} > {WORK_CAP}"
+            assert member.in_flight == sum(u.count for u in member.units)
+        c = group.counters
+        assert c.offered == c.acked + c.dead_lettered + group.ready + group.delayed_count + group.in_flight_count
+
+
 FUZZ_PROOF = b"p" * 32  # the copy secret of the fuzzed replica's incarnations
 
 
@@ -171,6 +271,7 @@ TARGETS: dict[str, Target] = {
     "member_frame": _refused(protocol.decode_member_frame),
     "work_reply": _refused(lambda d: protocol.decode_work_reply(d, MAX_REPLY)),
     "exchange_work_frame": exchange_work_frame,
+    "exchange_work_session": exchange_work_session,
     "replica_request": _refused(protocol.decode_replica_request),
     "replica_reply": _refused(protocol.decode_replica_reply),
     "replica_frame": replica_frame,
@@ -225,7 +326,12 @@ def seeds() -> dict[str, list[bytes]]:
         "member_frame": [join, ack, nack, protocol.encode_leave("workers"), protocol.encode_ping()],
         "work_reply": [work, protocol.encode_joined("workers", "x1", "x1.ab"), protocol.encode_pong("x1.ab", ["w"]),
                        protocol.encode_work_error("workers", "group_mismatch", "m")],
-        "exchange_work_frame": [join, ack, nack, protocol.encode_ping()],
+        "exchange_work_frame": [join, ack, nack, protocol.encode_ping(),
+                                protocol.encode_join("workers", [b"t"], 100_000, 30_000, 5, b"dead", False)],
+        # join m0 with prefetch 100,000 and m1 with 1; 32 messages; m0 nacks all it holds three
+        # times; m1 acks one; m0 leaves; a raw frame
+        "exchange_work_session": [bytes([0, 0, 1, 134, 160, 0, 1, 0, 0, 1, 6, 0, 31, 4, 0, 4, 0, 4, 0,
+                                         1, 1, 1, 0, 0, 5, 0, 7, 2, 3, 1, 2, 3])],
         "replica_request": [follow, copy, jump, groups, done, adopt],
         "replica_reply": [protocol.encode_adoption("x1.cd", "x1.ab", [record], {pid: 4}, [(3, b"t", delivery)]),
                           protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),

@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from kazoo.client import KazooClient
 
+from roq import protocol
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
@@ -358,4 +360,231 @@ def test_the_cli_subscribes_as_a_group_member_and_shows_the_group(lab: Lab) -> N
         assert shown.returncode == 0 and "printers" in shown.stdout and "consumer groups" in shown.stdout
     finally:
         member.kill()
+        lab.delete(queue)
+
+
+class RawMember:
+    """A hostile group member on a bare DEALER (no client library): it joins with any prefetch and
+    either keeps what it is sent (`nack_loop` False) or nacks it with requeue as soon as it comes,
+    in a loop, on its own thread (which owns the socket)."""
+
+    def __init__(self, endpoint: str, prefetch: int, nack_loop: bool) -> None:
+        self.endpoint, self.prefetch, self.nack_loop = endpoint, prefetch, nack_loop
+        self.frames: list[int] = []  # messages per work frame received
+        self.nacked = 0
+        self.joined = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.joined.wait(10), "the raw member's join was not answered"
+
+    def _run(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(self.endpoint)
+        try:
+            sock.send(protocol.encode_join("workers", [b"jobs"], self.prefetch, 30_000, 5, b"roq.dead/workers",
+                                           False))
+            next_ping = time.monotonic() + 1
+            while not self.stop.is_set():
+                if time.monotonic() >= next_ping:
+                    next_ping += 1
+                    sock.send(protocol.encode_ping())
+                if not sock.poll(50):
+                    continue
+                reply = protocol.decode_work_reply(sock.recv(), 64 << 20)
+                if reply.kind == protocol.JOINED:
+                    self.joined.set()
+                elif reply.kind == protocol.WORK and reply.entries is not None:
+                    self._take(sock, reply.incarnation, reply.entries)
+        finally:
+            sock.close(linger=0)
+
+    def _take(self, sock: zmq.Socket, incarnation: str, entries: list[list[object]]) -> None:
+        ranges = [[e[0], e[1], len(e[6])] for e in entries]  # type: ignore[arg-type]
+        self.frames.append(sum(r[2] for r in ranges))
+        if self.nack_loop:
+            sock.send(protocol.encode_settle(protocol.NACK, "workers", incarnation, ranges, requeue=True))
+            self.nacked += self.frames[-1]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_a_raw_member_asking_a_prefetch_of_100000_holds_at_most_the_cap(lab: Lab) -> None:
+    queue = lab.queue("greedy")
+    cap = lab.config.exchange.group_max_prefetch
+    raw = RawMember(read_live(lab.zk, lab.paths, queue)["x1"]["work"], prefetch=100_000, nack_loop=False)
+    total = 3 * cap
+    try:
+        with Publisher(queue, lab.config, lab.zk) as pub:
+            pub.publish_many("jobs", [b"%d" % i for i in range(total)])
+            pub.flush()
+        wait_until(lambda: lab.group_figures(queue).get("ready") == total - cap, timeout=20,
+                   message=f"{cap} messages out, the rest waiting")
+        wait_until(lambda: sum(raw.frames) == cap, timeout=10, message="the raw member has its share")
+        figures = lab.group_figures(queue)
+        record_figures("work-prefetch-cap", asked=100_000, cap=cap, held=sum(raw.frames), frames=len(raw.frames),
+                       largest_frame=max(raw.frames))
+        assert figures["in_flight"] == cap and sum(raw.frames) == cap
+        assert max(raw.frames) <= 1000  # one work frame hands out at most 1000 messages
+    finally:
+        raw.close()
+        lab.delete(queue)
+
+
+def test_a_raw_member_nacking_in_a_loop_dead_letters_nothing_an_honest_member_can_do(lab: Lab) -> None:
+    """The report of issue 31: a raw member with a huge prefetch nacks everything with requeue, in
+    a loop, beside a slow honest member (the real client, prefetch 1): every message must reach the
+    honest member, none the dead letters (max_deliveries 5)."""
+    queue = lab.queue("nack-loop")
+    got = Collector(work=0.002)
+    honest = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member("honest"),
+                        prefetch=1)
+    raw = RawMember(read_live(lab.zk, lab.paths, queue)["x1"]["work"], prefetch=100_000, nack_loop=True)
+    dead = Subscriber(queue, lab.config, ["roq.dead/workers"], zk=lab.zk)
+    total = 300
+    try:
+        with Publisher(queue, lab.config, lab.zk) as pub:
+            seqs = pub.publish_many("jobs", [b"%d" % i for i in range(total)])
+            pub.flush()
+            wait_until(lambda: len(got.ids()) == total, timeout=60, message="every message processed")
+        raw.close()
+        wait_until(lambda: lab.group_figures(queue).get("acked") == total, timeout=10, message="all acked")
+        figures = lab.group_figures(queue)
+        record_figures("work-nack-loop", messages=total, nacked_by_raw=raw.nacked,
+                       dead_lettered=figures.get("dead_lettered"), redelivered=figures.get("redelivered"))
+        assert raw.nacked >= total  # it did take the work, and gave all of it back again and again
+        assert set(got.ids()) == {f"{pub.id}:{seq}" for seq in seqs}
+        assert figures["dead_lettered"] == 0
+        assert dead.receive(timeout=0.5) is None
+    finally:
+        raw.close()
+        for sub in (honest, dead):
+            sub.close()
+        lab.delete(queue)
+
+
+def roq_cli(lab: Lab) -> list[str]:
+    return [sys.executable, "-m", "roq.cli", "--config", str(lab.procs.config_path)]
+
+
+def test_a_piped_member_acks_only_what_its_reader_took(lab: Lab) -> None:
+    """The report of issue 31: `roq subscribe pq --topic j --group g | head -3`, then 200 messages,
+    then a second member: head prints 3, the second member gets the 197 others, none is lost."""
+    queue = lab.queue("pq")
+    member = subprocess.Popen([*roq_cli(lab), "subscribe", queue, "--topic", "j", "--group", "g"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert member.stdout is not None
+    head = subprocess.Popen(["head", "-3"], stdin=member.stdout, stdout=subprocess.PIPE)
+    member.stdout.close()  # head holds the pipe's only read end
+    second = None
+    try:
+        wait_until(lambda: lab.group_figures(queue, "g").get("members") == 1, timeout=20, message="joined")
+        published = subprocess.run([*roq_cli(lab), "publish", queue, "--topic", "j"], timeout=60,
+                                   input=b"".join(b"%d\n" % i for i in range(1, 201)), capture_output=True)
+        assert published.returncode == 0, published.stderr
+        head_lines = head.communicate(timeout=30)[0].splitlines()
+        _, err = member.communicate(timeout=30)
+        assert member.returncode == 0, err  # a closed pipe is a normal stop
+        assert b"acked 3," in err and b"the reader closed stdout" in err
+        second = subprocess.Popen([*roq_cli(lab), "subscribe", queue, "--topic", "j", "--group", "g", "--count", "197",
+                                   "--timeout", "15"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        second_lines = second.communicate(timeout=60)[0].splitlines()
+        wait_until(lambda: lab.group_figures(queue, "g").get("acked") == 200, timeout=10, message="200 acked")
+        figures = lab.group_figures(queue, "g")
+        taken = [line.split(b"\t")[1] for line in head_lines + second_lines]
+        record_figures("work-piped-member", by_head=len(head_lines), by_second=len(second_lines),
+                       lost=200 - len(set(taken)), dead_lettered=figures.get("dead_lettered"))
+        assert len(head_lines) == 3 and len(second_lines) == 197
+        assert sorted(taken) == sorted(b"%d" % i for i in range(1, 201))  # each once, none lost
+        assert figures["dead_lettered"] == 0 and figures["ready"] == 0 and figures["in_flight"] == 0
+    finally:
+        for proc in (member, head, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+        lab.delete(queue)
+
+
+RUN_LOG = 'p=$(cat); echo "$ROQ_MESSAGE_ID $ROQ_DELIVERIES $ROQ_TOPIC $ROQ_GROUP $p" >> {log}'
+
+
+def test_exec_acks_what_the_command_did_and_dead_letters_what_keeps_failing(lab: Lab, tmp_path: Path) -> None:
+    queue = lab.queue("exec")
+    log = tmp_path / "runs.log"
+    command = RUN_LOG.format(log=log) + '; case "$p" in bad*) exit 3;; esac'
+    dead = Subscriber(queue, lab.config, ["roq.dead/g"], zk=lab.zk)
+    member = subprocess.Popen([*roq_cli(lab), "--set", "client.max_deliveries=3", "subscribe", queue, "--topic", "j",
+                               "--group", "g", "--exec", command, "--concurrency", "2"], stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: lab.group_figures(queue, "g").get("members") == 1, timeout=20, message="joined")
+        payloads = [b"ok-%d" % i for i in range(17)] + [b"bad-%d" % i for i in range(3)]
+        with Publisher(queue, lab.config, lab.zk) as pub:
+            seqs = pub.publish_many("j", payloads)
+            pub.flush()
+        wait_until(lambda: (lab.group_figures(queue, "g").get("acked"),
+                            lab.group_figures(queue, "g").get("dead_lettered")) == (17, 3), timeout=30,
+                   message="17 acked, 3 dead-lettered")
+        letters = sorted(wait_until(lambda: dead.receive(timeout=0.5), timeout=10, message="a dead letter").payload
+                         for _ in range(3))
+        runs = [line.split() for line in log.read_text().splitlines()]
+        ids = {payload.decode(): f"{pub.id}:{seq}" for payload, seq in zip(payloads, seqs)}
+        by_payload: dict[str, list[int]] = {}
+        for message_id, deliveries, topic, group, payload in runs:
+            assert (message_id, topic, group) == (ids[payload], "j", "g")
+            by_payload.setdefault(payload, []).append(int(deliveries))
+        assert {p: sorted(d) for p, d in by_payload.items() if p.startswith("ok")} == \
+            {f"ok-{i}": [1] for i in range(17)}  # each done once, acked once
+        assert {p: sorted(d) for p, d in by_payload.items() if p.startswith("bad")} == \
+            {f"bad-{i}": [1, 2, 3] for i in range(3)}  # nacked, redelivered, dead after max_deliveries
+        assert letters == [b"bad-0", b"bad-1", b"bad-2"]
+        member.send_signal(signal.SIGTERM)
+        assert member.wait(15) == 0
+    finally:
+        member.kill()
+        member.wait(10)
+        dead.close()
+        lab.delete(queue)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` runs (a zombie waiting for init to reap it does not)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def test_exec_stopped_gives_the_unfinished_message_back_at_once(lab: Lab, tmp_path: Path) -> None:
+    """SIGTERM while the command runs: the command's process group is stopped, its message nacked and
+    handed to another member at once (not after the 30 s ack timeout), and the member exits 0."""
+    queue = lab.queue("exec-stop")
+    log = tmp_path / "started"
+    member = subprocess.Popen([*roq_cli(lab), "subscribe", queue, "--topic", "j", "--group", "g", "--exec",
+                               f"echo $$ > {log}; sleep 60; exit 0"], stderr=subprocess.PIPE)
+    other = None
+    try:
+        wait_until(lambda: lab.group_figures(queue, "g").get("members") == 1, timeout=20, message="joined")
+        with Publisher(queue, lab.config, lab.zk) as pub:
+            pub.publish("j", b"long job")
+            pub.flush()
+        pgid = int(wait_until(lambda: log.exists() and log.read_text().strip(), timeout=20, message="started"))
+        member.send_signal(signal.SIGTERM)
+        assert member.wait(15) == 0
+        wait_until(lambda: not group_alive(pgid), timeout=5, message="the command and its sleep gone")
+        other = Subscriber(queue, lab.config, ["j"], zk=lab.zk, group="g", auto_ack=False)
+        msg = other.receive(timeout=5)
+        assert msg is not None and msg.payload == b"long job" and msg.deliveries == 2
+        msg.ack()
+    finally:
+        member.kill()
+        member.wait(10)
+        if other is not None:
+            other.close()
         lab.delete(queue)

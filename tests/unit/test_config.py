@@ -21,6 +21,8 @@ def test_layers_apply_in_order(tmp_path) -> None:
     ("zk.nope=1", "unknown key"), ("nope.x=1", "unknown section"), ("zk.session_timeout=x", "must be float"),
     ("hcm.capacity=0", "must be positive"), ("zk.root=relative", "absolute"), ("gcm.port=70000", "TCP port"),
     ("log.level=LOUD", "log.level"), ("hcm.host=bad name", "hcm.host"), ("novalue", "section.key=value"),
+    ("exchange.group_max_prefetch=0", "must be positive"),
+    ("exchange.group_max_prefetch=100001", "group_max_prefetch must be at most 100000"),
 ])
 def test_bad_settings_are_refused(flag: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):

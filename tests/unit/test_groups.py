@@ -4,6 +4,7 @@ search over joins, leaves, offers, dispatches, acks, nacks, timeouts and disconn
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -42,6 +43,15 @@ def payloads(n: int) -> tuple[list[int], list[bytes]]:
     return list(range(1, n + 1)), [b"m%d" % i for i in range(n)]
 
 
+def members(*routes: bytes, prefetch: int, dead: list[tuple[str, Unit]] | None = None) -> tuple[Groups, Group]:
+    """An engine with group "w" of these members (joined in this order), all with `prefetch`."""
+    groups = engine(Clock(), dead)
+    for route in routes:
+        group, _ = groups.join("w", route, SETTINGS, prefetch)
+    assert group is not None
+    return groups, group
+
+
 def test_prefetch_bounds_what_a_member_holds_and_acks_free_room() -> None:
     clock = Clock()
     groups = engine(clock)
@@ -56,11 +66,7 @@ def test_prefetch_bounds_what_a_member_holds_and_acks_free_room() -> None:
 
 
 def test_an_ack_only_counts_from_the_member_holding_the_message() -> None:
-    clock = Clock()
-    groups = engine(clock)
-    group, _ = groups.join("w", b"a", SETTINGS, prefetch=5)
-    groups.join("w", b"b", SETTINGS, prefetch=5)
-    assert group is not None
+    groups, group = members(b"a", b"b", prefetch=5)
     groups.offer(1, b"jobs", "p", 0, *payloads(5))
     assert sent(groups, group) == {b"a": [(1, 0, 5)]}
     assert groups.ack("w", b"b", [(1, 0, 5)]) == 0  # b does not hold them
@@ -103,6 +109,71 @@ def test_a_silent_member_is_dropped_and_its_work_goes_to_another() -> None:
     groups.tick()
     assert set(group.members) == {b"b"}
     assert sent(groups, group) == {b"b": [(1, 0, 4)]}
+
+
+def test_a_join_asking_more_than_the_cap_holds_the_cap() -> None:
+    clock = Clock()
+    groups = engine(clock, max_prefetch=5)
+    group, _ = groups.join("w", b"greedy", SETTINGS, prefetch=100_000)
+    assert group is not None and group.members[b"greedy"].prefetch == 5
+    groups.offer(1, b"jobs", "p", 0, *payloads(20))
+    assert sent(groups, group) == {b"greedy": [(1, 0, 5)]}
+    assert sent(groups, group) == {}
+
+
+def test_dispatch_cuts_units_to_the_frame_limit() -> None:
+    groups, group = members(b"a", prefetch=10)
+    groups.offer(1, b"jobs", "p", 0, *payloads(8))
+    assert [(u.idx, u.count) for _, units in groups.dispatch(group, unit_limit=3) for u in units] == \
+        [(0, 3), (3, 3), (6, 2)]
+
+
+def test_a_nacked_message_goes_to_another_member_with_credit() -> None:
+    groups, group = members(b"a", b"b", prefetch=5)
+    groups.offer(1, b"jobs", "p", 0, *payloads(1))
+    assert sent(groups, group) == {b"a": [(1, 0, 1)]}
+    groups.offer(2, b"jobs", "p", 0, *payloads(1))
+    assert sent(groups, group) == {b"b": [(2, 0, 1)]}  # the next dispatch starts with a again
+    groups.ack("w", b"b", [(2, 0, 1)])
+    groups.nack("w", b"a", [(1, 0, 1)], requeue=True)
+    assert sent(groups, group) == {b"b": [(1, 0, 1)]}  # a has credit too, but it gave it back
+
+
+def test_a_member_gets_back_what_it_returned_only_when_no_other_has_credit() -> None:
+    groups, group = members(b"a", b"b", prefetch=1)
+    groups.offer(1, b"jobs", "p", 0, *payloads(3))
+    assert sent(groups, group) == {b"a": [(1, 0, 1)], b"b": [(1, 1, 1)]}
+    groups.nack("w", b"a", [(1, 0, 1)], requeue=True)
+    # b is full: message 0 goes back to a rather than wait, before message 2 (a redelivery goes first).
+    assert sent(groups, group) == {b"a": [(1, 0, 1)]}
+
+
+def test_a_nack_loop_by_one_member_never_dead_letters_while_another_member_is_there() -> None:
+    dead: list[tuple[str, Unit]] = []
+    groups, group = members(b"loop", b"busy", prefetch=1, dead=dead)
+    groups.offer(1, b"jobs", "p", 0, *payloads(2))
+    assert sent(groups, group) == {b"loop": [(1, 0, 1)], b"busy": [(1, 1, 1)]}
+    for _ in range(10 * SETTINGS.max_deliveries):  # busy has no credit: it comes back to loop each time
+        groups.nack("w", b"loop", [(1, 0, 1)], requeue=True)
+        assert sent(groups, group) == {b"loop": [(1, 0, 1)]}
+    assert dead == [] and group.counters.dead_lettered == 0
+    (unit,) = group.members[b"loop"].units
+    assert unit.deliveries == 10 * SETTINGS.max_deliveries + 1 and unit.counted == 1
+    assert [r.pending for r in groups.records(2)] == [[(1, 1, 1, 1), (1, 0, 1, 1)]]  # the replica counts alike
+    groups.ack("w", b"busy", [(1, 1, 1)])
+    groups.nack("w", b"loop", [(1, 0, 1)], requeue=True)
+    assert sent(groups, group) == {b"busy": [(1, 0, 1)]}
+    assert groups.ack("w", b"busy", [(1, 0, 1)]) == 1 and dead == []
+
+
+def test_a_message_every_member_returned_counts_every_delivery() -> None:
+    dead: list[tuple[str, Unit]] = []
+    groups, group = members(b"a", b"b", prefetch=1, dead=dead)
+    groups.offer(1, b"jobs", "p", 0, *payloads(1))
+    for _ in range(SETTINGS.max_deliveries):  # a poison message: it fails at every member
+        (route, units), = groups.dispatch(group)
+        groups.nack("w", route, [(1, 0, 1)], requeue=True)
+    assert [(name, u.count, u.deliveries) for name, u in dead] == [("w", 1, SETTINGS.max_deliveries)]
 
 
 def test_lower_priority_numbers_first_and_keys_in_turn() -> None:
@@ -223,28 +294,220 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_message_is_in_one_place(self) -> None:
-        if not hasattr(self, "group"):
-            return
-        places: Counter[tuple[int, int]] = Counter()
-        units = [u for level in self.group.levels.values() for q in level.queues.values() for u in q]
-        units += [entry[2] for entry in self.group.delayed]
-        in_flight = [u for flying in self.group.in_flight.values() for u in flying]
-        for unit in units + in_flight + [u for _, u in self.dead]:
-            for i in range(unit.idx, unit.idx + unit.count):
-                places[(unit.pos, i)] += 1
-        for key in self.acked:
-            places[key] += 1
-        assert set(places) == self.offered
-        assert all(n == 1 for n in places.values()), [k for k, n in places.items() if n > 1]
-        assert self.group.ready == sum(u.count for u in units if u not in {e[2] for e in self.group.delayed})
-        assert self.group.in_flight_count == sum(u.count for u in in_flight)
-        for route, member in self.group.members.items():
-            # At most the largest prefetch it had: a lowered prefetch does not take back what is out.
-            assert member.in_flight == sum(u.count for u in member.units) <= 5
-            assert all(u.member is member for u in member.units)
-        held = sum(u.size for u in units + in_flight)
-        assert self.groups.held_bytes == self.group.held_bytes == held
+        if hasattr(self, "group"):
+            check_places(self.groups, self.group, self.dead, self.acked, self.offered)
+            for member in self.group.members.values():
+                assert member.in_flight <= 5  # at most the largest prefetch it had: a lowered one takes nothing back
+
+
+def check_places(groups: Groups, group: Group, dead: list[tuple[str, Unit]], acked: Iterable[tuple[int, int]],
+                 offered: set[tuple[int, int]]) -> None:
+    """Every message offered is in exactly one place, and the counts and byte totals agree."""
+    places: Counter[tuple[int, int]] = Counter()
+    units = [u for level in group.levels.values() for q in level.queues.values() for u in q]
+    units += [entry[2] for entry in group.delayed]
+    in_flight = [u for flying in group.in_flight.values() for u in flying]
+    for unit in units + in_flight + [u for _, u in dead]:
+        for i in range(unit.idx, unit.idx + unit.count):
+            places[(unit.pos, i)] += 1
+    for key in acked:
+        places[key] += 1
+    assert set(places) == offered
+    assert all(n == 1 for n in places.values()), [k for k, n in places.items() if n > 1]
+    assert group.ready == sum(u.count for u in units if u not in {e[2] for e in group.delayed})
+    assert group.in_flight_count == sum(u.count for u in in_flight)
+    for member in group.members.values():
+        assert member.in_flight == sum(u.count for u in member.units)
+        assert all(u.member is member for u in member.units)
+    held = sum(u.size for u in units + in_flight)
+    assert groups.held_bytes == group.held_bytes == held
 
 
 TestGroupMachine = GroupMachine.TestCase
 TestGroupMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+CAP = 4  # exchange.group_max_prefetch of the hostile model
+HOSTILE = b"h"
+Msg = tuple[int, int]
+
+
+class HostileGroupMachine(RuleBasedStateMachine):
+    """Honest members (m1 stays; m2 comes and goes) ack or fail what they hold; a hostile member
+    joins with a huge prefetch, nacks with requeue in loops, acks and nacks what it does not hold,
+    lets its work time out, leaves and rejoins. It never acks or rejects what it holds (a member
+    holding a message may: that is trust, not a rule the exchange can enforce).
+
+    Invariants: no member holds more than the cap; a message that came back from a member goes back
+    to it only when every member it has not come back from is full; a dead letter was delivered to an
+    honest member first; in the end every message is acked by an honest member or dead-lettered."""
+
+    @initialize(prefetch=st.integers(1, 3))
+    def start(self, prefetch: int) -> None:
+        self.clock = Clock()
+        self.dead: list[tuple[str, Unit]] = []
+        self.groups = engine(self.clock, self.dead, member_timeout=10.0, max_prefetch=CAP)
+        group, _ = self.groups.join("w", b"m1", SETTINGS, prefetch)
+        assert group is not None
+        self.group = group
+        self.next_pos = 1
+        self.offered: set[Msg] = set()
+        self.acked_by: dict[Msg, bytes] = {}
+        self.delivered_to: dict[Msg, list[bytes]] = {}
+        self.returned_by: dict[Msg, set[bytes]] = {}
+
+    # ------------------------------------------------------------ the model's bookkeeping
+
+    def held(self) -> dict[bytes, set[Msg]]:
+        return {route: {(u.pos, i) for u in m.units for i in range(u.idx, u.idx + u.count)}
+                for route, m in self.group.members.items()}
+
+    def note_returns(self, before: dict[bytes, set[Msg]]) -> None:
+        """What left a member other than by an ack came back from it (timeout, leave, nack)."""
+        after = self.held()
+        for route, msgs in before.items():
+            for msg in msgs - after.get(route, set()):
+                if msg not in self.acked_by:
+                    self.returned_by.setdefault(msg, set()).add(route)
+
+    def dispatch_and_check(self) -> None:
+        for route, units in self.groups.dispatch(self.group):
+            for unit in units:
+                for i in range(unit.idx, unit.idx + unit.count):
+                    msg = (unit.pos, i)
+                    self.delivered_to.setdefault(msg, []).append(route)
+                    returned = self.returned_by.get(msg, set())
+                    if route in returned:  # back to a member it came back from: nobody else had room
+                        for other, member in self.group.members.items():
+                            assert other in returned or member.credit <= 0, (msg, route, other)
+
+    def settle(self, route: bytes, ranges: list[tuple[int, int, int]], ack: bool) -> None:
+        before = self.held()
+        if ack:
+            self.groups.ack("w", route, ranges)
+        else:
+            self.groups.nack("w", route, ranges, requeue=True)
+        for msg in before.get(route, set()) - self.held().get(route, set()):
+            if ack:
+                self.acked_by[msg] = route
+            else:
+                self.returned_by.setdefault(msg, set()).add(route)
+
+    # ------------------------------------------------------------ rules
+
+    @rule(count=st.integers(1, 6), keyed=st.booleans())
+    def offer(self, count: int, keyed: bool) -> None:
+        pos = self.next_pos
+        self.next_pos += 1
+        attrs = [(i, i % 2, 0, b"k%d" % (i % 2) if keyed else b"") for i in range(count)]
+        self.groups.offer(pos, b"jobs.a", "p", 0, *payloads(count), attrs)
+        self.offered |= {(pos, i) for i in range(count)}
+
+    @rule()
+    def dispatch(self) -> None:
+        self.dispatch_and_check()
+
+    @rule(prefetch=st.sampled_from([1, CAP, 1000, 100_000]))
+    def hostile_joins(self, prefetch: int) -> None:
+        group, _ = self.groups.join("w", HOSTILE, SETTINGS, prefetch)
+        assert group is self.group
+
+    @rule(gone=st.booleans())
+    def hostile_leaves(self, gone: bool) -> None:
+        before = self.held()
+        if gone:
+            self.groups.disconnected(HOSTILE)
+        else:
+            self.groups.leave("w", HOSTILE)
+        self.note_returns(before)
+
+    @rule(rounds=st.integers(1, 8))
+    def hostile_nack_loop(self, rounds: int) -> None:
+        for _ in range(rounds):
+            held = sorted(self.held().get(HOSTILE, set()))
+            if not held:
+                return
+            self.settle(HOSTILE, [(pos, idx, 1) for pos, idx in held], ack=False)
+            self.dispatch_and_check()
+
+    @rule(pos=st.integers(1, 8), idx=st.integers(0, 7), count=st.integers(1, 9), ack=st.booleans())
+    def hostile_settles_what_it_does_not_hold(self, pos: int, idx: int, count: int, ack: bool) -> None:
+        mine = self.held().get(HOSTILE, set())
+        if any((pos, i) in mine for i in range(idx, idx + count)):
+            return
+        before = self.held()
+        method = self.groups.ack if ack else self.groups.nack
+        args = () if ack else (True,)
+        assert method("w", HOSTILE, [(pos, idx, count)], *args) == 0  # type: ignore[operator]
+        assert self.held() == before
+
+    @rule(prefetch=st.integers(1, 3))
+    def m2_joins(self, prefetch: int) -> None:
+        self.groups.join("w", b"m2", SETTINGS, prefetch)
+
+    @rule(gone=st.booleans())
+    def m2_leaves(self, gone: bool) -> None:
+        before = self.held()
+        if gone:
+            self.groups.disconnected(b"m2")
+        else:
+            self.groups.leave("w", b"m2")
+        self.note_returns(before)
+
+    @rule(data=st.data(), ack=st.booleans())
+    def honest_work(self, data: st.DataObject, ack: bool) -> None:
+        """An honest member finishes one message: done (ack), or it failed (nack: counted)."""
+        held = sorted((route, msg) for route, msgs in self.held().items() if route != HOSTILE for msg in msgs)
+        if held:
+            route, (pos, idx) = data.draw(st.sampled_from(held))
+            self.settle(route, [(pos, idx, 1)], ack)
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 6.0, 11.0]), hostile_pings=st.booleans())
+    def time_passes(self, seconds: float, hostile_pings: bool) -> None:
+        before = self.held()
+        self.clock.advance(seconds)
+        for route in list(self.group.members):
+            if route != HOSTILE or hostile_pings:
+                self.groups.seen(route)
+        self.groups.tick()
+        self.note_returns(before)
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def nobody_holds_more_than_the_cap(self) -> None:
+        if hasattr(self, "group"):
+            assert all(m.in_flight <= CAP and m.prefetch <= CAP for m in self.group.members.values())
+            check_places(self.groups, self.group, self.dead, self.acked_by, self.offered)
+
+    @invariant()
+    def dead_letters_had_an_honest_delivery(self) -> None:
+        for _, unit in getattr(self, "dead", []):
+            for i in range(unit.idx, unit.idx + unit.count):
+                to = self.delivered_to[(unit.pos, i)]
+                assert set(to) - {HOSTILE}, (unit.pos, i, to)
+
+    def teardown(self) -> None:
+        """The hostile member keeps nacking; the honest ones work until everything is settled."""
+        if not hasattr(self, "group"):
+            return
+        for _ in range(200):
+            if len(self.acked_by) + sum(u.count for _, u in self.dead) == len(self.offered):
+                break
+            self.clock.advance(1.0)
+            for route in list(self.group.members):
+                self.groups.seen(route)
+            before = self.held()
+            self.groups.tick()
+            self.note_returns(before)
+            self.dispatch_and_check()
+            for route, msgs in self.held().items():
+                if msgs:
+                    self.settle(route, [(pos, idx, 1) for pos, idx in sorted(msgs)], ack=route != HOSTILE)
+        assert all(route != HOSTILE for route in self.acked_by.values())
+        assert len(self.acked_by) + sum(u.count for _, u in self.dead) == len(self.offered)
+        self.dead_letters_had_an_honest_delivery()
+
+
+TestHostileGroupMachine = HostileGroupMachine.TestCase
+TestHostileGroupMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)

@@ -1,0 +1,226 @@
+"""What `roq subscribe --group` does with its share: print it, or run a command per message.
+
+Printing acks a message only once the line is out of our hands: written and flushed to stdout
+and, when stdout is a pipe, read from the pipe by the reader. A pipe holds one line at a time
+(the next is written once the reader took the last), so a reader that stops (`| head -3`) has
+read exactly what it got: the line it left in the pipe and every message not yet printed are
+not acked. Into a file or a terminal, written and flushed is done.
+
+`--exec CMD` runs CMD through `/bin/sh -c` for each message, in a process group of its own, the
+payload on its stdin and the message's attributes in ROQ_* environment variables (MESSAGE_ENV);
+the message is acked when CMD exits 0 and nacked with requeue otherwise (the exchange
+dead-letters it after max_deliveries).
+
+On any stop (--count, --timeout, a closed pipe, Ctrl-C, SIGTERM) nothing unfinished is acked:
+running commands' process groups get SIGTERM, then SIGKILL after STOP_GRACE, and those that still
+exit 0 are acked; leaving the group (the caller's `with` block) gives everything else this member
+holds back to the other members at once, not after the ack timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import select
+import signal
+import stat
+import subprocess
+import threading
+import time
+from typing import BinaryIO
+
+from roq.client.worker import GroupSubscriber, WorkMessage
+from roq.config import MESSAGE_ENV
+from roq.errors import UserError
+
+RECEIVE_SLICE = 0.2  # s between two looks at a closed pipe or the idle timeout while no message comes
+REAP_SLICE = 0.02  # s a message is waited for while commands run with room for more (then they are reaped)
+STOP_GRACE = 5.0  # s running commands get after SIGTERM before SIGKILL
+# Waiting for the reader to take a line out of the pipe: spin (yielding the CPU) this many times,
+# then sleep from 1 ms doubling up to 20 ms between looks.
+SPINS = 200
+MAX_WAIT_MS = 20
+
+
+class Stop(enum.Enum):
+    DONE = "done"  # --count reached, or --timeout idle seconds
+    PIPE_CLOSED = "the reader closed stdout"
+
+
+class LineOut:
+    """A stdout that says whether its reader has a line: written and flushed, and read if a pipe."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.fd = stream.fileno()
+        self.pipe = stat.S_ISFIFO(os.fstat(self.fd).st_mode)
+        self._gone = select.poll()
+        self._gone.register(self.fd, 0)  # nothing asked: only POLLERR (no reader left) comes back
+
+    def deliver(self, line: bytes) -> bool:
+        """Write and flush `line`; True once the reader has it, False if the reader is gone."""
+        try:
+            self.stream.write(line)
+            self.stream.flush()
+        except BrokenPipeError:
+            return False
+        return not self.pipe or self._read_by_reader()
+
+    def reader_gone(self) -> bool:
+        return self.pipe and bool(self._gone.poll(0))
+
+    def _read_by_reader(self) -> bool:
+        for _ in range(SPINS):
+            if not _unread(self.fd):
+                return True
+            if self._gone.poll(0):
+                return False
+            os.sched_yield()
+        wait_ms = 1
+        while _unread(self.fd):
+            if self._gone.poll(wait_ms):
+                return False
+            wait_ms = min(2 * wait_ms, MAX_WAIT_MS)
+        return True
+
+
+def _unread(fd: int) -> int:
+    """Bytes written into the pipe that its reader has not read yet."""
+    import fcntl
+    import termios
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True)
+
+
+def print_share(member: GroupSubscriber, out: LineOut, count: int, timeout: float) -> tuple[int, Stop]:
+    """Print messages as topic<TAB>payload, acking each once the reader has it; (printed, why stopped)."""
+    printed = 0
+    idle_since = time.monotonic()
+    while not count or printed < count:
+        msg = member.receive(timeout=RECEIVE_SLICE)
+        if msg is None:
+            if out.reader_gone():
+                return printed, Stop.PIPE_CLOSED
+            if timeout and time.monotonic() - idle_since >= timeout:
+                break
+            continue
+        if not out.deliver(msg.topic + b"\t" + msg.payload + b"\n"):
+            return printed, Stop.PIPE_CLOSED  # not acked: leaving the group gives it back
+        msg.ack()
+        printed += 1
+        idle_since = time.monotonic()
+    return printed, Stop.DONE
+
+
+def message_env(msg: WorkMessage, queue: str, group: str) -> dict[bytes, bytes]:
+    """The environment of the command run for `msg`: ours, plus the message's attributes."""
+    env = dict(os.environb)
+    values: dict[str, bytes] = {
+        "ROQ_QUEUE": queue.encode(), "ROQ_GROUP": group.encode(), "ROQ_EXCHANGE": msg.exchange.encode(),
+        "ROQ_PUBLISHER": msg.publisher.encode(), "ROQ_SEQ": b"%d" % msg.seq, "ROQ_MESSAGE_ID": msg.id.encode(),
+        "ROQ_DELIVERIES": b"%d" % msg.deliveries, "ROQ_PRIORITY": b"%d" % msg.priority}
+    for name, raw in (("ROQ_TOPIC", msg.topic), ("ROQ_KEY", msg.key)):
+        if raw is None:
+            continue
+        if b"\0" in raw:  # an environment variable cannot hold a NUL byte
+            values[name + "_HEX"] = raw.hex().encode()
+        else:
+            values[name] = raw
+    for name in MESSAGE_ENV:
+        env.pop(name.encode(), None)  # none of ours from an outer member leaks into this message's
+    env.update((name.encode(), value) for name, value in values.items())
+    return env
+
+
+class Run:
+    """One command running for one message, fed and waited for on its own thread."""
+
+    def __init__(self, command: str, msg: WorkMessage, env: dict[bytes, bytes], done: threading.Event) -> None:
+        self.msg = msg
+        self.code: int | None = None
+        # Its own process group: a stop signals the command and whatever it started, and a Ctrl-C at
+        # the terminal reaches us alone (we stop the commands, and give back what they did not finish).
+        try:
+            self.proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env, process_group=0)
+        except OSError as exc:  # no shell, no process left: stop (the leave gives the message back)
+            raise UserError(f"cannot start --exec command: {exc}") from exc
+        self._done = done
+        self.thread = threading.Thread(target=self._wait, daemon=True)
+        self.thread.start()
+
+    def _wait(self) -> None:
+        try:
+            self.proc.communicate(self.msg.payload)  # a command that does not read its stdin is fine
+        finally:
+            self.code = self.proc.wait()
+            self._done.set()
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(self.proc.pid, signum)
+
+    def settle(self) -> bool:
+        """Ack on exit code 0, else nack with requeue; True if acked."""
+        if self.code == 0:
+            self.msg.ack()
+            return True
+        self.msg.nack()
+        return False
+
+
+def exec_share(member: GroupSubscriber, command: str, concurrency: int, count: int, timeout: float) -> int:
+    """Run `command` for each message, `concurrency` at a time, until `count` are settled or
+    `timeout` idle seconds (no message, nothing running); returns how many were settled. Whatever
+    stops it, the commands still running are stopped and their messages nacked."""
+    running: list[Run] = []
+    done = threading.Event()
+    settled = 0
+    idle_since = time.monotonic()
+    try:
+        while True:
+            done.clear()  # before reaping: a command ending from now on wakes the wait below
+            settled += _reap(running)
+            wanted = not count or settled + len(running) < count
+            if not wanted and not running:
+                break
+            if wanted and len(running) < concurrency:
+                msg = member.receive(timeout=REAP_SLICE if running else RECEIVE_SLICE)
+                if msg is not None:
+                    running.append(Run(command, msg, message_env(msg, member.queue, member.group), done))
+                    continue
+            if running:
+                idle_since = time.monotonic()
+                if len(running) >= concurrency or not wanted:
+                    done.wait(RECEIVE_SLICE)
+            elif timeout and time.monotonic() - idle_since >= timeout:
+                break
+    finally:
+        settled += _stop(running)
+    return settled
+
+
+def _reap(running: list[Run]) -> int:
+    finished = [run for run in running if run.code is not None]
+    for run in finished:
+        running.remove(run)
+        run.settle()
+    return len(finished)
+
+
+def _stop(running: list[Run]) -> int:
+    """SIGTERM to what still runs, SIGKILL after STOP_GRACE; then ack those that exited 0. The others
+    are not nacked: the exchange would hand them straight back to this member (counting a delivery)
+    before its leave; the leave gives them to the other members, counting once."""
+    for run in running:
+        if run.code is None:
+            run.signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for run in running:
+        run.thread.join(max(0.0, deadline - time.monotonic()))
+        if run.code is None:
+            run.signal(signal.SIGKILL)
+            run.thread.join()
+    for run in running:
+        if run.code == 0:
+            run.msg.ack()
+    return len(running)

@@ -1,0 +1,74 @@
+"""`roq subscribe --group`'s output (roq/tools/work_cli.py) on real pipes and files: a line counts
+as delivered once the reader took it out of the pipe, never while it waits in the pipe's buffer."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from roq.client.worker import WorkMessage
+from roq.config import MESSAGE_ENV, load_config
+from roq.tools.work_cli import LineOut, message_env
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_a_pipe_line_is_delivered_once_read_and_not_when_the_reader_left_it() -> None:
+    r, w = os.pipe()
+    out = LineOut(os.fdopen(w, "wb"))
+    assert out.pipe and not out.reader_gone()
+    reader = threading.Thread(target=lambda: os.read(r, 100))  # reads one line, then goes away
+    reader.start()
+    assert out.deliver(b"first\n")
+    reader.join()
+    os.close(r)
+    assert out.reader_gone()
+    assert not out.deliver(b"second\n")  # EPIPE: nothing was delivered
+
+
+def test_a_line_left_unread_in_the_pipe_is_not_delivered() -> None:
+    r, w = os.pipe()
+    out = LineOut(os.fdopen(w, "wb"))
+    closer = threading.Timer(0.2, os.close, (r,))  # the reader exits without reading
+    closer.start()
+    assert not out.deliver(b"never read\n")
+    closer.join()
+
+
+def test_a_file_line_is_delivered_once_written(tmp_path: Path) -> None:
+    with open(tmp_path / "out", "wb") as stream:
+        out = LineOut(stream)
+        assert not out.pipe and out.deliver(b"line\n") and not out.reader_gone()
+    assert (tmp_path / "out").read_bytes() == b"line\n"
+
+
+def test_the_message_environment_names_the_message_and_survives_nul_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROQ_KEY", "from an outer member")
+    entry = [7, 2, 3, b"jobs\x00x", "pub-1", 0, [41, 42], [b"a", b"b"], 4, b""]
+    env = message_env(WorkMessage(None, entry, 1, "x1", "x1.ab"), "orders", "workers")  # type: ignore[arg-type]
+    assert env[b"ROQ_MESSAGE_ID"] == b"pub-1:42" and env[b"ROQ_SEQ"] == b"42"
+    assert env[b"ROQ_DELIVERIES"] == b"3" and env[b"ROQ_PRIORITY"] == b"4" and env[b"ROQ_PUBLISHER"] == b"pub-1"
+    assert env[b"ROQ_QUEUE"] == b"orders" and env[b"ROQ_GROUP"] == b"workers" and env[b"ROQ_EXCHANGE"] == b"x1"
+    assert b"ROQ_TOPIC" not in env and env[b"ROQ_TOPIC_HEX"] == b"jobs\x00x".hex().encode()
+    assert b"ROQ_KEY" not in env  # no key: nothing, not the outer one
+    assert {name.decode() for name in env if name.startswith(b"ROQ_")} <= set(MESSAGE_ENV)
+
+
+def test_a_command_that_runs_roq_is_not_refused_for_the_message_variables() -> None:
+    load_config(env={name: "x" for name in MESSAGE_ENV})
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--exec", "true"], "--exec needs --group"),
+    (["--group", "g", "--concurrency", "2"], "--concurrency needs --exec"),
+    (["--group", "g", "--exec", "true", "--concurrency", "0"], "--concurrency"),
+])
+def test_exec_options_are_checked_before_anything_connects(args: list[str], says: str) -> None:
+    from click.testing import CliRunner
+
+    from roq.cli import main
+    result = CliRunner().invoke(main, ["--set", "zk.hosts=127.0.0.1:1", "subscribe", "q", *args])
+    assert result.exit_code == 2 and says in result.output
