@@ -35,6 +35,9 @@ MESSAGE_ENV = ("ROQ_QUEUE", "ROQ_GROUP", "ROQ_EXCHANGE", "ROQ_TOPIC", "ROQ_TOPIC
 ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "ROQ_SPARK_LOG_LEVEL", "ROQ_PIPELINE_PARENT", *MESSAGE_ENV})
 JOURNAL_MODES = ("off", "async", "fsync")
 MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
+# What one message of an HTTP publish request costs the gateway beyond its bytes, as Python objects
+# (a bytes object, its slots in the request's list and the publisher's log): measured 57, rounded up.
+PUBLISH_MESSAGE_COST = 96
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,16 @@ class WebConfig:
     history_seconds: float = 600.0  # how far back the charts go
     publish_timeout: float = 10.0  # a publish is answered 503 when not confirmed in this time
     max_streams: int = 64  # open SSE subscriptions at once; more are answered 503
+    # What one caller (its token's name with auth on, its address with it off) may hold at once;
+    # beyond it 429. 0 = no per-caller bound (a proxy in front with auth off: all share its address).
+    max_streams_per_client: int = 8
+    max_publish_requests: int = 64  # publish requests in flight at once; more are answered 503
+    max_publish_requests_per_client: int = 16
+    max_body_bytes: int = 64 << 20  # one publish request's body, refused (413) once this much arrived
+    max_request_messages: int = 50_000  # messages (lines) in one publish request, counted before any is cut
+    # What the publish requests in flight may hold together: each body byte twice (the body, then its
+    # messages) and PUBLISH_MESSAGE_COST per message; beyond it 503. Bounds the gateway's memory.
+    publish_memory_bytes: int = 256 << 20
     max_publishers: int = 100  # queues with an open publisher at once (least recently used closed)
     idle_publisher_seconds: float = 300.0  # a queue's publisher unused this long is closed
     session_seconds: float = 43_200.0  # a console login lasts this long
@@ -412,6 +425,9 @@ def _validate(c: Config) -> None:
         ("web.max_publishers", c.web.max_publishers),
         ("web.idle_publisher_seconds", c.web.idle_publisher_seconds),
         ("web.session_seconds", c.web.session_seconds),
+        ("web.max_publish_requests", c.web.max_publish_requests), ("web.max_body_bytes", c.web.max_body_bytes),
+        ("web.max_request_messages", c.web.max_request_messages),
+        ("web.publish_memory_bytes", c.web.publish_memory_bytes),
     ):
         positive(where, value)
     if c.hcm.restart_backoff_max < c.hcm.restart_backoff:
@@ -466,6 +482,7 @@ def _validate(c: Config) -> None:
         raise ConfigError("security.curve needs security.keys_dir (make one with `roq keys generate DIR`)")
     if bool(c.web.tls_cert) != bool(c.web.tls_key):
         raise ConfigError("web.tls_cert and web.tls_key go together: give both (HTTPS) or neither")
+    _check_web_limits(c)
     if c.web.auth and not c.web.tokens_file:
         raise ConfigError("web.auth needs web.tokens_file "
                           "(make one with `roq web token add NAME --role admin --file F`)")
@@ -482,6 +499,21 @@ def _validate(c: Config) -> None:
             check_host_name(c.hcm.host)
         except Exception as exc:
             raise ConfigError(f"hcm.host: {exc}") from None
+
+
+def _check_web_limits(c: Config) -> None:
+    for where, value in (("web.max_streams_per_client", c.web.max_streams_per_client),
+                         ("web.max_publish_requests_per_client", c.web.max_publish_requests_per_client)):
+        if value < 0:
+            raise ConfigError(f"{where} must be >= 0 (0 = no per-caller limit), got {value}")
+    if c.web.max_request_messages > c.client.max_unconfirmed:
+        raise ConfigError(f"web.max_request_messages ({c.web.max_request_messages}) must be <= client.max_unconfirmed "
+                          f"({c.client.max_unconfirmed}): the gateway's publisher could never take a larger request")
+    largest = 2 * c.web.max_body_bytes + c.web.max_request_messages * PUBLISH_MESSAGE_COST
+    if c.web.publish_memory_bytes < largest:
+        raise ConfigError(f"web.publish_memory_bytes ({c.web.publish_memory_bytes}) must be at least {largest}: "
+                          "2 x web.max_body_bytes + web.max_request_messages x "
+                          f"{PUBLISH_MESSAGE_COST}, what the largest request costs")
 
 
 def credential_list(value: str) -> list[str]:

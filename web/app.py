@@ -3,8 +3,9 @@
 Reads are served from the sampler's latest view of the cluster (web/history.py); admin actions
 go to the leader through `Admin`, with the gateway's own identity (`security.identity`), once
 the caller showed an admin credential (web/auth.py); publishing and streaming go through
-web/gateway.py. Errors are JSON, `{"error": code, "message": text}`, the codes of the control
-API (docs/protocol.md), with the HTTP status that fits.
+web/gateway.py, within the bounds of web/limits.py (per caller and in all: slots, a memory budget,
+bodies counted as they arrive). Errors are JSON, `{"error": code, "message": text}`, the codes of
+the control API (docs/protocol.md), with the HTTP status that fits.
 """
 
 from __future__ import annotations
@@ -43,22 +44,22 @@ from roq.errors import (
     UnavailableError,
     UserError,
 )
-from roq.names import check_queue_name
+from roq.names import check_queue_name, check_topic
 from roq.zk import start_client, stop_client
 from web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
-from web.gateway import Publishers, StreamLimitError, Streams, TokenWriter, next_events, peek
+from web.gateway import Publishers, Streams, TokenWriter, next_events, peek
 from web.history import Sampler
+from web.limits import CallerLimitError, Limits, read_messages
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_SECONDS = 15.0
-MAX_PUBLISH_BYTES = 64 << 20  # one request's body
 START_POINTS = ("now", "beginning")
 PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 
 STATUS_BY_ERROR: list[tuple[type[RoqError], int]] = [
     (QueueNotFoundError, 404), (QueueExistsError, 409), (LimitExceededError, 409), (ForbiddenError, 403),
-    (MessageTooLargeError, 413), (StreamLimitError, 503), (BackpressureError, 429), (UserError, 400),
+    (MessageTooLargeError, 413), (CallerLimitError, 429), (BackpressureError, 429), (UserError, 400),
     (UnavailableError, 503),
 ]
 
@@ -108,6 +109,7 @@ class Gateway:
         self.admin = Admin(config, client=self.zk)
         self.sampler = Sampler(self.admin, config.web.sample_interval, config.web.history_seconds)
         self.publishers = Publishers(config, self.zk)
+        self.limits = Limits(config.web, config.exchange.max_message_bytes)
         self.streams = Streams(config, self.zk)
         # Threads for blocking subscriber reads, apart from the pool the other routes use.
         self.stream_threads = anyio.CapacityLimiter(config.web.max_streams + 4)
@@ -254,6 +256,14 @@ def admin_caller(who: Annotated[Identity, Depends(caller)]) -> Identity:
         raise HttpError(403, "forbidden", f"refused: {who.name} has the {who.role} role; "
                                           "creating, scaling, deleting queues and changing rules need the admin role")
     return who
+
+
+def share_of(request: Request, who: Identity) -> str:
+    """Whose share of the gateway a request counts against: its token's name with web.auth on (a
+    proxy in front may hide the addresses), its peer's address with it off."""
+    if who.via != "open":
+        return f"token {who.name}"
+    return f"address {request.client.host if request.client else 'unknown'}"
 
 
 Caller = Annotated[Identity, Depends(caller)]
@@ -436,22 +446,29 @@ def _install_data_routes(app: FastAPI, gateway: Gateway) -> None:
                       split: Annotated[str | None, Query(pattern="^lines$")] = None,
                       idempotency_key: Annotated[str | None, Header()] = None) -> dict[str, Any]:
         _check_text(topic, "topic")
-        body = await _read_body(request)
-        payloads = _lines(body) if split else [body]
-        return await run_in_threadpool(gateway.publishers.publish, queue, topic, payloads, who.name, idempotency_key)
+        check_queue_name(queue)  # refused before a byte of the body is read
+        check_topic(topic)
+        limits = gateway.limits
+        _refuse_declared_size(request, limits.body.max_bytes if split else
+                              min(limits.body.max_bytes, limits.body.max_message_bytes))
+        with limits.publishing(share_of(request, who)) as reservation:
+            payloads = await read_messages(request.stream(), limits.body, split == "lines", reservation)
+            return await run_in_threadpool(gateway.publishers.publish, queue, topic, payloads, who.name,
+                                           idempotency_key)
 
     @app.get("/api/queues/{queue}/stream", tags=["data"], response_class=StreamingResponse,
              summary="Server-Sent Events: the queue's messages, resumable with Last-Event-ID",
              responses={200: {"content": {"text/event-stream": {}}}})
-    async def stream(_who: Caller, queue: str, topic: Annotated[list[str] | None, Query()] = None,
+    async def stream(request: Request, who: Caller, queue: str, topic: Annotated[list[str] | None, Query()] = None,
                      start: Annotated[str, Query(alias="from", pattern="^(now|beginning)$")] = "now",
                      position: str | None = None, limit: Annotated[int | None, Query(ge=1)] = None,
                      last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
         token = last_event_id or position
         for t in topic or []:
             _check_text(t, "topic")
-        subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], start, token)
-        return StreamingResponse(_events(gateway, subscriber, limit), media_type="text/event-stream",
+        share = share_of(request, who)
+        subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], start, token, share)
+        return StreamingResponse(_events(gateway, subscriber, share, limit), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -462,28 +479,16 @@ def _check_text(value: str, what: str) -> None:
         raise HttpError(400, "invalid_name", f"{what} must be valid UTF-8 (percent-encoded bytes were not)")
 
 
-def _lines(body: bytes) -> list[bytes]:
-    """The body's lines, ending in LF or CRLF; a final line ending does not start an empty line."""
-    lines = body.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
-
-
-async def _read_body(request: Request) -> bytes:
+def _refuse_declared_size(request: Request, most: int) -> None:
+    """A body that says it is too large is refused before it is read."""
     size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_PUBLISH_BYTES:
-        raise HttpError(413, "too_large", f"a request body may hold at most {MAX_PUBLISH_BYTES} bytes")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > MAX_PUBLISH_BYTES:
-            raise HttpError(413, "too_large", f"a request body may hold at most {MAX_PUBLISH_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    if size is not None and size.isdigit() and int(size) > most:
+        raise HttpError(413, "too_large", f"a request body may hold at most {most} bytes here "
+                                          "(web.max_body_bytes; one message without split=lines: "
+                                          "exchange.max_message_bytes)")
 
 
-async def _events(gateway: Gateway, subscriber: Subscriber, limit: int | None) -> AsyncIterator[str]:
+async def _events(gateway: Gateway, subscriber: Subscriber, share: str, limit: int | None) -> AsyncIterator[str]:
     """The SSE body: events as messages come, a keepalive comment when quiet, an `error` event
     before ending on a failure. The subscriber is closed however the stream ends."""
     sent, quiet_since = 0, time.monotonic()
@@ -509,7 +514,7 @@ async def _events(gateway: Gateway, subscriber: Subscriber, limit: int | None) -
                 yield ": keepalive\n\n"
     finally:
         with anyio.CancelScope(shield=True):  # the client went away: still close its subscriber
-            await anyio.to_thread.run_sync(gateway.streams.close, subscriber)
+            await anyio.to_thread.run_sync(gateway.streams.close, subscriber, share)
 
 
 def _error_event(code: str, message: str) -> str:

@@ -13,7 +13,11 @@ Streaming: one `Subscriber` per SSE connection. Each event's id is a resume toke
 per publisher the sequence numbers seen), as a full position every DELTA_EVERY events and that
 position plus the messages delivered since in between (TokenWriter). A client that reconnects with
 it (`Last-Event-ID`) gets the next message and nothing it already had, from any gateway, even one
-started since.
+started since. A token is bounded by what it names, not by its size: at most MAX_TOKEN_PUBLISHERS
+publishers (the most recently seen), MAX_TOKEN_RUNS runs and MAX_TOKEN_STREAMS incarnations, counted
+while it is decoded; one naming more, or a publisher id no exchange accepts, is refused (400
+bad_position) before the stream takes a slot, so a forged token costs a stream no more than an
+honest one may.
 
 Peek: the latest retained messages of a topic, read from each exchange's retention.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import threading
 import time
 import zlib
@@ -36,7 +41,7 @@ from kazoo.client import KazooClient
 
 from roq import protocol
 from roq.client import Publisher, Subscriber
-from roq.client.position import Position
+from roq.client.position import SAVED_RUNS, Position
 from roq.client.replay import ReplayClient
 from roq.client.streams import FetchFailed
 from roq.client.subscriber import Message
@@ -45,11 +50,20 @@ from roq.errors import ConfigError, QueueNotFoundError, RoqError, UnavailableErr
 from roq.names import check_queue_name, check_topic
 from roq.paths import Paths
 from roq.state import read_live
+from web.limits import Slots
 
 TOKEN_VERSION = "r1."
 MAX_TOKEN_CHARS = 256 << 10  # a resume token longer than this is refused before decoding
-MAX_POSITION_BYTES = 4 << 20  # what a token may inflate to
-MAX_TOKEN_STREAMS = 1_000  # exchange incarnations a token may name (a subscriber's own bound)
+# What a token may inflate to: the most it may name (below) packs into less than 800 KB.
+MAX_POSITION_BYTES = 1 << 20
+# What a token may name, counted as it is decoded: its cost as objects, in every stream resumed
+# with it, whatever its size in bytes. TokenWriter writes no more (the most recently seen
+# publishers, runs shared among them), so a token of ours is never refused for it.
+MAX_TOKEN_STREAMS = 1_000  # exchange incarnations (a subscriber's own bound)
+MAX_TOKEN_PUBLISHERS = 1_000
+MAX_TOKEN_RUNS = 10_000  # runs of sequence numbers, all publishers together
+MAX_TOKEN_TEXT = 256  # characters of one name (an incarnation is at most protocol.MAX_INCARNATION)
+PUBLISHER_ID = re.compile(r"p-[0-9a-f]{24}")  # every id an exchange accepts (protocol.publisher_id_for)
 DELTA_EVERY = 32  # events between two full encodings of a stream's position in its events' ids
 DELTA_MARK = "~"
 IDEMPOTENCY_SECONDS = 600.0
@@ -61,6 +75,9 @@ STREAM_INBOX = 2_000  # messages
 STREAM_RECEIVE_HWM = 200  # frames in the subscriber's socket
 PEEK_WINDOW = 5_000  # frames looked back per exchange
 PEEK_MAX = 200  # messages a peek returns at most
+# Characters of events sent to a stream in one write: each id holds a position that grows with the
+# publishers seen, so a count of events alone would let a large position make each write large.
+STREAM_WRITE_CHARS = 256 << 10
 
 
 class ResumeTokenError(UserError):
@@ -84,24 +101,80 @@ def _unb64(text: str) -> bytes:
 
 def decode_token(token: str) -> dict[str, Any]:
     """A position from a resume token (a base position, and the messages delivered since it);
-    ResumeTokenError for anything that is not one of ours."""
+    ResumeTokenError for anything that is not one of ours, or that names more than a token may."""
     if not token.startswith(TOKEN_VERSION) or len(token) > MAX_TOKEN_CHARS:
         raise ResumeTokenError("not a resume token of this gateway (expected the id of an event it sent)")
     base, _, delta = token[len(TOKEN_VERSION):].partition(DELTA_MARK)
     try:
         inflater = zlib.decompressobj()
         raw = inflater.decompress(_unb64(base), MAX_POSITION_BYTES)
-        if inflater.unconsumed_tail or not inflater.eof:
-            raise ValueError("truncated or too large")
-        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-        position = Position.from_json(data)  # validates every field
-        if len(position.streams) > MAX_TOKEN_STREAMS:
-            raise ValueError(f"more than {MAX_TOKEN_STREAMS} streams")
+        if inflater.unconsumed_tail:
+            raise _too_much(f"it inflates to more than {MAX_POSITION_BYTES} bytes")
+        if not inflater.eof:
+            raise ValueError("truncated")
+        position = Position.from_json(_unpack_bounded(raw))  # validates every field
+        _check_named(position)
         if delta:
-            _apply_delta(position, msgpack.unpackb(_unb64(delta), raw=False))
+            _apply_delta(position, msgpack.unpackb(_unb64(delta), raw=False, max_array_len=DELTA_EVERY,
+                                                   max_map_len=0, max_str_len=MAX_TOKEN_TEXT, max_bin_len=0,
+                                                   max_ext_len=0))
+    except TokenTooLargeError as exc:
+        raise ResumeTokenError(str(exc)) from None
     except (binascii.Error, ValueError, zlib.error, msgpack.UnpackException, ConfigError, TypeError) as exc:
         raise ResumeTokenError(f"resume token is damaged: {exc}") from None
     return position.to_json()
+
+
+class TokenTooLargeError(ValueError):
+    pass
+
+
+def _too_much(what: str) -> TokenTooLargeError:
+    return TokenTooLargeError(f"resume token refused: {what}; a token may name at most "
+                              f"{MAX_TOKEN_PUBLISHERS} publishers, {MAX_TOKEN_RUNS} runs of sequence numbers and "
+                              f"{MAX_TOKEN_STREAMS} exchange incarnations (this gateway never writes more)")
+
+
+def _unpack_bounded(raw: bytes) -> Any:
+    """A token's position as plain data, refused as soon as it would hold more than a token may:
+    each container's length is checked at its header, before its items are made, and the arrays
+    (the runs above all) are counted as they are made."""
+    arrays = 0
+    most = MAX_TOKEN_RUNS + MAX_TOKEN_PUBLISHERS + 1  # the runs, one list of them per publisher, start_at_sync
+
+    def count(items: list[Any]) -> list[Any]:
+        nonlocal arrays
+        arrays += 1
+        if arrays > most:
+            raise _too_much(f"it names more than {MAX_TOKEN_RUNS} runs")
+        return items
+
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True, list_hook=count,
+                               max_map_len=max(MAX_TOKEN_PUBLISHERS, MAX_TOKEN_STREAMS),
+                               max_array_len=max(SAVED_RUNS, MAX_TOKEN_STREAMS), max_str_len=MAX_TOKEN_TEXT,
+                               max_bin_len=0, max_ext_len=0)
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):  # msgpack's refusal of a container or string at its header
+            raise _too_much(f"it names too much at once ({exc})") from None
+        raise
+
+
+def _check_named(position: Position) -> None:
+    """Only what a stream of this cluster could have seen, and no more of it than a token holds."""
+    if len(position.publishers) > MAX_TOKEN_PUBLISHERS:
+        raise _too_much(f"it names {len(position.publishers)} publishers")
+    if len(position.streams) > MAX_TOKEN_STREAMS:
+        raise _too_much(f"it names {len(position.streams)} exchange incarnations")
+    for publisher, seen in position.publishers.items():
+        _check_publisher(publisher)
+        if seen.floor < 0 or any(s < 0 or e > protocol.MAX_SEQ for s, e in zip(seen.starts, seen.ends)):
+            raise ValueError(f"sequence numbers of {publisher} out of range")
+
+
+def _check_publisher(publisher: str) -> None:
+    if not PUBLISHER_ID.fullmatch(publisher):
+        raise ValueError(f"{publisher[:40]!r} is no publisher id of this cluster")
 
 
 def _apply_delta(position: Position, delta: Any) -> None:
@@ -113,6 +186,7 @@ def _apply_delta(position: Position, delta: Any) -> None:
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in item[1:])
                 and 1 <= item[1] <= item[2] < item[1] + DELTA_EVERY):
             raise ValueError("bad delta run")
+        _check_publisher(item[0])
         seen = position.seen(item[0])
         for seq in range(item[1], item[2] + 1):
             seen.add(seq)
@@ -132,7 +206,11 @@ class TokenWriter:
 
     def after(self, msg: Message) -> str:
         if self.count >= DELTA_EVERY:
-            self.base, self.delta, self.count = encode_token(self.subscriber.position()), [], 0
+            position = self.subscriber.position(max_publishers=MAX_TOKEN_PUBLISHERS, max_runs=MAX_TOKEN_RUNS)
+            streams = position["streams"]
+            if len(streams) > MAX_TOKEN_STREAMS:  # oldest first: the latest incarnations are kept
+                position["streams"] = dict(list(streams.items())[-MAX_TOKEN_STREAMS:])
+            self.base, self.delta, self.count = encode_token(position), [], 0
             return self.base  # the position already holds msg
         self.count += 1
         last = self.delta[-1] if self.delta else None
@@ -298,50 +376,53 @@ class IdempotencyKeys:
 
 # ------------------------------------------------------------------ streaming
 
+class StreamLimitError(UnavailableError):
+    code = "too_many_streams"
+
+
 class Streams:
-    """The open SSE subscriptions, at most web.max_streams."""
+    """The open SSE subscriptions: at most web.max_streams, web.max_streams_per_client per caller.
+    A resume token is decoded (and refused) before a slot is taken."""
 
     def __init__(self, config: Config, zk: KazooClient) -> None:
         self.config = config
         self._subscriber_config = config.replace(client={
             "receive_hwm": min(config.client.receive_hwm, STREAM_RECEIVE_HWM)})
         self.zk = zk
-        self._slots = threading.BoundedSemaphore(config.web.max_streams)
+        self.slots = Slots("streams", config.web.max_streams, config.web.max_streams_per_client,
+                           ("web.max_streams", "web.max_streams_per_client"), busy=StreamLimitError)
 
-    def open(self, queue: str, topics: list[str], start: str, token: str | None) -> Subscriber:
+    def open(self, queue: str, topics: list[str], start: str, token: str | None, caller: str) -> Subscriber:
         check_queue_name(queue)
         position = decode_token(token) if token else None
-        if not self._slots.acquire(blocking=False):
-            raise StreamLimitError(f"this gateway already serves web.max_streams={self.config.web.max_streams} "
-                                   "streams: try another gateway or later")
+        self.slots.take(caller)
         try:
             return Subscriber(queue, self._subscriber_config, topics=topics, zk=self.zk, position=position,
                               start=start, inbox_limit=STREAM_INBOX)
         except BaseException:
-            self._slots.release()
+            self.slots.give_back(caller)
             raise
 
-    def close(self, subscriber: Subscriber) -> None:
+    def close(self, subscriber: Subscriber, caller: str) -> None:
         try:
             subscriber.close()
         finally:
-            self._slots.release()
-
-
-class StreamLimitError(RoqError):
-    code = "too_many_streams"
+            self.slots.give_back(caller)
 
 
 def next_events(subscriber: Subscriber, tokens: TokenWriter, wait: float, max_events: int = 500) -> list[str]:
     """SSE events for the messages ready now (waiting up to `wait` for the first), each with the
-    resume token of the position just after it; a `gap` event first when messages of the stream's
-    topics were evicted from retention before it could fetch them."""
+    resume token of the position just after it, at most `max_events` and STREAM_WRITE_CHARS; a
+    `gap` event first when messages of the stream's topics were evicted from retention before it
+    could fetch them."""
     events: list[str] = []
     gaps = subscriber.gaps
+    size = 0
     msg = subscriber.receive(timeout=wait)
     while msg is not None:
         events.append(sse_event(msg, tokens.after(msg)))
-        if len(events) >= max_events:
+        size += len(events[-1])
+        if len(events) >= max_events or size >= STREAM_WRITE_CHARS:
             break
         msg = subscriber.receive(timeout=0)
     lost = subscriber.gaps - gaps

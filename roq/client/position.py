@@ -16,6 +16,8 @@ import tempfile
 import time
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Iterable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +153,19 @@ class Position:
     def copy(self) -> Position:
         return Position.from_json(self.to_json())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, max_publishers: int | None = None, max_runs: int | None = None) -> dict[str, Any]:
+        """The position as plain data. Bounded (what a resume token of the HTTP gateway may hold):
+        at most `max_publishers`, the most recently seen, and `max_runs` runs shared among them,
+        each keeping its latest and folding the rest into its floor, as SAVED_RUNS does."""
+        publishers: Iterable[tuple[str, SeenSequences]] = self.publishers.items()
+        if max_publishers is not None and len(self.publishers) > max_publishers:
+            publishers = list(islice(reversed(self.publishers.items()), max_publishers))[::-1]
+        runs = SAVED_RUNS
+        if max_runs is not None:
+            publishers = list(publishers)
+            runs = min(runs, run_share([len(seen.starts) for _, seen in publishers], max_runs))
         return {"version": FORMAT_VERSION,
-                "publishers": {p: s.to_json() for p, s in self.publishers.items()},
+                "publishers": {p: s.to_json(runs) for p, s in publishers},
                 "streams": dict(self.streams), "start_at_sync": list(self.start_at_sync)}
 
     @classmethod
@@ -175,6 +187,18 @@ class Position:
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a subscriber position: {exc}") from None
         return position
+
+
+def run_share(counts: list[int], budget: int) -> int:
+    """The most runs each publisher may keep so that all of them keep at most `budget` together
+    (a publisher with fewer keeps all of its own, leaving the rest to the others)."""
+    left, sharing = budget, len(counts)
+    for count in sorted(counts):
+        if count * sharing > left:
+            return left // sharing
+        left -= count
+        sharing -= 1
+    return max(counts, default=0)
 
 
 def position_file(state_dir: str, queue: str, name: str) -> Path:

@@ -236,17 +236,18 @@ class Subscriber:
             if msg is not None:
                 yield msg
 
-    def position(self) -> dict[str, Any]:
-        """Where this subscriber would resume: pass it back as `position=`."""
-        return self._position(quiet=False)
+    def position(self, max_publishers: int | None = None, max_runs: int | None = None) -> dict[str, Any]:
+        """Where this subscriber would resume: pass it back as `position=`. With `max_publishers` or
+        `max_runs`, bounded as `Position.to_json` says (the HTTP gateway's resume tokens)."""
+        return self._position(quiet=False, max_publishers=max_publishers, max_runs=max_runs)
 
-    def _position(self, quiet: bool) -> dict[str, Any]:
+    def _position(self, quiet: bool, max_publishers: int | None = None, max_runs: int | None = None) -> dict[str, Any]:
         """`quiet`: called where the I/O thread is not handing anything over (on it, or after it
         stopped), so the streams' floors can be brought up to date first."""
         if quiet:
             self._streams.refresh_floors()
         with self._taken_lock:
-            data = self._taken.to_json()
+            data = self._taken.to_json(max_publishers, max_runs)
             data["streams"] = self._resume_points(quiet)
         data["start_at_sync"] = sorted(set(self._streams.start_at_sync))  # not synced yet: started "now"
         return data

@@ -98,3 +98,22 @@ def test_config_show_prints_the_new_keys(tmp_path, monkeypatch) -> None:
     for line in ("default_replicas = 2", 'journal = "fsync"', f"journal_segment_bytes = {16 << 20}",
                  'data_dir = ".roq/data"'):
         assert line in result.output.splitlines()
+
+
+@pytest.mark.parametrize("flag, fragment", [
+    ("web.max_streams_per_client=-1", "web.max_streams_per_client must be >= 0"),
+    ("web.max_publish_requests_per_client=-1", "web.max_publish_requests_per_client must be >= 0"),
+    ("web.max_publish_requests=0", "web.max_publish_requests must be positive"),
+    ("web.max_body_bytes=0", "web.max_body_bytes must be positive"),
+    ("web.max_request_messages=50001", "must be <= client.max_unconfirmed"),
+    ("web.publish_memory_bytes=134217728", "what the largest request costs"),  # < 2 x 64 MiB + 50,000 x 96
+])
+def test_bad_web_limits_are_refused(flag: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(env={}, flags=[flag])
+
+
+def test_web_limits_have_their_defaults_and_zero_turns_a_per_caller_bound_off() -> None:
+    web = load_config(env={}, flags=["web.max_streams_per_client=0"]).web
+    assert (web.max_streams_per_client, web.max_publish_requests, web.max_publish_requests_per_client) == (0, 64, 16)
+    assert (web.max_body_bytes, web.max_request_messages, web.publish_memory_bytes) == (64 << 20, 50_000, 256 << 20)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roq.client.position import Position, SeenSequences, load_position, save_position
+from roq.client.position import Position, SeenSequences, load_position, run_share, save_position
 from roq.errors import ConfigError
 
 
@@ -89,3 +89,29 @@ def test_publishers_are_forgotten_only_once_idle_beyond_the_limit() -> None:
         assert len(position.publishers) == 10 and "late" in position.publishers
     finally:
         module.PUBLISHER_LIMIT = old_limit
+
+
+def test_a_bounded_position_keeps_the_most_recently_seen_publishers_and_shares_the_runs() -> None:
+    position = Position()
+    for i in range(5):
+        seen = position.seen(f"p{i}")
+        for seq in range(1, 2 * (10 + i), 2):  # 10 + i runs each: only odd numbers
+            seen.add(seq)
+    position.seen("p1")  # now the most recently seen
+    data = position.to_json(max_publishers=3, max_runs=20)
+    assert list(data["publishers"]) == ["p3", "p4", "p1"]  # least recently seen first, as saved
+    kept = {p: len(s["runs"]) for p, s in data["publishers"].items()}
+    assert kept == {"p3": 6, "p4": 6, "p1": 6} and sum(kept.values()) <= 20
+    p1 = data["publishers"]["p1"]
+    assert p1["runs"][-1] == [21, 21] and p1["floor"] == p1["runs"][0][0] - 1  # the latest kept, older folded
+    restored = Position.from_json(data).seen("p1")
+    assert [restored.add(s) for s in (1, 9, 21, 22)] == [False, False, False, True]
+    assert position.to_json() == Position.from_json(position.to_json()).to_json()  # unbounded: unchanged
+
+
+@pytest.mark.parametrize("counts, budget, share", [
+    ([1, 5, 100, 1000], 100, 47), ([1, 2], 100, 2), ([], 5, 0), ([3, 3, 3], 0, 0), ([10] * 1000, 10_000, 10),
+])
+def test_run_share_is_the_most_each_may_keep_within_the_budget(counts: list[int], budget: int, share: int) -> None:
+    assert run_share(counts, budget) == share
+    assert sum(min(c, share) for c in counts) <= budget
