@@ -21,6 +21,13 @@ one fault, chosen at random (seeded) from --kinds:
 * restart  SIGKILL the victim publisher and every HCM (all exchanges and replicas die), then
            restart every HCM: with the journal on (--journal), what the exchanges confirmed
            is on disk and must arrive once.
+* hostile  a member of the jobs' consumer group (a publisher of jobs and one honest member run
+           throughout) joins every exchange with prefetch 100,000, nacks with requeue all it is
+           handed and acks what it does not hold, for 6 s: every confirmed job must be processed
+           by the honest member, none dead-lettered;
+* httpflood two 50 MiB bodies of newlines (split=lines) and two SSE streams resumed with a token
+           naming 72,000 made-up publishers, at a roq-web gateway that runs throughout: refused,
+           its memory bounded (peak RSS in the summary);
 * hungreplica  (--replicas 2) SIGSTOP a replica for 8-15 s, then SIGCONT if it still lives: its
            HCM kills it after hcm.hung_timeout and starts a new one, confirms resume;
 * replicaforge (--replicas 2) a raw peer attacks a replica's `repl` socket: a follow of the
@@ -45,7 +52,7 @@ duplicate or unintended exchange exit.
     .venv/bin/python scripts/chaos.py --faults 20 --replicas 2 --journal fsync \
         --kinds kill,host,freeze,pubhost,restart --seed 7
 
-Without --kinds: the first eight kinds, plus pubhost, hungreplica and replicaforge with
+Without --kinds: the first ten kinds, plus pubhost, hungreplica and replicaforge with
 --replicas 2, and restart with the journal on.
 """
 
@@ -79,6 +86,7 @@ from roq.client.subscriber import Subscriber
 from roq.errors import RoqError
 from roq.security import secure_client
 from roq.state import read_hosts, read_leader, read_live
+from roq.tools import hostile as attacks
 from roq.tools.docker_launcher import last_confirmed
 from roq.tools.testing import Processes, SteadyTraffic, fast_config, wait_until
 from roq.tools.zkserver import ZooKeeperServer
@@ -86,13 +94,15 @@ from roq.zk import read_json, start_client, stop_client
 
 console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")
-BASIC_KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall")
+BASIC_KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall", "hostile", "httpflood")
 REPLICA_KINDS = ("pubhost", "hungreplica", "replicaforge")
 KINDS = (*BASIC_KINDS, *REPLICA_KINDS, "restart")
 VICTIM_TOPIC = b"victim"
 QUEUE = "chaos"
 STALL_MESSAGES = 2_000
 STALL_SECONDS = 8.0
+HOSTILE_SECONDS = 6.0
+JOBS_RATE = 200.0  # jobs per second for the consumer group the hostile member attacks
 
 
 class Traffic(SteadyTraffic):
@@ -185,6 +195,70 @@ class Stall:
         self.sub.close()
 
 
+class Jobs:
+    """A consumer group under attack: a publisher of jobs (topic "jobs") at JOBS_RATE, one honest
+    member ("workers", prefetch 50) that records each job it processes, and a subscriber of the
+    group's dead letters. Every confirmed job must be processed, and none dead-lettered, whatever
+    the hostile member does (a job may be processed twice only after an exchange died with it)."""
+
+    def __init__(self, config, zk) -> None:
+        self.processed: Counter[int] = Counter()
+        self.dead = 0
+        self.lock = threading.Lock()
+        self.hostile_seen: Counter[str] = Counter()
+        self.member = Subscriber(QUEUE, config, zk=zk, topics=["jobs"], group="workers", prefetch=50,
+                                 callback=self._process)
+        self.dead_letters = Subscriber(QUEUE, config, zk=zk, topics=["roq.dead/workers"], callback=self._dead)
+        self.pub = Publisher(QUEUE, config, zk=zk)
+        self.sent = 0
+        self.stopping = threading.Event()
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self._publish, name="jobs", daemon=True)
+
+    def _process(self, msg: Any) -> None:
+        with self.lock:
+            self.processed[int(msg.payload)] += 1
+
+    def _dead(self, msg: Any) -> None:
+        with self.lock:
+            self.dead += 1
+
+    def _publish(self) -> None:
+        start = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                self.pub.publish("jobs", str(self.sent).encode(), timeout=60)
+                self.sent += 1
+                ahead = self.sent / JOBS_RATE - (time.monotonic() - start)
+                if ahead > 0:
+                    self.stopping.wait(ahead)
+        except Exception as exc:
+            self.errors.append(f"jobs publisher: {exc!r}")
+
+    def finish(self, timeout: float) -> dict[str, int]:
+        self.stopping.set()
+        self.thread.join(timeout=timeout)
+        try:
+            self.pub.flush(timeout)
+        except RoqError as exc:
+            self.errors.append(f"jobs publisher: {exc}")
+        confirmed = self.pub.confirmed
+        try:
+            wait_until(lambda: all(i in self.processed for i in range(confirmed)), timeout=timeout,
+                       message="every confirmed job processed")
+        except AssertionError as exc:
+            self.errors.append(str(exc))
+        with self.lock:
+            return {"confirmed": confirmed, "lost": sum(1 for i in range(confirmed) if i not in self.processed),
+                    "twice": sum(1 for n in self.processed.values() if n > 1), "dead_lettered": self.dead}
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.pub.close(timeout=0)
+        self.member.close()
+        self.dead_letters.close()
+
+
 class Victim:
     """A publisher process of its own (own process group) on topic "victim", reporting its
     confirmed count and exchange on a pipe; killed by a fault or stopped at the end."""
@@ -258,6 +332,8 @@ class Watch:
         self.peak_rss = 0  # one process
         self.peak_total = 0  # all exchange processes together
         self.max_restarts: dict[str, int] = {}
+        self.gateway: psutil.Process | None = None
+        self.gateway_peak = 0
 
     def live(self) -> dict[str, dict[str, Any]]:
         try:
@@ -287,6 +363,13 @@ class Watch:
             total += rss
             self.peak_rss = max(self.peak_rss, rss)
         self.peak_total = max(self.peak_total, total)
+        if self.gateway is not None:
+            try:  # the kernel's high-water mark: peaks between two samples count too
+                status = Path(f"/proc/{self.gateway.pid}/status").read_text()
+                hwm = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+                self.gateway_peak = max(self.gateway_peak, hwm)
+            except (OSError, StopIteration):
+                self.gateway = None
 
     def unintended(self) -> list[tuple[int, str, str]]:
         return [(pid, *self.seen[pid][:2]) for pid in sorted(self.exited) if pid not in self.intended]
@@ -353,6 +436,10 @@ class Chaos:
         self._frozen_lock = threading.Lock()
         self.hoarders: list[zmq.Socket] = []
         self.counts: Counter[str] = Counter()
+        self.jobs: Jobs | None = None  # with the hostile kind
+        self.gateway_url = ""  # with the httpflood kind
+        self.http_answers: Counter[str] = Counter()
+        self.threads: list[threading.Thread] = []
 
     def pick(self) -> tuple[str, dict[str, Any]] | None:
         live = self.watch.live()
@@ -377,6 +464,8 @@ class Chaos:
             return self.stall.start_round()
         if kind in ("hungreplica", "replicaforge"):
             return self.on_a_replica(kind)
+        if kind in ("hostile", "httpflood"):
+            return getattr(self, kind)()
         target = self.pick()
         if target is None:
             return "no live exchange: skipped"
@@ -486,40 +575,43 @@ class Chaos:
     def replicaforge(self, xid: str, replica: dict[str, Any]) -> str:
         live = self.watch.live().get(xid) or {}
         incarnation, next_pos = live.get("incarnation", f"{xid}.0"), (live.get("stats") or {}).get("next_pos", 1)
-        victim = self.traffic.pub.id
-        forged = [[b"load", protocol.encode_delivery(xid, incarnation, next_pos + 3 + i, [], victim, 0, [i + 1],
-                                                     [b"forged"]), 1] for i in range(5)]
-        wrong = secrets.token_bytes(32)
-        record = ["g", [b"load"], 30_000, 5, b"dead", next_pos, []]
-        frames = [["follow", 2, incarnation, xid], ["follow", 2, incarnation, xid, wrong],
-                  ["copy", 2, incarnation, next_pos + 3, forged, True, wrong],
-                  ["copy", 2, incarnation, 1, forged, True, wrong], ["groups", 2, incarnation, [record], wrong],
-                  ["done", 2, incarnation, [["g", [[1, 0, 1_000_000]]]], wrong],
-                  ["adopt", 2, f"{xid}.ffffffff", xid, wrong]]
-        sock = dealer(replica["repl"], self.config)
-        try:
-            for frame in frames:
-                sock.send(msgpack.packb(frame, use_bin_type=True))
-            answered = sock.poll(500)
-        finally:
-            sock.close()
-        seals: Counter[str] = Counter()
-        sock = dealer(replica["replay"], self.config)
-        try:
-            for rid in range(1, 7):
-                sock.send(protocol.encode_position_request(rid, [b"load"], incarnation))
-                if not sock.poll(3000):
-                    seals["no answer"] += 1
-                    continue
-                try:
-                    protocol.decode_replay_reply(sock.recv(), 1 << 30)
-                    seals["sealed"] += 1
-                except protocol.ReplayRefused as refused:
-                    seals[refused.refusal] += 1
-        finally:
-            sock.close()
+        frames = attacks.forged_copy_frames(xid, incarnation, next_pos, self.traffic.pub.id)
+        answered = attacks.attack_replica_copy(replica["repl"], frames, self.config, wait_ms=500)
+        seals = attacks.ask_seals(replica["replay"], incarnation, 6, self.config)
         return (f"{len(frames)} forged frames on the replica of {xid} ({incarnation}): "
                 f"{'ANSWERED' if answered else 'no answer'}; 6 positions naming it → {dict(seals)}")
+
+    def hostile(self) -> str:
+        """A hostile member of the jobs' group on every exchange, for HOSTILE_SECONDS, in a thread."""
+        endpoints = [d["work"] for d in self.watch.live().values() if d.get("work")]
+        member = self.jobs.member
+        join = protocol.encode_join(member.group, list(member.topics), protocol.MAX_PREFETCH,
+                                    round(member.ack_timeout * 1000), member.max_deliveries, member.dead_letter,
+                                    False)
+
+        def run() -> None:
+            seen = attacks.hostile_member(endpoints, join, HOSTILE_SECONDS, self.config)
+            self.jobs.hostile_seen.update(seen)
+        thread = threading.Thread(target=run, name="hostile-member", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return (f"a member joins group {member.group} on {len(endpoints)} exchanges with prefetch "
+                f"{protocol.MAX_PREFETCH}, nacks with requeue all it is handed and acks what it does not hold, "
+                f"for {HOSTILE_SECONDS:.0f}s")
+
+    def httpflood(self) -> str:
+        """Bodies of newlines and streams resumed with a made-up token at the gateway, in a thread."""
+        url = self.gateway_url
+
+        def run() -> None:
+            answers = attacks.post_newlines(url, QUEUE, 2)
+            answers += [attacks.open_stream_with_token(url, QUEUE, attacks.forged_token(72_000)) for _ in range(2)]
+            self.http_answers.update(a.split(" ")[0] for a in answers)
+        thread = threading.Thread(target=run, name="httpflood", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return (f"2 bodies of {attacks.NEWLINE_BODY_BYTES >> 20} MiB of newlines (split=lines) and 2 streams "
+                f"resumed with a token of 72,000 made-up publishers, at the gateway")
 
     def freeze(self, xid: str, data: dict[str, Any]) -> str:
         pid = data["pid"]
@@ -706,6 +798,7 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
     from roq.paths import Paths
     paths = Paths(config.zk.root)
     traffic = stall = chaos = None
+    jobs: dict[str, int] | None = None
     watch = Watch(zk, paths)
     done = 0
     victims: list[tuple[Victim, int]] = []
@@ -729,6 +822,12 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         chaos = Chaos(procs, zk, paths, config, rng, traffic, stall, watch, start_hcm, victim_rate)
         if {"pubhost", "restart"} & set(chosen):
             chaos.new_victim()
+        if "hostile" in chosen:
+            chaos.jobs = Jobs(config, zk)
+            chaos.jobs.thread.start()
+        if "httpflood" in chosen:
+            chaos.gateway_url = procs.web("web")
+            watch.gateway = psutil.Process(procs.procs["web"].pid)
         deadline = time.monotonic() + seconds
         next_fault = time.monotonic() + interval
         # Every kind at least once when there are enough faults, the rest at random; seeded.
@@ -779,6 +878,9 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         except AssertionError as exc:
             errors.append(f"victims: {exc}")
         stalled = stall.finish(timeout=60)
+        for thread in chaos.threads:
+            thread.join(timeout=60)
+        jobs = chaos.jobs.finish(timeout=60) if chaos.jobs is not None else None
         watch.sample()
     finally:
         if chaos is not None:
@@ -790,6 +892,8 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
                     victim.kill(None)
         if stall is not None:
             stall.close()
+        if chaos is not None and chaos.jobs is not None:
+            chaos.jobs.close()
         if traffic is not None:
             traffic.close()
         stop_client(zk)
@@ -811,7 +915,8 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         console.print(f"exchange incarnations seen with restarts > 0: {restarted}")
     if traffic.foreign:
         console.print(f"[red]{traffic.foreign} forged messages on 'load' reached the subscriber[/red]")
-    for err in stall.errors + errors + victim_errors:
+    job_errors = chaos.jobs.errors if chaos is not None and chaos.jobs is not None else []
+    for err in stall.errors + errors + victim_errors + job_errors:
         console.print(f"[red]{err}[/red]")
     fault_text = ", ".join(f"{k} {chaos.counts[k]}" for k in KINDS if chaos.counts[k]) if chaos else ""
     table = Table("measure", "value", title="chaos summary")
@@ -825,6 +930,13 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
              ("exchanges or replicas FAILED", str(len(failed_exchanges))),
              ("exchange peak RSS MB (one process / all)",
               f"{watch.peak_rss / 1e6:.1f} / {watch.peak_total / 1e6:.1f}")]
+    if jobs is not None:
+        rows += [("jobs (group): confirmed / lost / processed twice / dead-lettered",
+                  f"{jobs['confirmed']} / {jobs['lost']} / {jobs['twice']} / {jobs['dead_lettered']}"),
+                 ("hostile member saw", str(dict(chaos.jobs.hostile_seen)) if chaos and chaos.jobs else "")]
+    if chaos is not None and chaos.gateway_url:
+        rows += [("gateway peak RSS MB", f"{watch.gateway_peak / 1e6:.1f}"),
+                 ("gateway answers to the flood", str(dict(chaos.http_answers)))]
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -853,7 +965,9 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
                   f"publisher replayed {report['replayed']}, forged deliveries {traffic.foreign}")
     failed = report["lost"] or report["duplicated"] or crashed or traffic.foreign or failed_exchanges \
         or total["victim lost"] or total["victim duplicated"] or victim_errors \
-        or stalled["received"] != stalled["sent"] or stalled["duplicates"]
+        or stalled["received"] != stalled["sent"] or stalled["duplicates"] \
+        or (jobs is not None and (jobs["lost"] or jobs["dead_lettered"])) \
+        or (chaos is not None and chaos.http_answers.get("200", 0) > 0)
     sys.exit(1 if failed else 0)
 
 

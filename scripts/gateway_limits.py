@@ -24,15 +24,12 @@ with its own copy of this script. Needs Linux (/proc) and ZooKeeper.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
 import threading
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,28 +39,18 @@ sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 import httpx  # noqa: E402
-import msgpack  # noqa: E402
 import psutil  # noqa: E402
 
 from roq.client.admin import Admin  # noqa: E402
 from roq.paths import Paths  # noqa: E402
 from roq.state import read_hosts, read_leader, read_live  # noqa: E402
+from roq.tools.hostile import forged_token, post_newlines  # noqa: E402
 from roq.tools.testing import Processes, fast_config, wait_until  # noqa: E402
 from roq.tools.zkserver import ZooKeeperServer  # noqa: E402
 from roq.zk import start_client, stop_client  # noqa: E402
 
-SERVING = re.compile(r"serving the console at (http\S+)/ ")
 BODY_BYTES = 50 << 20
 STREAM_MESSAGES = 3_000
-
-
-def forged_token(publishers: int) -> str:
-    """A resume token that decodes: `publishers` made-up publishers with nothing seen, compressed
-    as hard as zlib can (72,000 of them fit in 262K characters)."""
-    position = {"version": 1, "publishers": {f"p-{i:024x}": {"floor": 0, "runs": []} for i in range(publishers)},
-                "streams": {}, "start_at_sync": []}
-    packed = zlib.compress(msgpack.packb(position, use_bin_type=True), 9)
-    return "r1." + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
 
 
 def peak_rss(pid: int) -> int:
@@ -83,25 +70,6 @@ def measure(pid: int, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return {**outcome, "rss_before_mb": round(before / mib), "rss_after_mb": round(after / mib),
             "peak_rss_mb": round(peak_rss(pid) / mib),
             "cpu_s": round(cpu_after.user + cpu_after.system - cpu.user - cpu.system, 2)}
-
-
-def post_newlines(url: str, queue: str, copies: int) -> dict[str, Any]:
-    statuses: list[str] = []
-
-    def one() -> None:
-        try:
-            answer = httpx.post(f"{url}/api/queues/{queue}/messages", params={"topic": "t", "split": "lines"},
-                                content=b"\n" * BODY_BYTES, timeout=120)
-            statuses.append(f"{answer.status_code} {answer.text[:100]}")
-        except httpx.HTTPError as exc:
-            statuses.append(f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=one) for _ in range(copies)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {"answers": statuses}
 
 
 def read_stream(url: str, queue: str, token: str | None, want: int, opened: threading.Barrier,
@@ -170,8 +138,8 @@ def run_scenarios(config: Any, procs: Processes, zk: Any, only: list[str]) -> di
     procs.start("hcm", "host-1", "hcm.host=host-1")
     wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), timeout=30, message="cluster")
     scenarios: dict[str, Callable[[str, str], dict[str, Any]]] = {
-        "newlines-1": lambda url, q: post_newlines(url, q, 1),
-        "newlines-3": lambda url, q: post_newlines(url, q, 3),
+        "newlines-1": lambda url, q: {"answers": post_newlines(url, q, 1)},
+        "newlines-3": lambda url, q: {"answers": post_newlines(url, q, 3)},
         "token-72k-4": lambda url, q: streams_with_token(url, q, forged_token(72_000), 4),
         "token-1k-4": lambda url, q: streams_with_token(url, q, forged_token(1_000), 4),
         "no-token-4": lambda url, q: streams_with_token(url, q, None, 4),
@@ -184,7 +152,7 @@ def run_scenarios(config: Any, procs: Processes, zk: Any, only: list[str]) -> di
             queue = f"limits-{n}"  # a fresh queue each: nothing retained from another scenario
             admin.create_queue(queue, 1)
             wait_until(lambda q=queue: read_live(zk, paths, q), timeout=30, message=f"{queue} running")
-            url = start_gateway(procs, f"web-{name}")  # a fresh gateway each: figures of this scenario alone
+            url = procs.web(f"web-{name}")  # a fresh gateway each: figures of this scenario alone
             try:
                 results[name] = measure(procs.procs[f"web-{name}"].pid, lambda q=queue, r=run, u=url: r(u, q))
             finally:
@@ -193,13 +161,6 @@ def run_scenarios(config: Any, procs: Processes, zk: Any, only: list[str]) -> di
                 admin.delete_queue(queue)  # a host runs 4 exchanges at most (hcm.capacity)
             print(name, json.dumps(results[name]), file=sys.stderr)
     return results
-
-
-def start_gateway(procs: Processes, name: str) -> str:
-    procs.start("web", name, "web.port=0")
-    log = procs.logs[name]
-    return wait_until(lambda: (m := SERVING.search(log.read_text(errors="replace"))) and m.group(1), timeout=30,
-                      message=f"{name} serving")
 
 
 if __name__ == "__main__":

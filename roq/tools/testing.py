@@ -8,6 +8,7 @@ and kills every one of them (and their process groups) in `stop_all()`.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,9 @@ def fast_config(zk_hosts: str, root: str | None = None) -> Config:
     )
 
 
+_SERVING = re.compile(r"serving the console at (http\S+)/ ")  # roq-web's line once it serves
+
+
 class Processes:
     """Daemons started for one test; all killed at the end, logs kept for the report."""
 
@@ -119,6 +123,15 @@ class Processes:
 
     def hcm(self, host: str) -> subprocess.Popen[bytes]:
         return self.start("hcm", host, f"hcm.host={host}")
+
+    def web(self, name: str = "web", *settings: str, timeout: float = 30.0) -> str:
+        """Start a roq-web process on a free port; its URL once it serves."""
+        self.start("web", name, "web.port=0", *settings)
+
+        def url() -> str | None:
+            found = _SERVING.search(self.logs[name].read_text(errors="replace"))
+            return found.group(1) if found else None
+        return wait_until(url, timeout=timeout, message=f"{name} serving")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal only the daemon itself (not its group), as a crash or an operator would."""

@@ -15,15 +15,14 @@ import os
 import signal
 import time
 
-import msgpack
 import pytest
 
 from roq import protocol
 from roq.client.publisher import Publisher
 from roq.state import read_live
+from roq.tools.hostile import attack_replica_copy, dealer, forged_copy_frames
 from roq.tools.testing import record_figures, wait_until
 from roq.zk import read_json
-from tests.integration.test_adversarial import dealer
 from tests.integration.test_replication import Collector, create_replicated, start_hosts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -31,41 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 def replica_stats(zk, paths, queue: str) -> dict:
     return (read_json(zk, paths.replica_live(queue, "x1")) or {}).get("stats") or {}
-
-
-def forged_frames(incarnation: str, first: int, publisher: str, count: int) -> list[list[object]]:
-    """Deliveries an attacker makes up: the victim's publisher id, sequence numbers from 1."""
-    return [[b"load", protocol.encode_delivery("x1", incarnation, first + i, [], publisher, 0, [i + 1],
-                                               [b"forged"]), 1] for i in range(count)]
-
-
-def attack_the_copy(endpoint: str, incarnation: str, next_pos: int, publisher: str) -> int:
-    """Everything issue 31 tried on `repl`, written as raw msgpack as a hostile peer would: a follow
-    of the running incarnation and a copy that jumps ahead, in the frame layout without a proof
-    and with a made-up proof; a copy replacing the stream from position 1; forged group state and
-    acks; an adoption request. Returns how many frames were sent; none may be answered."""
-    record = ["g", [b"load"], 30_000, 5, b"dead", next_pos, []]
-    ahead = forged_frames(incarnation, next_pos + 3, publisher, 5)
-    wrong = os.urandom(32)
-    attack = [
-        ["follow", 2, incarnation, "x1"],  # the layout before proofs
-        ["copy", 2, incarnation, next_pos + 3, ahead, True],
-        ["groups", 2, incarnation, [record]],
-        ["follow", 2, incarnation, "x1", wrong],
-        ["copy", 2, incarnation, next_pos + 3, ahead, True, wrong],
-        ["copy", 2, incarnation, 1, forged_frames(incarnation, 1, publisher, 5), True, wrong],
-        ["groups", 2, incarnation, [record], wrong],
-        ["done", 2, incarnation, [["g", [[1, 0, 1_000_000]]]], wrong],
-        ["adopt", 2, "x1.ffffffff", "x1", wrong],
-    ]
-    sock = dealer(endpoint)
-    try:
-        for frame in attack:
-            sock.send(msgpack.packb(frame, use_bin_type=True))
-        assert not sock.poll(1000), f"the replica answered a forged frame: {protocol.unpack(sock.recv(), 1 << 30)}"
-    finally:
-        sock.close()
-    return len(attack)
 
 
 class Victim(Collector):
@@ -96,7 +60,9 @@ def test_1_a_forged_copy_replaces_nothing_and_an_away_subscriber_gets_every_conf
         live = read_live(zk, paths, "victim")["x1"]
         replica = read_json(zk, paths.replica_live("victim", "x1"))
         assert replica
-        sent = attack_the_copy(replica["repl"], live["incarnation"], live["stats"].get("next_pos", 2), pub.id)
+        frames = forged_copy_frames("x1", live["incarnation"], live["stats"].get("next_pos", 2), pub.id)
+        assert not attack_replica_copy(replica["repl"], frames), "the replica answered a forged frame"
+        sent = len(frames)
         for i in range(300):
             pub.publish("load", str(i).encode())
         pub.flush(30)

@@ -3,7 +3,6 @@ web.auth on (an admin and a client token), shared by the module's tests."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,6 @@ from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 from web.auth import add_token
-
-SERVING = re.compile(r"serving the console at (http\S+)/ ")
 
 
 @dataclass
@@ -39,12 +36,7 @@ class WebCluster:
 
 def start_gateway(procs: Processes, name: str = "web", *settings: str) -> str:
     """Start a roq-web process (a free port) and return its URL once it serves."""
-    procs.start("web", name, "web.port=0", *settings)
-
-    def url() -> str | None:
-        found = SERVING.search(procs.logs[name].read_text(errors="replace"))
-        return found.group(1) if found else None
-    return wait_until(url, timeout=20, message=f"{name} serving")
+    return procs.web(name, *settings)
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,23 @@ and honest callers are served meanwhile."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
 import json
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
-import msgpack
 import psutil
 import pytest
 
 from roq.client import Subscriber
 from roq.paths import Paths
 from roq.state import read_live
+from roq.tools.hostile import forged_token
 from roq.tools.testing import record_figures, wait_until
 from tests.conftest import unavailable
 from tests.web.conftest import WebCluster, start_gateway
@@ -98,16 +96,6 @@ def publish(web: WebCluster, queue: str, lines: list[str], url: str | None = Non
             token: str | None = None) -> httpx.Response:
     return httpx.post(f"{url or web.url}/api/queues/{queue}/messages", params={"topic": "t", "split": "lines"},
                       content="".join(f"{line}\n" for line in lines).encode(), headers=web.headers(token), timeout=60)
-
-
-def forged_token(publishers: int, runs: int = 0) -> str:
-    """A resume token that decodes: `publishers` made-up publishers of the right form, each with
-    `runs` runs of sequence numbers, compressed as hard as zlib can."""
-    seen = {"floor": 0, "runs": [[2 * i + 1, 2 * i + 1] for i in range(runs)]}
-    position = {"version": 1, "publishers": {f"p-{i:024x}": seen for i in range(publishers)},
-                "streams": {}, "start_at_sync": []}
-    packed = zlib.compress(msgpack.packb(position, use_bin_type=True), 9)
-    return "r1." + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
 
 
 class HeldPublish:
