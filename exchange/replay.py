@@ -62,11 +62,11 @@ class ReplayServer:
                 return
             if len(frames) == 2:
                 self.handle(frames[0], frames[1])
-            else:
+            elif len(frames) > 2:  # a request is one frame: refused, with the id its first frame names
                 self._count("malformed", 1)
-                if frames:
-                    self._send(frames[0], protocol.encode_replay_error(
-                        None, protocol.MALFORMED, "expected exactly one frame per request"))
+                self._send(frames[0], protocol.encode_replay_error(
+                    _request_id_of(frames[1]), protocol.MALFORMED,
+                    f"a request is one frame; this message had {len(frames) - 1}"))
 
     def handle(self, ident: bytes, payload: bytes) -> None:
         try:

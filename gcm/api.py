@@ -125,8 +125,12 @@ class ControlServer:
         self.requests += 1
         # With CURVE off there are no credentials to check: everyone may administer.
         role = peer_role(payload) if self._secured else ADMIN
-        reply = self.dispatch(payload.bytes if len(frames) == 2 else b"\xc1", role,  # 0xc1: never valid msgpack
-                              received_at)
+        if len(frames) == 2:
+            reply = self.dispatch(payload.bytes, role, received_at)
+        else:  # a request is one frame: refused, echoing the id its first frame names so it can be matched
+            self.errors += 1
+            reply = encode_error(request_id_of(frames[1].bytes), ProtocolError(
+                f"a request is one frame; this message had {len(frames) - 1}"))
         try:
             self._socket.send_multipart([ident, reply], zmq.NOBLOCK)
         except zmq.Again:

@@ -9,7 +9,8 @@ second for 2 hosts and 5 queues, each one logged to disk and sent to every watch
   (`exchange_changed`, `host_changed`), never more often than the interval of the reports;
 * otherwise at least every `hcm.stats_heartbeat` seconds (a liveness heartbeat: the figures that
   ride along, and the `at` of the report, are at most that old); the znode says how long that is,
-  `"heartbeat": seconds`, so clients judge the age of `stats.at` against it;
+  `"heartbeat": seconds` (and the report interval, `"stats_interval"`), so clients judge the age
+  of `stats.at` against it;
 * an exchange that stops reporting for `SILENT_AFTER` report intervals (frozen, stuck) is a change
   too: its znode is written once with `"silent": true` and its last report (whose `at` ages), and
   nothing more until it reports again. Publishers rank such an exchange last at once

@@ -387,9 +387,11 @@ class Supervisor:
         report, silent = child.stats, self._silent(child, now)
         stats = report.to_dict() if report else {}  # {} until the first report
         # `heartbeat`: the longest this znode goes unwritten while the child reports (its stats.at at
-        # most that old); `silent`: it stopped reporting (stats.at is its last report's).
+        # most that old); `stats_interval`: how often it reports, so clients can judge that age too;
+        # `silent`: it stopped reporting (stats.at is its last report's).
         data = dict(child.ready, host=self.host, stats=stats, restarts=child.restarts,
-                    heartbeat=self.hcm.stats_heartbeat, silent=silent)
+                    heartbeat=self.hcm.stats_heartbeat, stats_interval=self.config.exchange.stats_interval,
+                    silent=silent)
         path = self._endpoint_path(child)
         try:
             if child.published:

@@ -160,6 +160,10 @@ HELLO_REQUIRED = "hello_required"  # this connection has not proved it owns the 
 MALFORMED = "malformed"
 
 
+# A publisher id as publisher_id_for makes it: the only shape an exchange takes in a hello, batch or bye.
+PUBLISHER_ID = re.compile(r"p-[0-9a-f]{24}")
+
+
 def publisher_id_for(token: bytes) -> str:
     """A publisher's id is derived from its secret token: anyone can read the id (it is in every
     delivery), only the token's holder can claim it in a `hello`."""
@@ -268,8 +272,8 @@ def decode_publisher_frame(frame: bytes, max_size: int, block: Any = None) -> He
     msg = unpack(frame, max_size)
     kind = _kind_and_version(msg, "publisher frame")
     publisher = msg[2] if len(msg) > 2 else None
-    if not isinstance(publisher, str) or not 0 < len(publisher) <= 128:
-        raise ProtocolError("publisher id must be a string of 1-128 characters")
+    if not isinstance(publisher, str) or not PUBLISHER_ID.fullmatch(publisher):
+        raise ProtocolError("publisher id must be \"p-\" and 24 lowercase hex digits (derived from the token)")
     if kind == BATCH:
         return _decode_batch(msg, publisher, block, max_size - len(frame))
     if block is not None:

@@ -59,7 +59,8 @@ AVOID_SECONDS = 30.0  # an exchange that failed us is not chosen again for this 
 HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have been lost with a connection)
 # An exchange is stale (chosen last) when its HCM says it stopped reporting (`silent`), or when its
 # statistics are older than the newest of the queue's by more than its znode's `heartbeat` (the
-# longest its HCM leaves unchanged statistics unwritten; 0 if absent) plus this many report intervals.
+# longest its HCM leaves unchanged statistics unwritten; 0 if absent) plus this many report intervals
+# (its znode's `stats_interval`; our own exchange.stats_interval if absent).
 STALE_STATS = 3.0
 # A payload block this big is handed to libzmq without a copy (pyzmq then keeps it until sent).
 ZERO_COPY_BYTES = 64 << 10
@@ -335,14 +336,14 @@ class PublisherLink:
         self._avoid = {key: until for key, until in self._avoid.items() if until > now}
         reports = {xid: ExchangeStats.from_dict(data.get("stats")) for xid, data in live.items()}
         newest = max((report.at or 0.0 for report in reports.values()), default=0.0)
-        stale_after = STALE_STATS * self.config.exchange.stats_interval
+        interval = self.config.exchange.stats_interval
 
         def rank(item: tuple[str, dict[str, Any]]) -> tuple[float, int, float, float]:
             xid, data = item
             stats = reports[xid]
             avoided_until = self._avoid.get((xid, str(data.get("incarnation", ""))), 0.0)
             # A frozen exchange stops reporting: its HCM says so, its statistics age, and it goes last.
-            stale = int(is_stale(data, stats, newest, stale_after))
+            stale = int(is_stale(data, stats, newest, interval))
             return (avoided_until, stale, stats.publishers, random.random())
 
         xid, data = min(live.items(), key=rank)
@@ -438,13 +439,19 @@ class PublisherLink:
             self._cond.notify_all()
 
 
-def is_stale(data: dict[str, Any], stats: ExchangeStats, newest: float, stale_after: float) -> bool:
+def is_stale(data: dict[str, Any], stats: ExchangeStats, newest: float, interval: float) -> bool:
     """Is this live exchange (its znode's `data`, the `stats` in it) frozen or stuck? Its HCM says it
-    went `silent`; or its statistics' `at` lies more than `stale_after` plus the znode's `heartbeat`
-    behind `newest`, the newest `at` of the queue's exchanges (their HCMs' clocks, not ours)."""
+    went `silent`; or its statistics' `at` lies more than STALE_STATS report intervals (the znode's
+    `stats_interval`, else `interval`) plus the znode's `heartbeat` behind `newest`, the newest `at`
+    of the queue's exchanges (their HCMs' clocks, not ours)."""
     if data.get("silent") is True:
         return True
-    heartbeat = data.get("heartbeat")
-    if isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not heartbeat >= 0:
-        heartbeat = 0.0  # an HCM that rewrote the statistics at every report
-    return newest - (stats.at or 0.0) > stale_after + heartbeat
+    heartbeat = _seconds(data.get("heartbeat"), 0.0)  # absent: an HCM that rewrote them at every report
+    return newest - (stats.at or 0.0) > STALE_STATS * _seconds(data.get("stats_interval"), interval) + heartbeat
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A znode's duration, or `default` when it is not a number of seconds (absent: an older HCM)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return default
+    return float(value)

@@ -318,6 +318,33 @@ def test_9_a_flood_of_hellos_is_capped_per_connection(lone):
     assert proc.poll() is None
 
 
+def test_31_one_frame_per_request_answered_with_its_id_and_one_publisher_id_rule(lone):
+    """Issue 31 point 10 (a, l, n): a replay request of two frames is answered `malformed` with the
+    request id its first frame names (it was nil); a publisher id of another shape than "p-" and 24
+    hex digits is `error malformed` in a batch as in a hello (a batch took any 1-128 characters and
+    was answered `resend hello_required`, a hello `error refused`)."""
+    _, proc, ready = lone
+    replay, pub = dealer(ready["replay"]), dealer(ready["pub"])
+    try:
+        replay.send_multipart([protocol.encode_position_request(77, [b"t"]), b"extra"])
+        assert replay.poll(5000), "the exchange did not answer"
+        with pytest.raises(protocol.ReplayRefused) as refused:
+            protocol.decode_replay_reply(replay.recv(), 1 << 20)
+        assert (refused.value.refusal, refused.value.request_id) == ("malformed", 77)
+        replay.send(protocol.encode_position_request(78, [b"t"]))
+        assert replay.poll(5000), "the exchange did not answer"
+        assert protocol.decode_replay_reply(replay.recv(), 1 << 20).request_id == 78
+        for frame in (protocol.encode_batch("p-forged", 1, 0, [b"t", b"x"]),
+                      protocol.encode_hello("p-forged", b"t" * 16, 1)):
+            pub.send(frame)
+            reply = answer(pub)
+            assert (reply.kind, reply.code) == ("error", "malformed") and "publisher id" in reply.message, reply
+    finally:
+        replay.close()
+        pub.close()
+    assert proc.poll() is None
+
+
 # ------------------------------------------------------------------ 3, 5: subscribers
 
 

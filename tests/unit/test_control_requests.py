@@ -1,4 +1,5 @@
-"""Control requests: the optional request key on the wire, and the deadline counted from arrival."""
+"""Control requests: the optional request key on the wire, the deadline counted from arrival, and a
+request of more than one frame answered with its id."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import uuid
 
 import msgpack
 import pytest
+import zmq
 
 from gcm.api import REQUEST_DEADLINE, ControlServer
 from roq import protocol
+from roq.config import Config
 from roq.errors import ProtocolError
 
 
@@ -59,3 +62,31 @@ def test_a_fresh_write_is_served() -> None:
     reply = protocol.decode_reply(server().dispatch(protocol.encode_request(1, "queue.create", {"name": "q"}),
                                                     "admin", time.monotonic()))
     assert reply.ok and reply.result == "done"
+
+
+def test_a_request_of_two_frames_is_refused_with_its_id_over_a_real_socket() -> None:
+    """Issue 31 point 10 (l): the id of a request sent in two frames was not echoed (nil), so the
+    client could not match the `malformed` answer to its request."""
+    api = ControlServer(Config(), "127.0.0.1", 0, "127.0.0.1", lambda op: (lambda args: "done"))
+    api.start()
+    context = zmq.Context()
+    client = context.socket(zmq.DEALER)
+    client.linger = 0
+    try:
+        client.connect(api.endpoint)
+        client.send_multipart([protocol.encode_request(41, "queue.list"), b"more"])
+        assert client.poll(5000), "no answer"
+        reply = protocol.decode_reply(client.recv())
+        assert (reply.ok, reply.code, reply.id) == (False, "malformed", 41) and "one frame" in reply.message
+        client.send_multipart([b"\xc1", b"more"])  # no id to read: nil
+        assert client.poll(5000), "no answer"
+        reply = protocol.decode_reply(client.recv())
+        assert (reply.ok, reply.code, reply.id) == (False, "malformed", None)
+        client.send(protocol.encode_request(42, "queue.list"))  # the server goes on
+        assert client.poll(5000), "no answer"
+        reply = protocol.decode_reply(client.recv())
+        assert (reply.ok, reply.id, reply.result) == (True, 42, "done")
+    finally:
+        client.close()
+        context.term()
+        api.stop()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -9,6 +11,8 @@ from gcm.api import ControlServer
 from roq import protocol
 from roq.errors import InvalidNameError, ProtocolError, QueueNotFoundError, error_from_code
 from roq.names import check_queue_name, check_topic
+
+PID = protocol.publisher_id_for(bytes(range(16)))  # p-9cda9765a71f364072d21550, the test vector of section 3.1
 
 
 def test_request_round_trip() -> None:
@@ -31,10 +35,10 @@ def test_errors_keep_their_code_across_the_wire() -> None:
 
 
 def test_batch_round_trip_and_validation() -> None:
-    batch = protocol.decode_publisher_frame(protocol.encode_batch("p", 7, 1, [b"t", b"x"]), 1 << 20)
+    batch = protocol.decode_publisher_frame(protocol.encode_batch(PID, 7, 1, [b"t", b"x"]), 1 << 20)
     assert isinstance(batch, protocol.Batch) and batch.first_seq == 7 and batch.flat == [b"t", b"x"]
-    for bad in ([1], ["batch", 2, "p", 0, 1, [b"t", b"x"]], ["zzz", 2, "p"], ["hello", 9, "p"], ["hello", 2, ""],
-                ["hello", 2, "p", b"short", 1], ["batch", 1, "p", 1, 1, [b"t", b"x"]]):
+    for bad in ([1], ["batch", 2, PID, 0, 1, [b"t", b"x"]], ["zzz", 2, "p"], ["hello", 9, "p"], ["hello", 2, ""],
+                ["hello", 2, PID, b"short", 1], ["batch", 1, PID, 1, 1, [b"t", b"x"]]):
         with pytest.raises(ProtocolError):
             protocol.decode_publisher_frame(msgpack.packb(bad), 1 << 20)
     with pytest.raises(ProtocolError, match="exceeds"):
@@ -42,25 +46,25 @@ def test_batch_round_trip_and_validation() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    ["batch", 2, "p", 1, 1.5, [b"t", b"x"]],  # a float sent_ns (issue 16 point 2)
-    ["batch", 2, "p", 1, -1, [b"t", b"x"]],
-    ["batch", 2, "p", 1, 1, [b"odd"]],
-    ["batch", 2, "p", 1, 1, []],
-    ["batch", 2, "p", 2**63 - 1, 0, [b"t", b"x", b"t", b"y"]],  # would pass the largest sequence number
+    ["batch", 2, PID, 1, 1.5, [b"t", b"x"]],  # a float sent_ns (issue 16 point 2)
+    ["batch", 2, PID, 1, -1, [b"t", b"x"]],
+    ["batch", 2, PID, 1, 1, [b"odd"]],
+    ["batch", 2, PID, 1, 1, []],
+    ["batch", 2, PID, 2**63 - 1, 0, [b"t", b"x", b"t", b"y"]],  # would pass the largest sequence number
 ])
 def test_refused_batches_name_their_publisher_and_first_seq(bad: list) -> None:
     """A batch refused as a whole is attributed, so the exchange answers `resend` (never a silent
     refusal the next ack would cover)."""
     with pytest.raises(protocol.RefusedBatch) as refused:
         protocol.decode_publisher_frame(msgpack.packb(bad), 1 << 20)
-    assert refused.value.publisher == "p" and refused.value.first_seq == bad[3]
+    assert refused.value.publisher == PID and refused.value.first_seq == bad[3]
 
 
 @pytest.mark.parametrize("first_seq", [2**63, 2**64 - 1, 0, -5])
 def test_sequence_numbers_out_of_range_are_refused_at_decode(first_seq: int) -> None:
     """Issue 16 point 6: 2**64-1 used to overflow msgpack inside the exchange and end it."""
     with pytest.raises(ProtocolError):
-        protocol.decode_publisher_frame(msgpack.packb(["batch", 2, "p", first_seq, 0, [b"t", b"x"]]), 1 << 20)
+        protocol.decode_publisher_frame(msgpack.packb(["batch", 2, PID, first_seq, 0, [b"t", b"x"]]), 1 << 20)
 
 
 def test_publisher_ids_are_derived_from_their_token() -> None:
@@ -68,6 +72,22 @@ def test_publisher_ids_are_derived_from_their_token() -> None:
     hello = protocol.decode_publisher_frame(protocol.encode_hello(protocol.publisher_id_for(token), token, 5), 4096)
     assert isinstance(hello, protocol.Hello) and hello.from_seq == 5
     assert protocol.publisher_id_for(token) != protocol.publisher_id_for(b"j" * 16)
+    vector = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+    assert f"gives `{PID}`" in vector.read_text()  # the test vector of section 3.1
+
+
+@pytest.mark.parametrize("pid", ["p", "x" * 128, PID.upper(), "P" + PID[1:], PID + "0", PID[:-1], PID[:-1] + "g",
+                                 " " + PID, PID + "\n", "dl-x1.0badf00d"])
+def test_a_publisher_id_of_another_shape_is_malformed_in_every_publisher_frame(pid: str) -> None:
+    """Issue 31 point 10 (n): one rule for hello, batch and bye. A batch used to take any id of 1-128
+    characters (then answered `resend hello_required`), a hello any such id (then `error refused`)."""
+    head, block = protocol.encode_batch_parts(pid, 1, 0, b"t", [b"x"])
+    for frame, second in ((protocol.encode_hello(pid, b"t" * 16, 1), None),
+                          (protocol.encode_batch(pid, 1, 0, [b"t", b"x"]), None), (head, block),
+                          (protocol.encode_bye(pid), None)):
+        with pytest.raises(ProtocolError, match="publisher id") as refused:
+            protocol.decode_publisher_frame(frame, 1 << 20, second)
+        assert not isinstance(refused.value, protocol.RefusedBatch)  # not attributable: `error malformed`
 
 
 def test_names() -> None:

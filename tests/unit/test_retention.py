@@ -58,3 +58,15 @@ def test_empty_and_inverted_ranges_return_nothing() -> None:
     assert kept.read(5, 6, [b""], 100) == ([], 5, True)
     assert kept.read(4, 2, [b""], 100)[0] == []
     assert Retention(1, 100).read(0, 1, [b""], 100) == ([], 0, True)
+
+
+def test_scanned_to_is_what_protocol_5_1_says() -> None:
+    """docs/protocol.md 5.1 (issue 31 point 10 m): with `end` = before, or the next position when
+    before is 0 or beyond the stream, a done page has scanned_to = max(after, end - 1); an empty
+    range (after >= before - 1) is answered, not refused: nothing, scanned_to = after, [0, exact]."""
+    kept = filled(10)  # positions 1..10, next 11
+    assert kept.read(3, 50, [b""], 1 << 20)[1:] == (10, True)  # before beyond the stream: not waited for
+    assert kept.read(12, 11, [b""], 1 << 20)[1:] == (12, True)
+    assert kept.read(7, 3, [b""], 100) == ([], 7, True) and kept.lost(7, 3, [b""]) == (0, True)
+    frames, scanned_to, done = kept.read(0, 11, [b"od"], len(b"body2") + len(b"body4"))  # odd: 2, 4, 6, ...
+    assert [body for _, body in frames] == [b"body2", b"body4"] and (scanned_to, done) == (5, False)

@@ -136,6 +136,7 @@ def running(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> 
     report(sup, T0, ExchangeStats())
     sup.tick(T0)
     assert len(zk.writes) == 1 and zk.writes[0][1]["heartbeat"] == HEARTBEAT
+    assert zk.writes[0][1]["stats_interval"] == INTERVAL  # clients judge the age of `at` with it
     return sup, zk
 
 
@@ -266,10 +267,21 @@ def test_publishers_judge_age_against_the_heartbeat_and_believe_silence() -> Non
     stale_after = STALE_STATS * INTERVAL
     newest = T0 + 100
     quiet = ExchangeStats(at=newest - HEARTBEAT - stale_after + 0.1)  # idle: last heartbeat nearly due
-    assert not is_stale({"heartbeat": HEARTBEAT, "silent": False}, quiet, newest, stale_after)
-    assert is_stale({"heartbeat": HEARTBEAT, "silent": True}, ExchangeStats(at=newest), newest, stale_after)
+    assert not is_stale({"heartbeat": HEARTBEAT, "silent": False}, quiet, newest, INTERVAL)
+    assert is_stale({"heartbeat": HEARTBEAT, "silent": True}, ExchangeStats(at=newest), newest, INTERVAL)
     frozen = ExchangeStats(at=newest - HEARTBEAT - stale_after - 0.1)  # no heartbeat for too long
-    assert is_stale({"heartbeat": HEARTBEAT}, frozen, newest, stale_after)
+    assert is_stale({"heartbeat": HEARTBEAT}, frozen, newest, INTERVAL)
     # A znode without `heartbeat` (an HCM writing every report): the age alone, as before.
-    assert is_stale({}, ExchangeStats(at=newest - stale_after - 0.1), newest, stale_after)
-    assert not is_stale({"heartbeat": "soon"}, ExchangeStats(at=newest - stale_after + 0.1), newest, stale_after)
+    assert is_stale({}, ExchangeStats(at=newest - stale_after - 0.1), newest, INTERVAL)
+    assert not is_stale({"heartbeat": "soon"}, ExchangeStats(at=newest - stale_after + 0.1), newest, INTERVAL)
+
+
+def test_publishers_take_the_report_interval_from_the_znode() -> None:
+    """Issue 31 point 10 (h): a client cannot read the cluster's exchange.stats_interval; the znode
+    says it (`stats_interval`), and our own setting stands in only when an older HCM did not."""
+    newest = T0 + 100
+    slow = {"heartbeat": HEARTBEAT, "stats_interval": 10 * INTERVAL}
+    aged = ExchangeStats(at=newest - HEARTBEAT - STALE_STATS * 10 * INTERVAL + 0.1)
+    assert not is_stale(slow, aged, newest, INTERVAL)  # within 3 of its own (longer) intervals
+    assert is_stale({"heartbeat": HEARTBEAT}, aged, newest, INTERVAL)  # judged by ours: stale
+    assert is_stale({**slow, "stats_interval": "slow"}, aged, newest, INTERVAL)
