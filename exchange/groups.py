@@ -55,9 +55,11 @@ class GroupSettings:
     dead_letter: bytes
 
     def describe(self) -> dict[str, Any]:
-        return {"prefixes": [p.decode("utf-8", "replace") for p in self.prefixes],
-                "ack_timeout": self.ack_timeout, "max_deliveries": self.max_deliveries,
-                "dead_letter": self.dead_letter.decode("utf-8", "replace")}
+        """The settings as a joining member sends them (protocol 7.2: `ack_timeout_ms` in ms), in the
+        group_mismatch message: a member that was refused can see what to send. Topics that are not
+        UTF-8 are shown in hex, so that nothing is lost in the showing."""
+        return {"prefixes": sorted(_shown(p) for p in self.prefixes), "ack_timeout_ms": round(self.ack_timeout * 1000),
+                "max_deliveries": self.max_deliveries, "dead_letter": _shown(self.dead_letter)}
 
 
 class Unit:
@@ -610,6 +612,14 @@ class Groups:
                          "oldest_ready_s": round(now - oldest, 3) if oldest is not None else 0.0,
                          "topics": group.settings.describe()["prefixes"]}
         return out
+
+
+def _shown(topic: bytes) -> str:
+    """A topic as text, or as `0x` and its hex when it is not UTF-8."""
+    try:
+        return topic.decode()
+    except UnicodeDecodeError:
+        return "0x" + topic.hex()
 
 
 def _units(pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
