@@ -10,7 +10,9 @@ parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
 `{"replica": null}` tells an exchange with `--replicas 2` where its replica is.
 With `--role replica` the process is a replica (exchange/replica.py) instead:
 its ready event names `repl` and `replay` endpoints. An exchange whose replica
-sealed its incarnation exits (code 4) so that it restarts as a new one. On SIGTERM it asks its
+sealed its incarnation exits (code 4) so that it restarts as a new one; one whose journal broke
+for good and was not moved in time exits with `Exit.STORAGE`, which its HCM does not count as a
+crash (a full disk never ends the process: exchange/storage.py). On SIGTERM it asks its
 publishers to move, then exits. A configuration it refuses (including CURVE
 keys it cannot read) exits with `Exit.CONFIG`, before it reports ready; entry
 point, signals and exit codes: roq/daemon.py.
@@ -35,7 +37,7 @@ import click
 import zmq
 
 from exchange.forwarder import Forwarder
-from exchange.journal import load_archives
+from exchange.journal import JOURNAL_DIR, load_archives
 from exchange.replica import Replica
 from exchange.retention import Retention
 from roq.config import Config, config_from_json, load_config
@@ -172,7 +174,7 @@ def main(queue: str, exchange_id: str, host: str, role: str, replicas: int, conf
 
 
 def journal_dir(config: Config, queue: str, exchange_id: str) -> Path:
-    return Path(config.hcm.data_dir) / "journal" / queue / exchange_id
+    return Path(config.hcm.data_dir) / JOURNAL_DIR / queue / exchange_id
 
 
 def load_journal_archives(config: Config, directory: Path) -> dict[str, Retention]:
@@ -195,7 +197,8 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
 def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, replicas: int = 1,
           watch_parent: bool = False) -> Exit:
     """Bind, report ready, forward until `stop` is set, then ask publishers to move and close.
-    Returns Exit.INTERNAL if the replica sealed this incarnation (the HCM starts a new one)."""
+    Returns Exit.INTERNAL if the replica sealed this incarnation, Exit.STORAGE if its journal broke
+    for good (the HCM starts a new one either way)."""
     context = zmq.Context()
     try:
         gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
@@ -223,7 +226,10 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
                         rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
                         replicated_to=forwarder.link.held if forwarder.link else 0,
                         next_pos=retention.next_pos, consumers=forwarder.consumers.lags(retention),
-                        groups=forwarder.groups.stats())
+                        groups=forwarder.groups.stats(), storage_full=forwarder.storage_full,
+                        storage_error=forwarder.storage_error,
+                        journal_errors=forwarder.journal.errors if forwarder.journal else 0,
+                        journal_pending_bytes=forwarder.journal.pending_bytes if forwarder.journal else 0)
         emit({"event": "stats", **stats.to_dict()})
 
     on_tick = every(config.exchange.stats_interval, report)
@@ -237,8 +243,8 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
         moved = forwarder.ask_publishers_to_move("exchange cut off from its replica" if forwarder.sealed else
-                                                 "exchange's journal failed" if forwarder.journal_failed else
-                                                 "exchange shutting down")
+                                                 forwarder.storage.reason if forwarder.journal_failed
+                                                 and forwarder.storage else "exchange shutting down")
         if moved:
             deadline = time.monotonic() + MOVE_GRACE
             forwarder.run(lambda: time.monotonic() > deadline, lambda: None, until_sealed=False)
@@ -249,7 +255,9 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         gatekeeper.stop()
         context.term()
     log.info("exchange %s/%s stopped", queue, exchange_id)
-    return Exit.INTERNAL if forwarder.sealed or forwarder.journal_failed else Exit.OK
+    if forwarder.sealed:
+        return Exit.INTERNAL
+    return Exit.STORAGE if forwarder.journal_failed else Exit.OK
 
 
 def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:

@@ -47,7 +47,7 @@ class Hcm:
                                              self.config.hcm.capacity, self.config.hcm.stats_heartbeat)
         self.supervisor = Supervisor(self.client, self.paths, self.config, self.host)
         self.stopping.also_wake(self.supervisor.changed)  # the loop leaves its tick wait at once
-        self.figures = host_figures()
+        self.figures = host_figures(self.config.hcm.data_dir)
         self._next_report = 0.0
         metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._metrics)
         if metrics:
@@ -83,7 +83,8 @@ class Hcm:
             self.supervisor.tick()
             if time.monotonic() >= self._next_report:
                 self._next_report = time.monotonic() + self.config.hcm.stats_interval
-                self.figures = replace(host_figures(), exchanges=len(self.supervisor.children))
+                self.figures = replace(host_figures(self.config.hcm.data_dir),
+                                       exchanges=len(self.supervisor.children))
                 self.registration.report(self.figures)
         except RoqError as exc:
             log.warning("tick failed: %s", exc)

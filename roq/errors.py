@@ -112,6 +112,14 @@ class BackpressureError(UnavailableError):
     queued = 0  # publish_many: how many leading payloads were queued before the refusal
 
 
+class StorageFullError(BackpressureError):
+    """Backpressure because the exchange cannot store what it takes: its journal's disk is full or
+    failing (protocol 3.3 `move` reason `storage_full`). Confirms resume once it has room or the
+    leader moved it to a host that has; nothing unconfirmed is lost meanwhile."""
+
+    code = "storage_full"
+
+
 class FencedError(RoqError):
     """A write was refused because another GCM was elected since ours."""
 
@@ -125,7 +133,7 @@ ERRORS_BY_CODE: dict[str, type[RoqError]] = {
         QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError, ForbiddenError,
         LimitExceededError, RefusedError,
         UnavailableError, ZooKeeperUnavailableError, NoLeaderError, NotLeaderError,
-        NoCapacityError, RequestTimeoutError, BackpressureError, FencedError,
+        NoCapacityError, RequestTimeoutError, BackpressureError, StorageFullError, FencedError,
     )
 }
 
@@ -152,6 +160,9 @@ class Exit(enum.IntEnum):
     UNAVAILABLE = 3  # ZooKeeper or the leader cannot be reached
     INTERNAL = 4  # a bug: an unexpected error stopped the command or the daemon
     REFUSED = 5  # a server refused the connection: connection limit or unknown key
+    # An exchange whose journal's disk broke for good ended its incarnation to start a new one: not a
+    # crash (an HCM restarts it without counting it towards hcm.max_restarts; exchange/storage.py).
+    STORAGE = 6
     INTERRUPTED = 130
 
     @classmethod
