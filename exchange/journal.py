@@ -548,6 +548,23 @@ def load_archives(directory: str | Path, exclude: str, max_age: float, max_bytes
     return [loading.archive() for loading in loaded]
 
 
+def journals_kept(data_dir: str | Path) -> int:
+    """How many incarnations' journals (directories holding a segment file) lie under a host's data
+    directory, <data_dir>/journal/<queue>/<xid>/<incarnation>/; unreadable entries count nothing."""
+    found = 0
+    for queue in _subdirs(Path(data_dir) / JOURNAL_DIR):
+        for exchange in _subdirs(queue):
+            found += sum(1 for incarnation in _subdirs(exchange) if _segment_files(incarnation))
+    return found
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [Path(entry.path) for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def _incarnation_dirs(root: Path, exclude: str) -> Iterator[Path]:
     try:
         entries = list(os.scandir(root))

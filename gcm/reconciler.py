@@ -1,7 +1,7 @@
 """The leader's tick: compare where exchanges should run with the hosts alive.
 
 Exchanges on a host that has been gone for `gcm.reassign_grace` seconds (for a
-host whose exchanges journal, `gcm.journal_reassign_grace`: their journals are on
+host that keeps journals, `gcm.journal_reassign_grace`: their journals are on
 its disk, and a host that restarts within it gets them back), and
 exchanges never placed (no capacity at the time), are moved to the least
 loaded survivors; an exchange that cannot write its journal (its disk full or
@@ -14,6 +14,12 @@ rules' one home). The hosts' assignment lists, `~r` slots included, are
 repaired to match the placements, and `live/` and `replicas/` to hold one
 directory per queue. Every write is fenced (gcm.fence), the directories it
 needs too; a refused one simply ends the tick.
+
+Which hosts keep journals outlives a leader and a restart of the whole cluster: the
+leader writes it into the host's assignment list's own data, `assignments/<host>`
+= {"journals": true}, when the host registers so (`journal` not off, or journals
+left on its disk), and clears it when it registers with neither. A leader elected
+while such a host is down thus still waits `gcm.journal_reassign_grace` for it.
 
 Everything is read from the leader's cache (gcm.cache): a tick with nothing to do
 sends ZooKeeper nothing. When the cache's assignment lists and placements differ,
@@ -56,10 +62,9 @@ class Reconciler:
         self.write_lock = write_lock
         self.grace = grace
         self._missing_since: dict[str, float] = {}
-        # Hosts seen this term whose exchanges journal: when one goes, its exchanges wait
-        # journal_grace for it (a restart brings them back to their journals) instead of `grace`.
+        # When a host that keeps journals goes, its exchanges wait journal_grace for it (a restart
+        # brings them back to their journals) instead of `grace`.
         self.journal_grace = grace if journal_grace is None else max(grace, journal_grace)
-        self._journaled: set[str] = set()
         self.storage_grace = storage_grace
         self._full_since: dict[tuple[str, str], tuple[str, float]] = {}  # exchange → (incarnation, since)
         self._stuck: set[tuple[str, str]] = set()  # full exchanges with nowhere to go, logged once
@@ -69,6 +74,7 @@ class Reconciler:
         """One pass; returns the hosts it saw, for the rest of the leader's tick."""
         with self.write_lock:
             hosts = read_hosts(self.cache, self.paths)
+            self._remember_journals(hosts)
             placements = self.queues.all_placements()
             movable = self._hosts_to_evacuate(hosts, placements.values())
             relocate, refusing = self._storage_moves(placements)
@@ -78,6 +84,25 @@ class Reconciler:
             self._repair_assignments(placements, hosts)
             self._repair_live_dirs()
         return hosts
+
+    def _remember_journals(self, hosts: dict[str, HostInfo]) -> None:
+        """Record in `assignments/<host>` whether each registered host keeps journals (a fenced write,
+        only when that changes), so that any later leader knows it while the host is down."""
+        for info in hosts.values():
+            path = self.paths.host_assignments(info.name)
+            recorded = self.cache.read_json(path)
+            if recorded is None or bool(recorded.get("journals")) == info.keeps_journals:
+                continue  # its HCM makes the node at registration; next tick if not yet there
+
+            def build(txn: TransactionRequest, path: str = path, data: dict[str, Any] = recorded,
+                      keeps: bool = info.keeps_journals) -> None:
+                txn.set_data(path, encode({**data, "journals": keeps}))
+
+            self.fence.write(build)
+            log.info("host %s %s journals", info.name, "keeps" if info.keeps_journals else "keeps no more")
+
+    def _keeps_journals(self, host: str) -> bool:
+        return bool((self.cache.read_json(self.paths.host_assignments(host)) or {}).get("journals"))
 
     def _storage_moves(self, placements: Placements) -> tuple[set[tuple[str, str]], set[str]]:
         """Exchanges whose journal's disk has refused writes for `storage_grace` (to move), and the
@@ -115,11 +140,6 @@ class Reconciler:
 
     def _hosts_to_evacuate(self, hosts: dict[str, HostInfo], placed: Iterable[str | None]) -> set[str]:
         now = time.monotonic()
-        for info in hosts.values():
-            if info.journal != "off":
-                self._journaled.add(info.name)
-            else:
-                self._journaled.discard(info.name)
         gone = {h for h in placed if h and h not in hosts}
         for host in list(self._missing_since):
             if host not in gone:
@@ -127,12 +147,12 @@ class Reconciler:
         for host in gone:
             if host not in self._missing_since:
                 log.warning("host %s is gone; its exchanges move in %.1fs%s", host, self._grace_of(host),
-                            " (they journal: waiting for it to come back)" if host in self._journaled else "")
+                            " (it keeps journals: waiting for it to come back)" if self._keeps_journals(host) else "")
                 self._missing_since[host] = now
         return {h for h in gone if now - self._missing_since[h] >= self._grace_of(h)}
 
     def _grace_of(self, host: str) -> float:
-        return self.journal_grace if host in self._journaled else self.grace
+        return self.journal_grace if self._keeps_journals(host) else self.grace
 
     def _place_orphans(self, hosts: dict[str, HostInfo], placements: Placements, evacuate: set[str],
                        relocate: set[tuple[str, str]], full: set[str]) -> None:

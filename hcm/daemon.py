@@ -19,6 +19,7 @@ from dataclasses import replace
 import click
 from kazoo.protocol.states import KazooState
 
+from exchange.journal import journals_kept
 from hcm.hoststats import host_figures
 from hcm.registration import HostRegistration
 from hcm.supervisor import Supervisor
@@ -52,7 +53,10 @@ class Hcm:
         metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._metrics)
         if metrics:
             self.registration.data["metrics"] = metrics
-        self.registration.data["journal"] = self.config.exchange.journal  # the leader waits longer for such a host
+        # The leader waits longer for a lost host whose exchanges journal, or that keeps journals from
+        # an earlier configuration (its exchanges serve them): its disk holds what nobody else has.
+        self.registration.data["journal"] = self.config.exchange.journal
+        self.registration.data["journals"] = journals_kept(self.config.hcm.data_dir)
         self.client.add_listener(self._on_state)
         self.registration.try_register()
         self.client.ChildrenWatch(self.paths.host_assignments(self.host), self._on_assignments)
