@@ -178,9 +178,13 @@ def journal_dir(config: Config, queue: str, exchange_id: str) -> Path:
 
 
 def load_journal_archives(config: Config, directory: Path) -> dict[str, Retention]:
-    """Earlier incarnations' streams from the journal, as retention the replay socket serves."""
+    """Earlier incarnations' streams from the journal, as retention the replay socket serves. With
+    `exchange.journal = off` too: journals an earlier configuration left are served read-only, never
+    dropped in silence (a WARNING names them)."""
     ex = config.exchange
     archives: dict[str, Retention] = {}
+    if ex.journal == "off" and not directory.is_dir():
+        return archives
     # Downtime does not count against the retention (up to JOURNAL_DOWNTIME): a host that was off
     # for a while still serves what it confirmed, for a full retention window after it starts.
     for archive in load_archives(directory, "", ex.retention_seconds + JOURNAL_DOWNTIME, ex.retention_bytes):
@@ -191,6 +195,12 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
         archives[archive.incarnation] = store
         log.info("journal: incarnation %s reloaded, positions %d-%d", archive.incarnation,
                  store.oldest, store.next_pos - 1)
+    if ex.journal == "off" and archives:
+        held = ", ".join(f"{name} (positions {store.oldest}-{store.next_pos - 1}, {len(store)} frames)"
+                         for name, store in archives.items())
+        log.warning("exchange.journal is off, but %s holds the journals of earlier incarnations: %s; served "
+                    "read-only on the replay socket for exchange.retention_seconds, never written to (they were "
+                    "confirmed with a journal: set exchange.journal back to keep journaling)", directory, held)
     return archives
 
 
@@ -203,11 +213,10 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     try:
         gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
         advertise = config.hcm.advertise or config.hcm.bind
-        directory = journal_dir(config, queue, exchange_id) if config.exchange.journal != "off" else None
-        archives = load_journal_archives(config, directory) if directory is not None else {}
+        directory = journal_dir(config, queue, exchange_id)
+        archives = load_journal_archives(config, directory)
         forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper,
-                              replicas=replicas, cluster_config=config,
-                              journal_dir=str(directory) if directory is not None else None, archives=archives)
+                              replicas=replicas, cluster_config=config, journal_dir=str(directory), archives=archives)
     except BaseException:
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
         raise
