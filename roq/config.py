@@ -265,10 +265,12 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     flags: Iterable[str] = (),
+    base: Config | None = None,
 ) -> Config:
-    """Build and validate the configuration from every layer, in order."""
+    """Build and validate the configuration from every layer, in order, over `base` (the defaults
+    unless given: `roq cluster up` passes the settings the previous `up` was started with)."""
     env = os.environ if env is None else env
-    config = Config()
+    config = base or Config()
     path = path or env.get(ENV_CONFIG_FILE)
     if path:
         config = _apply(config, _read_file(Path(path)), f"file {path}")
