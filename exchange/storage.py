@@ -47,6 +47,7 @@ class JournalHealth:
         self.journal = journal
         self.name = name  # "queue/exchange", for the log
         self._logged = -1e9
+        self._was_full = False  # as the previous commit left it (a failed sync breaks it in between)
 
     @property
     def full(self) -> bool:
@@ -70,8 +71,9 @@ class JournalHealth:
     def commit(self, now: float, on_synced: Callable[[], None]) -> bool | None:
         """Write what the journal buffered (retrying a refused write every STORAGE_RETRY s). Returns
         True when the disk just started to refuse, False when it just took writes again, else None."""
-        was_full, since = self.full, self.journal.failing_since
+        was_full, since = self._was_full, self.journal.failing_since
         self.journal.try_commit(on_synced, now)
+        self._was_full = self.full
         if self.full:
             self._log_failure(now, started=not was_full)
             return True if not was_full else None
