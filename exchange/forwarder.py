@@ -20,6 +20,8 @@ With replicas = 2 every retained frame is also copied to the exchange's replica 
 journal (exchange/journal.py); an ack then waits in the confirm gate (exchange/confirms.py) until
 everything the stream held when it was earned is durable. A journal's earlier incarnations are
 loaded at start and served on the replay socket, so positions saved before a restart stay valid.
+A journal whose disk refuses writes holds the acks and the publishers, and tells them why, until
+it writes again or the leader moves the exchange (exchange/storage.py); it never ends the loop.
 
 Nothing a peer sends can end the loop: decoders range-check every field, and an unexpected
 error while handling one frame is logged, counted (`internal_errors`) and the loop goes on.
@@ -27,13 +29,13 @@ error while handling one frame is logged, counted (`internal_errors`) and the lo
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -48,6 +50,7 @@ from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.sessions import PRUNE_INTERVAL, PublisherSessions
 from exchange.stats import ExchangeStats
+from exchange.storage import JournalHealth
 from exchange.work import WorkServer, work_socket
 from roq import protocol
 from roq.client.wake import WakePipe
@@ -99,13 +102,14 @@ class Forwarder:
                                     self.copy_secret)
         self.replica_target: str | None = None  # set from the stdin thread; the loop connects
         self.journal: Journal | None = None
+        self.storage: JournalHealth | None = None  # the journal's disk, with fsync: it holds the acks
         if journal_dir is not None and config.journal != "off":
             self.journal = Journal(journal_dir, self.incarnation, config.journal, config.journal_segment_bytes,
                                    config.retention_seconds, config.retention_bytes)
+            self.storage = JournalHealth(self.journal, f"{Path(journal_dir).parent.name}/{exchange_id}")
         self.gated = self.link is not None or (self.journal is not None and config.journal == "fsync")
-        self.journal_errors = 0
-        self.journal_failed = False
-        self._journal_error_logged = -1e9
+        self.journal_failed = False  # broken for good and not moved in time: this incarnation must end
+        self.storage_error = ""  # why the journal's disk refused its last write ("" while it takes them)
         self.journal_wake = WakePipe()  # the journal's sync thread says a sync ended
         self.archives: dict[str, Retention] = archives if archives is not None else {}
         self.sessions = PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
@@ -262,10 +266,15 @@ class Forwarder:
             on_tick()
 
     def _publishers_held(self) -> bool:
-        """Read no batches while the replica lags too far, while the groups hold too much, and while
-        we adopt our predecessor's groups."""
-        return (self.link is not None and self.link.blocked) or self.adopting \
+        """Read no batches while the replica lags too far, while the journal's disk refuses writes,
+        while the groups hold too much, and while we adopt our predecessor's groups."""
+        return (self.link is not None and self.link.blocked) or self.adopting or self.storage_full \
             or self.groups.held_bytes > self.config.group_max_bytes
+
+    @property
+    def storage_full(self) -> bool:
+        """The fsync'ed journal cannot write: nothing can be confirmed until it can."""
+        return self.storage is not None and self.config.journal == "fsync" and self.storage.full
 
     def _shed_idle_groups(self) -> None:
         """Over exchange.group_max_bytes, groups without members go first: an abandoned group must
@@ -386,25 +395,24 @@ class Forwarder:
                 self.stats.note_confirm(now - ack.received)
 
     def _commit_journal(self, now: float) -> None:
-        """A disk that fails (full, I/O error) must not stop forwarding: with fsync the acks wait
-        (committed_pos stays behind), the publishers move on, and the error is logged every 10 s."""
-        assert self.journal is not None
-        try:
-            self.journal.commit_in_background(self.journal_wake.wake)  # fsync: in a thread, the loop goes on
-        except OSError as exc:
-            self.journal_errors += 1
-            if now >= self._journal_error_logged + 10:
-                self._journal_error_logged = now
-                log.error("journal write failed (%d times so far): %s; %s", self.journal_errors, exc,
-                          "confirms wait" if self.config.journal == "fsync" else "journal switched off")
-            if self.config.journal == "fsync":
-                # Nothing can be confirmed any more, and frames would pile up in the journal's buffer:
-                # end this incarnation (the HCM starts a new one, with new files).
-                self.journal_failed = True
-            else:  # best effort: do not buffer what will never be written
-                journal, self.journal = self.journal, None
-                with contextlib.suppress(OSError):
-                    journal.close()
+        """A disk that refuses writes (full, failing) never stops forwarding nor the process. With
+        fsync it is backpressure (exchange/storage.py): acks wait, publishers are held and told
+        `storage_full`, writes are retried until they go through. With async the journal is dropped
+        for this incarnation (its acks never waited for it), logged."""
+        assert self.journal is not None and self.storage is not None
+        change = self.storage.commit(now, self.journal_wake.wake)  # fsync: in a thread, the loop goes on
+        self.storage_error = self.storage.error_text
+        if self.config.journal != "fsync":
+            if self.storage.full:
+                log.error("journal write failed: %s; journal switched off for this incarnation", self.storage_error)
+                self.journal.close()  # what it cannot write is logged there
+                self.journal = self.storage = None
+            return
+        if change is True:
+            moved = self.ask_publishers_to_move(self.storage.reason)
+            log.warning("%d publishers told to move: %s", moved, self.storage.reason)
+        if self.storage.must_restart(now):
+            self.journal_failed = True  # ends the loop: the process exits with Exit.STORAGE
 
     def _housekeeping(self, now: float) -> None:
         self.sessions.prune(now)
@@ -412,10 +420,7 @@ class Forwarder:
         if len(self.gate.confirmed) > len(self.sessions.sessions):
             self.gate.forget(set(self.gate.confirmed) - set(self.sessions.sessions))
         if self.journal is not None:
-            try:
-                self.journal.trim(self.retention.oldest)
-            except OSError as exc:
-                log.warning("journal trim failed: %s", exc)
+            self.journal.trim(self.retention.oldest)  # what the disk refuses to delete is logged there
         for incarnation, archive in list(self.archives.items()):
             archive.trim(now)
             if not len(archive):

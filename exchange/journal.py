@@ -36,9 +36,18 @@ Writing: `append` only encodes into a buffer (no system call); `commit` writes t
 segment filled up) and the directory when a file was created, before `committed_pos` moves: a
 batch confirmed to a publisher survives a power loss. Mode "async" leaves the data to the OS and
 syncs at most once per second, during a later commit: it survives the process crashing, and a
-power loss costs at most about the last second. A failed `fdatasync` is sticky (every later commit
-raises it again): after one, Linux may have dropped the dirty pages, so nothing written since
-the last good sync can be called durable again.
+power loss costs at most about the last second.
+
+Failures (a full or failing disk): `commit` raises the OSError; `try_commit`, what the exchange
+calls, never does. A failed `write` (ENOSPC, EIO) is cut off (`ftruncate` to the last whole record),
+what it did not write stays buffered, and `try_commit` tries again every `STORAGE_RETRY` seconds:
+`error` says why meanwhile, `committed_pos` does not move, and once a write goes through the journal
+carries on as if nothing happened (the exchange holds its publishers meanwhile, so the buffer stays
+bounded). Directories are made at the first commit, so a disk full from the start is such a failure
+too. Two failures are `broken` for good instead: a failed `fdatasync` (after one, Linux may have
+dropped the dirty pages, so nothing written since the last good sync can be called durable again)
+and a torn write that cannot be cut off; every later commit fails. `close`, `trim` and the deletion
+of old segments log what fails and never raise.
 
 Bounds: `trim(oldest)` deletes the segments the retention has fully evicted. The journal also
 applies the retention's own bounds to its closed segments (written to longer ago than
@@ -50,6 +59,7 @@ total bytes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -76,7 +86,9 @@ PAYLOAD_HEADER = struct.Struct("<QII")  # pos, messages, topic length
 RECORD_OVERHEAD = RECORD_HEADER.size + PAYLOAD_HEADER.size  # bytes of a record that are not topic or body
 RECORD_FIXED = struct.Struct("<IIQII")  # both headers, read at once
 SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+JOURNAL_DIR = "journal"  # under hcm.data_dir: <JOURNAL_DIR>/<queue>/<xid>/<incarnation>/
 ASYNC_SYNC_INTERVAL = 1.0  # seconds between syncs in mode "async"
+STORAGE_RETRY = 0.5  # seconds between two attempts to write while the disk refuses (try_commit)
 
 
 class ArchivedFrame(NamedTuple):
@@ -142,12 +154,17 @@ class Journal:
         self._frame_bytes = 0  # sum of the segments' frame_bytes
         self._dir_dirty = False  # a file was created in self.path since the last sync
         self._last_sync = time.monotonic()
-        self._failure: OSError | None = None
+        self._failure: OSError | None = None  # sticky: this journal can never write again (see `broken`)
         self._closed = False
+        # Made at the first commit (a full disk at start is a failure like any other); the levels
+        # still to make, top down, each made durable in its parent, so a retry finishes the chain.
+        self._dirs_to_make: list[Path] | None = None
         self.fsyncs = 0  # file and directory syncs done (for stats)
+        self.error: OSError | None = None  # why the last try_commit failed; None once one succeeded
+        self.errors = 0  # failed try_commit attempts (for stats)
+        self.failing_since: float | None = None  # monotonic: the first failure of the current run of them
+        self._retry_at = 0.0
         self._syncer: _Syncer | None = None  # started by the first commit_in_background
-        if self._writes:
-            _make_private_dirs(self.path)
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -223,9 +240,46 @@ class Journal:
             self._close_synced()
         self._committed_pos = max(self._committed_pos, syncer.synced_pos)
 
+    def try_commit(self, on_synced: Callable[[], None], now: float | None = None) -> bool:
+        """`commit_in_background` in mode fsync, else `commit`, never raising OSError: True if it
+        went through. A failure is kept in `error` and `errors`; what was not written stays buffered,
+        and the next attempt waits STORAGE_RETRY seconds (calls before that return False at once)."""
+        now = time.monotonic() if now is None else now
+        if self.error is not None and now < self._retry_at:
+            return False
+        try:
+            if self.mode == "fsync":
+                self.commit_in_background(on_synced)
+            else:
+                self.commit()
+        except OSError as exc:
+            self.error, self._retry_at = exc, now + STORAGE_RETRY
+            self.errors += 1
+            if self.failing_since is None:
+                self.failing_since = now
+            return False
+        self.error = self.failing_since = None
+        return True
+
+    @property
+    def broken(self) -> bool:
+        """A failure this journal cannot recover from (a failed sync, a torn write it could not cut
+        off): nothing it writes can be confirmed any more."""
+        return self._failure is not None or (self._syncer is not None and self._syncer.failure is not None)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Encoded records not yet handed to the OS (they wait for a commit, or for the disk)."""
+        return len(self._buf)
+
     def _write_pending(self) -> float:
         """Hand what was buffered to the OS and drop what the bounds evict; returns the time."""
         now = time.monotonic()
+        if self._dirs_to_make is None:
+            self._dirs_to_make = _missing_dirs(self.path)
+        while self._dirs_to_make:
+            _make_private_dir(self._dirs_to_make[0])
+            del self._dirs_to_make[0]
         if self._buf:
             self._write_buffered(now)
             self._apply_retention_bounds(now)
@@ -285,12 +339,15 @@ class Journal:
 
     def _open_segment(self, first_pos: int, now: float) -> None:
         path = self.path / _segment_name(first_pos)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # O_TRUNC, not O_EXCL: only this incarnation writes here, so a file of that name is what an
+        # attempt that failed half-way (a full disk) left, and could not delete.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             _write_all(fd, memoryview(FILE_HEADER))
         except OSError:
-            os.close(fd)
-            path.unlink(missing_ok=True)
+            _close_quietly(fd)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             raise
         self._segments.append(_Segment(first_pos, path, fd, end_pos=first_pos, last_write=now, dirty=True))
         self._dir_dirty = True
@@ -318,7 +375,7 @@ class Journal:
         """Close the files of segments no longer written to, once nothing of theirs awaits a sync."""
         for segment in islice(self._segments, max(0, len(self._segments) - 1)):
             if segment.fd is not None and not segment.dirty:
-                os.close(segment.fd)
+                _close_quietly(segment.fd)
                 segment.fd = None
 
     # -- deleting ----------------------------------------------------------------------------
@@ -344,14 +401,18 @@ class Journal:
         segment = self._segments.popleft()
         self._frame_bytes -= segment.frame_bytes
         if segment.fd is not None:
-            os.close(segment.fd)  # its unsynced writes need no sync: the file goes
+            _close_quietly(segment.fd)  # its unsynced writes need no sync: the file goes
         try:
             segment.path.unlink()
         except FileNotFoundError:
             pass
+        except OSError as exc:  # a failing disk: the file stays, counted no more (a restart's load bounds it)
+            log.warning("journal %s: could not delete %s: %s", self.path, segment.path.name, exc)
 
     def close(self) -> None:
-        """Commit what is buffered, sync (whatever the mode), close the files. Idempotent."""
+        """Commit what is buffered, sync (whatever the mode), close the files. Idempotent, and
+        never raises OSError: what the disk refuses now is logged (in mode fsync none of it was
+        confirmed)."""
         if self._closed:
             return
         if self._syncer is not None:
@@ -362,11 +423,14 @@ class Journal:
             if self._writes and self._failure is None:
                 self.commit()
                 self._sync(time.monotonic())
+        except OSError as exc:
+            log.warning("journal %s closed with %d bytes not written or not synced: %s", self.path,
+                        len(self._buf), exc)
         finally:
             self._closed = True
             for segment in self._segments:
                 if segment.fd is not None:
-                    os.close(segment.fd)
+                    _close_quietly(segment.fd)
                     segment.fd = None
 
 
@@ -422,7 +486,7 @@ class _Syncer:
                 self.failure = exc
             finally:
                 for fd in fds:
-                    os.close(fd)
+                    _close_quietly(fd)
                 with self._cond:
                     self._busy = False
             self.on_synced()
@@ -482,6 +546,23 @@ def load_archives(directory: str | Path, exclude: str, max_age: float, max_bytes
     for loading in loaded:
         _delete_evicted_segments(loading)
     return [loading.archive() for loading in loaded]
+
+
+def journals_kept(data_dir: str | Path) -> int:
+    """How many incarnations' journals (directories holding a segment file) lie under a host's data
+    directory, <data_dir>/journal/<queue>/<xid>/<incarnation>/; unreadable entries count nothing."""
+    found = 0
+    for queue in _subdirs(Path(data_dir) / JOURNAL_DIR):
+        for exchange in _subdirs(queue):
+            found += sum(1 for incarnation in _subdirs(exchange) if _segment_files(incarnation))
+    return found
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [Path(entry.path) for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def _incarnation_dirs(root: Path, exclude: str) -> Iterator[Path]:
@@ -613,6 +694,13 @@ def _delete_evicted_segments(loading: _Loading) -> None:
 
 # -- files ---------------------------------------------------------------------------------------
 
+def _close_quietly(fd: int) -> None:
+    """close(2) can report an earlier write's error (NFS, EIO): what it says is already known or
+    will show at the next sync; the descriptor is released either way."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 def _write_all(fd: int, data: memoryview) -> None:
     while data:
         written = os.write(fd, data)
@@ -628,16 +716,18 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def _make_private_dirs(path: Path) -> None:
-    """mkdir -p with mode 0700 for every level created, each made durable in its parent."""
+def _missing_dirs(path: Path) -> list[Path]:
+    """The levels of `path` that do not exist yet, top down."""
     missing = []
     level = path
     while not level.is_dir():
         missing.append(level)
         level = level.parent
-    for level in reversed(missing):
-        try:
-            os.mkdir(level, 0o700)
-        except FileExistsError:
-            continue
-        _fsync_directory(level.parent)
+    return missing[::-1]
+
+
+def _make_private_dir(level: Path) -> None:
+    """mkdir with mode 0700 (there already: fine), made durable in its parent."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(level, 0o700)
+    _fsync_directory(level.parent)

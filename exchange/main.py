@@ -11,10 +11,12 @@ parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
 With `--role replica` the process is a replica (exchange/replica.py) instead:
 its ready event names `repl` and `replay` endpoints. An exchange whose replica
 sealed its incarnation exits (code 6, `Exit.ENDED`: not a crash) so that it
-restarts as a new one. On SIGTERM it asks its publishers to move, then exits.
-A configuration it refuses (including CURVE keys it cannot read) exits with
-`Exit.CONFIG`, before it reports ready; entry point, signals and exit codes:
-roq/daemon.py.
+restarts as a new one; one whose journal broke for good and was not moved in
+time exits with `Exit.STORAGE` (7), which its HCM does not count as a crash
+either (a full disk never ends the process: exchange/storage.py). On SIGTERM it
+asks its publishers to move, then exits. A configuration it refuses (including
+CURVE keys it cannot read) exits with `Exit.CONFIG`, before it reports ready;
+entry point, signals and exit codes: roq/daemon.py.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import click
 import zmq
 
 from exchange.forwarder import Forwarder
-from exchange.journal import load_archives
+from exchange.journal import JOURNAL_DIR, load_archives
 from exchange.replica import Replica
 from exchange.retention import Retention
 from roq import protocol
@@ -172,13 +174,17 @@ def main(queue: str, exchange_id: str, host: str, role: str, replicas: int, conf
 
 
 def journal_dir(config: Config, queue: str, exchange_id: str) -> Path:
-    return Path(config.hcm.data_dir) / "journal" / queue / exchange_id
+    return Path(config.hcm.data_dir) / JOURNAL_DIR / queue / exchange_id
 
 
 def load_journal_archives(config: Config, directory: Path) -> dict[str, Retention]:
-    """Earlier incarnations' streams from the journal, as retention the replay socket serves."""
+    """Earlier incarnations' streams from the journal, as retention the replay socket serves. With
+    `exchange.journal = off` too: journals an earlier configuration left are served read-only, never
+    dropped in silence (a WARNING names them)."""
     ex = config.exchange
     archives: dict[str, Retention] = {}
+    if ex.journal == "off" and not directory.is_dir():
+        return archives
     # Downtime does not count against the retention (up to JOURNAL_DOWNTIME): a host that was off
     # for a while still serves what it confirmed, for a full retention window after it starts.
     for archive in load_archives(directory, "", ex.retention_seconds + JOURNAL_DOWNTIME, ex.retention_bytes):
@@ -189,6 +195,12 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
         archives[archive.incarnation] = store
         log.info("journal: incarnation %s reloaded, positions %d-%d", archive.incarnation,
                  store.oldest, store.next_pos - 1)
+    if ex.journal == "off" and archives:
+        held = ", ".join(f"{name} (positions {store.oldest}-{store.next_pos - 1}, {len(store)} frames)"
+                         for name, store in archives.items())
+        log.warning("exchange.journal is off, but %s holds the journals of earlier incarnations: %s; served "
+                    "read-only on the replay socket for exchange.retention_seconds, never written to (they were "
+                    "confirmed with a journal: set exchange.journal back to keep journaling)", directory, held)
     return archives
 
 
@@ -196,16 +208,15 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
           watch_parent: bool = False) -> Exit:
     """Bind, report ready, forward until `stop` is set, then ask publishers to move and close.
     Returns Exit.ENDED if the replica sealed this incarnation (the HCM starts a new one at once),
-    Exit.INTERNAL if its journal failed."""
+    Exit.STORAGE if its journal broke for good (the HCM starts a new one after its backoff)."""
     context = zmq.Context()
     try:
         gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
         advertise = config.hcm.advertise or config.hcm.bind
-        directory = journal_dir(config, queue, exchange_id) if config.exchange.journal != "off" else None
-        archives = load_journal_archives(config, directory) if directory is not None else {}
+        directory = journal_dir(config, queue, exchange_id)
+        archives = load_journal_archives(config, directory)
         forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper,
-                              replicas=replicas, cluster_config=config,
-                              journal_dir=str(directory) if directory is not None else None, archives=archives)
+                              replicas=replicas, cluster_config=config, journal_dir=str(directory), archives=archives)
     except BaseException:
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
         raise
@@ -224,7 +235,10 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
                         rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
                         replicated_to=forwarder.link.held if forwarder.link else 0,
                         next_pos=retention.next_pos, consumers=forwarder.consumers.lags(retention),
-                        groups=forwarder.groups.stats())
+                        groups=forwarder.groups.stats(), storage_full=forwarder.storage_full,
+                        storage_error=forwarder.storage_error,
+                        journal_errors=forwarder.journal.errors if forwarder.journal else 0,
+                        journal_pending_bytes=forwarder.journal.pending_bytes if forwarder.journal else 0)
         emit({"event": "stats", **stats.to_dict()})
 
     on_tick = every(config.exchange.stats_interval, report)
@@ -239,8 +253,8 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
         moved = forwarder.ask_publishers_to_move("exchange cut off from its replica" if forwarder.sealed else
-                                                 "exchange's journal failed" if forwarder.journal_failed else
-                                                 "exchange shutting down")
+                                                 forwarder.storage.reason if forwarder.journal_failed
+                                                 and forwarder.storage else "exchange shutting down")
         if moved:
             deadline = time.monotonic() + MOVE_GRACE
             forwarder.run(lambda: time.monotonic() > deadline, lambda: None, until_sealed=False)
@@ -253,7 +267,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     log.info("exchange %s/%s stopped", queue, exchange_id)
     if forwarder.sealed:
         return Exit.ENDED
-    return Exit.INTERNAL if forwarder.journal_failed else Exit.OK
+    return Exit.STORAGE if forwarder.journal_failed else Exit.OK
 
 
 def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:

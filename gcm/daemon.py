@@ -65,7 +65,8 @@ class Gcm:
             identity["metrics"] = metrics
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
         self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock,
-                                   self.config.gcm.max_queues, self.config.gcm.default_replicas)
+                                   self.config.gcm.max_queues, self.config.gcm.default_replicas,
+                                   self.config.gcm.min_free_bytes)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
@@ -106,7 +107,7 @@ class Gcm:
     def _lead(self, epoch: int) -> None:
         self.reconciler = Reconciler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.gcm.reassign_grace,
-                                     self.config.gcm.journal_reassign_grace)
+                                     self.config.gcm.journal_reassign_grace, self.config.gcm.storage_full_grace)
         self.autoscaler.states.clear()  # a new term starts with fresh timers
         with self.write_lock:
             self.queues.view.invalidate()  # another leader may have changed placements since our last term

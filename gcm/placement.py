@@ -13,9 +13,14 @@ lost) goes to a host other than its replica's; with no such host that has room, 
 unplaced (None) until one has. Primaries are placed before replicas: a primary serves without its
 replica, a replica serves nobody without its primary.
 
+Full disks: an exchange on a host whose exchanges journal writes to that host's disk; a replica
+keeps nothing on disk. A host whose data disk is full (gcm.view `full_hosts`) gets no exchange,
+new or moved; an exchange whose journal's disk refuses writes (`relocate`) is moved to another
+host that has room, or, with none, stays where it is.
+
 Placements are keyed by slot: (queue, "x1") is exchange x1, (queue, "x1~r") its replica
 (roq.paths.replica_slot). `plan_moves` is the leader's whole decision on a tick (gcm.reconciler):
-which slots go where after host losses, given where every slot is.
+which slots go where after host losses and full disks, given where every slot is.
 """
 
 from __future__ import annotations
@@ -73,12 +78,14 @@ def choose_replica_host(hosts: Iterable[HostLoad], primary: str | None,
 
 
 def place_new_exchanges(count: int, hosts: Iterable[HostLoad], replicas: int,
-                        queue_spread: Mapping[str, int] | None = None) -> list[tuple[str | None, str | None]]:
+                        queue_spread: Mapping[str, int] | None = None,
+                        full: Collection[str] = ()) -> list[tuple[str | None, str | None]]:
     """(host, replica host) for `count` new exchanges of one queue; None where there is no room, and
-    for every replica with `replicas` 1. `queue_spread`: the queue's slots already placed, per host."""
+    for every replica with `replicas` 1. `queue_spread`: the queue's slots already placed, per host;
+    `full`: hosts whose data disk is full (no exchange goes there; a replica may)."""
     hosts = list(hosts)
     spread = Counter(queue_spread or {})
-    primaries: list[str | None] = list(choose_hosts(count, hosts, spread))
+    primaries: list[str | None] = list(choose_hosts(count, hosts, spread, avoid=full))
     primaries += [None] * (count - len(primaries))
     if replicas < 2:
         return [(host, None) for host in primaries]
@@ -96,13 +103,14 @@ def place_new_exchanges(count: int, hosts: Iterable[HostLoad], replicas: int,
 
 
 def plan_moves(capacities: Mapping[str, int], placements: Slots, evacuate: Collection[str],
-               stuck: Collection[tuple[str, str]] = ()) -> list[Move]:
+               relocate: Collection[tuple[str, str]] = (), full: Collection[str] = ()) -> list[Move]:
     """Where the slots go that need a host: unplaced ones, those on a host in `evacuate` (lost for
-    long enough), replicas that share their primary's host, and the slots in `stuck` (a process
-    that stopped answering while its host stays: moved to any other host). Primaries first, then
-    replicas, each in queue and id order, each decision seeing the ones before it. A replica that
-    shares its primary's host and has nowhere else to go is unplaced; any other slot with nowhere
-    to go stays."""
+    long enough), replicas that share their primary's host, and the slots in `relocate` (a process
+    that must leave a host that stays: an exchange whose journal's disk refuses writes, a replica
+    that stopped answering), which go to any other host. No exchange goes to a host in `full`.
+    Primaries first, then replicas, each in queue and id order, each decision seeing the ones
+    before it. A replica that shares its primary's host and has nowhere else to go is unplaced;
+    any other slot with nowhere to go stays."""
     working = dict(placements)
     load = Counter(h for h in working.values() if h is not None and h in capacities)
     moves: list[Move] = []
@@ -110,12 +118,16 @@ def plan_moves(capacities: Mapping[str, int], placements: Slots, evacuate: Colle
         old = working[(queue, slot)]
         partner = working.get((queue, _partner(slot)))
         doubled = is_replica_slot(slot) and old is not None and old == partner
-        hung = old is not None and (queue, slot) in stuck
-        if old is not None and old not in evacuate and not doubled and not hung:
+        moving = old is not None and (queue, slot) in relocate
+        if old is not None and old not in evacuate and not doubled and not moving:
             continue
         spread = Counter(h for (q, _), h in working.items() if q == queue and h is not None and h in capacities)
         hosts = [HostLoad(name, cap, load[name]) for name, cap in sorted(capacities.items())]
-        avoid = {h for h in (partner, old if hung else None) if h}
+        avoid = {partner} if partner else set()
+        if moving and old is not None:
+            avoid.add(old)
+        if not is_replica_slot(slot):
+            avoid |= set(full)
         picks = choose_hosts(1, hosts, spread, avoid=avoid)
         new = picks[0] if picks else None
         if new is None and not doubled:

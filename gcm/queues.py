@@ -31,7 +31,15 @@ from kazoo.exceptions import NodeExistsError
 from gcm.cache import ClusterCache
 from gcm.fence import LeaderFence
 from gcm.placement import host_loads, place_new_exchanges
-from gcm.view import Placements, PlacementView, assignment_data, exchanges_only, placement_data
+from gcm.view import (
+    Placements,
+    PlacementView,
+    assignment_data,
+    exchanges_only,
+    full_hosts,
+    placement_data,
+    storage_full,
+)
 from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
 from roq.names import check_queue_name
 from roq.paths import Paths, replica_slot
@@ -66,10 +74,12 @@ def check_replica_count(value: Any) -> int:
 
 class QueueManager:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
-                 write_lock: threading.Lock, max_queues: int, default_replicas: int = 1) -> None:
+                 write_lock: threading.Lock, max_queues: int, default_replicas: int = 1,
+                 min_free_bytes: int = 0) -> None:
         self.client = client
         self.max_queues = max_queues
         self.default_replicas = default_replicas
+        self.min_free_bytes = min_free_bytes  # gcm.min_free_bytes: a journaling host with less takes no exchange
         self.paths = paths
         self.fence = fence
         self.write_lock = write_lock
@@ -198,8 +208,10 @@ class QueueManager:
             if q == queue and host:
                 spread[host] = spread.get(host, 0) + 1
         loads = host_loads({h.name: h.capacity for h in hosts.values()}, placements.values())
+        refusing = {host for host, _, _ in storage_full(self.cache, self.paths).values()}
+        full = full_hosts(hosts, self.min_free_bytes, refusing)
         placed: Placements = {}
-        for xid, (host, replica) in zip(ids, place_new_exchanges(len(ids), loads, replicas, spread)):
+        for xid, (host, replica) in zip(ids, place_new_exchanges(len(ids), loads, replicas, spread, full)):
             placed[(queue, xid)] = host
             if replicas == 2:
                 placed[(queue, replica_slot(xid))] = replica

@@ -1,10 +1,13 @@
 """The leader's tick: compare where exchanges should run with the hosts alive.
 
 Exchanges on a host that has been gone for `gcm.reassign_grace` seconds (for a
-host whose exchanges journal, `gcm.journal_reassign_grace`: their journals are on
+host that keeps journals, `gcm.journal_reassign_grace`: their journals are on
 its disk, and a host that restarts within it gets them back), and
 exchanges never placed (no capacity at the time), are moved to the least
-loaded survivors; so are the replicas of a replicas-2 queue (a lost or missing
+loaded survivors; an exchange that cannot write its journal (its disk full or
+failing, as its statistics say) for `gcm.storage_full_grace` is moved to a host
+with room, and none is placed on a full one (gcm.view `full_hosts`); with no
+host with room it stays, and an ERROR line says so once; so are the replicas of a replicas-2 queue (a lost or missing
 replica is placed again, never on its exchange's host, and an exchange that
 moves never goes to its replica's host: gcm.placement's `plan_moves`, the
 rules' one home). A replica whose process stopped answering while its host stays
@@ -14,6 +17,12 @@ like a lost one: its primary confirms nothing meanwhile. The hosts' assignment l
 repaired to match the placements, and `live/` and `replicas/` to hold one
 directory per queue. Every write is fenced (gcm.fence), the directories it
 needs too; a refused one simply ends the tick.
+
+Which hosts keep journals outlives a leader and a restart of the whole cluster: the
+leader writes it into the host's assignment list's own data, `assignments/<host>`
+= {"journals": true}, when the host registers so (`journal` not off, or journals
+left on its disk), and clears it when it registers with neither. A leader elected
+while such a host is down thus still waits `gcm.journal_reassign_grace` for it.
 
 Everything is read from the leader's cache (gcm.cache): a tick with nothing to do
 sends ZooKeeper nothing. When the cache's assignment lists and placements differ,
@@ -36,7 +45,7 @@ from kazoo.exceptions import NoNodeError, NotEmptyError
 from gcm.fence import LeaderFence
 from gcm.placement import Move, plan_moves
 from gcm.queues import QueueManager
-from gcm.view import Placements, assignment_data, placement_data, read_placements
+from gcm.view import Placements, assignment_data, full_hosts, placement_data, read_placements, storage_full
 from roq.paths import Paths, is_replica_slot, primary_of, split_assignment
 from roq.state import HostInfo, Source, queue_names, read_hosts, tree
 from roq.zk import encode
@@ -52,7 +61,7 @@ REPLICA_SILENT_GRACE = 10.0
 class Reconciler:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
                  queues: QueueManager, write_lock: threading.Lock, grace: float,
-                 journal_grace: float | None = None) -> None:
+                 journal_grace: float | None = None, storage_grace: float = 3.0) -> None:
         self.client = client
         self.paths = paths
         self.fence = fence
@@ -61,31 +70,85 @@ class Reconciler:
         self.write_lock = write_lock
         self.grace = grace
         self._missing_since: dict[str, float] = {}
-        # Hosts seen this term whose exchanges journal: when one goes, its exchanges wait
-        # journal_grace for it (a restart brings them back to their journals) instead of `grace`.
+        # When a host that keeps journals goes, its exchanges wait journal_grace for it (a restart
+        # brings them back to their journals) instead of `grace`.
         self.journal_grace = grace if journal_grace is None else max(grace, journal_grace)
-        self._journaled: set[str] = set()
         self._silent_since: dict[tuple[str, str], float] = {}  # replica slot → when first seen silent
+        self.storage_grace = storage_grace
+        self._full_since: dict[tuple[str, str], tuple[str, float]] = {}  # exchange → (incarnation, since)
+        self._stuck: set[tuple[str, str]] = set()  # full exchanges with nowhere to go, logged once
         self.moves = 0  # slots (exchanges and replicas) moved since this leader started (for status)
 
     def tick(self) -> dict[str, HostInfo]:
         """One pass; returns the hosts it saw, for the rest of the leader's tick."""
         with self.write_lock:
             hosts = read_hosts(self.cache, self.paths)
+            self._remember_journals(hosts)
             placements = self.queues.all_placements()
             movable = self._hosts_to_evacuate(hosts, placements.values())
-            self._place_orphans(hosts, placements, movable, self._stuck_replicas(hosts, placements))
+            storage, refusing = self._storage_moves(placements)
+            full = full_hosts(hosts, self.queues.min_free_bytes, refusing)
+            self._place_orphans(hosts, placements, movable, storage | self._stuck_replicas(hosts, placements), full)
+            self._report_stuck(storage, placements, full)
             self._repair_assignments(placements, hosts)
             self._repair_live_dirs()
         return hosts
 
+    def _remember_journals(self, hosts: dict[str, HostInfo]) -> None:
+        """Record in `assignments/<host>` whether each registered host keeps journals (a fenced write,
+        only when that changes), so that any later leader knows it while the host is down."""
+        for info in hosts.values():
+            path = self.paths.host_assignments(info.name)
+            recorded = self.cache.read_json(path)
+            if recorded is None or bool(recorded.get("journals")) == info.keeps_journals:
+                continue  # its HCM makes the node at registration; next tick if not yet there
+
+            def build(txn: TransactionRequest, path: str = path, data: dict[str, Any] = recorded,
+                      keeps: bool = info.keeps_journals) -> None:
+                txn.set_data(path, encode({**data, "journals": keeps}))
+
+            self.fence.write(build)
+            log.info("host %s %s journals", info.name, "keeps" if info.keeps_journals else "keeps no more")
+
+    def _keeps_journals(self, host: str) -> bool:
+        return bool((self.cache.read_json(self.paths.host_assignments(host)) or {}).get("journals"))
+
+    def _storage_moves(self, placements: Placements) -> tuple[set[tuple[str, str]], set[str]]:
+        """Exchanges whose journal's disk has refused writes for `storage_grace` (to move), and the
+        hosts where one refuses now. Judged on the exchange's own statistics, of the incarnation
+        running where it is placed: a report of a process already moved away does not count."""
+        now = time.monotonic()
+        refusing = storage_full(self.cache, self.paths)
+        for key in set(self._full_since) - set(refusing):
+            del self._full_since[key]
+        self._stuck &= set(refusing)
+        relocate = set()
+        for key, (host, incarnation, error) in refusing.items():
+            if placements.get(key) != host:
+                continue
+            seen = self._full_since.get(key)
+            if seen is None or seen[0] != incarnation:
+                log.warning("exchange %s/%s on %s cannot write its journal (%s); moved in %.1fs unless its disk "
+                            "takes writes again", *key, host, error, self.storage_grace)
+                seen = self._full_since[key] = (incarnation, now)
+            if now - seen[1] >= self.storage_grace:
+                relocate.add(key)
+        return relocate, {host for host, _, _ in refusing.values()}
+
+    def _report_stuck(self, relocate: set[tuple[str, str]], placements: Placements, full: set[str]) -> None:
+        """One ERROR line per full exchange that no host could take (it stays, holding its publishers)."""
+        for key in sorted(relocate - self._stuck):
+            host = placements.get(key)
+            if host not in full:
+                continue  # moved this tick
+            self._stuck.add(key)
+            log.error("exchange %s/%s on %s cannot write its journal and no host has room for it (every other "
+                      "host is full, lost or at capacity: journaling hosts need gcm.min_free_bytes free): it stays "
+                      "and holds its publishers until its disk takes writes again or a host with room joins",
+                      *key, host)
+
     def _hosts_to_evacuate(self, hosts: dict[str, HostInfo], placed: Iterable[str | None]) -> set[str]:
         now = time.monotonic()
-        for info in hosts.values():
-            if info.journal != "off":
-                self._journaled.add(info.name)
-            else:
-                self._journaled.discard(info.name)
         gone = {h for h in placed if h and h not in hosts}
         for host in list(self._missing_since):
             if host not in gone:
@@ -93,12 +156,12 @@ class Reconciler:
         for host in gone:
             if host not in self._missing_since:
                 log.warning("host %s is gone; its exchanges move in %.1fs%s", host, self._grace_of(host),
-                            " (they journal: waiting for it to come back)" if host in self._journaled else "")
+                            " (it keeps journals: waiting for it to come back)" if self._keeps_journals(host) else "")
                 self._missing_since[host] = now
         return {h for h in gone if now - self._missing_since[h] >= self._grace_of(h)}
 
     def _grace_of(self, host: str) -> float:
-        return self.journal_grace if host in self._journaled else self.grace
+        return self.journal_grace if self._keeps_journals(host) else self.grace
 
     def _stuck_replicas(self, hosts: dict[str, HostInfo], placements: Placements) -> set[tuple[str, str]]:
         """Replica slots on live hosts whose process has said nothing for REPLICA_SILENT_GRACE."""
@@ -122,12 +185,12 @@ class Reconciler:
         return stuck
 
     def _place_orphans(self, hosts: dict[str, HostInfo], placements: Placements, evacuate: set[str],
-                       stuck: set[tuple[str, str]]) -> None:
+                       relocate: set[tuple[str, str]], full: set[str]) -> None:
         """Carry out gcm.placement's plan, one fenced transaction per exchange (its slot and its
         replica's together); `placements` is updated to match, for the repair that follows."""
         capacities = {h.name: h.capacity for h in hosts.values()}
         by_exchange: dict[tuple[str, str], list[Move]] = {}
-        for move in plan_moves(capacities, placements, evacuate, stuck):
+        for move in plan_moves(capacities, placements, evacuate, relocate, full):
             by_exchange.setdefault((move.queue, primary_of(move.slot)), []).append(move)
         for (queue, xid), moves in by_exchange.items():
             for move in moves:

@@ -10,15 +10,22 @@ ZooKeeper and showing the leader's own committed writes, so `queue.create`, `que
 reconcile tick read them without a round trip (from ZooKeeper they cost three reads per queue and
 one per exchange). `read_placements(source)` reads the same from any source: the reconciler reads
 ZooKeeper itself with it before it repairs anything.
+
+Full disks (docs/guarantees.md "A full disk"): `storage_full` lists the running exchanges whose
+journal's disk refuses writes, as their statistics say; `full_hosts` the hosts no exchange may
+be placed on: those that keep journals with less than `gcm.min_free_bytes` free on their data
+disk, as they report it, and those where an exchange cannot write its journal right now.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gcm.cache import ClusterCache
 from roq.paths import Paths, is_replica_slot, primary_of, replica_slot
-from roq.state import Source, queue_names, read_exchanges, replica_count, tree
+from roq.records import ExchangeStats, HostStats
+from roq.state import HostInfo, Source, queue_names, read_exchanges, read_live, replica_count, tree
 
 Placements = dict[tuple[str, str], str | None]
 
@@ -72,3 +79,27 @@ def assignment_data(queue: str, slot: str) -> dict[str, Any]:
     if is_replica_slot(slot):
         return {"queue": queue, "exchange": primary_of(slot), "role": "replica"}
     return {"queue": queue, "exchange": slot}
+
+
+def storage_full(source: Source, paths: Paths) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """Running exchanges that cannot write their journal: (queue, xid) → (host, incarnation, error)."""
+    found = {}
+    reader = tree(source)
+    for queue in queue_names(reader, paths):
+        for xid, data in read_live(reader, paths, queue).items():
+            stats = ExchangeStats.from_dict(data.get("stats"))
+            if stats.storage_full:
+                found[(queue, xid)] = (str(data.get("host")), str(data.get("incarnation")), stats.storage_error)
+    return found
+
+
+def full_hosts(hosts: Mapping[str, HostInfo], min_free_bytes: int, refusing: Iterable[str] = ()) -> set[str]:
+    """Hosts whose disk takes no more journals: those keeping journals whose data disk reports less
+    than `min_free_bytes` free (an HCM that reports no disk counts as having room), and `refusing`
+    (hosts where an exchange cannot write its journal now)."""
+    full = set(refusing)
+    for host in hosts.values():
+        figures = HostStats.from_dict(host.stats)
+        if host.journal != "off" and figures.data_total_bytes > 0 and figures.data_free_bytes < min_free_bytes:
+            full.add(host.name)
+    return full

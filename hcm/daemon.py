@@ -19,6 +19,7 @@ from dataclasses import replace
 import click
 from kazoo.protocol.states import KazooState
 
+from exchange.journal import journals_kept
 from hcm.hoststats import host_figures
 from hcm.registration import HostRegistration
 from hcm.supervisor import Supervisor
@@ -47,12 +48,15 @@ class Hcm:
                                              self.config.hcm.capacity, self.config.hcm.stats_heartbeat)
         self.supervisor = Supervisor(self.client, self.paths, self.config, self.host)
         self.stopping.also_wake(self.supervisor.changed)  # the loop leaves its tick wait at once
-        self.figures = host_figures()
+        self.figures = host_figures(self.config.hcm.data_dir)
         self._next_report = 0.0
         metrics = serve_metrics(self.config.hcm.metrics_port, self.config.hcm.bind, address, self._metrics)
         if metrics:
             self.registration.data["metrics"] = metrics
-        self.registration.data["journal"] = self.config.exchange.journal  # the leader waits longer for such a host
+        # The leader waits longer for a lost host whose exchanges journal, or that keeps journals from
+        # an earlier configuration (its exchanges serve them): its disk holds what nobody else has.
+        self.registration.data["journal"] = self.config.exchange.journal
+        self.registration.data["journals"] = journals_kept(self.config.hcm.data_dir)
         self.client.add_listener(self._on_state)
         self.registration.try_register()
         self.client.ChildrenWatch(self.paths.host_assignments(self.host), self._on_assignments)
@@ -83,7 +87,8 @@ class Hcm:
             self.supervisor.tick()
             if time.monotonic() >= self._next_report:
                 self._next_report = time.monotonic() + self.config.hcm.stats_interval
-                self.figures = replace(host_figures(), exchanges=len(self.supervisor.children))
+                self.figures = replace(host_figures(self.config.hcm.data_dir),
+                                       exchanges=len(self.supervisor.children))
                 self.registration.report(self.figures)
         except RoqError as exc:
             log.warning("tick failed: %s", exc)

@@ -38,7 +38,9 @@ HOST_STEP_PERCENT = 5.0  # CPU or memory use must move this many points (from th
 # Every other figure (the counters, rates, publishers, subscriptions, subscribers, top publishers,
 # latency, held acks, replication progress) moves only when the exchange works or its clients change.
 QUIET_EXCHANGE_FIELDS = frozenset({"at", "rss_bytes", "retained_frames", "retained_bytes", "evicted_frames",
-                                   "tracked_prefixes", "replay_held_bytes"})
+                                   "tracked_prefixes", "replay_held_bytes",
+                                   # retried twice a second while a disk is full: `storage_full` carries the news
+                                   "journal_errors", "journal_pending_bytes"})
 # Consumer lag and consumer groups: their counts move with work, their seconds age with the clock
 # (only those drift).
 _EXCHANGE_TRIGGERS = tuple(f.name for f in fields(ExchangeStats)
@@ -66,13 +68,29 @@ def _lag_counts(stats: ExchangeStats) -> list[tuple[str, int, int]]:
 
 def host_changed(written: HostStats | None, figures: HostStats) -> bool:
     """Does the host's `figures` differ materially from the figures last `written`: another number
-    of exchanges or CPUs, or CPU or memory use `HOST_STEP_PERCENT` points away? (The leader's rules
-    on `max_cpu` and `max_memory` thus see a figure at most that far off, or a heartbeat old.)"""
+    of exchanges or CPUs, CPU, memory or data disk use `HOST_STEP_PERCENT` points away, or the data
+    disk's free bytes halved or doubled (so a big disk running out is seen before it is out)? (The
+    leader's rules on `max_cpu` and `max_memory`, and its check of a journaling host's free space,
+    thus see a figure at most that far off, or a heartbeat old.)"""
     if written is None:
         return True
     return (written.exchanges != figures.exchanges or written.cpus != figures.cpus
             or abs(written.cpu_percent - figures.cpu_percent) >= HOST_STEP_PERCENT
-            or abs(written.memory_percent - figures.memory_percent) >= HOST_STEP_PERCENT)
+            or abs(written.memory_percent - figures.memory_percent) >= HOST_STEP_PERCENT
+            or abs(_disk_percent(written) - _disk_percent(figures)) >= HOST_STEP_PERCENT
+            or _halved_or_doubled(written.data_free_bytes, figures.data_free_bytes))
+
+
+def _halved_or_doubled(before: int, now: int) -> bool:
+    low, high = sorted((before, now))
+    return high >= 2 * low and high - low >= 1 << 20  # a MiB at least: no write per page near zero
+
+
+def _disk_percent(figures: HostStats) -> float:
+    """Free space of the data disk in percent of its size (100 when unknown)."""
+    if figures.data_total_bytes <= 0:
+        return 100.0
+    return 100.0 * figures.data_free_bytes / figures.data_total_bytes
 
 
 def write_due(written_at: float | None, now: float, changed: bool, heartbeat: float,

@@ -8,9 +8,14 @@ backoff resets once a child has stayed up `stable_after` seconds.
 
 Flapping (like circus's `max_retry`): every exit the HCM did not ask for is a
 crash, whatever its code (`Exit.CONFIG` included), a signal, or a kill for not
-becoming ready. An exchange that crashes more than `hcm.max_restarts` times
-within `hcm.restart_window` seconds (so was restarted `max_restarts` times
-already) is marked failed: one ERROR line, no live endpoint, no restart, and the
+becoming ready; except `Exit.ENDED` (below) and `Exit.STORAGE`, an exchange whose
+journal's disk broke for good and that ended its incarnation to start afresh
+(exchange/storage.py): it is restarted with the same backoff but never counts
+towards FAILED (a disk is not a bug in the exchange, and the leader moves
+exchanges off a host whose disk refuses).
+An exchange that crashes more than `hcm.max_restarts` times within
+`hcm.restart_window` seconds (so was restarted `max_restarts` times already)
+is marked failed: one ERROR line, no live endpoint, no restart, and the
 `roq_exchange_failed` gauge at 1. It is left alone for `hcm.failed_cooloff`
 seconds (at least the window), then started again with a fresh budget; or
 sooner if its assignment changes: once unassigned, its record is dropped, and
@@ -215,6 +220,12 @@ class Supervisor:
             log.info("exchange %s/%s ended its incarnation (sealed by its replica); starting a new one",
                      *child.key)
             return
+        if code == Exit.STORAGE:
+            self._restart_later(child, now, uptime)
+            log.warning("exchange %s/%s ended its incarnation after %.1fs: its journal's disk failed (exit %d, "
+                        "not counted as a crash); restarting in %.1fs", *child.key, uptime, code,
+                        child.next_start - now)
+            return
         child.crashes = tuple(t for t in child.crashes if now - t < self.hcm.restart_window) + (now,)
         if len(child.crashes) > self.hcm.max_restarts:
             child.failed_until = now + self.hcm.failed_cooloff
@@ -223,11 +234,15 @@ class Supervisor:
                       *child.key, code, uptime, len(child.crashes), self.hcm.restart_window,
                       self.hcm.max_restarts, self.hcm.failed_cooloff)
             return
-        child.failures = 0 if uptime >= self.hcm.stable_after else child.failures + 1
-        delay = min(self.hcm.restart_backoff * 2 ** max(child.failures - 1, 0), self.hcm.restart_backoff_max)
-        child.next_start = now + delay
+        self._restart_later(child, now, uptime)
         log.warning("exchange %s/%s exited with code %s after %.1fs; restarting in %.1fs",
-                    *child.key, code, uptime, delay)
+                    *child.key, code, uptime, child.next_start - now)
+
+    def _restart_later(self, child: Child, now: float, uptime: float) -> None:
+        """Back off exponentially, from the start again once it had stayed up `stable_after`."""
+        child.failures = 0 if uptime >= self.hcm.stable_after else child.failures + 1
+        child.next_start = now + min(self.hcm.restart_backoff * 2 ** max(child.failures - 1, 0),
+                                     self.hcm.restart_backoff_max)
 
     def _keep_running(self, child: Child, now: float) -> None:
         if child.process is None:

@@ -209,10 +209,14 @@ def cluster() -> None:
 @pass_ctx
 @handle_errors
 def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | None) -> None:
-    """Start ZooKeeper, the GCMs and the HCMs in the background."""
+    """Start ZooKeeper, the GCMs and the HCMs in the background.
+
+    The settings it is started with persist in the run directory's config.toml: a later `up` there
+    starts from them, with what it is given (--set, a file, the environment) applied on top and
+    persisted; it prints what it kept and what changed."""
     from roq.tools.cluster import LocalCluster
     changes = {k: v for k, v in {"gcms": gcms, "hcms": hcms, "run_dir": run_dir}.items() if v is not None}
-    cfg = _base_config(ctx).replace(cluster=changes)
+    cfg = _local_cluster_config(ctx, changes, say=click.echo)
     local = LocalCluster(cfg)
     state = local.up(progress=lambda text: click.echo(f"  {text}", err=True))
     click.echo(f"cluster up in {state.run_dir}: ZooKeeper at {state.zk_hosts}, "
@@ -220,10 +224,25 @@ def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | 
     click.echo(f"configuration: {local.config_path}")
 
 
-def _base_config(ctx: Context) -> Config:
-    """Defaults + environment + flags, ignoring a previous cluster's file."""
+def _local_cluster_config(ctx: Context, changes: dict[str, Any], say: Callable[[str], None]) -> Config:
+    """The settings a local cluster starts with: those its last `up` in the run directory was started
+    with, under what this command gives (file, environment, --set, `changes` to [cluster]); says
+    what it kept and what changed (roq/tools/cluster.py)."""
+    from roq.tools.cluster import CONFIG_FILE, previous_settings, settings_report
+    cfg = _base_config(ctx).replace(cluster=changes)
+    previous = previous_settings(cfg.cluster.run_dir)
+    if previous is not None:
+        cfg = _base_config(ctx, base=previous).replace(cluster={**changes, "run_dir": cfg.cluster.run_dir})
+    for line in settings_report(previous, cfg, Path(cfg.cluster.run_dir) / CONFIG_FILE):
+        say(line)
+    return cfg
+
+
+def _base_config(ctx: Context, base: Config | None = None) -> Config:
+    """`base` (the defaults unless given) + file + environment + flags, ignoring the local cluster's
+    file unless it is `base`."""
     from roq.config import load_config
-    return load_config(ctx.config_path or os.environ.get("ROQ_CONFIG"), flags=ctx.settings)
+    return load_config(ctx.config_path or os.environ.get("ROQ_CONFIG"), flags=ctx.settings, base=base)
 
 
 @cluster.command("down")
@@ -740,7 +759,7 @@ def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: in
 def demo(ctx: Context, messages: int, size: int, keep: bool) -> None:
     """Start a local cluster, run a publish/subscribe round trip, print the figures."""
     from roq.tools.demo import run_demo
-    ok = run_demo(_base_config(ctx), messages, size, keep)
+    ok = run_demo(_local_cluster_config(ctx, {}, say=lambda line: click.echo(line, err=True)), messages, size, keep)
     sys.exit(Exit.OK if ok else Exit.INTERNAL)
 
 

@@ -66,6 +66,11 @@ class GcmConfig:
     # ... or this long for a host whose exchanges keep a journal: a host restarted within it gets its
     # exchanges back with their journals (moved, their earlier incarnations stay on the old disk).
     journal_reassign_grace: float = 30.0
+    # An exchange whose journal's disk refuses writes this long is moved to a host with room (and
+    # a host whose exchanges journal gets no new exchange while its data disk has less free than
+    # min_free_bytes): docs/guarantees.md "A full disk".
+    storage_full_grace: float = 3.0
+    min_free_bytes: int = 64 << 20
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port (advertised in ZooKeeper), -1 = off
     stats_queue: str = "roq-stats"  # while this queue exists, the leader publishes the statistics stream to it
     max_queues: int = 1_000  # queue.create beyond this is refused: bounds ZooKeeper state and placements
@@ -283,10 +288,12 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     flags: Iterable[str] = (),
+    base: Config | None = None,
 ) -> Config:
-    """Build and validate the configuration from every layer, in order."""
+    """Build and validate the configuration from every layer, in order, over `base` (the defaults
+    unless given: `roq cluster up` passes the settings the previous `up` was started with)."""
     env = os.environ if env is None else env
-    config = Config()
+    config = base or Config()
     path = path or env.get(ENV_CONFIG_FILE)
     if path:
         config = _apply(config, _read_file(Path(path)), f"file {path}")
@@ -462,6 +469,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("exchange.retention_seconds must be >= 0 (0 keeps nothing)")
     if c.gcm.reassign_grace < 0 or c.gcm.journal_reassign_grace < 0:
         raise ConfigError("gcm.reassign_grace and gcm.journal_reassign_grace must be >= 0")
+    if c.gcm.storage_full_grace < 0 or c.gcm.min_free_bytes < 0:
+        raise ConfigError("gcm.storage_full_grace and gcm.min_free_bytes must be >= 0")
     if c.log.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {c.log.level!r}")
     if c.gcm.max_queues < 1:

@@ -112,6 +112,14 @@ class BackpressureError(UnavailableError):
     queued = 0  # publish_many: how many leading payloads were queued before the refusal
 
 
+class StorageFullError(BackpressureError):
+    """Backpressure because the exchange cannot store what it takes: its journal's disk is full or
+    failing (protocol 3.3 `move` reason `storage_full`). Confirms resume once it has room or the
+    leader moved it to a host that has; nothing unconfirmed is lost meanwhile."""
+
+    code = "storage_full"
+
+
 class FencedError(RoqError):
     """A write was refused because another GCM was elected since ours."""
 
@@ -125,7 +133,7 @@ ERRORS_BY_CODE: dict[str, type[RoqError]] = {
         QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError, ForbiddenError,
         LimitExceededError, RefusedError,
         UnavailableError, ZooKeeperUnavailableError, NoLeaderError, NotLeaderError,
-        NoCapacityError, RequestTimeoutError, BackpressureError, FencedError,
+        NoCapacityError, RequestTimeoutError, BackpressureError, StorageFullError, FencedError,
     )
 }
 
@@ -155,6 +163,9 @@ class Exit(enum.IntEnum):
     # An exchange whose incarnation had to end (its replica sealed it: the cluster saw it end): the
     # HCM starts a new incarnation at once and does not count it as a crash.
     ENDED = 6
+    # An exchange whose journal's disk broke for good ended its incarnation to start a new one: not a
+    # crash (an HCM restarts it without counting it towards hcm.max_restarts; exchange/storage.py).
+    STORAGE = 7
     INTERRUPTED = 130
 
     @classmethod

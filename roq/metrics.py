@@ -129,6 +129,8 @@ EXCHANGE_COUNTERS = {
                                                                     "exchange.publisher_ttl"),
     "roq_exchange_internal_errors_total": ("internal_errors", "frames whose handling failed unexpectedly "
                                                               "(a bug; the exchange went on)"),
+    "roq_exchange_journal_errors_total": ("journal_errors", "failed attempts to write or sync the journal "
+                                                            "(a full or failing disk)"),
 }
 EXCHANGE_GAUGES = {
     "roq_exchange_publishers": ("publishers", "publishers active in the last 10 s"),
@@ -139,6 +141,8 @@ EXCHANGE_GAUGES = {
     "roq_exchange_retained_frames": ("retained_frames", "frames in the retention buffer"),
     "roq_exchange_held_acks": ("held_acks", "acks waiting for the replica or the fsync'ed journal"),
     "roq_exchange_resident_memory_bytes": ("rss_bytes", "resident memory of the exchange process"),
+    "roq_exchange_storage_full": ("storage_full", "1 while the fsync'ed journal's disk refuses writes (acks "
+                                                  "and publishers held until it has room or the leader moves it)"),
 }
 CONFIRM_HISTOGRAM = "roq_exchange_confirm_seconds"
 REPLICA_COUNTERS = {
@@ -228,6 +232,10 @@ def host_metrics(out: Families, host: str, figures: HostStats, capacity: int) ->
     out.gauge("roq_host_exchanges", "exchange and replica processes the HCM supervises", labels,
               figures.exchanges)
     out.gauge("roq_host_capacity", "exchanges and replicas the host takes (hcm.capacity)", labels, capacity)
+    out.gauge("roq_host_data_free_bytes", "free bytes of the file system of hcm.data_dir (journals)", labels,
+              figures.data_free_bytes)
+    out.gauge("roq_host_data_total_bytes", "size of the file system of hcm.data_dir (0: unknown)", labels,
+              figures.data_total_bytes)
 
 
 def _fields(out: Families, counters: dict[str, tuple[str, str]], gauges: dict[str, tuple[str, str]],

@@ -4,10 +4,11 @@
     <root>/gcm/epoch                    data = epoch number; every leader write checks its version
     <root>/gcm/leader                   ephemeral: {id, endpoint, epoch, pid}
     <root>/gcm/requests/<key>           persistent: {op, name, at} of an applied control write (gcm.fence)
-    <root>/hosts/<host>                 ephemeral (HCM session): {address, capacity, pid}
+    <root>/hosts/<host>                 ephemeral (HCM session): {address, capacity, pid, journal, journals, stats}
     <root>/queues/<queue>               persistent: queue settings (incl. replicas: 1 or 2, absent = 1)
     <root>/queues/<queue>/exchanges/<x> persistent: placement {host} ({host, replica} with replicas 2),
                                         written by the leader; a host is null while unplaced
+    <root>/assignments/<host>           persistent: data {journals: true} while the host keeps journals (the leader's)
     <root>/assignments/<host>/<q>~<x>   persistent: the HCM's work list, written with the placement
     <root>/assignments/<host>/<q>~<x>~r persistent: the same for the replica of exchange <x>
     <root>/live/<queue>/<x>             ephemeral (HCM session): endpoints of a running exchange

@@ -135,6 +135,14 @@ class ExchangeStats(Record):
     copied_frames: int = 0
     refused_copies: int = 0
     refused_seals: int = 0
+    # The journal's disk (exchange/storage.py): with exchange.journal = fsync, true while it refuses
+    # writes (acks wait, publishers are held and told storage_full, the leader moves the exchange);
+    # why ("ENOSPC: No space left on device", "" while it writes); failed write attempts; bytes not
+    # yet written.
+    storage_full: bool = False
+    storage_error: str = ""
+    journal_errors: int = 0
+    journal_pending_bytes: int = 0
     # Durable subscribers behind this stream, furthest first (exchange/consumers.py).
     consumers: tuple[ConsumerLag, ...] = ()
     # Consumer groups of this stream (exchange/groups.py Groups.stats): name → members, ready, delayed,
@@ -161,6 +169,10 @@ class HostStats(Record):
     load1: float = 0.0
     cpus: int = 0  # 0: unknown
     exchanges: int = 0  # exchange processes the HCM supervises
+    # The file system of hcm.data_dir (journals): bytes free to an unprivileged writer, and in all
+    # (0: unknown). The leader places no journaling exchange where too little is free.
+    data_free_bytes: int = 0
+    data_total_bytes: int = 0
     at: float = 0.0  # wall clock, seconds since the epoch
 
 

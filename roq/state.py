@@ -56,6 +56,12 @@ class HostInfo:
     stats: dict[str, Any] = field(default_factory=dict)
     journal: str = "off"  # its exchanges' exchange.journal: they are worth waiting for when it goes
     metrics: str | None = None  # its HCM's Prometheus URL (None: hcm.metrics_port = -1)
+    journals: int = 0  # incarnations' journals on its disk when its HCM started (any journal setting)
+
+    @property
+    def keeps_journals(self) -> bool:
+        """Its disk holds (or its exchanges write) journals that no other host has."""
+        return self.journal != "off" or self.journals > 0
 
 
 @dataclass(frozen=True)
@@ -99,10 +105,11 @@ def read_hosts(source: Source, paths: Paths) -> dict[str, HostInfo]:
         data = reader.read_json(paths.host(name))
         if data is None:  # vanished between the listing and the read
             continue
-        metrics = data.get("metrics")
+        metrics, journals = data.get("metrics"), data.get("journals")
         hosts[name] = HostInfo(name, str(data.get("address", "")), int(data.get("capacity", 0)),
                                data.get("pid"), data.get("stats") or {}, str(data.get("journal", "off")),
-                               metrics if isinstance(metrics, str) else None)
+                               metrics if isinstance(metrics, str) else None,
+                               journals if isinstance(journals, int) and not isinstance(journals, bool) else 0)
     return hosts
 
 

@@ -4,7 +4,7 @@ daemon processes that are always cleaned up, logs printed when a test fails."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -100,3 +100,25 @@ def procs(config: Config, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
         print(processes.dump_logs())
 
 
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """A factory of real small filesystems (tmpfs): `small_disk("host-1", 4 << 20)` mounts one and
+    returns its path (`inodes=N`: at most N files and directories). Mounting needs root: skipped
+    where it is not permitted, a failure in CI. Every mount is undone at the end (lazily if a
+    process still holds a file there)."""
+    from roq.tools.testing import SmallDiskUnavailable, mount_small_disk, unmount_small_disk
+    mounted: list[Path] = []
+
+    def make(name: str, size_bytes: int, inodes: int | None = None) -> Path:
+        try:
+            path = mount_small_disk(tmp_path / "disks" / name, size_bytes, inodes)
+        except SmallDiskUnavailable as exc:
+            unavailable(f"a small filesystem is needed: {exc}", "this full-disk test")
+        mounted.append(path)
+        return path
+
+    yield make
+    for path in reversed(mounted):
+        unmount_small_disk(path)

@@ -14,12 +14,18 @@ a message the exchange did not get.
 
 When the exchange asks us to move, disappears from ZooKeeper, or confirms
 nothing for `client.confirm_timeout`, we connect to another exchange of the
-queue (least loaded first, never one that just failed us while another runs)
+queue (least loaded first, never one that just failed us or cannot store, its
+journal's disk full, while another runs)
 and resend every unconfirmed message, preceded by the replay window: the
 messages confirmed in the last `client.replay_seconds` (at most
 `client.replay_bytes`), which a dying exchange may have confirmed without its
 subscribers getting them. Exchanges and subscribers drop what they already
 had, by sequence number, so the application sees each message once.
+
+An exchange that cannot store what it takes tells us `move` with a reason starting
+`storage_full` (or its statistics say `storage_full` when it stops answering): we
+log it once, avoid it, and keep the reason in `storage_full` until a confirm
+arrives, so that `publish()` and `flush()` say why they wait.
 
 Moves are requested by ZooKeeper watch threads and by the I/O thread itself through one
 lock-guarded request (`request_move` / `_take_move`): a request is never lost.
@@ -48,6 +54,8 @@ from roq.errors import ProtocolError
 from roq.paths import Paths
 from roq.records import ExchangeStats
 from roq.security import secure_client
+
+STORAGE_FULL = "storage_full"  # the code a `move` reason starts with when the exchange cannot store (3.3)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +113,7 @@ class PublisherLink:
         self.reconnects = 0  # connections ZeroMQ re-established under us (each followed by a hello)
         self.replayed = 0  # confirmed messages resent after moves
         self.rejected: list[tuple[int, str, str]] = []
+        self.storage_full: str | None = None  # why confirms wait: an exchange's `storage_full` reason
         self._relocated_to: str | None = None  # where the leader asked us to publish
         self._relocation_seen = 0.0
         self.relocations = 0
@@ -233,6 +242,7 @@ class PublisherLink:
                 waiting = self._log.in_flight or self._awaiting_welcome
                 if waiting and time.monotonic() - last_reply > self.config.client.confirm_timeout:
                     self._avoid_current()
+                    self._note_storage_full_stats()
                     self.request_move(f"no answer from {self.exchange} for {self.config.client.confirm_timeout:.1f}s")
             if sock is not None:
                 try:
@@ -342,8 +352,9 @@ class PublisherLink:
             xid, data = item
             stats = reports[xid]
             avoided_until = self._avoid.get((xid, str(data.get("incarnation", ""))), 0.0)
-            # A frozen exchange stops reporting: its HCM says so, its statistics age, and it goes last.
-            stale = int(is_stale(data, stats, newest, interval))
+            # A frozen exchange stops reporting: its HCM says so, its statistics age, and it goes last;
+            # so does one that cannot store what it takes (its journal's disk is full).
+            stale = int(is_stale(data, stats, newest, interval) or stats.storage_full)
             return (avoided_until, stale, stats.publishers, random.random())
 
         xid, data = min(live.items(), key=rank)
@@ -424,6 +435,9 @@ class PublisherLink:
             self.rejected.append((reply.seq, reply.code, reply.message))
             log.error("publisher %s: message %s rejected: %s", self.id, reply.seq, reply.message)
         elif kind == protocol.MOVE:
+            if reply.message.startswith(STORAGE_FULL):
+                self._avoid_current()  # it reads nothing until it has room: others first
+                self._note_storage_full(reply.message)
             self.request_move(f"exchange asked: {reply.message}")
         elif kind == protocol.ERROR:
             log.error("publisher %s: exchange refused a frame: %s: %s", self.id, reply.code, reply.message)
@@ -435,8 +449,23 @@ class PublisherLink:
         with self._cond:
             if subscribers is not None:
                 self.subscribers = subscribers
+            if seq > self._log.acked:
+                self.storage_full = None  # confirms flow again
             self._log.confirm(seq, time.monotonic())
             self._cond.notify_all()
+
+    def _note_storage_full(self, reason: str) -> None:
+        if self.storage_full is None:
+            log.warning("publisher %s: %s; confirms wait until it has room or the leader moves it to a host "
+                        "that has (nothing unconfirmed is lost)", self.id, reason)
+        self.storage_full = reason
+
+    def _note_storage_full_stats(self) -> None:
+        """Silent exchange: if its statistics say its storage is full, that is why."""
+        stats = ExchangeStats.from_dict((self.topology.snapshot().get(self.exchange or "") or {}).get("stats"))
+        if stats.storage_full:
+            self._note_storage_full(f"{STORAGE_FULL}: exchange {self.queue}/{self.exchange} cannot write its "
+                                    f"journal ({stats.storage_error})")
 
 
 def is_stale(data: dict[str, Any], stats: ExchangeStats, newest: float, interval: float) -> bool:

@@ -8,7 +8,8 @@ cumulatively and confirmed messages leave the log. The log is only touched under
 Publisher's lock, by the application's threads and the I/O thread alike.
 
 When more than `client.max_unconfirmed` messages wait, `publish()` blocks, and
-raises BackpressureError after `client.publish_timeout` — nothing is dropped.
+raises BackpressureError after `client.publish_timeout` — nothing is dropped; StorageFullError
+(a BackpressureError) when the exchange said it cannot store them (its journal's disk is full).
 The link says hello to each exchange, resends from its welcome, and moves to another exchange
 (resending the replay window and everything unconfirmed) when one asks, disappears or stops
 confirming: see roq.client.link. A deleted queue makes `publish()` raise QueueNotFoundError.
@@ -35,6 +36,7 @@ from roq.errors import (
     QueueNotFoundError,
     RequestTimeoutError,
     RoqError,
+    StorageFullError,
     UserError,
     error_from_code,
 )
@@ -186,8 +188,8 @@ class Publisher:
             if self._closed or self.queue_deleted:
                 self._raise_closed()
             if not fits:
-                raise BackpressureError(f"{log.unconfirmed} messages unconfirmed for {wait:.1f}s, no room for "
-                                        f"{len(items)} more; is the queue's exchange reachable?")
+                raise self._backpressure(f"{log.unconfirmed} messages unconfirmed for {wait:.1f}s, no room for "
+                                         f"{len(items)} more")
             first = log.next_seq
             if items:
                 self._append_part(checked, items, 0, wait)  # it fits: one part
@@ -220,10 +222,16 @@ class Publisher:
         the lock): BackpressureError after `wait` seconds, RoqError if closed meanwhile."""
         limit = self._max_unconfirmed
         if not self._cond.wait_for(lambda: self._log.unconfirmed < limit or self._closed, wait):
-            raise BackpressureError(f"{self._log.unconfirmed} messages unconfirmed for {wait:.1f}s"
-                                    f"{detail}; is the queue's exchange reachable?")
+            raise self._backpressure(f"{self._log.unconfirmed} messages unconfirmed for {wait:.1f}s{detail}")
         if self._closed or self.queue_deleted:
             self._raise_closed()
+
+    def _backpressure(self, waiting: str) -> BackpressureError:
+        """The error for confirms that did not come in time: StorageFullError when the exchange said
+        it cannot store what it takes, with its reason."""
+        if self._link.storage_full:
+            return StorageFullError(f"{waiting}: {self._link.storage_full}")
+        return BackpressureError(f"{waiting}; is the queue's exchange reachable?")
 
     def _raise_closed(self) -> None:
         if self.queue_deleted:
@@ -247,7 +255,9 @@ class Publisher:
         with self._cond:
             target = self._log.next_seq - 1
             if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
-                raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after {timeout:.1f}s")
+                why = f": {self._link.storage_full}" if self._link.storage_full else ""
+                raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after "
+                                          f"{timeout:.1f}s{why}")
 
     def wait_confirmed(self, seqs: range, timeout: float) -> None:
         """Wait until messages `seqs` (and every one before them) are confirmed: RequestTimeoutError

@@ -21,7 +21,9 @@ of a replicated exchange, or the journal a restarted exchange reloaded: `ReplayT
 ended_position`) and fetches every frame of our prefixes up to there, the frames the dead
 exchange confirmed but never sent us included. Only then is it forgotten. With no copy anywhere
 it is forgotten at once, as before; a copy that does not answer is asked again until
-`END_DRAIN_TIMEOUT`.
+`END_DRAIN_TIMEOUT`. A stream resumed from a saved position that ended while we were away (we
+never saw it run) and that no copy drained cannot be verified: what it held after that position
+may be lost, so it counts one unknown gap (at least 1 in `gaps`), with a warning, never 0.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class Stream:
     in_hand: dict[bytes, dict[int, int]] = field(default_factory=dict)
     ended_at: float | None = None  # when we saw the incarnation end; drained from its copy since
     next_drain: float = 0.0
+    seen: bool = True  # we saw it run (a frame, a sync); False for a stream resumed from a saved position
+    drained: bool = False  # a stored copy answered for it after it ended
     # Every frame of our prefixes at or below `floor` was handed over (or counted lost): where a saved
     # position may resume. Read by the application's thread: it may lag (raised at quiet moments,
     # `refresh_floor`), never lead (lowered at once when a hole stays open).
@@ -124,7 +128,8 @@ class StreamSet:
     def resume(self, incarnation: str, pos: int) -> None:
         """Continue a stream from a saved position (every frame at or below `pos` was taken)."""
         self.streams[incarnation] = Stream(incarnation.rsplit(".", 1)[0], incarnation,
-                                           {p: pos for p in self.prefixes}, known=True, high=pos, floor=pos)
+                                           {p: pos for p in self.prefixes}, known=True, high=pos, floor=pos,
+                                           seen=False)
 
     def prefix_of(self, topic: bytes) -> bytes | None:
         for prefix in self.prefixes:
@@ -146,6 +151,7 @@ class StreamSet:
             self._late(ended, topic, d)
             return
         stream = self.stream(d.incarnation, d.exchange)
+        stream.seen = True
         if not stream.synced:
             stream.pending.append((topic, d))
             return
@@ -155,6 +161,7 @@ class StreamSet:
         if sync.incarnation in self.ended:
             return
         stream = self.stream(sync.incarnation, sync.exchange)
+        stream.seen = True
         if not stream.synced and stream.ended_at is None:
             self._catch_up(stream, sync.next_pos)
 
@@ -352,6 +359,7 @@ class StreamSet:
             return False
         if answer.incarnation != stream.incarnation or len(answer.last) != len(self.prefixes):
             return True
+        stream.drained = True
         self.position_checks += 1
         holes, stream.holes = stream.holes, []
         for prefix, after, before, strict in holes:  # holes the exchange did not fill while it ran
@@ -382,6 +390,11 @@ class StreamSet:
         stream = self.streams.pop(incarnation, None) or Stream(
             incarnation.rsplit(".", 1)[0], incarnation, {p: 0 for p in self.prefixes})
         open_holes = sum(1 for hole in stream.holes if hole[3])  # the others were never ours to lose
+        if not stream.seen and not stream.drained and stream.known:
+            log.warning("%s ended while this subscriber was away and no copy of it is left (no replica, no "
+                        "journal that holds it): what it held after position %d is lost or cannot be verified; "
+                        "counted as one unknown gap", incarnation, min(stream.done.values(), default=0))
+            open_holes += 1
         self.unknown_gaps += open_holes
         self.gaps += open_holes
         pending = sorted(stream.pending, key=lambda item: item[1].pos)

@@ -8,6 +8,14 @@ a second cluster over a running one and tears down what it started if any
 part fails to come up. ZooKeeper's data stays in the run directory, so the
 next `up` there brings the queues back; `purge` deletes it with the logs,
 the hosts' data and the state (`roq cluster down --purge`).
+
+The settings a cluster was started with persist with it, in that `config.toml`:
+the next `up` in the same run directory starts from them (`previous_settings`),
+under whatever the command gives now (a file, the environment, `--set`), which is
+applied and persisted too; `settings_report` is what `up` says about both. A
+plain `up` thus never starts a cluster that ran with `exchange.journal = fsync`
+without its journals. A file that cannot be read is refused with a clear error,
+never replaced by the defaults in silence.
 """
 
 from __future__ import annotations
@@ -22,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roq.config import Config
-from roq.errors import RoqError, UserError
+from roq.config import Config, load_config
+from roq.errors import ConfigError, RoqError, UserError
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader
 from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
@@ -32,6 +40,8 @@ from roq.zk import start_client, stop_client
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "config.toml"
 ZOOKEEPER_DIR, DATA_DIR = "zookeeper", "data"  # ZooKeeper's data and logs; the hosts' (journals)
+# Settings every `up` sets anew, whatever the last one had: its own ZooKeeper, where it runs.
+NOT_CARRIED = frozenset({("zk", "hosts"), ("cluster", "run_dir")})
 
 
 @dataclass
@@ -52,6 +62,37 @@ class ClusterState:
 
     def alive(self) -> list[dict[str, Any]]:
         return [p for p in self.processes if pid_alive(p["pid"])]
+
+
+def previous_settings(run_dir: str | Path) -> Config | None:
+    """The settings the last `up` in `run_dir` was started with (its config.toml alone, without this
+    process's environment), or None if there is none. A file that cannot be read is a UserError."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_config(path, env={})
+    except ConfigError as exc:
+        raise UserError(f"the settings of the previous `roq cluster up` cannot be read ({exc}): fix {path}, or "
+                        "delete it to start with the defaults (`roq cluster down --purge` deletes all it left)") \
+            from None
+
+
+def settings_report(previous: Config | None, config: Config, path: str | Path) -> list[str]:
+    """What `up` says about its settings: those it kept from the previous `up` (where they are not
+    the defaults) and those this command changed (persisted in `path` from now on)."""
+    if previous is None:
+        return []
+    old, new, default = (c.redacted().to_dict() for c in (previous, config, Config()))
+    keys = [(section, key) for section, values in new.items() for key in values
+            if (section, key) not in NOT_CARRIED]
+    kept = [f"  {s}.{k} = {json.dumps(new[s][k])}" for s, k in keys if new[s][k] == old[s][k] != default[s][k]]
+    changed = [f"  {s}.{k} = {json.dumps(new[s][k])} (was {json.dumps(old[s][k])})" for s, k in keys
+               if new[s][k] != old[s][k]]
+    lines = [f"settings kept from the previous `roq cluster up` ({path}):", *kept] if kept else []
+    if changed:
+        lines += [f"settings changed by this command, persisted in {path}:", *changed]
+    return lines
 
 
 def pid_alive(pid: int) -> bool:

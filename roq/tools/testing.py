@@ -287,3 +287,37 @@ class PacedPublisher:
     def close(self) -> None:
         self._stop.set()
         self.pub.close(timeout=0)
+
+
+class SmallDiskUnavailable(Exception):
+    """A small filesystem could not be mounted here (not root, no `mount`, not permitted)."""
+
+
+def mount_small_disk(path: Path, size_bytes: int, inodes: int | None = None) -> Path:
+    """Mount a tmpfs of `size_bytes` (and at most `inodes` files and directories) at `path` (made
+    if missing): a real filesystem that fills up, for tests of what happens on a full disk.
+    SmallDiskUnavailable when this machine does not allow it; `unmount_small_disk` undoes it."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        raise SmallDiskUnavailable("mounting a tmpfs needs root")
+    options = f"size={size_bytes},mode=0700" + (f",nr_inodes={inodes}" if inodes else "")
+    _mount(["-t", "tmpfs", "-o", options, "tmpfs", str(path)])
+    return path
+
+
+def _mount(arguments: list[str]) -> None:
+    try:
+        done = subprocess.run(["mount", *arguments], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SmallDiskUnavailable(f"cannot run mount: {exc}") from None
+    if done.returncode != 0:
+        raise SmallDiskUnavailable(f"mount {' '.join(arguments)} failed: {done.stderr.strip()}")
+
+
+def unmount_small_disk(path: Path) -> None:
+    """Unmount what mount_small_disk mounted; lazily if a process still holds a file there (it is
+    released when the last one closes)."""
+    for options in ([], ["-l"]):
+        done = subprocess.run(["umount", *options, str(path)], capture_output=True, text=True, timeout=30)
+        if done.returncode == 0:
+            return

@@ -6,11 +6,14 @@ last write produced at any byte, as a process killed in the middle of `write` wo
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
 import stat
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -526,3 +529,99 @@ def test_a_background_sync_moves_committed_pos_only_once_the_disk_has_it(tmp_pat
     assert failed.committed_pos == 1
     with pytest.raises(OSError):
         failed.commit_in_background(synced.set)  # sticky
+
+
+# -- a real full disk (tmpfs) ---------------------------------------------------------------------
+
+def fill_until_refused(journal: Journal, frames: list[ArchivedFrame], synced: threading.Event) -> int:
+    """Append and commit frames until the disk refuses one; returns how many were appended."""
+    for count, frame in enumerate(frames, 1):
+        journal.append(*frame)
+        if not journal.try_commit(synced.set):
+            return count
+        wait_synced(journal, frame.pos + 1, synced)
+    raise AssertionError("the disk never filled up")
+
+
+def wait_synced(journal: Journal, pos: int, synced: threading.Event) -> None:
+    """Commit until committed_pos reaches `pos` (each background sync sets `synced`)."""
+    deadline = time.monotonic() + 10
+    while journal.committed_pos < pos:
+        assert time.monotonic() < deadline, f"committed_pos stuck at {journal.committed_pos}, wanted {pos}"
+        synced.wait(0.5)
+        synced.clear()
+        journal.try_commit(synced.set)
+
+
+def test_a_full_disk_holds_the_journal_and_it_resumes_by_itself_when_space_frees(small_disk) -> None:
+    disk = small_disk("journal", 1 << 20)
+    ballast = disk / "ballast"
+    ballast.write_bytes(b"\0" * (256 << 10))
+    journal = Journal(disk / "journal" / "q" / "x1", "x1.a", "fsync", 64 << 10, FOREVER, UNBOUNDED)
+    synced = threading.Event()
+    frames = make_frames(400, body_size=4000)  # 1.6 MB: more than the disk holds
+    appended = fill_until_refused(journal, frames, synced)  # no exception, whatever the disk says
+    assert journal.error is not None and journal.error.errno == errno.ENOSPC
+    assert not journal.broken and journal.pending_bytes > 0
+    held = journal.committed_pos
+    assert held == appended, "nothing refused counts as committed"
+    now = time.monotonic()
+    assert not journal.try_commit(synced.set, now=now + journal_module.STORAGE_RETRY / 2), "a retry waits"
+    assert journal.try_commit(synced.set, now=now + journal_module.STORAGE_RETRY) is False  # still full
+    assert journal.errors >= 2 and journal.committed_pos == held
+    ballast.unlink()  # space frees: the next attempt writes what waited, and more
+    wait_synced(journal, appended + 1, synced)
+    assert journal.error is None and journal.failing_since is None
+    for frame in frames[appended:appended + 20]:
+        journal.append(*frame)
+    wait_synced(journal, appended + 21, synced)
+    journal.close()
+    assert load(disk / "journal" / "q" / "x1")["x1.a"].frames == frames[:appended + 20]
+
+
+def test_a_disk_full_from_the_start_is_a_failure_like_any_other_and_heals(small_disk) -> None:
+    """No inode left: the journal's directories cannot be made. Nothing raises; once some inodes
+    free, the chain of directories is made as far as they go, and finished on a later attempt."""
+    disk = small_disk("journal", 1 << 20, inodes=6)  # the root, then journal/q/x1/x1.a and a segment
+    ballast = [disk / f"b{i}" for i in range(5)]
+    for path in ballast:
+        path.write_bytes(b"")
+    journal = Journal(disk / "journal" / "q" / "x1", "x1.a", "fsync", 64 << 10, FOREVER, UNBOUNDED)
+    synced = threading.Event()
+    frames = make_frames(3)
+    for frame in frames:
+        journal.append(*frame)
+    now = time.monotonic()
+    assert not journal.try_commit(synced.set, now=now)
+    assert journal.error is not None and journal.error.errno == errno.ENOSPC and not journal.broken
+    for path in ballast[:2]:
+        path.unlink()
+    assert not journal.try_commit(synced.set, now=now + journal_module.STORAGE_RETRY)  # two levels made
+    assert (disk / "journal" / "q").is_dir() and not (disk / "journal" / "q" / "x1").exists()
+    for path in ballast[2:]:
+        path.unlink()
+    wait_synced(journal, 4, synced)
+    journal.close()
+    assert load(disk / "journal" / "q" / "x1")["x1.a"].frames == frames
+    assert stat.S_IMODE((disk / "journal" / "q").stat().st_mode) == 0o700
+
+
+def test_trim_and_close_on_a_disk_that_refuses_log_and_never_raise(small_disk, caplog) -> None:
+    disk = small_disk("journal", 1 << 20)
+    journal = Journal(disk, "x1.a", "fsync", 64 << 10, FOREVER, UNBOUNDED)
+    synced = threading.Event()
+    frames = make_frames(400, body_size=4000)
+    for frame in frames[:40]:
+        journal.append(*frame)
+    wait_synced(journal, 41, synced)
+    first = segments(disk, "x1.a")[0]
+    first.rename(disk / "moved.seg")
+    first.mkdir()  # a directory where the segment was: deleting it fails (EISDIR)
+    (first / "keep").write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        journal.trim(30)  # the first segment cannot be deleted: logged
+        appended = 40 + fill_until_refused(journal, frames[40:], synced)
+        assert journal.error is not None and journal.error.errno == errno.ENOSPC
+        journal.close()  # the disk refuses what is left: logged, not raised
+    assert "could not delete" in caplog.text and "not written" in caplog.text
+    assert journal.committed_pos == appended, "what waited was never counted as committed"

@@ -4,6 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gcm.placement import HostLoad, choose_hosts, host_loads
+from gcm.view import full_hosts
+from roq.state import HostInfo
 
 
 def test_least_loaded_first() -> None:
@@ -45,3 +47,14 @@ def test_avoided_hosts_are_never_chosen() -> None:
     hosts = [HostLoad("a", 4, 0), HostLoad("b", 4, 3)]
     assert choose_hosts(2, hosts, avoid={"a"}) == ["b"]  # b has room for one
     assert choose_hosts(1, hosts, avoid={"a", "b"}) == []
+
+
+def test_full_hosts_are_the_journaling_ones_short_of_space_and_those_refusing() -> None:
+    def host(name: str, journal: str, free: int, total: int = 1 << 30) -> HostInfo:
+        return HostInfo(name, "", 4, stats={"data_free_bytes": free, "data_total_bytes": total}, journal=journal)
+
+    hosts = {h.name: h for h in (host("a", "fsync", 10 << 20), host("b", "fsync", 100 << 20),
+                                 host("c", "off", 0), host("d", "async", 0, total=0))}
+    assert full_hosts(hosts, 64 << 20) == {"a"}  # c keeps no journal; d reports no disk (an older HCM)
+    assert full_hosts(hosts, 64 << 20, refusing={"b"}) == {"a", "b"}
+    assert full_hosts(hosts, 0) == set()

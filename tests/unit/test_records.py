@@ -97,13 +97,17 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
                                                       "confirm_buckets", "confirm_seconds_sum",  # issue 20
                                                       "consumers",  # issue 20: consumer lag
                                                       "groups",  # issue 22: consumer groups
-                                                      # issue 31: a replica's copies and refusals
-                                                      "copies", "copied_frames", "refused_copies", "refused_seals"}
-    assert HostStats.from_dict(OLD_HOST_FIGURES).to_dict() == OLD_HOST_FIGURES
+                                                      # issue 31: a replica's copies and refusals, a full disk
+                                                      "copies", "copied_frames", "refused_copies", "refused_seals",
+                                                      "storage_full", "storage_error", "journal_errors",
+                                                      "journal_pending_bytes"}
+    host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
+    assert host.items() >= OLD_HOST_FIGURES.items()
+    assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # issue 31
     summary = queue_summary().to_dict()
     assert set(summary) == OLD_QUEUE_KEYS | {"subscribers"}  # issue 20: consumer lag, added
     assert all(set(row) == OLD_ROW_KEYS | {"consumers"} for row in summary["by_exchange"])
-    assert set(cluster().to_dict()["hosts"]["h1"]) == set(OLD_HOST_FIGURES) | {"capacity"}
+    assert set(cluster().to_dict()["hosts"]["h1"]) == set(host) | {"capacity"}
     # Keys only some reports carry are left out while unknown; a row of the aggregate keeps them as null.
     assert not {"latency_p50_ms", "latency_p99_ms", "at"} & set(ExchangeStats().to_dict())
     assert summary["by_exchange"][1]["latency_p99_ms"] is None and summary["rules"] == {"max_rate": 1000.0}

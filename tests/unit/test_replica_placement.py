@@ -138,6 +138,23 @@ def test_a_replica_on_its_primarys_host_moves_or_is_unplaced() -> None:
     assert plan_moves({"a": 4}, placed, set()) == [Move("q", "x1~r", "a", None)]
 
 
+def test_an_exchange_whose_disk_refuses_moves_to_a_host_with_room_or_stays() -> None:
+    placed = {("q", "x1"): "a", ("q", "x2"): "b"}
+    moves = plan_moves({"a": 4, "b": 4, "c": 4}, placed, set(), relocate={("q", "x1")}, full={"a"})
+    assert moves == [Move("q", "x1", "a", "c")]  # not its own host, and b has one of the queue already
+    assert plan_moves({"a": 4, "b": 4}, placed, set(), relocate={("q", "x1")}, full={"a", "b"}) == []  # stays
+    assert plan_moves({"a": 4}, placed, set(), relocate={("q", "x1")}) == []  # nowhere else: stays
+
+
+def test_no_exchange_goes_to_a_full_host_but_a_replica_may() -> None:
+    placed = {("q", "x1"): None, ("q", "x1~r"): None}
+    assert plan_moves({"a": 4, "b": 4}, placed, set(), full={"a"}) == [Move("q", "x1", None, "b"),
+                                                                       Move("q", "x1~r", None, "a")]
+    assert plan_moves({"a": 4}, {("q", "x1"): "gone"}, {"gone"}, full={"a"}) == []  # waits for room
+    assert place_new_exchanges(2, [HostLoad("a", 4, 0), HostLoad("b", 4, 0)], 2, full={"a"}) == [("b", "a"),
+                                                                                                ("b", "a")]
+
+
 def test_both_slots_lost_at_once_end_on_two_distinct_hosts() -> None:
     placed = {("q", "x1"): "a", ("q", "x1~r"): "b"}
     moves = plan_moves({"c": 4, "d": 4}, placed, evacuate={"a", "b"})

@@ -17,6 +17,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 import hcm.supervisor
 from hcm.heartbeat import SILENT_AFTER, exchange_changed, host_changed, write_due
+from hcm.hoststats import disk_space, host_figures
 from hcm.registration import HostRegistration
 from hcm.supervisor import Supervisor
 from roq.client.link import STALE_STATS, is_stale
@@ -107,6 +108,25 @@ def test_host_figures_count_as_a_change_by_steps() -> None:
     for change in ({"cpu_percent": 25.0}, {"cpu_percent": 15.0}, {"memory_percent": 55.0}, {"exchanges": 4},
                    {"cpus": 4}):
         assert host_changed(base, replace(base, **change)), change
+
+
+def test_the_data_disk_counts_by_steps_and_when_its_free_space_halves() -> None:
+    base = HostStats(data_free_bytes=800 << 20, data_total_bytes=1000 << 20)
+    assert not host_changed(base, replace(base, data_free_bytes=760 << 20))
+    assert host_changed(base, replace(base, data_free_bytes=750 << 20))  # 5 points
+    big = HostStats(data_free_bytes=40 << 30, data_total_bytes=1 << 40)  # 4% of a big disk free
+    assert not host_changed(big, replace(big, data_free_bytes=30 << 30))
+    assert host_changed(big, replace(big, data_free_bytes=20 << 30))  # halved: running out shows early
+    near_zero = HostStats(data_free_bytes=100 << 10, data_total_bytes=1 << 40)
+    assert not host_changed(near_zero, replace(near_zero, data_free_bytes=10 << 10))  # not a write per page
+    assert not host_changed(HostStats(), HostStats(data_free_bytes=5))  # unknown disks never count
+
+
+def test_the_data_disk_is_measured_at_the_nearest_existing_directory(tmp_path) -> None:
+    free, total = disk_space(tmp_path / "not" / "yet" / "made")
+    assert total > 0 and 0 <= free <= total
+    assert disk_space(tmp_path)[1] == total  # the same file system
+    assert host_figures(tmp_path).data_total_bytes == total
 
 
 def test_write_due() -> None:

@@ -26,18 +26,19 @@ class FakeProcess:
     """A child that runs until `crash()` (or at once with `crash_at_start`)."""
 
     crash_at_start = True
+    exit_code = 1
 
     def __init__(self, command: list[str], **_: Any) -> None:
         self.command = command
         self.pid = next(_pids)
         self.stdin, self.stdout, self.stderr = io.BytesIO(), io.BytesIO(), io.BytesIO()
-        self.returncode: int | None = 1 if self.crash_at_start else None
+        self.returncode: int | None = self.exit_code if self.crash_at_start else None
 
     def poll(self) -> int | None:
         return self.returncode
 
     def crash(self) -> None:
-        self.returncode = 1
+        self.returncode = self.exit_code
 
 
 @pytest.fixture
@@ -126,3 +127,15 @@ def test_an_incarnation_sealed_by_its_replica_is_started_again_at_once_and_never
         now += TICK
     child = supervisor.children[KEY]
     assert len(set(starts)) == len(starts) and child.failed_until is None and child.crashes == ()
+
+
+def test_an_exchange_ending_its_incarnation_for_its_storage_is_never_marked_failed(supervisor, monkeypatch,
+                                                                                  caplog) -> None:
+    """Exit.STORAGE (a journal broken for good): restarted with the backoff, never counted a crash."""
+    monkeypatch.setattr(FakeProcess, "exit_code", int(Exit.STORAGE))
+    starts = run(supervisor, T0, 119)
+    child = supervisor.children[KEY]
+    assert len(starts) > 1 + 3, "more restarts than hcm.max_restarts allows crashes"
+    assert child.failed_until is None and child.crashes == ()
+    assert "FAILED" not in caplog.text and "not counted as a crash" in caplog.text
+    assert starts[2] - starts[1] > starts[1] - starts[0], "with the backoff"
