@@ -34,6 +34,7 @@ MESSAGE_ENV = ("ROQ_QUEUE", "ROQ_GROUP", "ROQ_EXCHANGE", "ROQ_TOPIC", "ROQ_TOPIC
 # pipeline driver's parent (roq/spark/stats_job.py) and the message variables above.
 ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "ROQ_SPARK_LOG_LEVEL", "ROQ_PIPELINE_PARENT", *MESSAGE_ENV})
 JOURNAL_MODES = ("off", "async", "fsync")
+PERMISSION_DEFAULTS = ("all", "none")  # security.default_permissions (roq/permissions.py)
 MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 # What one message of an HTTP publish request costs the gateway beyond its bytes, as Python objects
 # (a bytes object, its slots in the request's list and the publisher's log): measured 57, rounded up.
@@ -190,6 +191,9 @@ class SecurityConfig:
     identity: str = ""  # this client's certificate in keys_dir, e.g. "clients/app"; empty = the server's
     # Per peer address and socket, at exchanges and GCMs; handshakes beyond it are refused. 0 = no limit.
     max_connections_per_client: int = 256
+    # What a key without an entry in the permission table may do (roq keys grant): "all" (every
+    # right on every queue, as before permissions existed) or "none". Set it alike on every daemon.
+    default_permissions: str = "all"
 
 
 @dataclass(frozen=True)
@@ -487,6 +491,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("hcm.data_dir must name a directory")
     if c.security.max_connections_per_client < 0:
         raise ConfigError("security.max_connections_per_client must be >= 0 (0 = no limit)")
+    if c.security.default_permissions not in PERMISSION_DEFAULTS:
+        raise ConfigError(f"security.default_permissions must be all or none, got {c.security.default_permissions!r}")
     if c.security.curve and not c.security.keys_dir:
         raise ConfigError("security.curve needs security.keys_dir (make one with `roq keys generate DIR`)")
     if bool(c.web.tls_cert) != bool(c.web.tls_key):

@@ -14,6 +14,8 @@
     <root>/live/<queue>/<x>             ephemeral (HCM session): endpoints of a running exchange
     <root>/replicas/<queue>/<x>         ephemeral (HCM session): endpoints of exchange <x>'s running replica
     <root>/relocations/<queue>          persistent: {publisher: {to, from, at}}, written by the leader
+    <root>/permissions                  persistent: the permission table {format, keys: {name: entry}}
+                                        (roq/permissions.py), written by the leader; absent = no entries
 
 A host's work list names slots: an exchange id ("x1") runs the exchange, its replica slot ("x1~r",
 `replica_slot`) runs that exchange's replica. The HCM's key for an assignment is (queue, slot).
@@ -104,6 +106,10 @@ class Paths:
 
     def relocations(self, queue: str) -> str:
         return f"{self.root}/relocations/{queue}"
+
+    @property
+    def permissions(self) -> str:
+        return f"{self.root}/permissions"
 
     def base_paths(self) -> list[str]:
         return [f"{self.root}/gcm", self.election, self.requests, self.hosts, self.queues, self.assignments, self.live,
