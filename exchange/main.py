@@ -7,7 +7,13 @@ as JSON lines under an HCM (`--json-logs`), which re-logs them.
 It dies with its parent: PR_SET_PDEATHSIG on Linux, and EOF on stdin
 everywhere (the parent holds the other end). After the configuration line the
 parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
-`{"replica": null}` tells an exchange with `--replicas 2` where its replica is.
+`{"replica": null}` tells an exchange with `--replicas 2` where its replica is;
+`{"permissions": {"version": N, "table": {...}}}` is the cluster's permission
+table (roq/permissions.py), which the gatekeeper judges new connections by.
+With CURVE on, the process reports ready only once the first table came (a
+client key gets in nowhere before); a table that does not parse is logged and
+the previous one kept. Run by hand, without a parent, it applies
+`security.default_permissions` to every key.
 With `--role replica` the process is a replica (exchange/replica.py) instead:
 its ready event names `repl` and `replay` endpoints. An exchange whose replica
 sealed its incarnation exits (code 6, `Exit.ENDED`: not a crash) so that it
@@ -44,7 +50,8 @@ from exchange.retention import Retention
 from roq import protocol
 from roq.config import Config, config_from_json, load_config
 from roq.daemon import Stop, run_daemon
-from roq.errors import Exit
+from roq.errors import ConfigError, Exit, UserError
+from roq.permissions import PermissionTable, from_message
 from roq.security import Gatekeeper
 
 log = logging.getLogger(__name__)
@@ -53,6 +60,7 @@ PR_SET_PDEATHSIG = 1
 STDIN = 0
 MOVE_GRACE = 0.5  # time for "move" notices to leave before the sockets close
 JOURNAL_DOWNTIME = 3600.0  # a journal older than the retention by at most this is reloaded
+MAX_PARENT_LINE = 2 << 20  # bytes: the permission table is the longest line a parent writes (512 KiB)
 
 
 def die_with_parent(parent_pid: int | None) -> None:
@@ -81,7 +89,7 @@ def watch_stdin(stop: threading.Event, on_line: Callable[[dict[str, Any]], None]
                 chunk = os.read(STDIN, 4096)
                 if not chunk:
                     break
-                pending = pending[-(1 << 16):] + chunk  # a parent never writes lines this long
+                pending = pending[-MAX_PARENT_LINE:] + chunk  # a parent never writes lines this long
         except OSError:
             pass
         log.warning("parent went away (stdin closed); exiting")
@@ -211,7 +219,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     Exit.STORAGE if its journal broke for good (the HCM starts a new one after its backoff)."""
     context = zmq.Context()
     try:
-        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}")  # ConfigError: bad keys
+        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}", queue)  # ConfigError: bad keys
         advertise = config.hcm.advertise or config.hcm.bind
         directory = journal_dir(config, queue, exchange_id)
         archives = load_journal_archives(config, directory)
@@ -221,13 +229,14 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
         raise
     if watch_parent:
-        watch_stdin(stop, lambda message: _on_parent_line(forwarder, message))
+        watch_stdin(stop, lambda message: _on_parent_line(gatekeeper, config, forwarder, message))
     gatekeeper.start()
 
     def report() -> None:
         retention = forwarder.retention
         stats = replace(forwarder.stats.snapshot(), refused_connections=gatekeeper.refused,
-                        refused_over_limit=gatekeeper.refused_limit,
+                        refused_over_limit=gatekeeper.refused_limit, refused_permission=gatekeeper.refused_permission,
+                        permissions_version=gatekeeper.permissions_version,
                         retained_frames=len(retention), retained_bytes=retention.bytes,
                         evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
                         expired_publishers=forwarder.sessions.expired,
@@ -244,6 +253,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     on_tick = every(config.exchange.stats_interval, report)
 
     try:
+        await_permissions(gatekeeper, config, stop, watch_parent)
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
               "replay": forwarder.replay_endpoint, "work": forwarder.work_endpoint,
               "incarnation": forwarder.incarnation, "pid": os.getpid(),
@@ -270,8 +280,18 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     return Exit.STORAGE if forwarder.journal_failed else Exit.OK
 
 
-def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:
-    """The HCM says where our replica is (runs in the stdin thread: the loop connects)."""
+def _take_permissions(gatekeeper: Gatekeeper, config: Config, message: dict[str, Any]) -> None:
+    """The HCM's permission table, if the line holds one (stdin thread): the gatekeeper takes it whole."""
+    if "permissions" in message:
+        try:
+            gatekeeper.set_permissions(from_message(message["permissions"], config.security.default_permissions))
+        except UserError as exc:
+            log.error("ignored a permission table from the HCM, keeping the previous one: %s", exc)
+
+
+def _on_parent_line(gatekeeper: Gatekeeper, config: Config, forwarder: Forwarder, message: dict[str, Any]) -> None:
+    """The HCM sends the permission table, or says where our replica is (stdin thread: the loop connects)."""
+    _take_permissions(gatekeeper, config, message)
     if "replica" not in message:
         return
     replica = message["replica"]
@@ -279,11 +299,30 @@ def _on_parent_line(forwarder: Forwarder, message: dict[str, Any]) -> None:
     forwarder.replica_target = endpoint if isinstance(endpoint, str) and endpoint.startswith("tcp://") else None
 
 
-def _on_primary_line(replica: Replica, message: dict[str, Any]) -> None:
-    """The HCM says which incarnation of our primary runs, and its copy digest (stdin thread)."""
+def _on_primary_line(gatekeeper: Gatekeeper, config: Config, replica: Replica, message: dict[str, Any]) -> None:
+    """The HCM sends the permission table, or says which incarnation of our primary runs, and its
+    copy digest (stdin thread)."""
+    _take_permissions(gatekeeper, config, message)
     if "primary" in message:
         primary = message["primary"]
         replica.learn_primary(primary if isinstance(primary, dict) else None)
+
+
+def await_permissions(gatekeeper: Gatekeeper, config: Config, stop: threading.Event, from_parent: bool) -> None:
+    """With CURVE, wait for the HCM's first permission table before reporting ready (it comes right
+    after the configuration); ConfigError if it has not come within hcm.ready_timeout. Without a
+    parent to send one, every key gets security.default_permissions."""
+    if gatekeeper.keys is None:
+        return
+    if not from_parent:
+        gatekeeper.set_permissions(PermissionTable(default=config.security.default_permissions))
+        return
+    deadline = time.monotonic() + config.hcm.ready_timeout
+    while not gatekeeper.wait_permissions(0.1):  # in slices: a SIGTERM meanwhile ends the wait
+        if stop.is_set():
+            return
+        if time.monotonic() > deadline:
+            raise ConfigError(f"no permission table from the HCM within {config.hcm.ready_timeout:.0f}s")
 
 
 def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id: str,
@@ -291,18 +330,20 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id
     """Bind, report ready, keep copies of exchange_id's stream until `stop` is set."""
     context = zmq.Context()
     try:
-        gatekeeper = Gatekeeper(context, config, f"replica {queue}/{exchange_id}")
+        gatekeeper = Gatekeeper(context, config, f"replica {queue}/{exchange_id}", queue)
         advertise = config.hcm.advertise or config.hcm.bind
         replica = Replica(context, config, exchange_id, config.hcm.bind, advertise, gatekeeper)
     except BaseException:
         context.destroy(linger=0)
         raise
     if watch_parent:
-        watch_stdin(stop, lambda message: _on_primary_line(replica, message))
+        watch_stdin(stop, lambda message: _on_primary_line(gatekeeper, config, replica, message))
     gatekeeper.start()
     on_tick = every(config.exchange.stats_interval,
-                    lambda: emit({"event": "stats", **replica.report(), "rss_bytes": _rss_bytes()}))
+                    lambda: emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(),
+                                  "rss_bytes": _rss_bytes()}))
     try:
+        await_permissions(gatekeeper, config, stop, watch_parent)
         emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
               "incarnation": replica.incarnation, "pid": os.getpid()})
         log.info("replica of %s/%s ready: copies at %s, fetches at %s", queue, exchange_id,

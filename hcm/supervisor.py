@@ -46,6 +46,11 @@ starts again at once. A ready child that sends no report for `hcm.hung_timeout`
 as a crash, and started again: a frozen replica would stall its primary's
 confirms for as long as it hangs.
 
+Permissions: with CURVE on, the HCM follows the permission table (hcm/permissions.py) and every
+child, exchange or replica, hears it as `{"permissions": {"version": N, "table": {...}}}` right
+after its configuration (and peer) line, and again whenever the table changes; the tick writes
+it, as it does the peer lines.
+
 Statistics: each ready child's znode is written again when its report changed
 materially, when it stopped (or resumed) reporting, and otherwise once every
 `hcm.stats_heartbeat` seconds (the rule: hcm/heartbeat.py); never every report.
@@ -76,9 +81,11 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from hcm.heartbeat import SILENT_AFTER, exchange_changed, write_due
+from hcm.permissions import PermissionsWatch
 from roq.config import Config
 from roq.errors import Exit
 from roq.paths import Paths, is_replica_slot, primary_of
+from roq.permissions import PermissionTable, to_message
 from roq.records import ExchangeStats
 from roq.state import replica_count
 from roq.zk import create_ephemeral, decode, encode, read_json
@@ -145,6 +152,7 @@ class Child:
     failed_until: float | None = None  # crashed too often: left alone until then
     peer_watch: PeerWatch | None = None  # a replicated exchange's other half (its replica, or its primary)
     peer_sent: Any = _UNSENT  # the peer target last written to this process
+    permissions_sent: PermissionTable | None = None  # the permission table last written to it
 
     @property
     def is_replica(self) -> bool:
@@ -163,6 +171,10 @@ class Supervisor:
         self._lock = threading.Lock()  # guards `desired` (set from a kazoo watch)
         self.stopping = False
         self.changed = threading.Event()
+        # With CURVE the children judge keys by the permission table, which they hear from us (without a
+        # client, a supervisor driven by unit tests, there is none to follow).
+        self.permissions = PermissionsWatch(client, paths.permissions, config.security.default_permissions,
+                                            self.changed) if config.security.curve and client is not None else None
         self._last_tick: float | None = None
         self._late = False  # this tick came a report interval later than hcm.tick after the previous one
 
@@ -256,6 +268,7 @@ class Supervisor:
                 self._spawn(child, now)
             return
         self._send_peer(child)
+        self._send_permissions(child)
         if child.ready and (not child.published or self._stats_due(child, now)):
             self._publish(child, now)
         elif not child.ready and now - child.started > self.hcm.ready_timeout:
@@ -289,9 +302,10 @@ class Supervisor:
                                          stderr=subprocess.PIPE, close_fds=True)
         # The configuration goes through the pipe, not argv (which every local user can read);
         # the pipe then stays open: its EOF tells the child that we are gone.
-        child.peer_sent = _UNSENT
+        child.peer_sent, child.permissions_sent = _UNSENT, None
         _write_line(child, self.config.to_json().encode())
         self._send_peer(child)
+        self._send_permissions(child)
         child.started, child.ready, child.published = now, None, False
         child.written_at, child.written_stats, child.written_silent = None, None, False
         if child.next_start:
@@ -335,6 +349,13 @@ class Supervisor:
         if target != child.peer_sent:
             child.peer_sent = target
             _write_line(child, json.dumps({child.peer_watch.line: target}).encode())
+
+    def _send_permissions(self, child: Child) -> None:
+        """Give a child the permission table, if it changed since the child last heard."""
+        table = self.permissions.table if self.permissions is not None else None
+        if table is not None and child.process is not None and table is not child.permissions_sent:
+            child.permissions_sent = table
+            _write_line(child, json.dumps(to_message(table), separators=(",", ":")).encode())
 
     def _read_events(self, child: Child, stream: IO[bytes]) -> None:
         fields = REPLICA_READY_FIELDS if child.is_replica else READY_FIELDS

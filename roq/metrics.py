@@ -124,6 +124,8 @@ EXCHANGE_COUNTERS = {
                                                               "no hello)"),
     "roq_exchange_refused_hellos_total": ("refused_hellos", "publisher hellos refused (token, limits)"),
     "roq_exchange_refused_connections_total": ("refused_connections", "connections refused (CURVE, limits)"),
+    "roq_exchange_refused_permission_total": ("refused_permission", "connections refused for a right the key "
+                                                                    "lacks on the queue"),
     "roq_exchange_evicted_frames_total": ("evicted_frames", "frames evicted from the retention buffer"),
     "roq_exchange_expired_publishers_total": ("expired_publishers", "publisher sessions forgotten after "
                                                                     "exchange.publisher_ttl"),

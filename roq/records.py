@@ -115,6 +115,8 @@ class ExchangeStats(Record):
     # Security (roq/security.py Gatekeeper).
     refused_connections: int = 0
     refused_over_limit: int = 0
+    refused_permission: int = 0
+    permissions_version: int = 0  # which permission table new connections are judged by (its znode's mzxid)
     # Retention, publisher state and memory (exchange/main.py).
     retained_frames: int = 0
     retained_bytes: int = 0

@@ -4,18 +4,25 @@ Keys (`roq keys generate DIR`, pyzmq's certificate files)::
 
     DIR/server.key, DIR/server.key_secret   the cluster's keypair: GCMs and exchanges serve with it
     DIR/clients/<name>.key[_secret]         publishers and subscribers
-    DIR/admins/<name>.key[_secret]          administrators: may also create, delete, scale queues, set rules
+    DIR/admins/<name>.key[_secret]          administrators: may also create, delete, scale queues, set rules,
+                                            grant permissions; every right on every queue
 
 A daemon needs `server.key_secret` and the public halves under `clients/` and `admins/`; a client
 needs `server.key` and its own `<name>.key_secret`. Secret files are written mode 0600.
 
 With `security.curve` on, every ZeroMQ server socket (the control API, an exchange's publisher,
-subscriber and replay sockets) is a CURVE server and its context runs a `Gatekeeper`: a ZAP
-handler that admits only the public keys found under `clients/` and `admins/` (and the server's
-own), and tags each connection with its role, which the control API reads from the frames. A
-refused handshake never reaches the application: libzmq drops the connection, the gatekeeper
-counts it. Unknown keys make it re-read the key directories (at once if they changed, else at most
-once a second), so a client added with `roq keys generate` is admitted without restarting anything.
+subscriber, replay and work sockets, a replica's replication and replay sockets) is a CURVE server
+and its context runs a `Gatekeeper`: a ZAP handler that admits only the public keys found under
+`clients/` and `admins/` (and the server's own), and tags each connection with its role and key
+name (`role:name`), which the control API reads from the frames. An exchange's or replica's
+gatekeeper also knows its queue and the permission table (roq/permissions.py, set by its HCM
+through `set_permissions`): a client key is admitted to a data socket only with the right that
+socket needs (SOCKET_RIGHTS) on that queue; until the first table arrives it admits no client key.
+Admin keys and the server's have every right; a replica's replication socket admits the server's
+key alone. A refused handshake never reaches the application: libzmq drops the connection, the
+gatekeeper counts it. Unknown keys make it re-read the key directories (at once if they changed,
+else at most once a second), so a client added with `roq keys generate` is admitted without
+restarting anything. A changed table or a removed key refuses new connections; open ones stay.
 
 Whatever the mechanism, the gatekeeper also caps the connections one peer address may hold on one
 socket (`security.max_connections_per_client`): it learns which connections are open from the
@@ -47,6 +54,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq.config import Config, SecurityConfig, ZkConfig, credential_list
 from roq.errors import ConfigError
+from roq.permissions import SOCKET_RIGHTS, PermissionTable
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +115,30 @@ class Keys:
     server_secret: bytes | None = None  # only on daemons
     keys_dir: Path = field(default_factory=Path)
 
-    def roles(self) -> dict[bytes, str]:
-        """z85 public key → role, read from the key directories now."""
-        found = {self.server_public: SERVER}
+    def roles(self) -> dict[bytes, tuple[str, str]]:
+        """z85 public key → (role, key name), read from the key directories now."""
+        found = {self.server_public: (SERVER, "server")}
         for kind, role in (("clients", CLIENT), ("admins", ADMIN)):
-            folder = self.keys_dir / kind
-            if folder.is_dir():
-                for cert in sorted(folder.glob("*.key")):
-                    try:
-                        public, _ = zmq.auth.load_certificate(str(cert))
-                    except (OSError, ValueError) as exc:
-                        log.warning("skipping unreadable certificate %s: %s", cert, exc)
-                        continue
-                    found[public] = role
+            for cert in self.certificates(kind):
+                try:
+                    public, _ = zmq.auth.load_certificate(str(cert))
+                except (OSError, ValueError) as exc:
+                    log.warning("skipping unreadable certificate %s: %s", cert, exc)
+                    continue
+                found[public] = (role, cert.stem)
         return found
+
+    def certificates(self, kind: str) -> list[Path]:
+        """The public certificates under `kind` ("clients" or "admins")."""
+        folder = self.keys_dir / kind
+        return sorted(folder.glob("*.key")) if folder.is_dir() else []
+
+    def certificate_of(self, name: str) -> str | None:
+        """Where key `name`'s certificate is ("clients/app"), None if neither directory has it."""
+        for kind in ("admins", "clients"):
+            if (self.keys_dir / kind / f"{name}.key").is_file():
+                return f"{kind}/{name}"
+        return None
 
     def stamp(self) -> tuple[int, ...]:
         """When the key directories last changed: a new certificate changes this."""
@@ -175,11 +193,19 @@ def secure_client(sock: zmq.Socket, config: Config) -> None:
 
 def peer_role(frame: zmq.Frame) -> str | None:
     """The role the gatekeeper gave the connection a frame came from; None if none ran."""
+    return peer_identity(frame)[0]
+
+
+def peer_identity(frame: zmq.Frame) -> tuple[str | None, str]:
+    """(role, key name) the gatekeeper gave the connection a frame came from; (None, "") if none ran."""
     try:
         user = frame.get("User-Id")
     except zmq.ZMQError:
-        return None
-    return str(user).partition(":")[0] if user else None
+        return None, ""
+    if not user:
+        return None, ""
+    role, _, name = str(user).partition(":")
+    return role, name
 
 
 # ---------------------------------------------------------------- gatekeeper
@@ -212,16 +238,22 @@ class Gatekeeper:
     """ZAP handler and connection limiter for the server sockets of one ZeroMQ context.
 
     `guard()` every server socket before binding it, then `start()`. The thread only answers
-    ZAP requests and reads monitor events; nothing it does blocks the sockets' own traffic."""
+    ZAP requests and reads monitor events; nothing it does blocks the sockets' own traffic.
+    `queue` (an exchange's or replica's) makes its data sockets check the permission table."""
 
-    def __init__(self, context: zmq.Context, config: Config, name: str) -> None:
+    def __init__(self, context: zmq.Context, config: Config, name: str, queue: str | None = None) -> None:
         self.keys = load_keys(config.security)
         if self.keys is not None and self.keys.server_secret is None:
             raise ConfigError(f"{name} serves CURVE and needs {self.keys.keys_dir}/server.key_secret")
         self.limit = config.security.max_connections_per_client
         self.name = name
-        self.refused = 0  # handshakes that failed: unknown key, wrong mechanism, over the limit
+        self.queue = queue
+        self.refused = 0  # handshakes that failed: unknown key, wrong mechanism, no permission, over the limit
         self.refused_limit = 0  # of which over the connection limit
+        self.refused_permission = 0  # of which for a right the key lacks on this queue
+        # Replaced whole (never changed in place) from another thread: the ZAP thread reads one table.
+        self.permissions: PermissionTable | None = None  # None: not received yet, no client key admitted
+        self._permissions_known = threading.Event()
         self._watched: list[_Watched] = []
         self._roles = self.keys.roles() if self.keys else {}
         self._roles_read = time.monotonic()
@@ -270,8 +302,23 @@ class Gatekeeper:
             for sock in [self._zap] + [w.monitor for w in self._watched]:
                 sock.close(linger=0)
 
+    def set_permissions(self, table: PermissionTable) -> None:
+        """The permission table from now on (any thread): new connections are judged by it."""
+        self.permissions = table
+        self._permissions_known.set()
+
+    def wait_permissions(self, timeout: float) -> bool:
+        """Has a permission table arrived (waiting up to `timeout` seconds for the first)?"""
+        return self._permissions_known.wait(timeout)
+
+    @property
+    def permissions_version(self) -> int:
+        table = self.permissions
+        return table.version if table is not None else 0
+
     def snapshot(self) -> dict[str, int]:
-        return {"refused_connections": self.refused, "refused_over_limit": self.refused_limit}
+        return {"refused_connections": self.refused, "refused_over_limit": self.refused_limit,
+                "refused_permission": self.refused_permission, "permissions_version": self.permissions_version}
 
     def _run(self) -> None:
         assert self._zap is not None
@@ -330,35 +377,51 @@ class Gatekeeper:
 
     def _decide(self, domain: bytes, address: str, mechanism: bytes,
                 credentials: list[bytes]) -> tuple[bytes, bytes, bytes]:
-        role, key = "", b""
+        role, name = "", ""
         if self.keys is not None:
             if mechanism != b"CURVE" or not credentials:
                 return b"400", b"CURVE required", b""
-            key = z85.encode(credentials[0])
-            role = self._role_of(key)
+            role, name = self._identity_of(z85.encode(credentials[0]))
             if not role:
                 return b"400", b"unknown client key", b""
+            refusal = self._refusal(domain.decode(errors="replace"), role, name)
+            if refusal:
+                self.refused_permission += 1
+                return b"400", refusal.encode(), b""
         # The count includes this connection and any not yet decided: a burst beyond the limit
         # may be refused as a whole, but more than `limit` connections are never admitted at once.
         watched = next((w for w in self._watched if w.domain == domain), None)
         if self.limit and watched is not None and watched.over(address, self.limit):
             self.refused_limit += 1
             return b"400", f"more than {self.limit} connections from {address}".encode(), b""
-        user = f"{role}:{key.decode()}" if role else ""
+        user = f"{role}:{name}" if role else ""
         return b"200", b"OK", user.encode()
 
-    def _role_of(self, key: bytes) -> str:
-        role = self._roles.get(key, "")
-        if role:
-            return role
+    def _refusal(self, domain: str, role: str, name: str) -> str:
+        """Why key `name` may not connect to socket `domain` of this process ("" if it may)."""
+        if domain == "replication":
+            return "" if role == SERVER else "the replication socket is for the cluster's daemons"
+        right = SOCKET_RIGHTS.get(domain)
+        if right is None or self.queue is None or role in (SERVER, ADMIN):
+            return ""
+        table = self.permissions
+        if table is None:
+            return "the permission table has not arrived yet"
+        return "" if table.allows(name, right, self.queue) else f"key {name} may not {right} queue {self.queue}"
+
+    def _identity_of(self, key: bytes) -> tuple[str, str]:
+        """(role, name) of a z85 public key; ("", "") if it is not known."""
+        found = self._roles.get(key)
+        if found:
+            return found
         assert self.keys is not None
         # A client's first connection may follow `roq keys generate` within the interval: a changed
         # directory is read at once, so clients are not refused for being quick.
         stamp = self.keys.stamp()
         if stamp != self._roles_stamp or time.monotonic() - self._roles_read >= RELOAD_INTERVAL:
             self._roles, self._roles_read, self._roles_stamp = self.keys.roles(), time.monotonic(), stamp
-            role = self._roles.get(key, "")
-        return role
+            found = self._roles.get(key)
+        return found or ("", "")
 
 
 def _peer_address(fd: int) -> str | None:

@@ -100,7 +100,8 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
                                                       # issue 31: a replica's copies and refusals, a full disk
                                                       "copies", "copied_frames", "refused_copies", "refused_seals",
                                                       "storage_full", "storage_error", "journal_errors",
-                                                      "journal_pending_bytes"}
+                                                      "journal_pending_bytes",
+                                                      "refused_permission", "permissions_version"}  # issue 31, point 6
     host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
     assert host.items() >= OLD_HOST_FIGURES.items()
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # issue 31

@@ -65,7 +65,9 @@ def test_keys_load_by_role(tmp_path: Path) -> None:
                                                   "security.identity=clients/app"]).security)
     assert daemon is not None and client is not None
     assert daemon.public == daemon.server_public and client.public != client.server_public
-    assert sorted(daemon.roles().values()) == ["admin", "client", "server"]
+    assert sorted(daemon.roles().values()) == [("admin", "ops"), ("client", "app"), ("server", "server")]
+    assert (daemon.certificate_of("app"), daemon.certificate_of("ops"), daemon.certificate_of("nobody")) == \
+        ("clients/app", "admins/ops", None)
     with pytest.raises(ConfigError, match="inside security.keys_dir"):
         load_keys(load_config(env={}, flags=["security.curve=true", f"security.keys_dir={tmp_path}",
                                              "security.identity=../x"]).security)
