@@ -8,7 +8,13 @@ handler is logged and answered with `internal`, and the server keeps going.
 
 With `security.curve` on, only clients holding a known key complete the
 handshake (roq.security.Gatekeeper), and the operations that change the
-cluster (ADMIN_OPS) are refused with `forbidden` unless the key is an admin's.
+cluster (WRITE_OPS) or read the permissions (`keys.list`; `keys.show` of
+another key) are refused with `forbidden` unless the key is an admin's: under
+`admins/`, or granted `admin` in the permission table (gcm/permissions.py). A
+client key reads only the queues it has a right on: `queue.describe` and
+reading `queue.rules` of another queue are `forbidden` (whether or not it
+exists), and `queue.list`, `cluster.status` and `cluster.stats` leave such
+queues out. The server's key reads everything and changes nothing.
 With CURVE off the API is open to whoever can reach it: local use only.
 
 A request's time starts when it arrives, not when its turn comes: the loop takes every request
@@ -42,8 +48,9 @@ from roq.errors import (
     UserError,
     ZooKeeperUnavailableError,
 )
+from roq.permissions import PermissionTable
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
-from roq.security import ADMIN, Gatekeeper, peer_role
+from roq.security import ADMIN, CLIENT, Gatekeeper, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +61,59 @@ POLL_MS = 200  # how often the loop looks at the stop flag
 REQUEST_DEADLINE = 1.5
 MAX_PENDING = 1_000  # requests taken off the socket but not served yet; the rest wait in libzmq
 # Operations that change the cluster: an admin key is needed when CURVE is on.
-ADMIN_OPS = frozenset({"queue.create", "queue.delete", "queue.scale"})
+WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "keys.grant", "keys.revoke", "keys.reset"})
+ADMIN_READS = frozenset({"keys.list"})  # who may do what is for admins to read
+QUEUE_READS = frozenset({"queue.describe", "queue.rules"})  # of the queue `name`: a right on it is needed
+Tables = Callable[[], PermissionTable]
+
+
+def is_write(op: str, args: dict[str, Any]) -> bool:
+    if op == "queue.rules":  # it only reads unless it is given rules or told to clear them
+        return "rules" in args or "clear" in args
+    return op in WRITE_OPS
 
 
 def needs_admin(op: str, args: dict[str, Any]) -> bool:
-    if op == "queue.rules":  # it only reads unless it is given rules or told to clear them
-        return "rules" in args or "clear" in args
-    return op in ADMIN_OPS
+    return is_write(op, args) or op in ADMIN_READS
+
+
+def authorise(op: str, args: dict[str, Any], role: str | None, name: str, table: PermissionTable | None) -> bool:
+    """Refuse (ForbiddenError) what the caller may not do; True if it is an admin (sees everything)."""
+    if role == ADMIN or (role == CLIENT and table is not None and table.is_admin(name)):
+        return True
+    if needs_admin(op, args):
+        raise ForbiddenError(f"{op} needs an admin key (security.identity under admins/, or granted admin)")
+    if op == "keys.show" and args.get("name") != name:
+        raise ForbiddenError("keys.show of another key needs an admin key; a key may show its own")
+    queue = args.get("name")
+    if op in QUEUE_READS and role == CLIENT and table is not None and isinstance(queue, str) \
+            and not table.uses(name, queue):
+        raise ForbiddenError(f"key {name} has no right on queue {queue!r} (roq keys show {name})")
+    return False
+
+
+def visible(op: str, result: Any, role: str | None, name: str, table: PermissionTable | None) -> Any:
+    """`result` with the queues a client key has no right on left out (listings only)."""
+    if role != CLIENT or table is None:
+        return result
+    if op == "queue.list":
+        return [q for q in result if table.uses(name, q["name"])]
+    if op == "cluster.status":
+        return dict(result, queues=[q for q in result["queues"] if table.uses(name, q)])
+    if op == "cluster.stats":
+        return dict(result, queues={q: v for q, v in result["queues"].items() if table.uses(name, q)})
+    return result
 
 
 class ControlServer:
+    _permissions: Tables | None = None  # None: no per-queue checks (a server driven by unit tests)
+
     def __init__(self, config: Config, bind_host: str, port: int, advertise_host: str,
-                 route: Callable[[str], Handler]) -> None:
-        """`route(op)` returns the handler for an operation or raises a RoqError."""
+                 route: Callable[[str], Handler], permissions: Tables | None = None) -> None:
+        """`route(op)` returns the handler for an operation or raises a RoqError; `permissions()`
+        the permission table requests are judged by."""
         self._route = route
+        self._permissions = permissions
         self._secured = config.security.curve
         self._context = zmq.Context()
         self.gatekeeper = Gatekeeper(self._context, config, "control-api")
@@ -124,9 +170,9 @@ class ControlServer:
         ident, payload = frames[0].bytes, frames[-1]
         self.requests += 1
         # With CURVE off there are no credentials to check: everyone may administer.
-        role = peer_role(payload) if self._secured else ADMIN
+        role, name = peer_identity(payload) if self._secured else (ADMIN, "")
         if len(frames) == 2:
-            reply = self.dispatch(payload.bytes, role, received_at)
+            reply = self.dispatch(payload.bytes, role, received_at, name)
         else:  # a request is one frame: refused, echoing the id its first frame names so it can be matched
             self.errors += 1
             reply = encode_error(request_id_of(frames[1].bytes), ProtocolError(
@@ -136,26 +182,28 @@ class ControlServer:
         except zmq.Again:
             log.warning("dropped a reply: client not reading")
 
-    def dispatch(self, payload: bytes, role: str | None, received_at: float | None = None) -> bytes:
-        """Decode, authorise, route, run, encode. Always returns a reply frame."""
+    def dispatch(self, payload: bytes, role: str | None, received_at: float | None = None, name: str = "") -> bytes:
+        """Decode, authorise, route, run, encode. Always returns a reply frame. `role` and `name`:
+        the caller's key, as the gatekeeper tagged it."""
         req_id = None
         received_at = time.monotonic() if received_at is None else received_at
         try:
             request = decode_request(payload)
             req_id = request.id
-            writes = needs_admin(request.op, request.args)
-            if role != ADMIN and writes:
-                raise ForbiddenError(f"{request.op} needs an admin key (security.identity under admins/)")
+            writes = is_write(request.op, request.args)
+            table = self._permissions() if self._permissions is not None else None
+            admin = authorise(request.op, request.args, role, name, table)
             handler = self._route(request.op)
             waited = time.monotonic() - received_at
             if writes and waited > REQUEST_DEADLINE:
                 raise UnavailableError(f"the GCM was busy: this request waited {waited:.1f}s for its turn and "
                                        "was not applied; retry")
-            name = request.args.get("name")
+            subject = request.args.get("name")
             context = RequestContext(received_at + REQUEST_DEADLINE, request.op, request.key,
-                                     name if isinstance(name, str) else None)
+                                     subject if isinstance(subject, str) else None)
             with serving(context):
-                return encode_reply(req_id, handler(request.args))
+                result = handler(request.args)
+            return encode_reply(req_id, result if admin else visible(request.op, result, role, name, table))
         except ProtocolError as err:
             self.errors += 1
             return encode_error(req_id if req_id is not None else request_id_of(payload), err)

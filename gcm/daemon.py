@@ -25,6 +25,7 @@ import click
 from gcm.api import ControlServer, Handler, unknown_op
 from gcm.autoscaler import Autoscaler, StatsStream
 from gcm.leader import Leadership
+from gcm.permissions import PermissionManager
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
 from gcm.view import exchanges_only, replicas_only
@@ -33,6 +34,7 @@ from roq.daemon import Stop, run_daemon
 from roq.errors import Exit, NotLeaderError, RoqError, UnavailableError, UserError, ZooKeeperUnavailableError
 from roq.metrics import Families, leader_metrics, serve_metrics
 from roq.paths import Paths
+from roq.permissions import RIGHTS
 from roq.state import queue_names, read_hosts, read_leader
 from roq.zk import ensure_base_paths, start_client, stop_client
 
@@ -57,7 +59,8 @@ class Gcm:
         advertise = self.config.gcm.advertise or self.config.gcm.bind
         if advertise in ("0.0.0.0", "*"):
             advertise = socket.gethostname()
-        self.api = ControlServer(self.config, self.config.gcm.bind, self.config.gcm.port, advertise, self._route)
+        self.api = ControlServer(self.config, self.config.gcm.bind, self.config.gcm.port, advertise, self._route,
+                                 lambda: self.permissions.table())
         identity = {"id": self.id, "endpoint": self.api.endpoint, "pid": os.getpid(),
                     "host": socket.gethostname()}
         metrics = serve_metrics(self.config.gcm.metrics_port, self.config.gcm.bind, advertise, self._metrics)
@@ -69,6 +72,8 @@ class Gcm:
                                    self.config.gcm.min_free_bytes)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
+        self.permissions = PermissionManager(self.client, self.paths, self.leadership.fence, self.write_lock,
+                                             self.config.security)
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
         self.client.ChildrenWatch(self.paths.queues, self._on_change)
         self.api.start()
@@ -143,6 +148,11 @@ class Gcm:
             "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
             "queue.rules": lambda a: self.autoscaler.set_rules(**_args(a, ["name"], ["rules", "clear"])),
             "cluster.stats": self._stats,
+            "keys.grant": lambda a: self.permissions.grant(**_args(a, ["name"], [*RIGHTS, "admin"])),
+            "keys.revoke": lambda a: self.permissions.revoke(**_args(a, ["name"], [*RIGHTS, "admin", "all"])),
+            "keys.reset": lambda a: self.permissions.reset(**_args(a, ["name"])),
+            "keys.list": lambda a: self.permissions.list(**_args(a, [])),
+            "keys.show": lambda a: self.permissions.show(**_args(a, ["name"])),
         }.get(op) or unknown_op(op)
         if not self.client.connected:
             # Reads would block until ZooKeeper is back; answer now instead.

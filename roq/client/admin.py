@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -36,13 +36,14 @@ from roq.errors import (
     error_from_code,
 )
 from roq.paths import Paths
+from roq.permissions import check_pattern
 from roq.protocol import decode_reply, encode_request
 from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
 from roq.zk import read_json_within, start_client, stop_client
 
 log = logging.getLogger(__name__)
 
-READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status"})
+READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status", "keys.list", "keys.show"})
 # Every ZooKeeper server refusing connections this long: none runs there, say so instead of
 # waiting out zk.connect_timeout (a server that is merely slow still gets all of it).
 ZK_REFUSED_FOR = 1.5
@@ -119,6 +120,32 @@ class Admin:
     def cluster_stats(self) -> dict[str, Any]:
         """The leader's aggregates: per queue (with per-exchange rows and scaling events) and per host."""
         return self.call("cluster.stats")
+
+    def grant(self, name: str, publish: Sequence[str] = (), subscribe: Sequence[str] = (),
+              consume: Sequence[str] = (), admin: bool = False) -> dict[str, Any]:
+        """Add queue patterns (and admin) to key NAME's permissions; returns its entry after."""
+        return self.call("keys.grant", name=name, **_rights(publish, subscribe, consume, admin))
+
+    def revoke(self, name: str, publish: Sequence[str] = (), subscribe: Sequence[str] = (),
+               consume: Sequence[str] = (), admin: bool = False, everything: bool = False) -> dict[str, Any]:
+        """Take patterns (and admin) from key NAME; none named, or `everything`: every right (the
+        entry stays, empty: the key gets nothing, whatever the default)."""
+        args = _rights(publish, subscribe, consume, admin)
+        if everything:
+            args["all"] = True
+        return self.call("keys.revoke", name=name, **args)
+
+    def reset_permissions(self, name: str) -> dict[str, Any]:
+        """Remove key NAME's entry: it gets security.default_permissions again."""
+        return self.call("keys.reset", name=name)
+
+    def permissions(self) -> dict[str, Any]:
+        """Every key's entry, with the default and whether the leader enforces them (admin only)."""
+        return self.call("keys.list")
+
+    def key_permissions(self, name: str) -> dict[str, Any]:
+        """Key NAME's entry (None: the default applies), certificate and admin (admin, or NAME's own)."""
+        return self.call("keys.show", name=name)
 
     # ------------------------------------------------------------ transport
 
@@ -216,6 +243,15 @@ class Admin:
             sock.disable_monitor()
             monitor.close(linger=0)
             sock.close(linger=0)
+
+
+def _rights(publish: Sequence[str], subscribe: Sequence[str], consume: Sequence[str], admin: bool) -> dict[str, Any]:
+    """The rights of a grant or revoke request, only those given; a bad pattern is refused here."""
+    named: dict[str, Any] = {k: [check_pattern(p) for p in v] for k, v in (
+        ("publish", publish), ("subscribe", subscribe), ("consume", consume)) if v}
+    if admin:
+        named["admin"] = True
+    return named
 
 
 def refusal(endpoint: str, event: Mapping[str, Any]) -> RefusedError:
