@@ -1,7 +1,8 @@
 """Backups of a cluster's metadata: `roq backup FILE` and `roq restore FILE` (docs/backup.md).
 
 A backup is one JSON file (FORMAT, VERSION) holding every queue — its name, its number of
-exchanges, its replicas, its autoscaling rules and its settings znode as it was — and the
+exchanges, its replicas, its autoscaling rules and its settings znode as it was — the permission
+table (`<root>/permissions`, roq/permissions.py; version 2 on, a version 1 file has none) and the
 cluster's public keys: the public halves of `server.key`, `clients/*.key` and `admins/*.key` in the
 keys directory. Never a secret key, never a ZooKeeper credential, never a message.
 
@@ -13,11 +14,13 @@ A restore validates the whole file first (`load()`: format, version, every field
 name, every rule with the leader's own checks) and looks at the cluster (`plan()`: a cluster with
 a queue is refused without `force`); only then does it change anything. It writes the public keys
 missing from the keys directory (`restore_keys()`: a key that is there already is never
-overwritten, a different one is reported), then creates the queues through the leader's control
-API (`restore_queues()`): the leader places their exchanges anew, and fencing and request keys
-apply as for `roq queue create`. With `force`, a queue that exists is kept as it is (its
-exchanges, replicas and rules untouched) and what differs from the backup is reported: a restore
-never deletes or scales anything, and can be run again to finish one that stopped half-way.
+overwritten, a different one is reported), then grants the permission entries
+(`restore_permissions()`, before the queues, so their exchanges start with them) and creates the
+queues (`restore_queues()`), both through the leader's control API: the leader places the exchanges
+anew, and fencing and request keys apply as for `roq keys grant` and `roq queue create`. With
+`force`, a queue or a key entry that exists is kept as it is (a queue's exchanges, replicas and rules
+untouched) and what differs from the backup is reported: a restore never deletes, revokes or scales
+anything, and can be run again to finish one that stopped half-way.
 
 Tooling, not core: it validates with the leader's checks (gcm.queues, gcm.autoscaler), which the
 core may not import (tests/unit/test_core_imports.py).
@@ -44,11 +47,13 @@ from roq.client.admin import Admin
 from roq.errors import RoqError, UserError, error_from_code
 from roq.names import check_queue_name, check_subscriber_name
 from roq.paths import Paths
+from roq.permissions import PermissionTable, describe
 from roq.state import queue_names, read_exchanges, read_queue, replica_count
 
 FORMAT = "roq-backup"
-VERSION = 1
-FIELDS = ("format", "version", "created_at", "roq_version", "cluster", "queues", "keys")
+VERSION = 2  # 2: the permission table; version 1 files (without it) are still read
+FIELDS = ("format", "version", "created_at", "roq_version", "cluster", "queues", "keys", "permissions")
+FIELDS_BY_VERSION = {1: FIELDS[:-1], 2: FIELDS}
 QUEUE_FIELDS = ("name", "exchanges", "replicas", "rules", "settings")
 KEY_KINDS = ("clients", "admins")
 SERVER_KEY = "server.key"
@@ -109,16 +114,19 @@ class Backup:
     zk_hosts: str
     queues: list[QueueBackup]
     keys: PublicKeys
+    permissions: PermissionTable = field(default_factory=PermissionTable)  # entries only: the default is configuration
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "created_at": self.created_at,
                 "roq_version": self.roq_version, "cluster": {"root": self.root, "zk_hosts": self.zk_hosts},
-                "queues": [q.to_json() for q in self.queues], "keys": self.keys.to_json()}
+                "queues": [q.to_json() for q in self.queues], "keys": self.keys.to_json(),
+                "permissions": self.permissions.to_json()}
 
     def describe(self) -> str:
         keys = sum(1 for _ in self.keys.files())
         return (f"backup of {self.root} taken {self.created_at} (roq {self.roq_version}): "
-                f"{plural(len(self.queues), 'queue')}, {plural(keys, 'public key')}")
+                f"{plural(len(self.queues), 'queue')}, {entries_text(len(self.permissions.entries))}, "
+                f"{plural(keys, 'public key')}")
 
 
 # ---------------------------------------------------------------- backup
@@ -139,10 +147,22 @@ def take(client: KazooClient, paths: Paths, zk_hosts: str, keys_dir: str | None,
         queues.append(QueueBackup(name, len(read_exchanges(client, paths, name, live=False)),
                                   replica_count(settings), settings.get("rules") or None, settings))
     backup = Backup(datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-                    __version__, paths.root, zk_hosts, queues, read_public_keys(keys_dir, warn))
+                    __version__, paths.root, zk_hosts, queues, read_public_keys(keys_dir, warn),
+                    read_permissions(client, paths))
     # What we write must restore: the same checks as `load`, on the document itself.
     parse(json.loads(json.dumps(backup.to_json())), "the backup being written")
     return backup
+
+
+def read_permissions(client: KazooClient, paths: Paths) -> PermissionTable:
+    """The permission table in ZooKeeper now (no znode: no entries); a table that does not parse is
+    a UserError: a backup that could not be restored must not be written."""
+    found = client.retry(client.exists, paths.permissions)
+    raw = client.retry(client.get, paths.permissions)[0] if found else None
+    try:
+        return PermissionTable.from_znode(raw)
+    except UserError as exc:
+        raise UserError(f"the permission table at {paths.permissions} cannot be backed up: {exc}") from None
 
 
 def read_public_keys(keys_dir: str | None, warn: Echo = lambda _: None) -> PublicKeys:
@@ -251,12 +271,12 @@ def parse(document: Any, where: str) -> Backup:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise bad(f"not a RoQ backup (no \"format\": \"{FORMAT}\")")
     version = document.get("version")
-    if version != VERSION or isinstance(version, bool):
+    if version not in FIELDS_BY_VERSION or isinstance(version, bool):
         newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
         raise bad(f"backup format version {version!r} "
                   + ("is newer than this roq reads" if newer else "is not one this roq reads")
-                  + f" (it reads version {VERSION})")
-    _exact_fields(document, FIELDS, "the file", bad)
+                  + f" (it reads versions 1 to {VERSION})")
+    _exact_fields(document, FIELDS_BY_VERSION[version], "the file", bad)
     created_at = _text(document["created_at"], "created_at", bad)
     try:
         datetime.fromisoformat(created_at.replace("Z", "+00:00"))
@@ -281,7 +301,13 @@ def parse(document: Any, where: str) -> Backup:
             raise bad(f"queue {queue.name!r} appears twice")
         seen.add(queue.name)
         queues.append(queue)
-    return Backup(created_at, roq_version, root, zk_hosts, queues, _keys(document["keys"], bad))
+    permissions = PermissionTable()
+    if "permissions" in document:
+        try:
+            permissions = PermissionTable.from_json(document["permissions"])
+        except UserError as exc:
+            raise bad(f"permissions: {exc}") from None
+    return Backup(created_at, roq_version, root, zk_hosts, queues, _keys(document["keys"], bad), permissions)
 
 
 def _queue(entry: Any, at: str, bad: Callable[[str], UserError]) -> QueueBackup:
@@ -358,8 +384,12 @@ def _text(value: Any, what: str, bad: Callable[[str], UserError]) -> str:
     return value
 
 
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
+def plural(count: int, word: str, many: str = "") -> str:
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def entries_text(count: int) -> str:
+    return plural(count, "permission entry", "permission entries")
 
 
 def is_z85_key(value: Any) -> bool:
@@ -374,16 +404,28 @@ def is_z85_key(value: Any) -> bool:
 class Plan:
     create: list[QueueBackup]
     keep: list[tuple[QueueBackup, list[str]]]  # queues that exist already, and how they differ
+    grant: PermissionTable = field(default_factory=PermissionTable)  # entries the cluster lacks
+    kept_entries: list[tuple[str, str]] = field(default_factory=list)  # (key, how it differs; "" if not)
 
 
 def plan(client: KazooClient, paths: Paths, backup: Backup, force: bool) -> Plan:
-    """What a restore will do; refuses (UserError, nothing changed) a cluster with queues without `force`."""
+    """What a restore will do; refuses (UserError, nothing changed) a cluster with queues or permission
+    entries without `force`."""
     existing = queue_names(client, paths)
-    if existing and not force:
+    entries = read_permissions(client, paths).entries
+    if (existing or entries) and not force:
         shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
-        raise UserError(f"the cluster under {paths.root} is not empty ({len(existing)} queues: {shown}); "
-                        "nothing was restored (--force creates only the missing queues and keeps the others)")
+        raise UserError(f"the cluster under {paths.root} is not empty ({len(existing)} queues: {shown or 'none'}; "
+                        f"{entries_text(len(entries))}); nothing was restored (--force creates only "
+                        "the missing queues and permission entries and keeps the others)")
     result = Plan([], [])
+    for name, entry in backup.permissions.entries.items():
+        if name in entries:
+            now = entries[name]
+            result.kept_entries.append((name, "" if now == entry else f"{describe(now, 'all')} (backup: "
+                                        f"{describe(entry, 'all')})"))
+        else:
+            result.grant = result.grant.with_entry(name, entry)
     for queue in backup.queues:
         if queue.name in existing:
             info = read_queue(client, paths, queue.name)
@@ -458,6 +500,24 @@ def _present_key(root: Path, relative: str) -> str | None:
             except (OSError, ValueError):
                 return ""
     return None
+
+
+def restore_permissions(admin: Admin, todo: Plan, echo: Echo) -> int:
+    """Grant each planned permission entry whole through the leader; returns how many. A failure
+    stops the restore saying how far it got (run it again with --force for the rest)."""
+    for name, diff in todo.kept_entries:
+        echo(f"kept the permissions of key {name} as they are" + (f": {diff}" if diff else " (same as the backup)"))
+    granted = 0
+    for name, entry in todo.grant.entries.items():
+        try:
+            admin.grant(name, entry.publish, entry.subscribe, entry.consume, entry.admin)
+        except RoqError as exc:
+            raise error_from_code(exc.code, f"restore stopped at the permissions of key {name}, {granted} of "
+                                  f"{len(todo.grant.entries)} entries granted and no queue created: {exc}; run it "
+                                  "again with --force to restore the rest") from None
+        granted += 1
+        echo(f"granted key {name}: {describe(entry, 'all')}")
+    return granted
 
 
 def restore_queues(admin: Admin, todo: Plan, echo: Echo) -> int:

@@ -128,6 +128,23 @@ def print_rules(name: str, rules: dict[str, Any]) -> None:
     out().print(table)
 
 
+def print_permissions(table: dict[str, Any]) -> None:
+    """One row per key entry (`keys.list`), and what a key without one gets."""
+    console = out()
+    default = table["default"]
+    console.print(f"keys without an entry: {escape(default)} "
+                  f"({'every right on every queue' if default == 'all' else 'no queue'}); "
+                  "keys under admins/: every right")
+    if not table["keys"]:
+        console.print("no entries")
+        return
+    rows = Table("key", "certificate", "admin", "publish", "subscribe", "consume")
+    for key in table["keys"]:
+        rows.add_row(key["name"], key.get("certificate") or "-", "yes" if key["admin"] else "no",
+                     *(escape(" ".join(key[right])) or "-" for right in ("publish", "subscribe", "consume")))
+    console.print(rows)
+
+
 def stats_view(snapshot: dict[str, Any]) -> Group:
     """Queues (with their exchanges), hosts and recent scaling events, as one renderable.
 
