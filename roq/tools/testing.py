@@ -75,6 +75,18 @@ def handshake(endpoint: str, kind: int = zmq.DEALER, config: Config | None = Non
         sock.close()
 
 
+def carry(queue: str, publisher: Config, subscriber: Config, count: int, topic: str = "t") -> list[bytes]:
+    """Publish `count` numbered messages with one identity and return what a subscriber with another
+    received (each within 10 s): an end-to-end check that both keys are let in where they need."""
+    from roq.client import Publisher, Subscriber
+    with Subscriber(queue, subscriber, topics=[topic]) as sub, Publisher(queue, publisher) as pub:
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(count):
+            pub.publish(topic, str(i).encode())
+        pub.flush(timeout=15)
+        return [sub.receive(timeout=10).payload for _ in range(count)]
+
+
 def fast_config(zk_hosts: str, root: str | None = None) -> Config:
     """Timing knobs shrunk so failures are noticed in about a second."""
     return Config().replace(

@@ -21,13 +21,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from roq import protocol
-from roq.client import Admin, Publisher, Subscriber
+from roq.client import Admin, Publisher
 from roq.config import Config
 from roq.errors import ForbiddenError, InvalidNameError, LimitExceededError, MessageTooLargeError, RefusedError
 from roq.paths import Paths
 from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import OK, REFUSED, Processes, fast_config, handshake, record_figures, wait_until
+from roq.tools.testing import OK, REFUSED, Processes, carry, fast_config, handshake, record_figures, wait_until
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 
@@ -96,13 +96,7 @@ def live_exchange(config: Config) -> dict:
 def test_clients_with_keys_publish_and_subscribe_admins_alone_change_the_cluster(
         secure_cluster: Processes, daemon_config: Config) -> None:
     client = as_client(daemon_config, "clients/app")
-    with Subscriber("orders", client, topics=["t"]) as sub, Publisher("orders", client) as pub:
-        pub.wait_for_subscribers(1, timeout=15)
-        for i in range(500):
-            pub.publish("t", str(i).encode())
-        pub.flush(timeout=15)
-        got = [sub.receive(timeout=10) for _ in range(500)]
-    assert [m.payload for m in got] == [str(i).encode() for i in range(500)]
+    assert carry("orders", client, client, 500) == [str(i).encode() for i in range(500)]
 
     with Admin(client) as admin:
         assert [q["name"] for q in admin.list_queues()] == ["orders"]  # reads are allowed

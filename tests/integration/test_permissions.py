@@ -1,0 +1,297 @@
+"""Permissions per key and queue (docs/security.md "Permissions"), against real processes: CURVE and
+ZooKeeper ACLs on, two GCMs, two HCMs, a queue `orders.eu` with replicas (so a replica's replay
+socket is there to refuse too) and a queue `billing`, shared by the module's tests.
+
+Keys: `pub` may publish to orders.*, `sub` subscribe to orders.*, `worker` consume from orders.*;
+`app` has no entry (the default, `all`, keeps what clusters did before permissions); `ops` is an
+admin. A refusal is observed positively, from the refused client's own socket monitor, and counted
+by the exchange; an admission by a completed handshake (and, for the real clients, messages). The
+last test kills the leader GCM: the new one has the same table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from kazoo.client import KazooClient
+
+from roq.client import Admin, Publisher
+from roq.config import Config
+from roq.errors import ForbiddenError, InvalidNameError
+from roq.paths import Paths
+from roq.security import generate_keys
+from roq.state import read_hosts, read_leader, read_live
+from roq.tools.testing import OK, REFUSED, Processes, carry, fast_config, handshake, record_figures, wait_until
+from roq.zk import read_json, start_client, stop_client
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+DAEMON_ZK = "roq:perm-daemon-secret"
+READER_ZK = "reader:perm-reader-secret"
+ORDERS, BILLING = "orders.eu", "billing"
+KINDS = {"pub": zmq.DEALER, "sub": zmq.SUB, "replay": zmq.DEALER, "work": zmq.DEALER}
+
+
+@dataclass
+class Cluster:
+    config: Config  # the daemons'
+    keys_dir: Path
+    workdir: Path
+    procs: Processes
+    zk: KazooClient
+    paths: Paths
+
+    def client(self, identity: str) -> Config:
+        """What a publisher, subscriber or admin tool holds: a reader identity and its own key."""
+        return self.config.replace(zk={"auth": READER_ZK, "readers": ""}, security={"identity": identity})
+
+    def admin(self, identity: str = "admins/ops") -> Admin:
+        return Admin(self.client(identity))
+
+    def endpoints(self, queue: str) -> dict[str, str]:
+        """The sockets of the queue's exchange, and its replica's replay as `replica`."""
+        live = next(iter(read_live(self.zk, self.paths, queue).values()))
+        found = {kind: live[kind] for kind in KINDS}
+        replica = read_json(self.zk, self.paths.replica_live(queue, "x1"))
+        if replica:
+            found["replica"] = replica["replay"]
+        return found
+
+    def stats(self, queue: str, replica: bool = False) -> dict[str, Any]:
+        path = self.paths.replica_live(queue, "x1") if replica else self.paths.live_exchange(queue, "x1")
+        return (read_json(self.zk, path) or {}).get("stats", {})
+
+    def wait_version(self, version: int) -> None:
+        """Until every exchange and replica judges new connections by table `version` or a newer one."""
+        def holding() -> bool:
+            return all(self.stats(q, r).get("permissions_version", 0) >= version
+                       for q, r in ((ORDERS, False), (ORDERS, True), (BILLING, False)))
+        wait_until(holding, timeout=20, message=f"the exchanges and the replica to hold permissions {version}")
+
+    def roq(self, identity: str, *args: str) -> subprocess.CompletedProcess[str]:
+        path = self.workdir / f"{identity.replace('/', '-')}.toml"
+        if not path.exists():
+            path.write_text(self.client(identity).to_toml())
+        return subprocess.run([sys.executable, "-m", "roq.cli", "--config", str(path), *args],
+                              capture_output=True, text=True, timeout=60)
+
+
+def outcome(endpoint: str, kind: str, config: Config) -> str:
+    return handshake(endpoint, KINDS.get(kind, zmq.DEALER), config=config)
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+            ) -> Iterator[Cluster]:
+    workdir = tmp_path_factory.mktemp("permissions")
+    keys_dir = workdir / "keys"
+    generate_keys(keys_dir, clients=["pub", "sub", "worker", "app", "late"], admins=["ops"])
+    config = fast_config(zookeeper.connect_string).replace(
+        security={"curve": True, "keys_dir": str(keys_dir)}, zk={"auth": DAEMON_ZK, "readers": READER_ZK})
+    procs = Processes(config, workdir / "daemons")
+    zk = start_client(config)
+    paths = Paths(config.zk.root)
+    failures = request.session.testsfailed
+    try:
+        for name in ("gcm-0", "gcm-1"):
+            procs.start("gcm", name)
+        for host in ("host-1", "host-2"):
+            procs.start("hcm", host, f"hcm.host={host}")
+        wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, timeout=30, message="cluster")
+        found = Cluster(config, keys_dir, workdir, procs, zk, paths)
+        with found.admin() as admin:
+            admin.create_queue(ORDERS, replicas=2)
+            admin.create_queue(BILLING)
+            admin.grant("pub", publish=["orders.*"])
+            admin.grant("sub", subscribe=["orders.*"])
+            version = admin.grant("worker", consume=["orders.*"])["version"]
+        wait_until(lambda: len(found.endpoints(ORDERS)) == 5 and found.endpoints(BILLING), timeout=30,
+                   message="the exchanges and the replica running")
+        found.wait_version(version)
+        yield found
+    finally:
+        procs.stop_all()
+        if request.session.testsfailed > failures:  # a test of this module failed: the daemons' side
+            print(procs.dump_logs())
+        stop_client(zk)
+
+
+def refusals(cluster: Cluster, queue: str) -> tuple[int, int]:
+    stats = cluster.stats(queue)
+    return stats.get("refused_connections", 0), stats.get("refused_permission", 0)
+
+
+# ------------------------------------------------------------------ every socket
+
+
+@pytest.mark.parametrize("key, right, admitted", [
+    ("pub", "publish", {"pub"}),
+    ("sub", "subscribe", {"sub", "replay", "replica"}),
+    ("worker", "consume", {"work"}),
+])
+def test_a_key_is_admitted_only_where_its_right_lets_it(cluster: Cluster, key: str, right: str,
+                                                        admitted: set[str]) -> None:
+    config = cluster.client(f"clients/{key}")
+    before = refusals(cluster, ORDERS)
+    orders = cluster.endpoints(ORDERS)
+    seen = {kind: outcome(endpoint, kind, config) for kind, endpoint in orders.items()}
+    assert seen == {kind: OK if kind in admitted else REFUSED for kind in orders}, f"{key} ({right} orders.*)"
+    # Another queue: no socket at all, not even the one its right is for.
+    billing = cluster.endpoints(BILLING)
+    assert {kind: outcome(endpoint, kind, config) for kind, endpoint in billing.items()} == \
+        {kind: REFUSED for kind in billing}
+    refused_here = sum(1 for kind in orders if kind not in admitted and kind != "replica")
+    wait_until(lambda: all(now >= then + refused_here for now, then in zip(refusals(cluster, ORDERS), before)),
+               timeout=10, message="the exchange to count the refusals as refused for a permission")
+    assert all(p.poll() is None for p in cluster.procs.procs.values())
+
+
+def test_keys_with_rights_carry_messages_end_to_end(cluster: Cluster) -> None:
+    got = carry(ORDERS, cluster.client("clients/pub"), cluster.client("clients/sub"), 200)
+    assert got == [str(i).encode() for i in range(200)]
+
+
+def test_a_key_without_an_entry_and_an_admin_keep_every_right(cluster: Cluster) -> None:
+    for identity in ("clients/app", "admins/ops"):  # security.default_permissions = "all"; admins: always
+        config = cluster.client(identity)
+        for queue in (ORDERS, BILLING):
+            seen = {kind: outcome(endpoint, kind, config) for kind, endpoint in cluster.endpoints(queue).items()}
+            assert set(seen.values()) == {OK}, (identity, queue, seen)
+
+
+# ------------------------------------------------------------------ the control API
+
+
+def test_only_admins_manage_permissions_and_clients_see_their_own_queues(cluster: Cluster) -> None:
+    with cluster.admin() as admin:
+        before = admin.permissions()
+    for identity in ("clients/pub", "clients/app"):
+        with cluster.admin(identity) as client:
+            for attempt in (lambda: client.grant("pub", publish=["*"]), lambda: client.revoke("worker"),
+                            lambda: client.reset_permissions("sub"), client.permissions,
+                            lambda: client.key_permissions("ops")):
+                with pytest.raises(ForbiddenError):
+                    attempt()
+    with cluster.admin() as admin:
+        assert admin.permissions() == before  # nothing changed
+        assert {k["name"]: (k["publish"], k["subscribe"], k["consume"], k["admin"], k["certificate"])
+                for k in before["keys"]} == {
+            "pub": (["orders.*"], [], [], False, "clients/pub"), "sub": ([], ["orders.*"], [], False, "clients/sub"),
+            "worker": ([], [], ["orders.*"], False, "clients/worker")}
+        assert (before["default"], before["enforced"]) == ("all", True)
+
+    with cluster.admin("clients/pub") as client:
+        assert client.key_permissions("pub")["entry"]["publish"] == ["orders.*"]  # its own
+        assert [q["name"] for q in client.list_queues()] == [ORDERS]
+        assert client.describe_queue(ORDERS)["name"] == ORDERS
+        assert list(client.cluster_stats()["queues"]) in ([ORDERS], [])
+        assert client.status()["queues"] == [ORDERS]
+        for queue in (BILLING, "no-such-queue"):  # the same answer whether it exists or not
+            with pytest.raises(ForbiddenError, match="no right on queue"):
+                client.describe_queue(queue)
+    with cluster.admin("clients/app") as client:  # no entry: the default, every queue
+        assert sorted(q["name"] for q in client.list_queues()) == sorted([ORDERS, BILLING])
+
+
+def test_the_cli_checks_names_and_patterns_before_connecting(cluster: Cluster) -> None:
+    for args, fragment in ((("grant", "pub", "--publish", "orders/eu"), "invalid queue pattern"),
+                           (("grant", "../pub", "--publish", "x"), "invalid key name"),
+                           (("revoke", "pub", "--subscribe", "[a]"), "invalid queue pattern")):
+        result = cluster.roq("admins/ops", "keys", *args)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, (result.returncode, result.stderr)
+        assert result.stderr.startswith("roq: error:") and fragment in result.stderr
+    result = cluster.roq("admins/ops", "keys", "grant", "pub")
+    assert result.returncode == 2 and "at least one right" in result.stderr
+    result = cluster.roq("clients/pub", "keys", "grant", "pub", "--publish", "*")
+    assert result.returncode == 1 and "needs an admin key" in result.stderr, result.stderr
+    result = cluster.roq("admins/ops", "keys", "revoke", "pub", "--publish", "orders.eu")
+    assert result.returncode == 1 and "no publish pattern 'orders.eu'" in result.stderr, result.stderr
+    with cluster.admin() as admin, pytest.raises(InvalidNameError):  # the library's caller gets the same
+        admin.grant("pub", publish=["orders/eu"])
+
+    result = cluster.roq("admins/ops", "keys", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    assert {k["name"] for k in json.loads(result.stdout)["keys"]} == {"pub", "sub", "worker"}
+    result = cluster.roq("clients/sub", "keys", "show", "sub")
+    assert result.returncode == 0 and "subscribe orders.*" in result.stdout, result.stdout
+
+
+# ------------------------------------------------------------------ changes take effect
+
+
+def test_a_revoked_right_refuses_the_next_connection_and_open_ones_stay(cluster: Cluster) -> None:
+    late = cluster.client("clients/late")
+    with cluster.admin() as admin:
+        cluster.wait_version(admin.grant("late", publish=[ORDERS])["version"])
+        assert outcome(cluster.endpoints(ORDERS)["pub"], "pub", late) == OK
+        with Publisher(ORDERS, late) as pub:
+            pub.publish("t", b"before")
+            pub.flush(timeout=15)
+            answer = admin.revoke("late", publish=[ORDERS])
+            assert answer["entry"] == {"publish": [], "subscribe": [], "consume": [], "admin": False}
+            cluster.wait_version(answer["version"])
+            assert outcome(cluster.endpoints(ORDERS)["pub"], "pub", late) == REFUSED  # the very next one
+            pub.publish("t", b"after")  # its connection predates the revocation: it stays
+            pub.flush(timeout=15)
+        # An empty entry is not the default: the key gets nothing though the default is `all`.
+        assert outcome(cluster.endpoints(BILLING)["pub"], "pub", late) == REFUSED
+        cluster.wait_version(admin.reset_permissions("late")["version"])
+        assert outcome(cluster.endpoints(BILLING)["pub"], "pub", late) == OK  # back to the default
+
+
+def test_permissions_survive_a_backup_and_restore(cluster: Cluster, tmp_path: Path) -> None:
+    backup = tmp_path / "roq.json"
+    result = cluster.roq("clients/app", "backup", str(backup), "--keys-dir", str(cluster.keys_dir))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(backup.read_text())
+    assert document["version"] == 2 and set(document["permissions"]["keys"]) == {"pub", "sub", "worker"}
+
+    # An empty cluster under another root: one GCM is enough to restore into.
+    other = cluster.config.replace(zk={"root": cluster.config.zk.root + "-restored"})
+    procs = Processes(other, tmp_path / "restored")
+    try:
+        procs.start("gcm", "gcm-r")
+        wait_until(lambda: read_leader(cluster.zk, Paths(other.zk.root)), timeout=20, message="a leader there")
+        config = tmp_path / "ops-restored.toml"
+        config.write_text(other.replace(zk={"auth": READER_ZK, "readers": ""},
+                                        security={"identity": "admins/ops"}).to_toml())
+        result = subprocess.run([sys.executable, "-m", "roq.cli", "--config", str(config), "restore", str(backup)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "3 permission entries (0 kept as they were)" in result.stdout, result.stdout
+        with cluster.admin() as admin, Admin(other.replace(zk={"auth": READER_ZK, "readers": ""},
+                                                           security={"identity": "admins/ops"})) as restored:
+            assert restored.permissions()["keys"] == admin.permissions()["keys"]
+        again = subprocess.run([sys.executable, "-m", "roq.cli", "--config", str(config), "restore", str(backup)],
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode == 1 and "3 permission entries" in again.stderr, again.stderr  # not empty now
+    except BaseException:
+        print(procs.dump_logs())
+        raise
+    finally:
+        procs.stop_all()
+
+
+def test_permissions_survive_a_leader_failover(cluster: Cluster) -> None:
+    """Last: it kills the leader GCM."""
+    with cluster.admin() as admin:
+        before = admin.permissions()
+    leader = read_leader(cluster.zk, cluster.paths)
+    name = next(n for n, p in cluster.procs.procs.items() if p.pid == leader["pid"])
+    cluster.procs.kill(name)
+    new = wait_until(lambda: (found := read_leader(cluster.zk, cluster.paths)) and found["pid"] != leader["pid"]
+                     and found, timeout=30, message="a new leader")
+    with cluster.admin() as admin:
+        assert admin.permissions()["keys"] == before["keys"]
+        answer = admin.grant("app", subscribe=[BILLING])  # the new leader writes it too
+        assert answer["entry"]["subscribe"] == [BILLING] and answer["version"] > before["version"]
+        cluster.wait_version(answer["version"])
+    assert outcome(cluster.endpoints(ORDERS)["sub"], "sub", cluster.client("clients/app")) == REFUSED
+    record_figures("permissions after failover", new_leader_epoch=new["epoch"])
