@@ -1,11 +1,11 @@
 """`roq backup` and `roq restore` against real processes and a ZooKeeper of the test's own, whose
 data directory the test wipes (docs/backup.md).
 
-A secured cluster (CURVE, ZooKeeper ACLs) gets queues with rules, replicas and a scaled size; a
-client identity backs it up; everything is stopped, ZooKeeper's data directory deleted, ZooKeeper
+A secured cluster (CURVE, ZooKeeper ACLs) gets queues with rules, replicas and a scaled size, and
+a permission entry; a client identity backs it up; everything is stopped, ZooKeeper's data directory deleted, ZooKeeper
 and the daemons started again; bad files are refused on the empty cluster with nothing created;
-an admin restores the backup and every queue, rule and setting is back, the exchanges (and
-replicas) run and carry messages; a second restore is refused on the now non-empty cluster, and
+an admin restores the backup and every queue, rule, setting and permission is back, the exchanges
+(and replicas) run and carry messages; a second restore is refused on the now non-empty cluster, and
 with --force only the missing queue is made."""
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 DAEMON_ZK = "roq:backup-daemon-password"
 READER_ZK = "reader:backup-reader-password"
+# What key `app` may do: every queue of the test but `metrics` (the restored exchanges carry its messages).
+APP_RIGHTS = {"publish": ["orders", "ev*"], "subscribe": ["orders"], "consume": [], "admin": False}
 # name → (exchanges, replicas, rules, scaled to): min_exchanges = the size, so the autoscaler leaves it be.
 QUEUES: dict[str, tuple[int, int, dict[str, Any] | None, int | None]] = {
     "orders": (2, 2, {"max_rate": 50_000, "min_exchanges": 2, "max_exchanges": 4}, None),
@@ -156,6 +158,8 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
                         admin.queue_rules(name, rules)
                     if scaled:
                         admin.scale_queue(name, scaled)
+                admin.grant("app", APP_RIGHTS["publish"], APP_RIGHTS["subscribe"])
+                permissions_before = admin.permissions()["keys"]
             wait_all_running(zk, paths, list(QUEUES))
             before = queue_state(zk, paths)
         finally:
@@ -166,12 +170,13 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
         # ---- back up, as a client identity (reads only)
         result = roq(client_file, "backup", str(backup_file))
         assert result.returncode == 0, result.stderr
-        assert "3 queues, 3 public keys" in result.stdout
+        assert "3 queues, 1 permission entry, 3 public keys" in result.stdout
         assert stat.S_IMODE(backup_file.stat().st_mode) == 0o600
         assert sorted(p.name for p in backups.iterdir()) == ["roq.json"]  # no temporary file left
         text = backup_file.read_text()
         document = json.loads(text)
-        assert (document["format"], document["version"]) == ("roq-backup", 1)
+        assert (document["format"], document["version"]) == ("roq-backup", 2)
+        assert document["permissions"] == {"format": 1, "keys": {"app": APP_RIGHTS}}
         assert document["cluster"]["root"] == paths.root and document["created_at"].endswith("Z")
         assert {q["name"]: (q["exchanges"], q["replicas"]) for q in document["queues"]} == \
             {"orders": (2, 2), "events": (2, 1), "metrics": (2, 1)}
@@ -211,7 +216,10 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             good = json.loads(text)
             bad_files = {
                 "not valid JSON": text[: len(text) // 2],
-                "version 2 is newer than this roq reads": json.dumps(dict(good, version=2)),
+                "version 3 is newer than this roq reads": json.dumps(dict(good, version=3)),
+                "permissions: key app: invalid queue pattern 'or/ders'": json.dumps(dict(good, permissions={
+                    "format": 1, "keys": {"app": dict(APP_RIGHTS, publish=["or/ders"])}})),
+                "the file lacks permissions": json.dumps({k: v for k, v in good.items() if k != "permissions"}),
                 "not a RoQ backup": json.dumps({"queues": good["queues"]}),
                 # the first queues are fine: a restore that did not check everything first would make them
                 "(rule max_rate) must be from 0": json.dumps(dict(good, queues=good["queues"] + [
@@ -232,12 +240,21 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             one_line_error(roq(admin_file, "restore", str(tmp_path / "missing.json")), "cannot read")
 
             checked = roq(admin_file, "restore", "--check", str(backup_file))
-            assert checked.returncode == 0 and "3 queues, 3 public keys" in checked.stdout, checked.stderr
+            assert checked.returncode == 0 and "3 queues, 1 permission entry, 3 public keys" in checked.stdout, \
+                checked.stderr
+            # A version 1 file (before permissions) is still read: no permission entries.
+            version_1 = tmp_path / "version-1.json"
+            version_1.write_text(json.dumps(dict({k: v for k, v in good.items() if k != "permissions"}, version=1)))
+            checked = roq(admin_file, "restore", "--check", str(version_1))
+            assert checked.returncode == 0 and "3 queues, 0 permission entries" in checked.stdout, checked.stderr
 
             # ---- restore
             result = roq(admin_file, "restore", str(backup_file), "--keys-dir", str(restored_keys))
             assert result.returncode == 0, result.stdout + result.stderr
-            assert "restored 3 queues (0 kept as they were); public keys: 3 written" in result.stdout, result.stdout
+            assert "restored 3 queues (0 kept as they were), 1 permission entry (0 kept as they were); public keys: " \
+                "3 written" in result.stdout, result.stdout
+            with Admin(admin_config) as admin:
+                assert admin.permissions()["keys"] == permissions_before
             wait_all_running(zk, paths, list(QUEUES))
             after = queue_state(zk, paths)
             assert after == before
@@ -265,7 +282,7 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             # ---- a second restore on the non-empty cluster: refused, nothing changed
             snapshot, key_files = tree(zk, paths.queues), files_under(restored_keys)
             one_line_error(roq(admin_file, "restore", str(backup_file), "--keys-dir", str(restored_keys)),
-                           "is not empty (3 queues: events, metrics, orders); nothing was restored")
+                           "is not empty (3 queues: events, metrics, orders; 1 permission entry); nothing was restored")
             assert tree(zk, paths.queues) == snapshot and files_under(restored_keys) == key_files
 
             # ---- --force: the missing queue is made, the others are kept as they are
@@ -283,7 +300,8 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             assert "created queue events: 2 exchanges" in result.stdout
             assert "kept queue orders as it is (same as the backup)" in result.stdout
             assert "kept queue metrics as it is: rules " in result.stdout and "max_exchanges=7" in result.stdout
-            assert "restored 1 queue (2 kept as they were)" in result.stdout
+            assert "restored 1 queue (2 kept as they were), 0 permission entries (1 kept as they were)" in result.stdout
+            assert "kept the permissions of key app as they are (same as the backup)" in result.stdout
             assert "1 different (kept)" in result.stdout and "clients/app.key" in result.stderr
             assert (restored_keys / "clients" / "app.key").read_bytes() == other_app
             # kept: their settings (rules included) and exchanges untouched, znode versions too
@@ -320,6 +338,6 @@ def test_backup_of_a_missing_cluster_is_refused_and_a_write_is_atomic(own_zookee
     target.write_text("an older backup")
     target.chmod(0o644)
     result = roq(config_file, "backup", str(target))
-    assert result.returncode == 0 and "0 queues, 0 public keys" in result.stdout, result.stderr
+    assert result.returncode == 0 and "0 queues, 0 permission entries, 0 public keys" in result.stdout, result.stderr
     assert json.loads(target.read_text())["queues"] == [] and stat.S_IMODE(target.stat().st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["roq.json", "roq.toml", "zookeeper"]
