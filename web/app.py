@@ -45,6 +45,7 @@ from roq.errors import (
     UserError,
 )
 from roq.names import check_queue_name, check_topic
+from roq.permissions import MAX_PATTERNS, check_key_name
 from roq.zk import start_client, stop_client
 from web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
 from web.gateway import Publishers, Streams, TokenWriter, next_events, peek
@@ -94,6 +95,21 @@ class Scale(BaseModel):
 class Rules(BaseModel):
     rules: dict[str, Any] | None = None
     clear: bool = False
+
+
+Patterns = Annotated[list[str], Field(max_length=MAX_PATTERNS)]
+
+
+class Rights(BaseModel):
+    """Queue patterns (names with * and ?) per right, and admin: what a grant adds or a revoke takes."""
+    publish: Patterns = []
+    subscribe: Patterns = []
+    consume: Patterns = []
+    admin: bool = False
+
+
+class Revocation(Rights):
+    all: bool = False  # every right (so does naming none)
 
 
 # ------------------------------------------------------------------ the application
@@ -149,6 +165,7 @@ def create_app(config: Config, zk: KazooClient | None = None) -> FastAPI:
     _install_session_routes(app, gateway)
     _install_read_routes(app, gateway)
     _install_admin_routes(app, gateway)
+    _install_permission_routes(app, gateway)
     _install_data_routes(app, gateway)
     return app
 
@@ -253,8 +270,8 @@ def refuse_cross_site(request: Request) -> None:
 
 def admin_caller(who: Annotated[Identity, Depends(caller)]) -> Identity:
     if not who.is_admin:
-        raise HttpError(403, "forbidden", f"refused: {who.name} has the {who.role} role; "
-                                          "creating, scaling, deleting queues and changing rules need the admin role")
+        raise HttpError(403, "forbidden", f"refused: {who.name} has the {who.role} role; creating, scaling, "
+                                          "deleting queues, changing rules and permissions need the admin role")
     return who
 
 
@@ -433,6 +450,37 @@ def _install_admin_routes(app: FastAPI, gateway: Gateway) -> None:
         rules = admin.queue_rules(check_queue_name(queue), body.rules, body.clear)
         sampler.sample_now()  # the queue page shows the new rules at once
         return rules
+
+
+# ------------------------------------------------------------------ permissions
+
+def _install_permission_routes(app: FastAPI, gateway: Gateway) -> None:
+    """Who may do what, per queue (docs/security.md "Permissions"): the leader's keys.* operations,
+    for admin tokens only, made with the gateway's own key (which must be an admin's)."""
+    admin = gateway.admin
+
+    @app.get("/api/permissions", tags=["permissions"], summary="Every key's permissions (admin)")
+    def permissions(_who: AdminCaller) -> dict[str, Any]:
+        return admin.permissions()
+
+    @app.get("/api/permissions/{key}", tags=["permissions"], summary="One key's permissions (admin)")
+    def key_permissions(_who: AdminCaller, key: str) -> dict[str, Any]:
+        return admin.key_permissions(check_key_name(key))
+
+    @app.post("/api/permissions/{key}/grant", tags=["permissions"],
+              summary="Add queue patterns (or admin) to a key's permissions (admin)")
+    def grant(_who: AdminCaller, key: str, body: Rights) -> dict[str, Any]:
+        return admin.grant(check_key_name(key), body.publish, body.subscribe, body.consume, body.admin)
+
+    @app.post("/api/permissions/{key}/revoke", tags=["permissions"],
+              summary="Take queue patterns (or admin, or everything) from a key's permissions (admin)")
+    def revoke(_who: AdminCaller, key: str, body: Revocation) -> dict[str, Any]:
+        return admin.revoke(check_key_name(key), body.publish, body.subscribe, body.consume, body.admin, body.all)
+
+    @app.delete("/api/permissions/{key}", tags=["permissions"],
+                summary="Remove a key's entry: it gets security.default_permissions again (admin)")
+    def reset(_who: AdminCaller, key: str) -> dict[str, Any]:
+        return admin.reset_permissions(check_key_name(key))
 
 
 # ------------------------------------------------------------------ publish and stream

@@ -342,3 +342,34 @@ def test_an_admin_creates_a_queue_and_watches_it_live(console: Console, web_clus
     console.message("ok", f"Queue {queue} deleted")
     console.wait(lambda: not console.all(f'[data-testid="queue-row-{queue}"]'), "the queue gone from the overview")
     assert queue not in queues_seen_by_admin(web)
+
+
+def test_an_admin_grants_a_permission_in_the_console_and_sees_it_listed(console: Console,
+                                                                       web_cluster: WebCluster) -> None:
+    web = web_cluster
+    console.open("/")
+    console.login(web.client_token, "client")
+    console.wait(lambda: console.find("leader").text not in ("", "–"), "the overview")
+    assert not console.shown("permissions-panel")  # who may do what is for admins
+    console.click("logout")
+
+    console.login(web.admin_token, "admin")
+    console.wait(lambda: console.shown("permissions-panel"), "the permissions panel")
+    console.wait(lambda: "not enforced" in console.find("permissions-default").text,
+                 "the panel saying this cluster runs without CURVE")
+    console.type("perm-name", "app")
+    console.type("perm-pattern", "web-*")
+    console.click("perm-grant")
+    console.message("ok", "Granted publish web-*: key app now has publish web-*")
+    console.wait(lambda: console.find("permission-publish-app").text == "web-*", "the grant listed")
+    console.type("perm-pattern", "")
+    console.click("perm-revoke")
+    console.message("error", "name the queues")  # an empty pattern would mean every right: never sent
+    stored = httpx.get(web.url + "/api/permissions/app", headers=web.headers(web.admin_token), timeout=30).json()
+    assert stored["entry"] == {"publish": ["web-*"], "subscribe": [], "consume": [], "admin": False}
+
+    console.click("permission-reset-app")
+    console.wait(lambda: console.shown("confirm-dialog"), "the confirmation dialog")
+    console.click("confirm-ok")
+    console.message("ok", "Key app has no entry now")
+    console.wait(lambda: not console.all('[data-testid="permission-row-app"]'), "the entry gone from the list")

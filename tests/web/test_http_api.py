@@ -123,6 +123,38 @@ def test_a_console_session_is_an_httponly_cookie_and_its_changes_need_the_csrf_t
         assert browser.get("/api/cluster").status_code == 401
 
 
+def test_permissions_are_read_and_changed_by_admin_tokens_only(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    for method, path, body in (("GET", "/api/permissions", None), ("GET", "/api/permissions/app", None),
+                               ("POST", "/api/permissions/app/grant", {"publish": ["web-*"]}),
+                               ("POST", "/api/permissions/app/revoke", {"all": True}),
+                               ("DELETE", "/api/permissions/app", None)):
+        refused = api(web, method, path, json=body)  # the client token
+        assert refused.status_code == 403 and "admin role" in refused.json()["message"], (path, refused.text)
+    assert api(web, "GET", "/api/permissions", web.admin_token).json()["keys"] == []  # nothing was granted
+
+    granted = api(web, "POST", "/api/permissions/app/grant", web.admin_token,
+                  json={"publish": ["web-*"], "subscribe": ["web-orders"]})
+    assert granted.status_code == 200, granted.text
+    answer = granted.json()
+    assert answer["entry"] == {"publish": ["web-*"], "subscribe": ["web-orders"], "consume": [], "admin": False}
+    assert (answer["changed"], answer["enforced"], answer["default"]) == (True, False, "all")  # no CURVE here
+    listed = api(web, "GET", "/api/permissions", web.admin_token).json()
+    assert [k["name"] for k in listed["keys"]] == ["app"] and listed["version"] == answer["version"]
+    for path, body, code in (("/api/permissions/app/grant", {"publish": ["web/x"]}, "invalid_name"),
+                             ("/api/permissions/no%20such%20key/grant", {"publish": ["x"]}, "invalid_name"),
+                             ("/api/permissions/app/grant", {"publish": "web-*"}, "bad_request"),
+                             ("/api/permissions/app/revoke", {"publish": ["never-granted"]}, "bad_request")):
+        bad = api(web, "POST", path, web.admin_token, json=body)
+        assert bad.status_code == 400 and bad.json()["error"] == code, (path, bad.text)
+    assert api(web, "GET", "/api/permissions/app", web.admin_token).json()["entry"] == answer["entry"]  # unchanged
+
+    revoked = api(web, "POST", "/api/permissions/app/revoke", web.admin_token, json={"publish": ["web-*"]}).json()
+    assert revoked["entry"]["publish"] == [] and revoked["entry"]["subscribe"] == ["web-orders"]
+    assert api(web, "DELETE", "/api/permissions/app", web.admin_token).json()["entry"] is None
+    assert api(web, "GET", "/api/permissions", web.admin_token).json()["keys"] == []
+
+
 # ------------------------------------------------------------------ publish and stream
 
 def test_curl_publishes_and_streams_as_docs_http_md_shows(web_cluster: WebCluster) -> None:

@@ -632,9 +632,83 @@
   }
 
   async function refreshOverview() {
-    const [cluster, history] = await Promise.all([
-      api("GET", "/api/cluster"), api("GET", `/api/history?seconds=${OVERVIEW_SECONDS}`)]);
+    const admin = state.session && state.session.role === "admin"; // permissions are for admins only
+    const [cluster, history, permissions] = await Promise.all([
+      api("GET", "/api/cluster"), api("GET", `/api/history?seconds=${OVERVIEW_SECONDS}`),
+      admin ? api("GET", "/api/permissions") : null]);
     renderOverview(cluster, history);
+    renderPermissions(permissions);
+  }
+
+  // ------------------------------------------------------------------ permissions (overview, admins)
+
+  const RIGHTS = ["publish", "subscribe", "consume"];
+
+  function patternList(patterns) {
+    if (!patterns.length) return h("span", { class: "muted" }, "–");
+    return h("span", { class: "patterns" }, ...patterns.map((p) => h("span", { class: "pattern" }, p)));
+  }
+
+  const PERMISSION_COLUMNS = [
+    { cell: (k) => k.name, cls: "name mono" },
+    { cell: (k) => k.certificate || "none", cls: "mono small", testid: (k) => `permission-certificate-${k.name}` },
+    { cell: (k) => (k.admin ? badge("admin", "accent") : "–"), testid: (k) => `permission-admin-${k.name}` },
+    ...RIGHTS.map((right) => ({ cell: (k) => patternList(k[right]), testid: (k) => `permission-${right}-${k.name}` })),
+    { cell: (k) => h("button", { type: "button", class: "ghost small", "data-testid": `permission-reset-${k.name}`,
+      onclick: (event) => resetPermissions(k.name, event.currentTarget) }, "Reset") },
+  ];
+
+  function renderPermissions(table) {
+    const panel = $("permissions-panel");
+    panel.hidden = !table;
+    if (!table) return;
+    const everything = table.default === "all" ? "every right on every queue" : "no queue";
+    setText("permissions-default", `keys without an entry: ${table.default} (${everything}); keys under admins/: `
+      + `everything · ${table.enforced ? "enforced" : "kept, not enforced: the cluster runs without CURVE"}`);
+    syncTable($("permissions-body"), PERMISSION_COLUMNS, table.keys, (k) => k.name,
+      (k) => ({ "data-testid": `permission-row-${k.name}` }), "No entries: every key has the default.");
+  }
+
+  /** The form's request: {key, body, what} for POST /api/permissions/KEY/grant or /revoke. */
+  function permissionRequest() {
+    const key = $("perm-name").value.trim();
+    const right = $("perm-right").value;
+    const pattern = $("perm-pattern").value.trim();
+    const body = right === "admin" ? { admin: true } : { [right]: pattern ? [pattern] : [] };
+    return { key, body, what: right === "admin" ? "admin" : `${right} ${pattern || "(no queues)"}` };
+  }
+
+  async function changePermissions(verb, button) {
+    const { key, body, what } = permissionRequest();
+    if (!body.admin && !$("perm-pattern").value.trim()) {
+      // The API takes none as "everything" for a revoke: the form never sends that by accident.
+      showMessage("error", `Rejected (${verb} ${what}): name the queues, a queue name or a pattern`);
+      return;
+    }
+    await act(`${verb} ${what} ${verb === "grant" ? "to" : "from"} ${key || "(no key)"}`, button, async () => {
+      const answer = await api("POST", `/api/permissions/${encodeURIComponent(key)}/${verb}`, { json: body });
+      const done = verb === "grant" ? "Granted" : "Revoked";
+      showMessage("ok", answer.changed ? `${done} ${what}: key ${answer.name} now has `
+        + `${describeEntry(answer.entry)}.` : `Key ${answer.name} unchanged: ${describeEntry(answer.entry)}.`);
+      pollNow();
+    });
+  }
+
+  function describeEntry(entry) {
+    if (!entry) return "no entry (the default)";
+    const rights = RIGHTS.map((right) => `${right} ${entry[right].join(" ") || "–"}`).join("; ");
+    return entry.admin ? `admin; ${rights}` : rights;
+  }
+
+  async function resetPermissions(key, button) {
+    const sure = await confirmAction(`Reset the permissions of key ${key}?`,
+      "Its entry is removed: the key gets the cluster's default permissions for new connections.", "Reset");
+    if (!sure) return;
+    await act(`reset the permissions of ${key}`, button, async () => {
+      await api("DELETE", `/api/permissions/${encodeURIComponent(key)}`);
+      showMessage("ok", `Key ${key} has no entry now: the default applies.`);
+      pollNow();
+    });
   }
 
   function renderOverview(cluster, history) {
@@ -690,6 +764,11 @@
 
   function setupOverview() {
     $("create-form").addEventListener("submit", createQueue);
+    $("permission-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      changePermissions("grant", $("perm-grant"));
+    });
+    $("perm-revoke").addEventListener("click", () => changePermissions("revoke", $("perm-revoke")));
     const deleted = new URLSearchParams(location.search).get("deleted");
     if (deleted) {
       showMessage("ok", `Queue ${deleted} deleted.`);
