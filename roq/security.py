@@ -191,6 +191,14 @@ def secure_client(sock: zmq.Socket, config: Config) -> None:
         sock.curve_secretkey = keys.secret
 
 
+def refusal_text(config: Config, endpoint: str, right: str) -> str:
+    """What a client says when `endpoint` refused its handshake (the server does not say why)."""
+    who = f"key {Path(config.security.identity).name}" if config.security.identity else "the server key"
+    return (f"{endpoint} refused the handshake of {who}: the key may lack the {right} right on this queue "
+            "(roq keys show NAME), be unknown there, or this address holds too many connections "
+            "(security.max_connections_per_client)")
+
+
 def peer_role(frame: zmq.Frame) -> str | None:
     """The role the gatekeeper gave the connection a frame came from; None if none ran."""
     return peer_identity(frame)[0]

@@ -53,7 +53,7 @@ from roq.config import Config
 from roq.errors import ProtocolError
 from roq.paths import Paths
 from roq.records import ExchangeStats
-from roq.security import secure_client
+from roq.security import HANDSHAKE_FAILED, refusal_text, secure_client
 
 STORAGE_FULL = "storage_full"  # the code a `move` reason starts with when the exchange cannot store (3.3)
 
@@ -114,6 +114,9 @@ class PublisherLink:
         self.replayed = 0  # confirmed messages resent after moves
         self.rejected: list[tuple[int, str, str]] = []
         self.storage_full: str | None = None  # why confirms wait: an exchange's `storage_full` reason
+        # Why the exchange we connect to refused our handshake (no publish right, unknown key, too many
+        # connections); None once a handshake succeeds. libzmq keeps retrying underneath.
+        self.refusal: str | None = None
         self._relocated_to: str | None = None  # where the leader asked us to publish
         self._relocation_seen = 0.0
         self.relocations = 0
@@ -219,7 +222,7 @@ class PublisherLink:
                     # A connection that breaks takes the frames in flight with it (ZeroMQ reconnects
                     # underneath): each new handshake starts with a hello, and the welcome says
                     # from where to resend.
-                    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED)
                     poller.register(sock, zmq.POLLIN)
                     poller.register(monitor, zmq.POLLIN)
                 if monitor is not None and self._reconnected(monitor):
@@ -266,13 +269,20 @@ class PublisherLink:
         sock.close(linger=0)
 
     def _reconnected(self, monitor: zmq.Socket) -> bool:
-        """True when a handshake other than the socket's first one succeeded since the last look."""
+        """True when a handshake other than the socket's first one succeeded since the last look.
+        A refused one is remembered (`refusal`, logged once) until a handshake succeeds."""
         again = False
         while True:
             try:
-                recv_monitor_message(monitor, zmq.NOBLOCK)
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return again
+            if event["event"] & HANDSHAKE_FAILED:
+                if self.refusal is None:
+                    self.refusal = refusal_text(self.config, self._endpoint or "the exchange", "publish")
+                    log.error("publisher %s: %s", self.id, self.refusal)
+                continue
+            self.refusal = None
             self._handshakes += 1
             again = again or self._handshakes > 1
 

@@ -34,6 +34,7 @@ from roq.errors import (
     BackpressureError,
     MessageTooLargeError,
     QueueNotFoundError,
+    RefusedError,
     RequestTimeoutError,
     RoqError,
     StorageFullError,
@@ -222,6 +223,7 @@ class Publisher:
         the lock): BackpressureError after `wait` seconds, RoqError if closed meanwhile."""
         limit = self._max_unconfirmed
         if not self._cond.wait_for(lambda: self._log.unconfirmed < limit or self._closed, wait):
+            self._raise_refused()
             raise self._backpressure(f"{self._log.unconfirmed} messages unconfirmed for {wait:.1f}s{detail}")
         if self._closed or self.queue_deleted:
             self._raise_closed()
@@ -232,6 +234,12 @@ class Publisher:
         if self._link.storage_full:
             return StorageFullError(f"{waiting}: {self._link.storage_full}")
         return BackpressureError(f"{waiting}; is the queue's exchange reachable?")
+
+    def _raise_refused(self) -> None:
+        """A wait timed out while our exchange refuses our handshake: say that, not a timeout."""
+        refusal = self._link.refusal
+        if refusal is not None:
+            raise RefusedError(f"{refusal}; {self._log.unconfirmed} messages unconfirmed")
 
     def _raise_closed(self) -> None:
         if self.queue_deleted:
@@ -255,6 +263,7 @@ class Publisher:
         with self._cond:
             target = self._log.next_seq - 1
             if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
+                self._raise_refused()
                 why = f": {self._link.storage_full}" if self._link.storage_full else ""
                 raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after "
                                           f"{timeout:.1f}s{why}")
@@ -270,6 +279,7 @@ class Publisher:
         with self._cond:
             log = self._log
             if not self._cond.wait_for(lambda: log.acked >= seq or self._closed or self.queue_deleted, timeout):
+                self._raise_refused()
                 raise RequestTimeoutError(f"message {seq} not confirmed after {timeout:.1f}s: it may still be "
                                           "delivered (the exchange may be failing over)")
             if log.acked < seq:
@@ -286,6 +296,7 @@ class Publisher:
             while self._link.subscribers < count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self._raise_refused()
                     raise RequestTimeoutError(f"exchange reports {self.subscribers} subscribers, "
                                               f"wanted {count}, after {timeout:.1f}s")
                 self._link.request_hello()

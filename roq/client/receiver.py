@@ -7,7 +7,9 @@ receiver subscribes to the topics, the beat topic and, last, the subscriber's pr
 marker. Every frame goes to the stream rules (roq.client.streams), which fetch what was dropped
 and hand the rest over to the Subscriber (roq.client.subscriber); a dropped connection makes
 the stream catch up at its next sync. A durable subscriber's position is saved from this thread
-every `client.position_save_interval`.
+every `client.position_save_interval`. A handshake an exchange refuses (no subscribe right on the
+queue, an unknown key, too many connections) is logged once and remembered per endpoint until one
+succeeds there (`refusal()`); libzmq keeps retrying underneath.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from roq.client.wake import WakePipe
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.paths import Paths
-from roq.security import secure_client
+from roq.security import HANDSHAKE_FAILED, refusal_text, secure_client
 
 log = logging.getLogger(__name__)
 _NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
@@ -48,6 +50,7 @@ class SubscriberReceiver:
         self._replay = replay
         self._save_position = save_position
         self.connected: set[str] = set()  # exchange ids we are connected to
+        self._refused: dict[str, bool] = {}  # endpoint → whether its last handshake was refused
         self._closed = False
         self._wake = WakePipe()
         try:
@@ -56,6 +59,7 @@ class SubscriberReceiver:
             self._wake.close()
             raise
         self._ready = threading.Event()
+        self._endpoints: dict[str, str] = {}  # exchange id → the endpoint followed, as the I/O thread last saw
         self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
 
     def start(self) -> None:
@@ -84,7 +88,7 @@ class SubscriberReceiver:
         sock.setsockopt(zmq.SUBSCRIBE, protocol.BEAT_TOPIC)
         # Last, so the exchange sees it together with (after) the topics.
         sock.setsockopt(zmq.SUBSCRIBE, self._sync_topic)
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED)
         self._replay.bind(context)
         endpoints: dict[str, str] = {}
         poller = zmq.Poller()
@@ -98,12 +102,12 @@ class SubscriberReceiver:
             while not self._closed:
                 if self.topology.version != seen_version:
                     seen_version = self.topology.version
-                    endpoints = self._follow(sock, endpoints)
+                    endpoints = self._endpoints = self._follow(sock, endpoints)
                 events = dict(poller.poll(200))
                 if events.get(self._wake.fd):
                     self._wake.drain()
                 if events.get(monitor):
-                    self._on_disconnects(monitor, endpoints)
+                    self._on_monitor(monitor, endpoints)
                 if events.get(sock):
                     self._drain(sock)
                 self._streams.expire_syncs(time.monotonic())
@@ -143,16 +147,32 @@ class SubscriberReceiver:
                 self._streams.end(stream.incarnation)
         return wanted
 
-    def _on_disconnects(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:
-        """A dropped connection loses whatever was in flight: catch up at the next sync."""
+    def refusal(self) -> str | None:
+        """Why every exchange we follow refuses our handshake; None while any accepts us (or none
+        answered yet)."""
+        refused = self._refused.copy()  # the I/O thread changes it: one atomic copy (CPython)
+        wanted = set(refused) & set(self._endpoints.values())
+        if not wanted or not all(refused[e] for e in wanted):
+            return None
+        return refusal_text(self.config, ", ".join(sorted(wanted)), "subscribe")
+
+    def _on_monitor(self, monitor: zmq.Socket, endpoints: dict[str, str]) -> None:
+        """A dropped connection loses whatever was in flight: catch up at the next sync. A refused
+        handshake is logged the first time at its endpoint."""
         by_endpoint = {endpoint: xid for xid, endpoint in endpoints.items()}
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            xid = by_endpoint.get(event.get("endpoint", b"").decode(errors="replace"))
-            if xid is not None:
+            endpoint = event.get("endpoint", b"").decode(errors="replace")
+            if event["event"] & HANDSHAKE_FAILED:
+                if not self._refused.get(endpoint):
+                    log.error("subscriber of %s: %s", self.queue, refusal_text(self.config, endpoint, "subscribe"))
+                self._refused[endpoint] = True
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._refused[endpoint] = False
+            elif (xid := by_endpoint.get(endpoint)) is not None:
                 self._streams.on_disconnect(xid)
 
     def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:

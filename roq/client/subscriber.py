@@ -61,7 +61,7 @@ from roq.client.replay import ReplayClient
 from roq.client.streams import FetchFailed, Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import UserError
+from roq.errors import RefusedError, UserError
 from roq.names import check_subscriber_name, check_topic
 from roq.paths import Paths
 from roq.security import load_keys
@@ -221,11 +221,16 @@ class Subscriber:
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after `timeout`. Raises QueueNotFoundError when the queue
-        has been deleted (and not created again) for a few seconds and nothing is left to take."""
+        has been deleted (and not created again) for a few seconds and nothing is left to take, and
+        RefusedError when every exchange of the queue refuses our handshake (no subscribe right, an
+        unknown key: libzmq keeps trying, so a later call may succeed once the cause is fixed)."""
         try:
             msg = self._inbox.get(timeout=timeout)
         except queue_module.Empty:
             self.topology.check_exists()
+            refusal = self._receiver.refusal()
+            if refusal is not None:
+                raise RefusedError(refusal)
             return None
         self._note_taken(msg)
         return msg

@@ -254,7 +254,9 @@ class GroupSubscriber:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RoqError(f"group {self.group!r}: no answer to the join from exchanges "
-                                   f"{sorted(running - self.connected)} in {JOIN_TIMEOUT:.0f}s")
+                                   f"{sorted(running - self.connected)} in {JOIN_TIMEOUT:.0f}s (an exchange "
+                                   "refuses the handshake of a key without the consume right on the queue: "
+                                   "roq keys show NAME)")
                 self._joined.wait(min(left, 0.1))
 
     # ------------------------------------------------------------ I/O thread

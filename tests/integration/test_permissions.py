@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,9 @@ import pytest
 import zmq
 from kazoo.client import KazooClient
 
-from roq.client import Admin, Publisher
+from roq.client import Admin, Publisher, Subscriber
 from roq.config import Config
-from roq.errors import ForbiddenError, InvalidNameError
+from roq.errors import ForbiddenError, InvalidNameError, RefusedError
 from roq.paths import Paths
 from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
@@ -156,6 +157,21 @@ def test_a_key_is_admitted_only_where_its_right_lets_it(cluster: Cluster, key: s
 def test_keys_with_rights_carry_messages_end_to_end(cluster: Cluster) -> None:
     got = carry(ORDERS, cluster.client("clients/pub"), cluster.client("clients/sub"), 200)
     assert got == [str(i).encode() for i in range(200)]
+
+
+def test_the_client_library_says_why_nothing_gets_through(cluster: Cluster) -> None:
+    pub = Publisher(ORDERS, cluster.client("clients/sub"))  # no publish right
+    try:
+        pub.publish("t", b"never")
+        with pytest.raises(RefusedError, match="lack the publish right"):
+            pub.flush(timeout=3)  # not a bare timeout: the handshake was refused
+    finally:
+        pub.close(timeout=0)
+    with Subscriber(ORDERS, cluster.client("clients/pub"), topics=["t"]) as sub:  # no subscribe right
+        with pytest.raises(RefusedError, match="lack the subscribe right"):
+            deadline = time.monotonic() + 10  # its first handshake's refusal: milliseconds
+            while time.monotonic() < deadline:
+                sub.receive(timeout=0.2)
 
 
 def test_a_key_without_an_entry_and_an_admin_keep_every_right(cluster: Cluster) -> None:
