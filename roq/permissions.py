@@ -193,7 +193,7 @@ class PermissionTable:
             return cls({}, default, version)
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python parses
             raise UserError(f"the permission table is not valid JSON: {exc}") from None
         return cls.from_json(data, default, version)
 

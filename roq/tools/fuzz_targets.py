@@ -16,6 +16,7 @@ copy frames, and subscribers' fetches and position requests naming stored incarn
 from __future__ import annotations
 
 import functools
+import json
 import tomllib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 from roq import protocol
 from roq.config import Config, _apply, config_from_json
 from roq.errors import UserError
+from roq.permissions import Entry, PermissionTable, from_message, to_message
 
 if TYPE_CHECKING:
     from exchange.groups import Groups
@@ -54,6 +56,33 @@ def control_request(data: bytes) -> None:
     check_queue_name(args.get("name", "q"))
     check_exchange_count(args.get("exchanges", 1))
     check_rules({}, args.get("rules") or {})
+
+
+def permission_table(data: bytes) -> None:
+    """The permission table as its znode (and a backup's section) holds it, then as an HCM's line to
+    its exchanges. What is taken must round-trip and answer questions; the rest is refused."""
+    try:
+        table = PermissionTable.from_znode(data)
+    except UserError:
+        table = None
+    if table is not None:
+        for name in list(table.entries)[:3] + ["stranger"]:
+            table.allows(name, "publish", "orders.eu")
+            table.uses(name, "x")
+        try:
+            again = PermissionTable.from_znode(table.to_znode())
+        except UserError:  # over MAX_TABLE_BYTES once compacted: refused, as a grant making it would be
+            again = table
+        assert again == table, "a table changed on its way through its znode"
+    try:
+        line = json.loads(data)
+    except (ValueError, RecursionError):
+        return  # what the exchange does with a line that is not JSON: nothing
+    if isinstance(line, dict) and "permissions" in line:
+        try:
+            from_message(line["permissions"], "none")
+        except UserError:
+            pass
 
 
 def config_toml(data: bytes) -> None:
@@ -264,6 +293,7 @@ TARGETS: dict[str, Target] = {
     "control_reply": _refused(protocol.decode_reply),
     "control_request": _refused(control_request),
     "config_toml": config_toml,
+    "permissions": permission_table,
     "config_json": _refused(config_json),
     "exchange_publisher_frame": exchange_publisher_frame,
     "exchange_fetch": exchange_fetch,
@@ -319,6 +349,9 @@ def seeds() -> dict[str, list[bytes]]:
         "config_toml": [b'[zk]\nhosts = "a:1,b:2"\nsession_timeout = 3\n[security]\ncurve = false\n',
                         b'[exchange]\nmax_message_bytes = 1024\nmax_batch_bytes = 4096\n'],
         "config_json": [Config().to_json().encode()],
+        "permissions": [PermissionTable({"pub": Entry(publish=("orders.*",)), "ops": Entry(admin=True)}).to_znode(),
+                        json.dumps(to_message(PermissionTable({"s": Entry(subscribe=("*", "log-??"))}, version=7)),
+                                   separators=(",", ":")).encode()],
         "exchange_publisher_frame": [hello, batch, attributed],
         "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"]), ended],
         "exchange_block_batch": [protocol.encode_batch_parts(pid, 1, 5, b"t", [b"one", b"", b"x" * 300])[1],
