@@ -40,6 +40,7 @@ from roq.errors import (
     MessageTooLargeError,
     QueueExistsError,
     QueueNotFoundError,
+    RefusedError,
     RoqError,
     UnavailableError,
     UserError,
@@ -60,6 +61,7 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
 
 STATUS_BY_ERROR: list[tuple[type[RoqError], int]] = [
     (QueueNotFoundError, 404), (QueueExistsError, 409), (LimitExceededError, 409), (ForbiddenError, 403),
+    (RefusedError, 403),  # the exchanges refuse the gateway's key: it lacks the right on that queue
     (MessageTooLargeError, 413), (CallerLimitError, 429), (BackpressureError, 429), (UserError, 400),
     (UnavailableError, 503),
 ]
