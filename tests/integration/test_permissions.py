@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -311,3 +312,92 @@ def test_permissions_survive_a_leader_failover(cluster: Cluster) -> None:
         cluster.wait_version(answer["version"])
     assert outcome(cluster.endpoints(ORDERS)["sub"], "sub", cluster.client("clients/app")) == REFUSED
     record_figures("permissions after failover", new_leader_epoch=new["epoch"])
+
+
+# ------------------------------------------------------------------ one exchange, as its HCM drives it
+
+
+class ExchangeProcess:
+    """An exchange started as an HCM starts it (configuration, then JSON lines, on stdin), without
+    ZooKeeper: the test writes the permission lines itself and reads the ready and stats events."""
+
+    def __init__(self, config: Config, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.stderr = workdir / "exchange.log"
+        with self.stderr.open("wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", ORDERS, "--id", "x1",
+                                          "--config-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log)
+        self.events: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.line(config.to_json())
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.events.append(json.loads(raw))
+
+    def line(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def table(self, version: int, keys: dict[str, Any]) -> None:
+        self.line(json.dumps({"permissions": {"version": version, "table": {"format": 1, "keys": keys}}}))
+
+    def ready(self) -> dict[str, Any]:
+        return wait_until(lambda: next((e for e in self.events if e["event"] == "ready"), None), timeout=20,
+                          message="the exchange ready")
+
+    def versions(self) -> list[int]:
+        return [e.get("permissions_version", 0) for e in list(self.events) if e["event"] == "stats"]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def deny_by_default(zookeeper, tmp_path: Path) -> Iterator[tuple[Config, Path]]:
+    keys_dir = tmp_path / "keys"
+    generate_keys(keys_dir, clients=["pub", "app"], admins=["ops"])
+    config = fast_config(zookeeper.connect_string).replace(
+        security={"curve": True, "keys_dir": str(keys_dir), "default_permissions": "none"},
+        hcm={"ready_timeout": 3.0, "data_dir": str(tmp_path / "data")})
+    yield config, tmp_path
+
+
+def test_an_exchange_admits_no_client_before_its_table_and_denies_keys_without_an_entry(
+        deny_by_default: tuple[Config, Path]) -> None:
+    config, workdir = deny_by_default
+    as_key = {name: config.replace(security={"identity": identity})
+              for name, identity in (("pub", "clients/pub"), ("app", "clients/app"), ("ops", "admins/ops"))}
+
+    silent = ExchangeProcess(config, workdir / "silent")  # an HCM that never sends a table
+    try:
+        assert silent.proc.wait(timeout=30) == 1  # Exit.CONFIG, before reporting ready
+        assert not silent.events and "no permission table from the HCM" in silent.stderr.read_text()
+    finally:
+        silent.close()
+
+    exchange = ExchangeProcess(config, workdir)
+    try:
+        exchange.table(5, {"pub": {"publish": ["orders.*"]}})
+        live = exchange.ready()
+        assert outcome(live["pub"], "pub", as_key["pub"]) == OK
+        assert outcome(live["sub"], "sub", as_key["pub"]) == REFUSED
+        assert outcome(live["pub"], "pub", as_key["app"]) == REFUSED  # no entry, and the default is none
+        assert outcome(live["work"], "work", as_key["ops"]) == OK  # admins: every right
+        wait_until(lambda: 5 in exchange.versions(), message="the exchange reporting table 5")
+
+        # A line that is not a table is ignored (logged): the next good one is taken.
+        exchange.table(6, {"app": {"publish": "orders.eu"}})
+        exchange.line("not json at all")
+        exchange.table(7, {"app": {"subscribe": ["orders.*"]}})
+        wait_until(lambda: 7 in exchange.versions(), message="the exchange reporting table 7")
+        assert 6 not in exchange.versions() and exchange.proc.poll() is None
+        assert outcome(live["sub"], "sub", as_key["app"]) == OK
+        assert outcome(live["pub"], "pub", as_key["pub"]) == REFUSED  # table 7 has no entry for pub
+        assert "ignored a permission table from the HCM" in exchange.stderr.read_text()
+    finally:
+        exchange.close()
