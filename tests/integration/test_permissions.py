@@ -39,6 +39,7 @@ DAEMON_ZK = "roq:perm-daemon-secret"
 READER_ZK = "reader:perm-reader-secret"
 ORDERS, BILLING = "orders.eu", "billing"
 KINDS = {"pub": zmq.DEALER, "sub": zmq.SUB, "replay": zmq.DEALER, "work": zmq.DEALER}
+SERVER_ONLY = "repl"  # a replica's replication socket: the cluster's own key alone
 
 
 @dataclass
@@ -58,12 +59,13 @@ class Cluster:
         return Admin(self.client(identity))
 
     def endpoints(self, queue: str) -> dict[str, str]:
-        """The sockets of the queue's exchange, and its replica's replay as `replica`."""
+        """The sockets of the queue's exchange, and its replica's replay (`replica`) and replication
+        (`repl`) sockets."""
         live = next(iter(read_live(self.zk, self.paths, queue).values()))
         found = {kind: live[kind] for kind in KINDS}
         replica = read_json(self.zk, self.paths.replica_live(queue, "x1"))
         if replica:
-            found["replica"] = replica["replay"]
+            found["replica"], found[SERVER_ONLY] = replica["replay"], replica["repl"]
         return found
 
     def stats(self, queue: str, replica: bool = False) -> dict[str, Any]:
@@ -114,7 +116,7 @@ def cluster(zookeeper, tmp_path_factory: pytest.TempPathFactory, request: pytest
             admin.grant("pub", publish=["orders.*"])
             admin.grant("sub", subscribe=["orders.*"])
             version = admin.grant("worker", consume=["orders.*"])["version"]
-        wait_until(lambda: len(found.endpoints(ORDERS)) == 5 and found.endpoints(BILLING), timeout=30,
+        wait_until(lambda: len(found.endpoints(ORDERS)) == 6 and found.endpoints(BILLING), timeout=30,
                    message="the exchanges and the replica running")
         found.wait_version(version)
         yield found
@@ -149,9 +151,11 @@ def test_a_key_is_admitted_only_where_its_right_lets_it(cluster: Cluster, key: s
     billing = cluster.endpoints(BILLING)
     assert {kind: outcome(endpoint, kind, config) for kind, endpoint in billing.items()} == \
         {kind: REFUSED for kind in billing}
-    refused_here = sum(1 for kind in orders if kind not in admitted and kind != "replica")
+    refused_here = sum(1 for kind in KINDS if kind not in admitted)
     wait_until(lambda: all(now >= then + refused_here for now, then in zip(refusals(cluster, ORDERS), before)),
                timeout=10, message="the exchange to count the refusals as refused for a permission")
+    wait_until(lambda: cluster.stats(ORDERS, replica=True).get("refused_permission", 0) > 0, timeout=10,
+               message="the replica to count its refusals too")
     assert all(p.poll() is None for p in cluster.procs.procs.values())
 
 
@@ -179,8 +183,9 @@ def test_a_key_without_an_entry_and_an_admin_keep_every_right(cluster: Cluster) 
     for identity in ("clients/app", "admins/ops"):  # security.default_permissions = "all"; admins: always
         config = cluster.client(identity)
         for queue in (ORDERS, BILLING):
-            seen = {kind: outcome(endpoint, kind, config) for kind, endpoint in cluster.endpoints(queue).items()}
-            assert set(seen.values()) == {OK}, (identity, queue, seen)
+            endpoints = cluster.endpoints(queue)
+            seen = {kind: outcome(endpoint, kind, config) for kind, endpoint in endpoints.items()}
+            assert seen == {kind: REFUSED if kind == SERVER_ONLY else OK for kind in endpoints}, (identity, queue)
 
 
 # ------------------------------------------------------------------ the control API
