@@ -149,6 +149,13 @@ def test_permissions_are_read_and_changed_by_admin_tokens_only(web_cluster: WebC
         assert bad.status_code == 400 and bad.json()["error"] == code, (path, bad.text)
     assert api(web, "GET", "/api/permissions/app", web.admin_token).json()["entry"] == answer["entry"]  # unchanged
 
+    with httpx.Client(base_url=web.url, timeout=30) as browser:  # a console session: changes need its CSRF token
+        csrf = browser.post("/api/session", json={"token": web.admin_token}).json()["csrf"]
+        forged = browser.post("/api/permissions/app/grant", json={"admin": True})
+        assert forged.status_code == 403 and forged.json()["error"] == "csrf"
+        assert browser.post("/api/permissions/app/grant", json={"admin": True},
+                            headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"}).status_code == 403
+        assert not browser.get("/api/permissions/app").json()["entry"]["admin"]
     revoked = api(web, "POST", "/api/permissions/app/revoke", web.admin_token, json={"publish": ["web-*"]}).json()
     assert revoked["entry"]["publish"] == [] and revoked["entry"]["subscribe"] == ["web-orders"]
     assert api(web, "DELETE", "/api/permissions/app", web.admin_token).json()["entry"] is None
