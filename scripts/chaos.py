@@ -28,6 +28,9 @@ one fault, chosen at random (seeded) from --kinds:
 * httpflood two 50 MiB bodies of newlines (split=lines) and two SSE streams resumed with a token
            naming 72,000 made-up publishers, at a roq-web gateway that runs throughout: refused,
            its memory bounded (peak RSS in the summary);
+* fulldisk (journal on; root) host-1's data directory is a 256 MiB tmpfs: a file fills it to the
+           last byte for 8 s, then goes: its exchanges stop confirming (storage_full), the leader
+           moves them to hosts with room, nothing confirmed is lost, nothing FAILED;
 * hungreplica  (--replicas 2) SIGSTOP a replica for 8-15 s, then SIGCONT if it still lives: its
            HCM kills it after hcm.hung_timeout and starts a new one, confirms resume;
 * replicaforge (--replicas 2) a raw peer attacks a replica's `repl` socket: a follow of the
@@ -88,7 +91,7 @@ from roq.security import secure_client
 from roq.state import read_hosts, read_leader, read_live
 from roq.tools import hostile as attacks
 from roq.tools.docker_launcher import last_confirmed
-from roq.tools.testing import Processes, SteadyTraffic, fast_config, wait_until
+from roq.tools.testing import Processes, SteadyTraffic, fast_config, mount_small_disk, unmount_small_disk, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import read_json, start_client, stop_client
 
@@ -96,7 +99,8 @@ console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")
 BASIC_KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood", "stall", "hostile", "httpflood")
 REPLICA_KINDS = ("pubhost", "hungreplica", "replicaforge")
-KINDS = (*BASIC_KINDS, *REPLICA_KINDS, "restart")
+KINDS = (*BASIC_KINDS, *REPLICA_KINDS, "restart", "fulldisk")
+SMALL_DISK_HOST, SMALL_DISK_BYTES, FULL_SECONDS = "host-1", 256 << 20, 8.0
 VICTIM_TOPIC = b"victim"
 QUEUE = "chaos"
 STALL_MESSAGES = 2_000
@@ -141,6 +145,7 @@ class Stall:
         self.pub = Publisher(QUEUE, config, zk=zk)
         self._serial = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.fillers: list[Path] = []  # the fulldisk kind's files, removed at the end whatever happens
 
     def _on_message(self, msg: Any) -> None:
         if self.block_next.is_set():
@@ -440,6 +445,7 @@ class Chaos:
         self.gateway_url = ""  # with the httpflood kind
         self.http_answers: Counter[str] = Counter()
         self.threads: list[threading.Thread] = []
+        self.fillers: list[Path] = []  # the fulldisk kind's files, removed at the end whatever happens
 
     def pick(self) -> tuple[str, dict[str, Any]] | None:
         live = self.watch.live()
@@ -464,7 +470,7 @@ class Chaos:
             return self.stall.start_round()
         if kind in ("hungreplica", "replicaforge"):
             return self.on_a_replica(kind)
-        if kind in ("hostile", "httpflood"):
+        if kind in ("hostile", "httpflood", "fulldisk"):
             return getattr(self, kind)()
         target = self.pick()
         if target is None:
@@ -598,6 +604,26 @@ class Chaos:
         return (f"a member joins group {member.group} on {len(endpoints)} exchanges with prefetch "
                 f"{protocol.MAX_PREFETCH}, nacks with requeue all it is handed and acks what it does not hold, "
                 f"for {HOSTILE_SECONDS:.0f}s")
+
+    def fulldisk(self) -> str:
+        """Fill the small disk of SMALL_DISK_HOST to the last byte, and free it FULL_SECONDS later."""
+        filler = self.procs.workdir / SMALL_DISK_HOST / "data" / "filler"
+        written = 0
+        try:
+            with filler.open("wb") as out:
+                block = b"\0" * (1 << 20)
+                while True:
+                    written += out.write(block)
+                    out.flush()
+        except OSError:
+            pass  # ENOSPC: full
+        timer = threading.Timer(FULL_SECONDS, lambda: filler.unlink(missing_ok=True))
+        timer.daemon = True
+        timer.start()
+        self.fillers.append(filler)
+        on_it = sorted(x for x, d in self.watch.live().items() if d.get("host") == SMALL_DISK_HOST)
+        return (f"filled {SMALL_DISK_HOST}'s data disk ({written >> 20} MiB more) for {FULL_SECONDS:.0f}s; "
+                f"exchanges there: {on_it or 'none'}")
 
     def httpflood(self) -> str:
         """Bodies of newlines and streams resumed with a made-up token at the gateway, in a thread."""
@@ -771,7 +797,9 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
     if unknown or not chosen:
         raise click.BadParameter(f"unknown kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
     if journal is None:
-        journal = "fsync" if "restart" in chosen else "off"
+        journal = "fsync" if {"restart", "fulldisk"} & set(chosen) else "off"
+    if "fulldisk" in chosen and journal == "off":
+        raise click.BadParameter("fulldisk needs the journal on (--journal fsync or async)")
     if {"hungreplica", "replicaforge"} & set(chosen) and replicas == 1:
         raise click.BadParameter("hungreplica and replicaforge need --replicas 2")
     if "pubhost" in chosen and replicas == 1:
@@ -793,6 +821,10 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
 
     def start_hcm(host: str) -> None:
         procs.hcm(host)  # each host its own hcm.data_dir (journals), under the workdir
+
+    small_disk = None
+    if "fulldisk" in chosen:
+        small_disk = mount_small_disk(procs.workdir / SMALL_DISK_HOST / "data", SMALL_DISK_BYTES)
 
     zk = start_client(config)
     from roq.paths import Paths
@@ -899,6 +931,11 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         stop_client(zk)
         procs.stop_all()
         server.stop()
+        if chaos is not None:
+            for filler in chaos.fillers:
+                filler.unlink(missing_ok=True)
+        if small_disk is not None:
+            unmount_small_disk(small_disk)
     fates = hcm_fates(procs)
     failed_exchanges = failed_lines(procs)
     for line in failed_exchanges:
