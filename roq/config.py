@@ -521,9 +521,6 @@ def _check_web_limits(c: Config) -> None:
                          ("web.max_publish_requests_per_client", c.web.max_publish_requests_per_client)):
         if value < 0:
             raise ConfigError(f"{where} must be >= 0 (0 = no per-caller limit), got {value}")
-    if c.web.max_request_messages > c.client.max_unconfirmed:
-        raise ConfigError(f"web.max_request_messages ({c.web.max_request_messages}) must be <= client.max_unconfirmed "
-                          f"({c.client.max_unconfirmed}): the gateway's publisher could never take a larger request")
     largest = 2 * c.web.max_body_bytes + c.web.max_request_messages * PUBLISH_MESSAGE_COST
     if c.web.publish_memory_bytes < largest:
         raise ConfigError(f"web.publish_memory_bytes ({c.web.publish_memory_bytes}) must be at least {largest}: "

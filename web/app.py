@@ -127,7 +127,7 @@ class Gateway:
         self.admin = Admin(config, client=self.zk)
         self.sampler = Sampler(self.admin, config.web.sample_interval, config.web.history_seconds)
         self.publishers = Publishers(config, self.zk)
-        self.limits = Limits(config.web, config.exchange.max_message_bytes)
+        self.limits = Limits(config.web, config.exchange.max_message_bytes, config.client.max_unconfirmed)
         self.streams = Streams(config, self.zk)
         # Threads for blocking subscriber reads, apart from the pool the other routes use.
         self.stream_threads = anyio.CapacityLimiter(config.web.max_streams + 4)

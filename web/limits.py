@@ -172,8 +172,9 @@ def _too_large(split_lines: bool, most: int) -> str:
 class Limits:
     """The gateway's bounds on publish requests and streams (web.* settings)."""
 
-    def __init__(self, web: WebConfig, max_message_bytes: int) -> None:
-        self.body = BodyLimits(web.max_body_bytes, web.max_request_messages, max_message_bytes)
+    def __init__(self, web: WebConfig, max_message_bytes: int, max_unconfirmed: int) -> None:
+        # A request larger than what the gateway's publisher may hold unconfirmed could never be taken.
+        self.body = BodyLimits(web.max_body_bytes, min(web.max_request_messages, max_unconfirmed), max_message_bytes)
         self.publishes = Slots("publish requests", web.max_publish_requests, web.max_publish_requests_per_client,
                                ("web.max_publish_requests", "web.max_publish_requests_per_client"))
         self.budget = Budget(web.publish_memory_bytes)
