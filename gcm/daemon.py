@@ -112,7 +112,8 @@ class Gcm:
     def _lead(self, epoch: int) -> None:
         self.reconciler = Reconciler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.gcm.reassign_grace,
-                                     self.config.gcm.journal_reassign_grace, self.config.gcm.storage_full_grace)
+                                     self.config.gcm.journal_reassign_grace, self.config.gcm.storage_full_grace,
+                                     self.config.gcm)
         self.autoscaler.states.clear()  # a new term starts with fresh timers
         with self.write_lock:
             self.queues.view.invalidate()  # another leader may have changed placements since our last term
@@ -147,6 +148,7 @@ class Gcm:
             "queue.list": lambda a: self.queues.list(**_args(a, [])),
             "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
             "queue.rules": lambda a: self.autoscaler.set_rules(**_args(a, ["name"], ["rules", "clear"])),
+            "queue.rebalance": lambda a: self._rebalance(**_args(a, [], ["name"])),
             "cluster.stats": self._stats,
             "keys.grant": lambda a: self.permissions.grant(**_args(a, ["name"], [*RIGHTS, "admin"])),
             "keys.revoke": lambda a: self.permissions.revoke(**_args(a, ["name"], [*RIGHTS, "admin", "all"])),
@@ -165,6 +167,11 @@ class Gcm:
         if not self.leadership.can_write():
             raise UnavailableError("the leader lost its ZooKeeper connection; retry shortly")
         return handler
+
+    def _rebalance(self, name: Any = None) -> dict[str, Any]:
+        if self.reconciler is None:
+            raise UnavailableError("the leader is starting; retry shortly")
+        return self.reconciler.rebalance_now(name)
 
     def _metrics(self) -> Families:
         """Prometheus: whether this GCM leads; the leader adds its cluster and per-queue aggregates
@@ -198,13 +205,15 @@ class Gcm:
                        "pid": os.getpid()},
             "gcms": self.leadership.contenders(),
             "hosts": [{"name": h.name, "address": h.address, "capacity": h.capacity, "pid": h.pid,
-                       "exchanges": assigned.get(h.name, 0), "metrics": h.metrics} for h in hosts.values()],
+                       "exchanges": assigned.get(h.name, 0), "metrics": h.metrics, "zone": h.zone}
+                      for h in hosts.values()],
             "queues": queue_names(self.client, self.paths),
             "exchanges": len(placements),
             "unplaced": sum(1 for h in placements.values() if h is None or h not in hosts),
             "replicas": len(replicas),
             "unplaced_replicas": sum(1 for h in replicas.values() if h is None or h not in hosts),
             "moves": self.reconciler.moves if self.reconciler else 0,
+            "rebalanced": self.reconciler.rebalanced if self.reconciler else 0,
             "time": time.time(),
         }
 

@@ -41,7 +41,7 @@ from gcm.view import (
     storage_full,
 )
 from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
-from roq.names import check_queue_name
+from roq.names import MAX_EXCHANGES, check_queue_name
 from roq.paths import Paths, replica_slot
 from roq.state import (
     ExchangeInfo,
@@ -56,8 +56,6 @@ from roq.state import (
 from roq.zk import encode, read_json
 
 log = logging.getLogger(__name__)
-
-MAX_EXCHANGES = 64  # per queue; a typo like 10000 should not flood the cluster
 
 
 def check_exchange_count(value: Any) -> int:
@@ -207,7 +205,8 @@ class QueueManager:
         for (q, _), host in placements.items():
             if q == queue and host:
                 spread[host] = spread.get(host, 0) + 1
-        loads = host_loads({h.name: h.capacity for h in hosts.values()}, placements.values())
+        loads = host_loads({h.name: h.capacity for h in hosts.values()}, placements.values(),
+                           {h.name: h.zone for h in hosts.values()})
         refusing = {host for host, _, _ in storage_full(self.cache, self.paths).values()}
         full = full_hosts(hosts, self.min_free_bytes, refusing)
         placed: Placements = {}

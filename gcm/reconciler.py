@@ -18,6 +18,15 @@ repaired to match the placements, and `live/` and `replicas/` to hold one
 directory per queue. Every write is fenced (gcm.fence), the directories it
 needs too; a refused one simply ends the tick.
 
+Rebalancing (`gcm.rebalance`, on by default; docs/elasticity.md): once every slot runs where it
+is placed, on a live host, and nothing changed for `gcm.rebalance_delay` (no host joined, nothing
+moved: a restarting host's exchanges come back to their journals first, a moved one is running and
+its replica caught up), the tick moves at most `gcm.rebalance_moves` slots by gcm.placement's
+`plan_rebalance`, the ordinary way (`_move`: the old incarnation asks its publishers to move, they
+resend; a new replica is copied the retention before it confirms). An exchange of a queue without
+replicas on a host that journals is left where it is: its journal would stay behind. `rebalance_now`
+(`queue.rebalance`, `roq queue rebalance`) runs the same plan at once, without the delay.
+
 Which hosts keep journals outlives a leader and a restart of the whole cluster: the
 leader writes it into the host's assignment list's own data, `assignments/<host>`
 = {"journals": true}, when the host registers so (`journal` not off, or journals
@@ -43,11 +52,14 @@ from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from gcm.fence import LeaderFence
-from gcm.placement import Move, plan_moves
+from gcm.placement import Move, plan_moves, plan_rebalance
 from gcm.queues import QueueManager
 from gcm.view import Placements, assignment_data, full_hosts, placement_data, read_placements, storage_full
-from roq.paths import Paths, is_replica_slot, primary_of, split_assignment
-from roq.state import HostInfo, Source, queue_names, read_hosts, tree
+from roq.config import GcmConfig
+from roq.errors import QueueNotFoundError
+from roq.names import check_queue_name
+from roq.paths import Paths, is_replica_slot, primary_of, replica_slot, split_assignment
+from roq.state import HostInfo, Source, queue_names, read_hosts, read_live, tree
 from roq.zk import encode
 
 log = logging.getLogger(__name__)
@@ -56,12 +68,14 @@ log = logging.getLogger(__name__)
 # longer than an HCM takes to kill a hung child and start it again (hcm.hung_timeout), so the
 # cheaper cure goes first.
 REPLICA_SILENT_GRACE = 10.0
+ON_DEMAND_MOVES = 64  # most slots one `queue.rebalance` moves (one per exchange)
 
 
 class Reconciler:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
                  queues: QueueManager, write_lock: threading.Lock, grace: float,
-                 journal_grace: float | None = None, storage_grace: float = 3.0) -> None:
+                 journal_grace: float | None = None, storage_grace: float = 3.0,
+                 balance: GcmConfig | None = None) -> None:
         self.client = client
         self.paths = paths
         self.fence = fence
@@ -78,6 +92,11 @@ class Reconciler:
         self._full_since: dict[tuple[str, str], tuple[str, float]] = {}  # exchange → (incarnation, since)
         self._stuck: set[tuple[str, str]] = set()  # full exchanges with nowhere to go, logged once
         self.moves = 0  # slots (exchanges and replicas) moved since this leader started (for status)
+        self.balance = balance or GcmConfig(rebalance=False)  # gcm.rebalance*
+        self.rebalanced = 0  # of which by rebalancing
+        self._quiet_since = time.monotonic()  # last host join or move: rebalancing waits rebalance_delay
+        self._known_hosts: set[str] = set()
+        self._balanced: object = None  # the state the last plan found nothing to do in (not planned again)
 
     def tick(self) -> dict[str, HostInfo]:
         """One pass; returns the hosts it saw, for the rest of the leader's tick."""
@@ -88,11 +107,94 @@ class Reconciler:
             movable = self._hosts_to_evacuate(hosts, placements.values())
             storage, refusing = self._storage_moves(placements)
             full = full_hosts(hosts, self.queues.min_free_bytes, refusing)
+            moved = self.moves
             self._place_orphans(hosts, placements, movable, storage | self._stuck_replicas(hosts, placements), full)
             self._report_stuck(storage, placements, full)
+            self._note_changes(hosts, moved)
+            if self.balance.rebalance and time.monotonic() - self._quiet_since >= self.balance.rebalance_delay:
+                self._rebalance(hosts, placements, full, self.balance.rebalance_moves)
             self._repair_assignments(placements, hosts)
             self._repair_live_dirs()
         return hosts
+
+    def _note_changes(self, hosts: dict[str, HostInfo], moves_before: int) -> None:
+        """Restart the rebalancing delay when a host joins (its journals come back first) or a slot
+        moved this tick."""
+        joined = set(hosts) - self._known_hosts
+        self._known_hosts = set(hosts)
+        if joined or self.moves != moves_before:
+            self._quiet_since = time.monotonic()
+
+    def unsettled(self, hosts: dict[str, HostInfo], placements: Placements) -> str | None:
+        """Why no slot may be rebalanced now (a host missing, a slot unplaced or not running where it
+        is placed yet), or None."""
+        for (queue, slot), host in sorted(placements.items(), key=lambda item: (item[0], item[1] or "")):
+            if host is None:
+                return f"{_what(queue, slot)} is unplaced"
+            if host not in hosts:
+                return f"host {host} is missing"
+        running: dict[str, dict[str, dict[str, Any]]] = {}
+        for (queue, slot), host in placements.items():
+            xid = primary_of(slot)
+            if is_replica_slot(slot):
+                data = self.cache.read_json(self.paths.replica_live(queue, xid)) or {}
+            else:
+                if queue not in running:
+                    running[queue] = read_live(self.cache, self.paths, queue)
+                data = running[queue].get(xid) or {}
+            if data.get("host") != host:
+                return f"{_what(queue, slot)} is not running on {host} yet"
+        return None
+
+    def _pinned(self, hosts: dict[str, HostInfo], placements: Placements) -> set[tuple[str, str]]:
+        """Exchanges without a replica on a host that journals: a move would leave their journal behind."""
+        return {(queue, slot) for (queue, slot), host in placements.items()
+                if not is_replica_slot(slot) and (queue, replica_slot(slot)) not in placements
+                and host in hosts and hosts[host].journal != "off"}
+
+    def _rebalance(self, hosts: dict[str, HostInfo], placements: Placements, full: set[str], limit: int,
+                   queues: set[str] | None = None) -> list[Move]:
+        """Plan and carry out up to `limit` moves (gcm.placement `plan_rebalance`) if every slot runs
+        where it is placed; `placements` is updated to match."""
+        state = (frozenset(placements.items()), frozenset((h.name, h.capacity, h.zone) for h in hosts.values()),
+                 frozenset(full), None if queues is None else frozenset(queues))
+        if state == self._balanced or self.unsettled(hosts, placements) is not None:
+            return []
+        moves = plan_rebalance({h.name: h.capacity for h in hosts.values()}, placements,
+                               {h.name: h.zone for h in hosts.values()}, max_moves=limit,
+                               margin=self.balance.rebalance_margin, queues=queues,
+                               pinned=self._pinned(hosts, placements), full=full)
+        if not moves:
+            self._balanced = state
+            return []
+        for move in moves:
+            placements[(move.queue, move.slot)] = move.new
+            xid = primary_of(move.slot)
+            self._move(move.queue, xid, [move], placement_data(placements, move.queue, xid), why="to even the spread")
+            self.rebalanced += 1
+        self._quiet_since = time.monotonic()
+        return moves
+
+    def rebalance_now(self, name: Any = None) -> dict[str, Any]:
+        """`queue.rebalance`: the same plan at once (no delay), for queue `name` or every queue."""
+        queues = None if name is None else {check_queue_name(name)}
+        with self.write_lock:
+            if self.fence.already_applied():
+                return {"moves": [], "applied_before": True}
+            if queues and name not in queue_names(self.cache, self.paths):
+                raise QueueNotFoundError(f"queue {name!r} does not exist")
+            hosts = read_hosts(self.cache, self.paths)
+            placements = self.queues.all_placements()
+            waiting = self.unsettled(hosts, placements)
+            moves: list[Move] = []
+            if waiting is None:
+                refusing = {host for host, _, _ in storage_full(self.cache, self.paths).values()}
+                full = full_hosts(hosts, self.queues.min_free_bytes, refusing)
+                self._balanced = None
+                moves = self._rebalance(hosts, placements, full, ON_DEMAND_MOVES, queues)
+        return {"moves": [{"queue": m.queue, "exchange": primary_of(m.slot), "replica": is_replica_slot(m.slot),
+                           "from": m.old, "to": m.new} for m in moves],
+                "waiting": waiting}
 
     def _remember_journals(self, hosts: dict[str, HostInfo]) -> None:
         """Record in `assignments/<host>` whether each registered host keeps journals (a fenced write,
@@ -190,14 +292,15 @@ class Reconciler:
         replica's together); `placements` is updated to match, for the repair that follows."""
         capacities = {h.name: h.capacity for h in hosts.values()}
         by_exchange: dict[tuple[str, str], list[Move]] = {}
-        for move in plan_moves(capacities, placements, evacuate, relocate, full):
+        zones = {h.name: h.zone for h in hosts.values()}
+        for move in plan_moves(capacities, placements, evacuate, relocate, full, zones):
             by_exchange.setdefault((move.queue, primary_of(move.slot)), []).append(move)
         for (queue, xid), moves in by_exchange.items():
             for move in moves:
                 placements[(queue, move.slot)] = move.new
             self._move(queue, xid, moves, placement_data(placements, queue, xid))
 
-    def _move(self, queue: str, xid: str, moves: list[Move], placement: dict[str, Any]) -> None:
+    def _move(self, queue: str, xid: str, moves: list[Move], placement: dict[str, Any], why: str = "") -> None:
         for move in moves:
             if move.new:
                 self.fence.ensure_path(self.paths.host_assignments(move.new))
@@ -215,8 +318,8 @@ class Reconciler:
         self.fence.write(build)
         for m in moves:
             self.moves += 1
-            what = f"replica of exchange {queue}/{xid}" if is_replica_slot(m.slot) else f"exchange {queue}/{xid}"
-            log.info("moved %s from %s to %s", what, m.old or "(unplaced)", m.new or "(unplaced)")
+            log.info("moved %s from %s to %s%s", _what(queue, m.slot), m.old or "(unplaced)", m.new or "(unplaced)",
+                     f" {why}" if why else "")
 
     def _repair_assignments(self, cached: Placements, hosts: dict[str, HostInfo]) -> None:
         if self._assignments(self.cache) == _assigned(cached):
@@ -266,6 +369,11 @@ class Reconciler:
                 self.fence.write(build)
             except (NoNodeError, NotEmptyError):
                 pass  # its exchanges are still stopping
+
+
+def _what(queue: str, slot: str) -> str:
+    xid = primary_of(slot)
+    return f"replica of exchange {queue}/{xid}" if is_replica_slot(slot) else f"exchange {queue}/{xid}"
 
 
 def _assigned(placed: Placements) -> set[tuple[str, str, str]]:

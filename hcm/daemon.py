@@ -56,6 +56,7 @@ class Hcm:
         # The leader waits longer for a lost host whose exchanges journal, or that keeps journals from
         # an earlier configuration (its exchanges serve them): its disk holds what nobody else has.
         self.registration.data["journal"] = self.config.exchange.journal
+        self.registration.data["zone"] = self.config.hcm.zone  # placement spreads over zones (gcm/placement.py)
         self.registration.data["journals"] = journals_kept(self.config.hcm.data_dir)
         self.client.add_listener(self._on_state)
         self.registration.try_register()

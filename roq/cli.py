@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from roq.errors import Exit, QueueExistsError, RoqError, UserError, ZooKeeperUnavailableError
+from roq.names import MAX_EXCHANGES
 
 if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.client.admin import Admin
@@ -410,7 +411,7 @@ def queue() -> None:
 
 @queue.command("create")
 @click.argument("name")
-@click.option("--exchanges", "-x", type=int, default=1, show_default=True)
+@click.option("--exchanges", "-x", type=click.IntRange(1, MAX_EXCHANGES), default=1, show_default=True)
 @click.option("--replicas", type=click.IntRange(1, 2), default=None,
               help="2: each exchange copies its stream to a replica on another host (default: the "
                    "leader's gcm.default_replicas)")
@@ -440,7 +441,7 @@ def queue_delete(ctx: Context, name: str) -> None:
 
 @queue.command("scale")
 @click.argument("name")
-@click.argument("exchanges", type=int)
+@click.argument("exchanges", type=click.IntRange(1, MAX_EXCHANGES))
 @pass_ctx
 @handle_errors
 def queue_scale(ctx: Context, name: str, exchanges: int) -> None:
@@ -448,6 +449,29 @@ def queue_scale(ctx: Context, name: str, exchanges: int) -> None:
     with ctx.admin() as admin:
         info = admin.scale_queue(name, exchanges)
     click.echo(f"queue {name} now has {len(info['exchanges'])} exchanges")
+
+
+@queue.command("rebalance")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help='{"moves": [{queue, exchange, replica, from, to}], "waiting"}')
+@pass_ctx
+@handle_errors
+def queue_rebalance(ctx: Context, name: str | None, as_json: bool) -> None:
+    """Even the spread of queue NAME's exchanges and replicas over the hosts now (default: every
+    queue), as the leader does by itself (gcm.rebalance). Moves lose nothing: publishers move and
+    resend, subscribers follow."""
+    with ctx.admin() as admin:
+        answer = admin.rebalance(name)
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+        return
+    for move in answer["moves"]:
+        what = "replica of " if move["replica"] else ""
+        click.echo(f"moved {what}{move['queue']}/{move['exchange']}: {move['from']} -> {move['to']}")
+    if answer.get("waiting"):
+        click.echo(f"nothing moved: {answer['waiting']}; try again once it is (`roq queue show`)")
+    elif not answer["moves"]:
+        click.echo(f"{'queue ' + name if name else 'every queue'} is already as even as the hosts allow")
 
 
 @queue.command("list")
@@ -484,13 +508,17 @@ def queue_show(ctx: Context, name: str, as_json: bool) -> None:
 
 @queue.command("rules")
 @click.argument("name")
-@click.option("--max-rate", type=float, help="msg/s one exchange may receive before the queue scales out (0 = off)")
-@click.option("--max-publishers", type=int, help="publishers per exchange before it scales out (0 = off)")
-@click.option("--max-cpu", type=float, help="CPU percent of a host running the queue before it scales out (0 = off)")
-@click.option("--max-memory", type=float, help="memory percent of such a host before it scales out (0 = off)")
-@click.option("--min", "min_exchanges", type=int, help="fewest exchanges")
-@click.option("--max", "max_exchanges", type=int, help="most exchanges")
-@click.option("--scale-in-below", type=float,
+# Out of range is a usage error (exit 2) like any other bad flag; the leader checks the rules again.
+@click.option("--max-rate", type=click.FloatRange(0), help="msg/s one exchange may receive before the queue scales "
+              "out (0 = off)")
+@click.option("--max-publishers", type=click.IntRange(0), help="publishers per exchange before it scales out (0 = off)")
+@click.option("--max-cpu", type=click.FloatRange(0, 100),
+              help="CPU percent of a host running the queue before it scales out (0 = off)")
+@click.option("--max-memory", type=click.FloatRange(0, 100),
+              help="memory percent of such a host before it scales out (0 = off)")
+@click.option("--min", "min_exchanges", type=click.IntRange(1, MAX_EXCHANGES), help="fewest exchanges")
+@click.option("--max", "max_exchanges", type=click.IntRange(1, MAX_EXCHANGES), help="most exchanges")
+@click.option("--scale-in-below", type=click.FloatRange(0, 1),
               help="scale in when one exchange fewer would run below this fraction of the limits")
 @click.option("--clear", is_flag=True, help="remove all rules first (back to a fixed size)")
 @click.option("--json", "as_json", is_flag=True)

@@ -77,6 +77,12 @@ class GcmConfig:
     max_queues: int = 1_000  # queue.create beyond this is refused: bounds ZooKeeper state and placements
     # Exchanges of a queue created without `replicas`: 1 = no replica, 2 = a replica process on another host.
     default_replicas: int = 1
+    # Rebalancing (docs/elasticity.md): the leader moves exchanges and replicas between live hosts to
+    # even the spread after failover put them wherever there was room (a host back, a host joined).
+    rebalance: bool = True
+    rebalance_delay: float = 10.0  # quiet seconds after a host joins or a move, before the next moves
+    rebalance_moves: int = 2  # slots moved per tick at most
+    rebalance_margin: float = 1.0  # slots above its fair share a host may carry before load alone moves one
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,9 @@ class HcmConfig:
     # The exchanges' files on this host (journals under <data_dir>/journal/<queue>/<xid>/<incarnation>/);
     # relative to the HCM's working directory, which its children inherit.
     data_dir: str = ".roq/data"
+    # This host's failure domain (an EC2 availability zone, a rack): the leader puts a queue's
+    # exchanges, and an exchange and its replica, in different zones when it can. "" = none.
+    zone: str = ""
 
 
 @dataclass(frozen=True)
@@ -479,6 +488,12 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {c.log.level!r}")
     if c.gcm.max_queues < 1:
         raise ConfigError(f"gcm.max_queues must be positive, got {c.gcm.max_queues}")
+    if c.gcm.rebalance_delay < 0 or c.gcm.rebalance_margin < 0:
+        raise ConfigError("gcm.rebalance_delay and gcm.rebalance_margin must be >= 0")
+    if not 1 <= c.gcm.rebalance_moves <= 64:
+        raise ConfigError(f"gcm.rebalance_moves must be from 1 to 64, got {c.gcm.rebalance_moves}")
+    if len(c.hcm.zone) > 64 or any(ch.isspace() or not ch.isprintable() for ch in c.hcm.zone):
+        raise ConfigError(f"hcm.zone must be at most 64 printable characters without spaces, got {c.hcm.zone!r}")
     if c.gcm.default_replicas not in (1, 2):
         raise ConfigError(f"gcm.default_replicas must be 1 or 2, got {c.gcm.default_replicas}")
     if c.exchange.journal not in JOURNAL_MODES:

@@ -11,6 +11,7 @@ from roq.errors import InvalidNameError
 # `$` would also match before a trailing newline.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MAX_TOPIC_BYTES = 255
+MAX_EXCHANGES = 64  # per queue; a typo like 10000 should not flood the cluster
 
 
 def check_queue_name(name: object) -> str:

@@ -57,6 +57,7 @@ class HostInfo:
     journal: str = "off"  # its exchanges' exchange.journal: they are worth waiting for when it goes
     metrics: str | None = None  # its HCM's Prometheus URL (None: hcm.metrics_port = -1)
     journals: int = 0  # incarnations' journals on its disk when its HCM started (any journal setting)
+    zone: str = ""  # hcm.zone: its failure domain (an EC2 availability zone); "" for none
 
     @property
     def keeps_journals(self) -> bool:
@@ -109,7 +110,8 @@ def read_hosts(source: Source, paths: Paths) -> dict[str, HostInfo]:
         hosts[name] = HostInfo(name, str(data.get("address", "")), int(data.get("capacity", 0)),
                                data.get("pid"), data.get("stats") or {}, str(data.get("journal", "off")),
                                metrics if isinstance(metrics, str) else None,
-                               journals if isinstance(journals, int) and not isinstance(journals, bool) else 0)
+                               journals if isinstance(journals, int) and not isinstance(journals, bool) else 0,
+                               str(data.get("zone") or ""))
     return hosts
 
 

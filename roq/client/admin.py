@@ -88,6 +88,12 @@ class Admin:
     def scale_queue(self, name: str, exchanges: int) -> dict[str, Any]:
         return self.call("queue.scale", name=name, exchanges=exchanges)
 
+    def rebalance(self, name: str | None = None) -> dict[str, Any]:
+        """Even the spread of queue `name`'s exchanges (None: every queue's) now: `{"moves": [{queue,
+        exchange, replica, from, to}], "waiting": why nothing may move yet, or None}`."""
+        args: dict[str, Any] = {} if name is None else {"name": name}
+        return self.call("queue.rebalance", **args)
+
     def list_queues(self) -> list[dict[str, Any]]:
         return self.call("queue.list")
 

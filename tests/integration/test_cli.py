@@ -32,6 +32,13 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, f
     assert "Traceback" not in result.stderr
 
 
+def assert_usage_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    """A bad flag or value: click's usage error (exit 2, like `--prefetch 0`), naming it, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Error: Invalid value for" in result.stderr and fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def config_file(tmp_path: Path, config) -> Path:
     path = tmp_path / "roq.toml"
     path.write_text(config.replace(client={"request_timeout": 2.0}).to_toml())
@@ -57,7 +64,8 @@ def test_user_mistakes(tmp_path, config, zk, paths, procs):
     assert_one_line_error(roq("--config", cfg, "queue", "create", "bad name!", cwd=tmp_path), 1, "invalid queue name")
     assert_one_line_error(roq("--config", cfg, "queue", "show", "nope", cwd=tmp_path), 1, "does not exist")
     assert_one_line_error(roq("--config", cfg, "queue", "delete", "nope", cwd=tmp_path), 1, "does not exist")
-    assert_one_line_error(roq("--config", cfg, "queue", "create", "q", "-x", "0", cwd=tmp_path), 1, "exchanges")
+    assert_usage_error(roq("--config", cfg, "queue", "create", "q", "-x", "0", cwd=tmp_path), "'--exchanges'")
+    assert_usage_error(roq("--config", cfg, "queue", "scale", "q", "65", cwd=tmp_path), "EXCHANGES")
     assert_one_line_error(roq("--set", "zk.nonsense=1", "config", "show", cwd=tmp_path), 2, "unknown key zk.nonsense")
     assert_one_line_error(roq("--set", "zk.session_timeout=soon", "config", "show", cwd=tmp_path), 1, "must be float")
     assert roq("--config", cfg, "queue", "create", "q", cwd=tmp_path).returncode == 0

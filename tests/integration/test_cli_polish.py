@@ -22,7 +22,7 @@ from roq.state import read_live
 from roq.tools.testing import record_figures, wait_until
 from roq.tools.zkserver import free_port
 from tests.integration.conftest import create, start_cluster
-from tests.integration.test_cli import assert_one_line_error, config_file, roq
+from tests.integration.test_cli import assert_one_line_error, assert_usage_error, config_file, roq
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_rules_without_min_keep_the_queue_at_its_size(tmp_path, config, zk, path
     assert "min_exchanges" not in table.stdout
     assert_one_line_error(roq("--config", cfg, "queue", "rules", "orders", "--min", "7"), 1,
                           "--min must be <= --max")
-    assert_one_line_error(roq("--config", cfg, "queue", "rules", "orders", "--max-rate", "-5"), 1, "--max-rate")
+    assert_usage_error(roq("--config", cfg, "queue", "rules", "orders", "--max-rate", "-5"), "'--max-rate'")
     # Asked for explicitly, a floor of 1 does let it shrink (and shows the window above would have seen it).
     assert roq("--config", cfg, "queue", "rules", "orders", "--min", "1").returncode == 0
     allowed = time.monotonic()
