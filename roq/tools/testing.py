@@ -91,7 +91,9 @@ def fast_config(zk_hosts: str, root: str | None = None) -> Config:
     """Timing knobs shrunk so failures are noticed in about a second."""
     return Config().replace(
         zk={"hosts": zk_hosts, "root": root or f"/test-{uuid.uuid4().hex[:10]}", "session_timeout": 2.0},
-        gcm={"tick": 0.2},
+        # Rebalancing off: a test about failover sees placements stay where failover put them; the
+        # rebalancing tests turn it on (tests/integration/test_rebalance.py).
+        gcm={"tick": 0.2, "rebalance": False},
         hcm={"tick": 0.1, "restart_backoff": 0.2, "restart_backoff_max": 2.0, "stop_grace": 2.0,
              "capacity": 4},
         exchange={"stats_interval": 0.5},
