@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -331,6 +332,9 @@ def cluster() -> None:
 def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | None) -> None:
     """Start ZooKeeper, the GCMs and the HCMs in the background.
 
+    Over a cluster of which a process died (ZooKeeper, a GCM, an HCM), it starts again what is
+    missing. ZooKeeper keeps its port from the previous run when it is free.
+
     The settings it is started with persist in the run directory's config.toml: a later `up` there
     starts from them, with what it is given (--set, a file, the environment) applied on top and
     persisted; it prints what it kept and what changed."""
@@ -339,8 +343,14 @@ def cluster_up(ctx: Context, gcms: int | None, hcms: int | None, run_dir: str | 
     cfg = _local_cluster_config(ctx, changes, say=click.echo)
     local = LocalCluster(cfg)
     state = local.up(progress=lambda text: click.echo(f"  {text}", err=True))
+    if local.restarted:
+        click.echo(f"restarted {', '.join(local.restarted)} in {state.run_dir}; the rest was running")
+    counts = Counter(p["role"] for p in state.processes)
     click.echo(f"cluster up in {state.run_dir}: ZooKeeper at {state.zk_hosts}, "
-               f"{cfg.cluster.gcms} GCMs, {cfg.cluster.hcms} HCMs")
+               f"{counts['gcm']} GCMs, {counts['hcm']} HCMs")
+    if local.queues_back:
+        shown = ", ".join(local.queues_back[:10]) + (", ..." if len(local.queues_back) > 10 else "")
+        click.echo(f"brought back {len(local.queues_back)} saved queue{'s' * (len(local.queues_back) != 1)}: {shown}")
     click.echo(f"configuration: {local.config_path}")
 
 

@@ -3,11 +3,15 @@
 `roq cluster up` starts it in `cluster.run_dir` (default ./.roq/cluster) and
 writes `config.toml` there, which every later `roq` command run from the
 same directory picks up. Each process gets its own process group and log
-file; `down` stops them all (SIGTERM, grace, SIGKILL). `up` refuses to start
-a second cluster over a running one and tears down what it started if any
-part fails to come up. ZooKeeper's data stays in the run directory, so the
-next `up` there brings the queues back; `purge` deletes it with the logs,
-the hosts' data and the state (`roq cluster down --purge`).
+file; `down` stops them all (SIGTERM, grace, SIGKILL). `up` over a running
+cluster whose processes all run refuses; over one with a dead process
+(ZooKeeper, a GCM, an HCM) it starts again what is missing, with the
+cluster's own settings, and says what it restarted (`repair`). A fresh `up`
+tears down what it started if any part fails to come up. ZooKeeper's data
+stays in the run directory, so the next `up` there brings the queues back (it
+names them); `purge` deletes it with the logs, the hosts' data and the state
+(`roq cluster down --purge`). ZooKeeper keeps the port of the previous run
+when it is free (clients configured for it keep working).
 
 The settings a cluster was started with persist with it, in that `config.toml`:
 the next `up` in the same run directory starts from them (`previous_settings`),
@@ -23,17 +27,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from roq.config import Config, load_config
 from roq.errors import ConfigError, RoqError, UserError
 from roq.paths import Paths
-from roq.state import read_hosts, read_leader
+from roq.state import queue_names, read_hosts, read_leader
 from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
 from roq.zk import start_client, stop_client
 
@@ -121,6 +126,8 @@ class LocalCluster:
     def __init__(self, config: Config, run_dir: str | Path | None = None) -> None:
         self.run_dir = Path(run_dir or config.cluster.run_dir).absolute()
         self.base_config = config
+        self.restarted: list[str] = []  # what the last `up` started again in a running cluster
+        self.queues_back: list[str] = []  # saved queues the last `up` found in ZooKeeper's kept data
 
     @property
     def config_path(self) -> Path:
@@ -130,11 +137,12 @@ class LocalCluster:
         say = progress or (lambda text: None)
         existing = ClusterState.load(self.run_dir)
         if existing and existing.alive():
-            raise UserError(f"a cluster is already running in {self.run_dir} (`roq cluster down` stops it)")
+            return self.repair(existing, timeout, say)
         find_zookeeper()  # precondition: fail before forking anything
+        kept = self.kept_data() is not None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         c = self.base_config.cluster
-        zk = ZooKeeperServer(self.run_dir / ZOOKEEPER_DIR, port=c.zk_port or free_port())
+        zk = ZooKeeperServer(self.run_dir / ZOOKEEPER_DIR, port=c.zk_port or self._previous_port() or free_port())
         state = ClusterState(str(self.run_dir), zk.connect_string)
         try:
             say(f"starting ZooKeeper on {zk.connect_string}")
@@ -144,24 +152,95 @@ class LocalCluster:
             state.save()
             config = self.base_config.replace(zk={"hosts": zk.connect_string})
             self.config_path.write_text(config.to_toml())
-            for i in range(1, c.gcms + 1):
-                state.processes.append(self._spawn("gcm", f"gcm-{i}", [], state))
-            for i in range(1, c.hcms + 1):
-                # Each host its own data directory, as on separate machines (journals: hcm.data_dir).
-                data_dir = self.run_dir / DATA_DIR / f"host-{i}"
-                state.processes.append(self._spawn("hcm", f"host-{i}", ["--set", f"hcm.host=host-{i}",
-                                                                        "--set", f"hcm.data_dir={data_dir}"], state))
+            for role, name in self._daemons(c.gcms, c.hcms):
+                state.processes.append(self._spawn(role, name))
             state.save()
             say(f"waiting for a leader and {c.hcms} hosts")
             self._wait_ready(config, state, c.hcms, timeout)
         except BaseException:
             self.down(state)
             raise
+        if kept:
+            self.queues_back = self._queues(config)
         return state
 
-    def _spawn(self, role: str, name: str, extra: list[str], state: ClusterState) -> dict[str, Any]:
+    def repair(self, state: ClusterState, timeout: float = 60.0, say: Any = None) -> ClusterState:
+        """Start again, with the cluster's own settings (its config.toml), whichever of its processes
+        died: ZooKeeper (on its port, with its data), GCMs, HCMs; and the GCMs and HCMs this command
+        asks for beyond what runs (--gcms, --hcms). Refused when all run, or when this command
+        changes other settings (they would apply to some processes and not others)."""
+        say = say or (lambda text: None)
+        running = previous_settings(self.run_dir)
+        if running is None:
+            raise UserError(f"a cluster is running in {self.run_dir} without its {CONFIG_FILE}: "
+                            "`roq cluster down`, then `roq cluster up`")
+        c = self.base_config.cluster
+        wanted = self.base_config.replace(zk={"hosts": running.zk.hosts}, cluster=asdict(running.cluster))
+        if wanted != running:
+            raise UserError(f"a cluster is running in {self.run_dir} with other settings: stop it first "
+                            "(`roq cluster down`), then `roq cluster up` with the new ones")
+        gcms, hcms = max(c.gcms, running.cluster.gcms), max(c.hcms, running.cluster.hcms)
+        alive = {p["name"] for p in state.alive()}
+        missing = [(role, name) for role, name in [("zookeeper", "zookeeper"), *self._daemons(gcms, hcms)]
+                   if name not in alive]
+        if not missing:
+            raise UserError(f"a cluster is already running in {self.run_dir}, all of it (`roq cluster down` "
+                            "stops it)")
+        if (gcms, hcms) != (running.cluster.gcms, running.cluster.hcms):
+            self.config_path.write_text(running.replace(cluster={"gcms": gcms, "hcms": hcms}).to_toml())
+        processes = [p for p in state.processes if p["name"] in alive]
+        for role, name in missing:
+            if role == "zookeeper":
+                port = int(state.zk_hosts.rsplit(":", 1)[1])
+                zk = ZooKeeperServer(self.run_dir / ZOOKEEPER_DIR, port=port)
+                say(f"starting ZooKeeper again on {zk.connect_string}")
+                zk.start()
+                processes.append({"role": "zookeeper", "name": "zookeeper", "pid": zk.pid, "log": str(zk.log_path)})
+            else:
+                say(f"starting {name} again")
+                processes.append(self._spawn(role, name))
+            self.restarted.append(name)
+            state.processes = processes  # saved at once: a later failure leaves what runs known to `down`
+            state.save()
+        say(f"waiting for a leader and {hcms} hosts")
+        self._wait_ready(running, state, hcms, timeout)
+        self.queues_back = self._queues(running)
+        return state
+
+    @staticmethod
+    def _daemons(gcms: int, hcms: int) -> list[tuple[str, str]]:
+        return [*(("gcm", f"gcm-{i}") for i in range(1, gcms + 1)), *(("hcm", f"host-{i}") for i in range(1, hcms + 1))]
+
+    def _previous_port(self) -> int | None:
+        """The port ZooKeeper had in the previous run here, if it is free now."""
+        try:
+            previous = previous_settings(self.run_dir)
+        except UserError:
+            return None
+        if previous is None:
+            return None
+        try:
+            host, port = previous.zk.hosts.split(",")[0].rsplit(":", 1)
+            with socket.socket() as probe:  # as ZooKeeper binds: a port in TIME_WAIT is free to it
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, int(port)))
+            return int(port)
+        except (OSError, ValueError):
+            return None
+
+    def _queues(self, config: Config) -> list[str]:
+        client = start_client(config)
+        try:
+            return queue_names(client, Paths(config.zk.root))
+        finally:
+            stop_client(client)
+
+    def _spawn(self, role: str, name: str) -> dict[str, Any]:
         log_path = self.run_dir / f"{name}.log"
         module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon"}[role]
+        extra: list[str] = []
+        if role == "hcm":  # each host its own data directory, as on separate machines (journals: hcm.data_dir)
+            extra = ["--set", f"hcm.host={name}", "--set", f"hcm.data_dir={self.run_dir / DATA_DIR / name}"]
         with log_path.open("ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(self.config_path), *extra],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
