@@ -37,14 +37,15 @@ def print_status(status: dict[str, Any]) -> None:
     for g in status["gcms"]:
         gcms.add_row(g.get("id", "?"), g.get("endpoint", "?"), str(g.get("pid", "?")), g.get("metrics") or "off")
     console.print(gcms)
-    hosts = Table("host", "address", "exchanges", "capacity", "pid", "metrics", title="hosts")
+    hosts = Table("host", "zone", "address", "exchanges", "capacity", "pid", "metrics", title="hosts")
     for h in status["hosts"]:
-        hosts.add_row(h["name"], h["address"], str(h["exchanges"]), str(h["capacity"]), str(h["pid"]),
-                      h.get("metrics") or "off")
+        hosts.add_row(h["name"], h.get("zone") or "-", h["address"], str(h["exchanges"]), str(h["capacity"]),
+                      str(h["pid"]), h.get("metrics") or "off")
     console.print(hosts)
     console.print(f"queues: {len(status['queues'])}  exchanges: {status['exchanges']}  "
                   f"unplaced: {status['unplaced']}  replicas: {status.get('replicas', 0)}  "
-                  f"unplaced replicas: {status.get('unplaced_replicas', 0)}")
+                  f"unplaced replicas: {status.get('unplaced_replicas', 0)}  moves: {status.get('moves', 0)} "
+                  f"(rebalancing {status.get('rebalanced', 0)})")
 
 
 def print_queue_list(queues: list[dict[str, Any]]) -> None:
