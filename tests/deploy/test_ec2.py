@@ -15,7 +15,10 @@ One cluster, `staging`, is provisioned once for the module. Then:
   daemon, the web console too, dials the whole ensemble;
 * a lost ZooKeeper member and a lost HCM (terminated) come back from a second provision.yml under
   their names, nothing else changing: every member keeps its myid, every HCM its id;
-* teardown.yml removes everything.
+* the instances of each role are spread over one subnet per availability zone (3 zones), each HCM's
+  hcm.toml names its instance's zone (hcm.zone), and each root disk has roq_disk_gb;
+* teardown.yml refuses without an explicitly named cluster and its name confirmed, deleting nothing,
+  then removes everything.
 """
 
 from __future__ import annotations
@@ -60,11 +63,14 @@ class Cluster:
                             env=self.env(), timeout=300)
 
     def instances(self, cluster: str = CLUSTER) -> dict[str, dict[str, Any]]:
-        """EC2's running instances of a cluster by instance id: their tags and private address."""
+        """EC2's running instances of a cluster by instance id: their tags, private address, zone,
+        subnet and root volume."""
         found = ec2_client(self.endpoint).describe_instances(Filters=[
             {"Name": "tag:cluster", "Values": [cluster]}, {"Name": "instance-state-name", "Values": ["running"]}])
         return {i["InstanceId"]: {"tags": {t["Key"]: t["Value"] for t in i.get("Tags", [])},
-                                  "ip": i["PrivateIpAddress"]}
+                                  "ip": i["PrivateIpAddress"], "zone": i["Placement"]["AvailabilityZone"],
+                                  "subnet": i["SubnetId"],
+                                  "volumes": [b["Ebs"]["VolumeId"] for b in i.get("BlockDeviceMappings", [])]}
                 for r in found["Reservations"] for i in r["Instances"]}
 
 
@@ -87,6 +93,7 @@ class Host:
     instance_id: str
     ip: str
     index: int
+    zone: str  # its availability zone, as the inventory says
     files: dict[str, str]  # what site.yml would write, by file name
 
 
@@ -105,6 +112,7 @@ def rendered(cluster: Cluster, into: Path) -> dict[str, Host]:
                           env=cluster.env(), timeout=300)
     assert set(recaps(result)) == set(hostvars), result.stdout[-3000:]
     hosts = {name: Host(v["ec2_instance_id"], v["private_ip"], int(v["ec2_tags"]["index"]),
+                        v["ec2_placement"]["availability_zone"],
                         {f.name: f.read_text() for f in (into / "out" / name).iterdir()})
              for name, v in hostvars.items()}
     return hosts
@@ -156,6 +164,7 @@ def daemons(hosts: dict[str, Host], into: Path) -> dict[str, str]:
             assert getattr(config, role).advertise == hosts[name].ip, name
             if role == "hcm":
                 hcm_ids[name] = config.hcm.host
+                assert config.hcm.zone == hosts[name].zone and config.hcm.zone, name  # its instance's zone
     for name in NAMES["gcm"]:  # the web console beside each GCM: HTTPS, tokens, an admin key
         path = into / f"{name}-web.toml"
         path.write_text(hosts[name].files["web.toml"])
@@ -179,6 +188,23 @@ def test_provision_makes_one_named_instance_per_count_and_opens_only_roqs_ports(
     # Only what RoQ needs: SSH, ZooKeeper (client, peer, election), control API, web console, metrics, exchanges.
     assert ports == [(22, 22), (2181, 2181), (2888, 2888), (3888, 3888), (5500, 5500), (8443, 8443), (9101, 9101),
                      (9102, 9102), (49152, 65535)]
+
+
+def test_each_role_is_spread_over_three_availability_zones_and_disks_have_their_size(cluster):
+    ec2 = ec2_client(cluster.endpoint)
+    subnets = ec2.describe_subnets(Filters=[{"Name": "tag:cluster", "Values": [CLUSTER]}])["Subnets"]
+    zones = {s["SubnetId"]: s["AvailabilityZone"] for s in subnets}
+    assert len(subnets) == 3 and len(set(zones.values())) == 3, zones
+    instances = cluster.instances()
+    spread = {role: sorted(i["zone"] for i in instances.values() if i["tags"]["role"] == role) for role in COUNTS}
+    for role, count in COUNTS.items():
+        assert len(set(spread[role])) == min(count, 3), spread  # one zone per instance while zones last
+    for i in instances.values():
+        assert zones[i["subnet"]] == i["zone"]
+    volumes = [v for i in instances.values() for v in i["volumes"]]
+    sizes = {v["Size"] for v in ec2.describe_volumes(VolumeIds=volumes)["Volumes"]}
+    assert len(volumes) == len(instances) and sizes == {20}, sizes  # roq_disk_gb
+    record_figures("provision: zones per role", **{role: len(set(z)) for role, z in spread.items()})
 
 
 def test_the_inventory_has_every_instance_once_in_the_groups_site_yml_needs(cluster):
@@ -225,10 +251,21 @@ def test_a_replaced_instance_comes_back_under_its_name_and_every_id_is_kept(clus
     assert after[f"{CLUSTER}-zookeeper-2"].ip in after[f"{CLUSTER}-zookeeper-1"].files["zoo.cfg"]
 
 
-def test_teardown_removes_the_cluster(cluster):
-    result = run_playbook("teardown.yml", "localhost,", env=cluster.env(), timeout=300)
+def test_teardown_asks_for_the_cluster_by_name_then_removes_it(cluster):
+    running = set(cluster.instances())
+    unnamed = run_playbook("teardown.yml", "localhost,", "-e", "confirm=roq", env=cluster.env(cluster=None),
+                           timeout=120)  # the default cluster, named by nobody
+    assert unnamed.returncode != 0 and "name the cluster to tear down: export roq_cluster=NAME" in unnamed.stdout
+    unconfirmed = run_playbook("teardown.yml", "localhost,", env=cluster.env(), timeout=120)  # no terminal to ask
+    assert unconfirmed.returncode != 0 and "confirm with its name" in unconfirmed.stdout, unconfirmed.stdout[-2000:]
+    wrong = run_playbook("teardown.yml", "localhost,", "-e", "confirm=prod", env=cluster.env(), timeout=120)
+    assert wrong.returncode != 0 and '(got "prod")' in wrong.stdout and "nothing was deleted" in wrong.stdout
+    assert set(cluster.instances()) == running  # nothing was deleted
+
+    result = run_playbook("teardown.yml", "localhost,", "-e", f"confirm={CLUSTER}", env=cluster.env(), timeout=300)
     assert recap(result)["failed"] == 0
     assert cluster.instances() == {}
     ec2 = ec2_client(cluster.endpoint)
     assert ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [CLUSTER]}])["SecurityGroups"] == []
     assert ec2.describe_vpcs(Filters=[{"Name": "tag:cluster", "Values": [CLUSTER]}])["Vpcs"] == []
+    assert ec2.describe_subnets(Filters=[{"Name": "tag:cluster", "Values": [CLUSTER]}])["Subnets"] == []
