@@ -479,7 +479,8 @@ def queue_rebalance(ctx: Context, name: str | None, as_json: bool) -> None:
         what = "replica of " if move["replica"] else ""
         click.echo(f"moved {what}{move['queue']}/{move['exchange']}: {move['from']} -> {move['to']}")
     if answer.get("waiting"):
-        click.echo(f"nothing moved: {answer['waiting']}; try again once it is (`roq queue show`)")
+        click.echo(f"nothing moved: {answer['waiting']} (moves wait until every exchange runs where it is "
+                   "placed); try again shortly")
     elif not answer["moves"]:
         click.echo(f"{'queue ' + name if name else 'every queue'} is already as even as the hosts allow")
 
