@@ -302,7 +302,8 @@ class Publisher:
             if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
                 self._raise_refused()
                 why = f": {self._link.storage_full}" if self._link.storage_full else ""
-                raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after "
+                left = target - self._log.acked
+                raise RequestTimeoutError(f"{left} message{'s' if left != 1 else ''} still unconfirmed after "
                                           f"{timeout:.1f}s{why}")
 
     def wait_confirmed(self, seqs: range, timeout: float) -> None:

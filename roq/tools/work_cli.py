@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import os
 import select
 import signal
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
-from roq.client.envelope import text_line
+from roq.client.envelope import headers_json, text_line
 from roq.client.worker import GroupSubscriber, WorkMessage
 from roq.config import MESSAGE_ENV
 from roq.errors import UserError
@@ -124,6 +125,10 @@ def message_env(msg: WorkMessage, queue: str, group: str) -> dict[bytes, bytes]:
         "ROQ_QUEUE": queue.encode(), "ROQ_GROUP": group.encode(), "ROQ_EXCHANGE": msg.exchange.encode(),
         "ROQ_PUBLISHER": msg.publisher.encode(), "ROQ_SEQ": b"%d" % msg.seq, "ROQ_MESSAGE_ID": msg.id.encode(),
         "ROQ_DELIVERIES": b"%d" % msg.deliveries, "ROQ_PRIORITY": b"%d" % msg.priority}
+    if msg.headers:  # as `--format json` shows them: text values, or all in base64
+        shown, encoding = headers_json(msg.headers)
+        values["ROQ_HEADERS"] = json.dumps(shown, ensure_ascii=False).encode()
+        values["ROQ_HEADERS_ENCODING"] = encoding.encode()
     for name, raw in (("ROQ_TOPIC", msg.topic_bytes), ("ROQ_KEY", msg.key_bytes)):
         if raw is None:
             continue
