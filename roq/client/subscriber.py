@@ -50,7 +50,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
@@ -75,7 +74,29 @@ START_POINTS = ("now", "beginning")  # where a subscriber without a position sta
 PROGRESS_REFRESH = 30.0  # a durable subscriber re-reports an unchanged position this often (s)
 
 
-EMPTY_HEADERS: Mapping[str, bytes] = MappingProxyType({})  # every message without headers shares it
+class _NoHeaders(Mapping[str, bytes]):
+    """The headers of a message that has none: an empty mapping that cannot be changed (every such
+    message shares it), equal to {} and picklable (as itself)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> bytes:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+    def __reduce__(self) -> str:
+        return "EMPTY_HEADERS"  # the module's one instance
+
+
+EMPTY_HEADERS: Mapping[str, bytes] = _NoHeaders()
 
 
 class Message(NamedTuple):  # a tuple: cheap to build, once per message

@@ -69,7 +69,8 @@ class WorkMessage:
         self.deliveries: int = entry[2]
         self.priority: int = entry[8]
         self.key_bytes: bytes | None = entry[9] or None
-        self.headers: Mapping[str, bytes] = entry[10] if len(entry) > 10 else EMPTY_HEADERS
+        # Each message its own copy: the messages of an entry share one map on the wire.
+        self.headers: Mapping[str, bytes] = dict(entry[10]) if len(entry) > 10 else EMPTY_HEADERS
         self._member = member
         self.settled = False
 

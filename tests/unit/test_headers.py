@@ -157,3 +157,23 @@ def test_a_group_keeps_headers_per_unit_and_says_why_it_dead_letters() -> None:
         groups.nack("g", b"m1", [(1, 1, 2)], requeue=True)
         groups.dispatch(group)
     assert [reason for _, _, reason in dead] == [NACKED, MAX_DELIVERIES, MAX_DELIVERIES]
+
+
+def test_a_message_without_headers_shares_one_empty_mapping_that_cannot_change_and_pickles() -> None:
+    import pickle
+
+    from roq.client.subscriber import EMPTY_HEADERS, Message, MessageBatch
+    from roq.client.worker import WorkMessage
+    msg = Message("orders", b"p", PID, 1, "x1", 0)
+    again = pickle.loads(pickle.dumps(msg))
+    assert again == msg and again.headers is EMPTY_HEADERS and EMPTY_HEADERS == {} and not EMPTY_HEADERS
+    with pytest.raises(TypeError):
+        EMPTY_HEADERS["k"] = b"v"  # type: ignore[index]
+    assert msg.topic_bytes == b"orders" and Message("\udcff", b"", PID, 1, "x1", 0).topic_bytes == b"\xff"
+    batch = MessageBatch("t", [b"a", b"b"], PID, [1, 2], "x1", 0, headers=[{"h": b"1"}, {}])
+    assert [m.headers for m in batch.messages()] == [{"h": b"1"}, {}]
+    # The messages of one work entry share a map on the wire: each gets its own.
+    entry = [3, 0, 1, b"jobs", PID, 0, [1, 2], [b"a", b"b"], 0, b"", {"h": b"1"}]
+    first, second = (WorkMessage(None, entry, i, "x1", "x1.ab") for i in range(2))  # type: ignore[arg-type]
+    first.headers["h"] = b"changed"  # type: ignore[index]
+    assert second.headers == {"h": b"1"}
