@@ -177,3 +177,25 @@ def test_a_message_without_headers_shares_one_empty_mapping_that_cannot_change_a
     first, second = (WorkMessage(None, entry, i, "x1", "x1.ab") for i in range(2))  # type: ignore[arg-type]
     first.headers["h"] = b"changed"  # type: ignore[index]
     assert second.headers == {"h": b"1"}
+
+
+def test_an_exchange_that_adopts_a_group_forwards_its_pending_messages_with_their_headers() -> None:
+    """Protocol 7.6: the pending message is forwarded again in the new incarnation's stream and
+    offered to its group, with its priority, key and headers (a real Forwarder on loopback)."""
+    import zmq
+
+    from exchange.forwarder import Forwarder
+    from roq.config import ExchangeConfig
+    forwarder = Forwarder(zmq.Context.instance(), ExchangeConfig(), "x1", "127.0.0.1", "127.0.0.1")
+    try:
+        body = protocol.encode_delivery("x1", "x1.0ld", 1, [], PID, 5, [1, 2], [b"a", b"b"],
+                                        [[1, 3, 0, b"k", {"trace-id": b"4bf9"}]])
+        record = protocol.GroupRecord("g", (b"jobs",), 30_000, 5, b"dead", 2, [(1, 1, 1, 2)])
+        forwarder._adopt(protocol.Adoption("x1.new", "x1.0ld", [record], {PID: 2}, [(1, b"jobs", body)]))
+        (unit,) = forwarder.groups.groups["g"].levels[3].queues[b"k"]
+        assert unit.entry()[6:] == [[2], [b"b"], 3, b"k", {"trace-id": b"4bf9"}] and unit.deliveries == 2
+        frames, _, _ = forwarder.retention.read(0, forwarder.retention.next_pos, [b"jobs"], 1 << 20)
+        (again,) = [protocol.decode_delivery(b) for _, b in frames]
+        assert (again.seqs, again.attrs) == ([2], [[0, 3, 0, b"k", {"trace-id": b"4bf9"}]])
+    finally:
+        forwarder.close()
