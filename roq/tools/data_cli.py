@@ -5,13 +5,14 @@ subscribing").
 `--timeout` of `roq publish` bounds what the command waits for from the cluster, in all:
 connecting to ZooKeeper, room under backpressure and the confirms (WaitBudget). Time spent
 reading its input is not counted, so `tail -f log | roq publish ...` runs as long as its input
-does. Every message is checked (topic, headers, size) before anything connects when it is given
-as an argument; lines are checked as they are read, and a bad one stops the command with what
-was published before it confirmed.
+does. The topic, headers and attributes are checked before anything connects; each line as it is
+read, and a bad one (too large) stops the command once what was published before it is
+confirmed (within what is left of the budget). Ctrl-C stops it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +22,7 @@ from typing import Any
 from roq import protocol
 from roq.client.envelope import base64_line, message_json, rfc3339, text_line
 from roq.config import Config
-from roq.errors import RequestTimeoutError, UserError
+from roq.errors import RequestTimeoutError, RoqError, UserError
 
 FORMATS = ("text", "json", "base64")
 
@@ -91,25 +92,34 @@ def publish_messages(config: Config, queue: str, topic: str, payloads: Iterable[
     budget.spend(started)
     sent = 0
     publish = pub.publish
+    waiting: float | None = None  # when the wait in progress began
     try:
         if budget.remaining() <= 0:
             raise RequestTimeoutError(f"connecting took all of --timeout {timeout:g}s")
         for payload in payloads:
-            before = time.monotonic()
+            waiting = time.monotonic()
             if attributes.any:
                 not_before = time.time() + attributes.delay if attributes.delay is not None else None
                 publish(topic, payload, budget.remaining(), priority=attributes.priority, not_before=not_before,
                         key=attributes.key, headers=attributes.headers)
             else:
                 publish(topic, payload, budget.remaining())
-            budget.spend(before)
+            budget.spend(waiting)
+            waiting = None
             sent += 1
-        before = time.monotonic()
+        waiting = time.monotonic()
         pub.flush(budget.remaining())
-        budget.spend(before)
+        waiting = None
+    except RoqError:
+        # A refused line, no room: what was published before it still gets what is left of the time.
+        if waiting is not None:
+            budget.spend(waiting)
+        with contextlib.suppress(RoqError):
+            pub.flush(budget.remaining())
+        raise
     finally:
         confirmed = pub.confirmed
-        pub.close(timeout=0)  # flushed already, or given up on: never a second wait
+        pub.close(timeout=0)  # flushed already, or given up on (Ctrl-C too): never a second wait
     return sent, confirmed
 
 

@@ -152,3 +152,14 @@ def test_ctrl_c_on_subscribe_says_interrupted(lone: Lone, cfg: str) -> None:  # 
     lines = err.decode().strip().splitlines()
     assert sub.returncode == 130 and lines[-1] == "interrupted", err.decode()
     assert lines[-2].startswith("received 1 message (") and "Traceback" not in err.decode()
+
+
+def test_a_line_too_large_stops_publish_once_the_lines_before_it_are_confirmed(lone: Lone, cfg: str,  # noqa: F811
+                                                                              tmp_path_factory) -> None:
+    queue = lone.queue("toolarge")
+    lines = tmp_path_factory.mktemp("lines") / "in.txt"
+    lines.write_bytes(b"before\n" + b"x" * 5000 + b"\nafter\n")  # the module's exchange.max_message_bytes: 4096
+    result = roq(cfg, "publish", queue, "-t", "too-large", "-f", str(lines), "--timeout", "20")
+    assert result.returncode == 1 and b"exceeds exchange.max_message_bytes=4096" in result.stderr, result.stderr
+    printed = roq(cfg, "subscribe", queue, "-t", "too-large", "--from", "beginning", "--timeout", "2")
+    assert printed.stdout == b"too-large\tbefore\n", printed.stderr
