@@ -346,7 +346,7 @@ class Deliveries:
 
     def _on_batch(self, batch: Any) -> None:
         with self._lock:
-            self._got.setdefault((batch.topic.decode(), batch.publisher), []).extend(batch.seqs)
+            self._got.setdefault((batch.topic, batch.publisher), []).extend(batch.seqs)
 
     def received(self, topic: str) -> int:
         with self._lock:

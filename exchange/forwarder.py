@@ -163,7 +163,7 @@ class Forwarder:
         self.work.gone = gone_fds
         if gatekeeper is None or not gatekeeper.needed:
             self.work.watch_connections()
-        self._dead: list[tuple[Group, Unit]] = []
+        self._dead: list[tuple[Group, Unit, str, int]] = []  # (group, unit, reason, when in ms)
         self.dead_publisher = f"dl-{self.incarnation}"
         self._dead_seq = 0
 
@@ -339,10 +339,10 @@ class Forwarder:
             if idx >= end:
                 continue
             seqs, payloads = d.seqs[idx:end], d.payloads[idx:end]
-            attrs = [[a[0] - idx, a[1], a[2], a[3]] for a in d.attrs or () if idx <= a[0] < end]
+            attrs = [[a[0] - idx, *a[1:]] for a in d.attrs or () if idx <= a[0] < end]
             pos = self._send(topic, d.publisher, d.sent_ns, seqs, payloads, sum(map(len, payloads)), attrs, offer=False)
             self.groups.offer(pos, topic, d.publisher, d.sent_ns, seqs, payloads,
-                              [(a[0], a[1], a[2], a[3]) for a in attrs] or None, only=group, deliveries=deliveries)
+                              [tuple(a) for a in attrs] or None, only=group, deliveries=deliveries)
             count += end - idx
         return count
 
@@ -369,7 +369,7 @@ class Forwarder:
             self._groups_sent = (now, fresh, len(frame))
 
     def _offer(self, pos: int, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-               attrs: list[tuple[int, int, int, bytes]] | None, only: Group | None = None) -> None:
+               attrs: list[tuple[Any, ...]] | None, only: Group | None = None) -> None:
         """A frame to the groups, without the messages an adopted group already had."""
         start = 0
         if self.adopted_high:
@@ -612,23 +612,25 @@ class Forwarder:
         run_topic: Any = None
         seqs: list[int] = []
         payloads: list[bytes] = []
-        attrs: list[list[Any]] = []  # [index in the run, priority, not_before_ms, key]
+        attrs: list[list[Any]] = []  # [index in the run, priority, not_before_ms, key(, headers)]
         run_size = 0
         max_size = self.config.max_message_bytes
         for i in range(skip, count):
             topic, payload = flat[2 * i], flat[2 * i + 1]
             seq = batch.first_seq + i
             attributes = None
-            if isinstance(topic, list):  # [topic, priority, not_before_ms, key]: for consumer groups
-                attributes = protocol.message_attributes(topic)
-                if attributes is None:
+            headers_size = 0
+            if isinstance(topic, list):  # [topic, priority, not_before_ms, key(, headers)]
+                try:
+                    attributes = protocol.message_attributes(topic)
+                    if attributes[4]:
+                        headers_size = protocol.headers_size(attributes[4])
+                except ProtocolError as err:
                     totals.rejected += 1
-                    self._reply(ident, protocol.encode_reject(seq, "malformed", "an attributed message's topic "
-                                                              "must be [topic, priority 0..255, not_before_ms "
-                                                              "0..2^63-1, key of 0-255 bytes]"))
+                    self._reply(ident, protocol.encode_reject(seq, protocol.MALFORMED, str(err)))
                     continue
                 topic = attributes[0]
-            problem = _check_message(topic, payload, max_size)
+            problem = _check_message(topic, payload, max_size, headers_size)
             if problem:
                 totals.rejected += 1
                 self._reply(ident, protocol.encode_reject(seq, problem[0], problem[1]))
@@ -637,8 +639,9 @@ class Forwarder:
                 self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
                 seqs, payloads, attrs, run_size = [], [], [], 0
             run_topic = topic
-            if attributes is not None and attributes[1:] != (0, 0, b""):
-                attrs.append([len(seqs), attributes[1], attributes[2], attributes[3]])
+            if attributes is not None and attributes[1:] != (0, 0, b"", None):
+                attrs.append([len(seqs), *attributes[1:4]] if attributes[4] is None
+                             else [len(seqs), *attributes[1:]])
             seqs.append(seq)
             payloads.append(payload)
             run_size += len(payload)
@@ -661,8 +664,7 @@ class Forwarder:
                                             payloads, attrs)
         self.retention.add(topic, body, len(seqs))
         if self.groups and offer:
-            self._offer(pos, topic, pub, sent_ns, seqs, payloads, [(a[0], a[1], a[2], a[3]) for a in attrs] if attrs
-                        else None)
+            self._offer(pos, topic, pub, sent_ns, seqs, payloads, [tuple(a) for a in attrs] if attrs else None)
         if self.journal is not None:
             self.journal.append(pos, topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
@@ -675,19 +677,24 @@ class Forwarder:
         totals.frames_out += 1
         return pos
 
-    def _dead_letter(self, group: Group, unit: Unit) -> None:
-        self._dead.append((group, unit))  # published after the groups' turn, not in the middle of it
+    def _dead_letter(self, group: Group, unit: Unit, reason: str) -> None:
+        # Published after the groups' turn, not in the middle of it; the time is when it was given up on.
+        self._dead.append((group, unit, reason, time.time_ns() // 1_000_000))
 
     def _publish_dead_letters(self) -> None:
         """Messages a group gave up on, as new messages of this exchange on the group's dead-letter
-        topic: the same payloads, priority and key, in a stream any subscriber or group can read."""
+        topic: the same payloads, priority, key and headers, in a stream any subscriber or group can
+        read, each with RoQ's headers saying where it came from (protocol section 7.4)."""
         dead, self._dead = self._dead, []
-        for group, unit in dead:
+        for group, unit, reason, at_ms in dead:
             first = self._dead_seq + 1
             self._dead_seq += unit.count
             payloads = unit.payloads[unit.idx:unit.idx + unit.count]
-            attrs = [[i, unit.priority, 0, unit.key] for i in range(unit.count)] \
-                if (unit.priority, unit.key) != (0, b"") else None
+            common = {**(unit.headers or {}), "roq-topic": unit.topic, "roq-publisher": unit.publisher.encode(),
+                      "roq-reason": reason.encode(), "roq-deliveries": b"%d" % unit.deliveries,
+                      "roq-group": group.name.encode(), "roq-time": b"%d" % at_ms}
+            attrs = [[i, unit.priority, 0, unit.key, {**common, "roq-seq": b"%d" % seq}]
+                     for i, seq in enumerate(unit.seqs[unit.idx:unit.idx + unit.count])]
             self._send(group.settings.dead_letter, self.dead_publisher, unit.sent_ns,
                        list(range(first, first + unit.count)), payloads, unit.size, attrs)
 
@@ -735,11 +742,15 @@ def _one_valid_topic(topics: list[Any], payloads: list[Any], max_size: int) -> i
     return size if size <= max_size or max(map(len, payloads)) <= max_size else -1
 
 
-def _check_message(topic: Any, payload: Any, max_size: int) -> tuple[str, str] | None:
+def _check_message(topic: Any, payload: Any, max_size: int, headers_size: int = 0) -> tuple[str, str] | None:
+    """Why one message is refused (code, text), None if it is not; its headers count against the
+    size limit with its payload."""
     if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES or topic[:1] == b"\x00":
         return ("invalid_name", f"topic must be 1-{MAX_TOPIC_BYTES} bytes, not starting with NUL")
     if not isinstance(payload, bytes):
         return ("malformed", "payload must be bytes (msgpack bin)")
-    if len(payload) > max_size:
-        return ("too_large", f"payload of {len(payload)} bytes exceeds exchange.max_message_bytes={max_size}")
+    if len(payload) + headers_size > max_size:
+        with_headers = f" and {headers_size} bytes of headers" if headers_size else ""
+        return ("too_large", f"payload of {len(payload)} bytes{with_headers} exceeds "
+                             f"exchange.max_message_bytes={max_size}")
     return None

@@ -6,7 +6,7 @@ offered to that group, from the group's first join on (or, for a group created w
 `from_beginning`, from the oldest frame still retained).
 
 A group holds its messages as *units*: consecutive messages of one frame with the same
-priority, key and not-before time. Units are split only where credit, fairness or a partial ack
+priority, key, not-before time and headers. Units are split only where credit, fairness or a partial ack
 ask for it, so a frame of a thousand messages costs one object until a member takes part of it.
 Units reference the frame's own lists (seqs, payloads) by offset: no copy until they are sent.
 
@@ -17,8 +17,9 @@ the exchange's clock reaches it. A member holds at most `prefetch` unacked messa
 more than `max_prefetch` whatever its join asked (a larger join is clamped). A message not acked
 within the group's ack timeout, nacked, or held by a member that went away goes back to the front
 of its queue with its delivery count, remembering the member it came back from; after
-`max_deliveries` counted deliveries it is dead-lettered: handed to `on_dead` (the forwarder
-publishes it on the group's dead-letter topic).
+`max_deliveries` counted deliveries it is dead-lettered: handed to `on_dead` with the reason
+(`max_deliveries`, or `nack` for a nack without requeue; the forwarder publishes it on the group's
+dead-letter topic, saying where it came from in its headers).
 
 A message that came back goes to a member it has not come back from whenever one has credit; only
 when none has may it go back to one it came back from, and that repeat does not count toward
@@ -41,6 +42,8 @@ from roq import protocol
 
 DEFAULT_PRIORITY = 0
 NO_KEY = b""
+# Why a message was dead-lettered (its `roq-reason` header)
+NACKED, MAX_DELIVERIES = "nack", "max_deliveries"
 # Turns over the members in one dispatch when a message waits for a member it has not come back
 # from (each turn must hand something out); what is left goes at the next dispatch.
 DISPATCH_PASSES = 3
@@ -63,19 +66,22 @@ class GroupSettings:
 
 
 class Unit:
-    """Messages idx..idx+count-1 of the frame at `pos`, with one priority, key and not-before time."""
+    """Messages idx..idx+count-1 of the frame at `pos`, with one priority, key, not-before time and
+    headers (None: none)."""
 
     __slots__ = ("pos", "idx", "count", "topic", "publisher", "sent_ns", "seqs", "payloads", "priority", "key",
-                 "not_before", "deliveries", "counted", "counting", "returned", "member", "deadline", "arrived",
-                 "size")
+                 "not_before", "headers", "deliveries", "counted", "counting", "returned", "member", "deadline",
+                 "arrived", "size")
 
     def __init__(self, pos: int, idx: int, count: int, topic: bytes, publisher: str, sent_ns: int,
                  seqs: list[int], payloads: list[bytes], priority: int = DEFAULT_PRIORITY, key: bytes = NO_KEY,
-                 not_before: float = 0.0, arrived: float = 0.0, size: int | None = None) -> None:
+                 not_before: float = 0.0, arrived: float = 0.0, size: int | None = None,
+                 headers: dict[str, bytes] | None = None) -> None:
         self.pos, self.idx, self.count = pos, idx, count
         self.topic, self.publisher, self.sent_ns = topic, publisher, sent_ns
         self.seqs, self.payloads = seqs, payloads  # the frame's lists: ours are [idx, idx + count)
         self.priority, self.key, self.not_before = priority, key, not_before
+        self.headers = headers
         self.deliveries = 0  # sent to a member this often (what members are told)
         self.counted = 0  # ... of which count toward max_deliveries
         self.counting = False  # the delivery in flight is one of those
@@ -88,7 +94,7 @@ class Unit:
     def cut(self, count: int) -> Unit:
         """Split off and return the first `count` messages (same attributes, same state)."""
         head = Unit(self.pos, self.idx, count, self.topic, self.publisher, self.sent_ns, self.seqs, self.payloads,
-                    self.priority, self.key, self.not_before, self.arrived)
+                    self.priority, self.key, self.not_before, self.arrived, headers=self.headers)
         head.deliveries, head.counted, head.counting = self.deliveries, self.counted, self.counting
         head.returned, head.member, head.deadline = self.returned, self.member, self.deadline
         self.idx += count
@@ -99,8 +105,11 @@ class Unit:
     def entry(self) -> list[Any]:
         """The unit as one entry of a `work` frame (docs/protocol.md section 7)."""
         end = self.idx + self.count
-        return [self.pos, self.idx, self.deliveries, self.topic, self.publisher, self.sent_ns,
-                self.seqs[self.idx:end], self.payloads[self.idx:end], self.priority, self.key]
+        entry = [self.pos, self.idx, self.deliveries, self.topic, self.publisher, self.sent_ns,
+                 self.seqs[self.idx:end], self.payloads[self.idx:end], self.priority, self.key]
+        if self.headers:
+            entry.append(self.headers)
+        return entry
 
 
 class Level:
@@ -303,7 +312,7 @@ class Groups:
     """The consumer groups of one exchange incarnation."""
 
     def __init__(self, max_groups: int = 64, max_members: int = 1000, member_timeout: float = 10.0,
-                 group_ttl: float = 86400.0, on_dead: Callable[[Group, Unit], None] | None = None,
+                 group_ttl: float = 86400.0, on_dead: Callable[[Group, Unit, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  max_prefetch: int = 1000) -> None:
         self.max_groups = max_groups
@@ -311,7 +320,7 @@ class Groups:
         self.max_members = max_members
         self.member_timeout = member_timeout
         self.group_ttl = group_ttl
-        self.on_dead = on_dead or (lambda group, unit: None)
+        self.on_dead = on_dead or (lambda group, unit, reason: None)
         self.clock, self.wall = clock, wall
         self.groups: dict[str, Group] = {}
         self.held_bytes = 0
@@ -376,11 +385,12 @@ class Groups:
     # ------------------------------------------------------------ messages in
 
     def offer(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-              attrs: list[tuple[int, int, int, bytes]] | None = None, only: Group | None = None, start: int = 0,
+              attrs: list[tuple[Any, ...]] | None = None, only: Group | None = None, start: int = 0,
               deliveries: int = 0) -> None:
         """A frame the exchange forwarded: every group whose prefixes match it takes it (or only
-        `only`), from message `start` on. `attrs`: (index, priority, not_before_ms, key) of the
-        messages published with some; `deliveries`: how often they were delivered already (adopted)."""
+        `only`), from message `start` on. `attrs`: (index, priority, not_before_ms, key) or (index,
+        priority, not_before_ms, key, headers) of the messages published with some; `deliveries`:
+        how often they were delivered already (adopted)."""
         groups = [g for g in ((only,) if only is not None else self.groups.values()) if g.matches(topic)]
         if not groups or start >= len(seqs):
             return
@@ -390,7 +400,7 @@ class Groups:
             for unit in units:
                 if len(groups) > 1:  # each group needs its own unit objects (their state differs)
                     unit = Unit(unit.pos, unit.idx, unit.count, topic, publisher, sent_ns, seqs, payloads,
-                                unit.priority, unit.key, unit.not_before, now, unit.size)
+                                unit.priority, unit.key, unit.not_before, now, unit.size, unit.headers)
                 unit.deliveries = unit.counted = deliveries
                 group.add(unit, wall)
                 group.held_bytes += unit.size
@@ -469,7 +479,7 @@ class Groups:
             self._requeue(group, pieces, member)
         else:
             for piece in pieces:
-                self._dead(group, piece)
+                self._dead(group, piece, NACKED)
         return count
 
     def unsend(self, group: Group, units: list[Unit]) -> None:
@@ -491,17 +501,17 @@ class Groups:
         wall = self.wall()
         for unit in reversed(units):
             if unit.counted >= group.settings.max_deliveries:
-                self._dead(group, unit)
+                self._dead(group, unit, MAX_DELIVERIES)
                 continue
             if returner.route not in unit.returned:
                 unit.returned += (returner.route,)
             group.add(unit, wall, front=True)
 
-    def _dead(self, group: Group, unit: Unit) -> None:
+    def _dead(self, group: Group, unit: Unit, reason: str) -> None:
         group.counters.dead_lettered += unit.count
         self._drop(group, unit)
         group.done.append((unit.pos, unit.idx, unit.count))
-        self.on_dead(group, unit)
+        self.on_dead(group, unit, reason)
 
     def _drop(self, group: Group, unit: Unit) -> None:
         group.held_bytes -= unit.size
@@ -623,19 +633,23 @@ def _shown(topic: bytes) -> str:
 
 
 def _units(pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-           attrs: list[tuple[int, int, int, bytes]] | None, now: float, start: int = 0) -> Iterator[Unit]:
+           attrs: list[tuple[Any, ...]] | None, now: float, start: int = 0) -> Iterator[Unit]:
     """Messages start.. of a frame as units: one when no message has attributes, else runs of equal ones."""
     if not attrs:
         yield Unit(pos, start, len(seqs) - start, topic, publisher, sent_ns, seqs, payloads, arrived=now)
         return
-    by_index = {a[0]: a[1:] for a in attrs}
-    plain = (DEFAULT_PRIORITY, 0, NO_KEY)
+    # (priority, not_before_ms, key, headers or None) by index; headers' bytes count in a unit's size
+    by_index = {a[0]: (a[1], a[2], a[3], a[4] if len(a) > 4 and a[4] else None) for a in attrs}
+    plain = (DEFAULT_PRIORITY, 0, NO_KEY, None)
     current = by_index.get(start, plain)
     for i in range(start + 1, len(seqs) + 1):
         here = by_index.get(i, plain) if i < len(seqs) else None
         if here != current:
-            priority, not_before_ms, key = current
+            priority, not_before_ms, key, headers = current
+            size = None
+            if headers:
+                size = sum(map(len, payloads[start:i])) + (i - start) * protocol.headers_size(headers, own=True)
             yield Unit(pos, start, i - start, topic, publisher, sent_ns, seqs, payloads, priority, key,
-                       not_before_ms / 1000.0, now)
+                       not_before_ms / 1000.0, now, size, headers)
             if here is not None:
                 start, current = i, here

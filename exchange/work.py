@@ -159,7 +159,7 @@ class WorkServer:
                 d = protocol.decode_delivery(body)
             except ProtocolError:
                 continue
-            attrs = [(a[0], a[1], a[2], a[3]) for a in d.attrs] if d.attrs else None
+            attrs = [tuple(a) for a in d.attrs] if d.attrs else None
             self._offer(d.pos, topic, d.publisher, d.sent_ns, d.seqs, d.payloads, attrs, only=group)
 
     def pump(self) -> None:

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -741,28 +741,55 @@ def token_add(ctx: Context, name: str, role: str, path: str | None) -> None:
 
 @main.command()
 @click.argument("queue_name", metavar="QUEUE")
+@click.argument("message", required=False)
 @click.option("--topic", "-t", default="default", show_default=True)
-@click.option("--file", "-f", "source", type=click.File("rb"), default="-", help="lines to publish (default stdin)")
-@click.option("--timeout", type=float, default=30.0, show_default=True, help="seconds to wait for confirms")
+@click.option("--file", "-f", "source", type=click.File("rb"), default=None,
+              help="publish each line of FILE as one message (default: stdin, when no MESSAGE is given)")
+@click.option("--priority", type=click.IntRange(0, 255), default=None,
+              help="0 (first, the default) to 255: the order consumer groups take messages in")
+@click.option("--delay", type=click.FloatRange(0, 1e9), default=None, metavar="SECONDS",
+              help="consumer groups take each message no sooner than this after it is published")
+@click.option("--key", default=None, help="fairness key: consumer groups serve keys in turn")
+@click.option("--header", "-H", "headers", multiple=True, metavar="KEY=VALUE",
+              help="a header of every message (repeatable); subscribers see them with --format json")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
+              help="the most seconds the command waits for the cluster in all: connecting, room, confirms")
 @pass_ctx
 @handle_errors
-def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: float) -> None:
-    """Publish each line of --file (or stdin) as one message to QUEUE."""
-    from roq.client.publisher import Publisher
-    sent = 0
-    with Publisher(queue_name, ctx.config) as pub:
-        for line in source:
-            pub.publish(topic, line.rstrip(b"\n"))
-            sent += 1
-        pub.flush(timeout)
-    click.echo(f"published {sent} messages to {queue_name}, {sent} confirmed", err=True)
+def publish(ctx: Context, queue_name: str, message: str | None, topic: str, source: Any, priority: int | None,
+            delay: float | None, key: str | None, headers: tuple[str, ...], timeout: float) -> None:
+    """Publish MESSAGE to QUEUE, or each line of --file (or stdin) as one message.
+
+    The headers, priority, delay and key apply to every message. --timeout bounds all the waiting
+    for the cluster (not the reading of the input): the command ends within it once its input has."""
+    from roq.names import check_queue_name, check_topic
+    from roq.tools.data_cli import Attributes, argument_bytes, lines_of, parse_headers, publish_messages
+    if message is not None and source is not None:
+        raise click.UsageError("give a MESSAGE or --file, not both")
+    try:  # checked before anything connects
+        check_queue_name(queue_name)
+        check_topic(topic)
+        attributes = Attributes(priority, delay, key, parse_headers(headers))
+    except UserError as exc:
+        raise click.BadParameter(str(exc)) from None
+    payloads: Iterable[bytes]
+    if message is not None:
+        payloads = [argument_bytes(message)]
+    else:
+        payloads = lines_of(source if source is not None else sys.stdin.buffer)
+    sent, confirmed = publish_messages(ctx.config, queue_name, topic, payloads, attributes, timeout)
+    click.echo(f"published {sent} message{'s' if sent != 1 else ''} to {queue_name}, {confirmed} confirmed",
+               err=True)
 
 
 @main.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--topic", "-t", "topics", multiple=True, help="topic prefix (repeatable; default: all)")
-@click.option("--count", "-n", type=int, default=0, help="stop after N messages (0 = forever)")
-@click.option("--timeout", type=float, default=0.0, help="stop after N idle seconds (0 = never)")
+@click.option("--count", "-n", type=click.IntRange(0), default=0, help="stop after N messages (0 = forever)")
+@click.option("--timeout", type=click.FloatRange(0), default=0.0, help="stop after N idle seconds (0 = never)")
+@click.option("--format", "output", type=click.Choice(["text", "json", "base64"]), default="text", show_default=True,
+              help="text: topic<TAB>payload, escaped to one line; json: one object per message, headers included; "
+                   "base64: topic<TAB>payload in base64")
 @click.option("--durable", metavar="NAME", default=None,
               help="resume where the subscriber of this name stopped (position under client.state_dir)")
 @click.option("--from", "start_from", metavar="beginning|now|FILE", default=None,
@@ -781,16 +808,19 @@ def publish(ctx: Context, queue_name: str, topic: str, source: Any, timeout: flo
               help="with --exec: commands run at once (default 1)")
 @pass_ctx
 @handle_errors
-def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float,
+def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float, output: str,
               durable: str | None, start_from: str | None, group: str | None, prefetch: int | None,
               command: str | None, concurrency: int | None) -> None:
-    """Print the messages of QUEUE, one per line: topic<TAB>payload.
+    """Print the messages of QUEUE, one per line: topic<TAB>payload (--format text), a JSON object
+    (--format json: headers, publisher, seq, time too) or topic<TAB>base64 (--format base64).
 
+    A payload never spans two lines: text escapes backslash, LF and CR as \\\\, \\n and \\r.
     A new subscriber starts now: add --from beginning for what was published before. A --durable
     subscriber resumes from its saved position; --from only says where a new name starts.
     With --group it is a member of a consumer group: it prints its share, acking each message once
     its line is read (written, flushed, and out of the pipe), or with --exec runs a command for each."""
     from roq.client.subscriber import Subscriber
+    from roq.tools.data_cli import formatter
     if command is not None and group is None:
         raise click.UsageError("--exec needs --group")
     if concurrency is not None and command is None:
@@ -798,22 +828,27 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
     if group is not None:
         if durable is not None or start_from is not None:
             raise click.UsageError("--group takes no --durable or --from: the group keeps its own state")
-        _work(ctx, queue_name, topics, count, timeout, group, prefetch, command, concurrency or 1)
+        if command is not None and output != "text":
+            raise click.UsageError("--format is for printing: --exec gives the command the payload itself")
+        _work(ctx, queue_name, topics, count, timeout, group, prefetch, command, concurrency or 1, formatter(output))
         return
     if prefetch is not None:
         raise click.UsageError("--prefetch needs --group")
     start, position = _start_point(ctx, queue_name, durable, start_from)
     with Subscriber(queue_name, ctx.config, topics, durable=durable, start=start, position=position) as sub:
-        received, interrupted = _print_messages(sub, count, timeout)  # the with-block saves a durable position
+        # the with-block saves a durable position
+        received, interrupted = _print_messages(sub, count, timeout, formatter(output))
         stats = sub.stats()
-    click.echo(f"received {received} messages (duplicates dropped {stats['duplicates']}, "
-               f"recovered frames {stats['recovered_frames']}, unrecoverable gaps {stats['gaps']})", err=True)
+    click.echo(f"received {received} message{'s' if received != 1 else ''} (duplicates dropped "
+               f"{stats['duplicates']}, recovered frames {stats['recovered_frames']}, unrecoverable gaps "
+               f"{stats['gaps']})", err=True)
     if interrupted:
+        click.echo("interrupted", err=True)
         sys.exit(Exit.INTERRUPTED)
 
 
 def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, timeout: float, group: str,
-          prefetch: int | None, command: str | None, concurrency: int) -> None:
+          prefetch: int | None, command: str | None, concurrency: int, line: Callable[[Any], bytes]) -> None:
     """`roq subscribe --group`: print this member's share, or run `command` for each message
     (roq/tools/work_cli.py). Nothing is acked that the reader or the command did not finish."""
     from roq.client.worker import GroupSubscriber
@@ -825,7 +860,7 @@ def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, ti
     with GroupSubscriber(queue_name, ctx.config, topics, group=group, prefetch=prefetch, auto_ack=False) as sub:
         try:
             if out is not None:
-                done, stop = print_share(sub, out, count, timeout)
+                done, stop = print_share(sub, out, count, timeout, line)
             else:
                 assert command is not None
                 done = exec_share(sub, command, concurrency, count, timeout)
@@ -839,11 +874,12 @@ def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, ti
                f"redelivered to us {stats['redelivered']}){'; ' + stop.value if stop is not Stop.DONE else ''}",
                err=True)
     if interrupted:
+        click.echo("interrupted", err=True)
         sys.exit(Exit.INTERRUPTED)
 
 
-def _print_messages(sub: Any, count: int, timeout: float) -> tuple[int, bool]:
-    """Print messages as topic<TAB>payload until `count` or `timeout` idle seconds; (printed, interrupted)."""
+def _print_messages(sub: Any, count: int, timeout: float, line: Callable[[Any], bytes]) -> tuple[int, bool]:
+    """Print messages, one `line(msg)` each, until `count` or `timeout` idle seconds; (printed, interrupted)."""
     received = 0
     out = sys.stdout.buffer
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))  # SIGTERM leaves through the caller's with-block
@@ -852,7 +888,7 @@ def _print_messages(sub: Any, count: int, timeout: float) -> tuple[int, bool]:
             msg = sub.receive(timeout=timeout or None)
             if msg is None:
                 break
-            out.write(msg.topic + b"\t" + msg.payload + b"\n")
+            out.write(line(msg))
             out.flush()
             received += 1
     except KeyboardInterrupt:

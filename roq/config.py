@@ -29,7 +29,8 @@ ENV_CONFIG_FILE = "ROQ_CONFIG"
 # What `roq subscribe --group --exec` tells each command about its message (roq/tools/work_cli.py,
 # docs/cli.md): a command may run `roq` itself.
 MESSAGE_ENV = ("ROQ_QUEUE", "ROQ_GROUP", "ROQ_EXCHANGE", "ROQ_TOPIC", "ROQ_TOPIC_HEX", "ROQ_KEY", "ROQ_KEY_HEX",
-               "ROQ_PUBLISHER", "ROQ_SEQ", "ROQ_MESSAGE_ID", "ROQ_DELIVERIES", "ROQ_PRIORITY")
+               "ROQ_PUBLISHER", "ROQ_SEQ", "ROQ_MESSAGE_ID", "ROQ_DELIVERIES", "ROQ_PRIORITY", "ROQ_HEADERS",
+               "ROQ_HEADERS_ENCODING")
 # ROQ_ variables that are not settings: the file above, Spark's log level (docs/spark.md), the
 # pipeline driver's parent (roq/spark/stats_job.py) and the message variables above.
 ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "ROQ_SPARK_LOG_LEVEL", "ROQ_PIPELINE_PARENT", *MESSAGE_ENV})

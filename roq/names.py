@@ -43,10 +43,20 @@ def _check(kind: str, name: object) -> str:
 def check_topic(topic: object) -> bytes:
     """Topics are byte strings (str is UTF-8 encoded), 1-255 bytes, not starting with NUL.
 
-    A leading NUL is reserved for the exchange's own marker topics."""
+    A leading NUL is reserved for the exchange's own marker topics. A str may hold surrogate
+    escapes (a received message's `topic` for bytes that are not UTF-8): they stand for those bytes."""
     if isinstance(topic, str):
-        topic = topic.encode()
+        try:
+            topic = topic.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise InvalidNameError(f"invalid topic {topic!r}: not encodable as UTF-8") from None
     if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES or topic[:1] == b"\x00":
         raise InvalidNameError(f"invalid topic {topic!r}: must be 1-{MAX_TOPIC_BYTES} bytes, "
                                "not starting with a NUL byte")
     return topic
+
+
+def topic_text(raw: bytes) -> str:
+    """A topic (or a key) as the application sees it: its UTF-8 text, bytes that are not UTF-8
+    kept as surrogate escapes (as os.fsdecode does), so that check_topic gives the same bytes back."""
+    return raw.decode("utf-8", "surrogateescape")

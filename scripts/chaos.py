@@ -101,7 +101,7 @@ BASIC_KINDS = ("kill", "host", "freeze", "forge", "overflow", "hoard", "idflood"
 REPLICA_KINDS = ("pubhost", "hungreplica", "replicaforge")
 KINDS = (*BASIC_KINDS, *REPLICA_KINDS, "restart", "fulldisk")
 SMALL_DISK_HOST, SMALL_DISK_BYTES, FULL_SECONDS = "host-1", 256 << 20, 8.0
-VICTIM_TOPIC = b"victim"
+VICTIM_TOPIC = "victim"
 QUEUE = "chaos"
 STALL_MESSAGES = 2_000
 STALL_SECONDS = 8.0
@@ -122,7 +122,7 @@ class Traffic(SteadyTraffic):
             with self._lock:
                 self.victims[(msg.publisher, msg.seq)] += 1
             return
-        if msg.topic != b"load":
+        if msg.topic != "load":
             return
         if msg.publisher != self.pub.id or not msg.payload.isdigit():
             self.foreign += 1
@@ -135,7 +135,7 @@ class Stall:
     publisher sending STALL_MESSAGES messages on distinct topics per round."""
 
     def __init__(self, config, zk) -> None:
-        self.counts: Counter[bytes] = Counter()
+        self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.block_next = threading.Event()
         self.sent = 0
@@ -173,10 +173,10 @@ class Stall:
             except Exception as exc:
                 self.errors.append(f"round at {first}: {exc!r}")
 
-    def expected(self) -> list[bytes]:
+    def expected(self) -> list[str]:
         out = []
         for r in range(1, self.rounds + 1):
-            out += [b"fresh-%d" % i for i in range(r * 100_000, r * 100_000 + STALL_MESSAGES)]
+            out += [f"fresh-{i}" for i in range(r * 100_000, r * 100_000 + STALL_MESSAGES)]
         return out[:self.sent] if self.sent < len(out) else out
 
     def finish(self, timeout: float) -> dict[str, int]:
@@ -278,7 +278,7 @@ class Victim:
         with self.stderr.open("ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "roq.tools.docker_launcher", "publish", "--queue", QUEUE,
-                 "--topic", VICTIM_TOPIC.decode(), "--rate", str(rate), "--token", token.hex()],
+                 "--topic", VICTIM_TOPIC, "--rate", str(rate), "--token", token.hex()],
                 env={**os.environ, "ROQ_CONFIG": str(config_path)}, stdout=subprocess.PIPE, stderr=err,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"victim-{number}", daemon=True)

@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from roq import __version__
 from roq.client import Subscriber
 from roq.client.admin import Admin
+from roq.client.envelope import decode_envelope
 from roq.config import Config
 from roq.errors import (
     BackpressureError,
@@ -47,11 +48,12 @@ from roq.errors import (
 )
 from roq.names import check_queue_name, check_topic
 from roq.permissions import MAX_PATTERNS, check_key_name
+from roq.protocol import check_headers
 from roq.zk import start_client, stop_client
 from web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
 from web.gateway import Publishers, Streams, TokenWriter, next_events, peek
 from web.history import Sampler
-from web.limits import CallerLimitError, Limits, read_messages
+from web.limits import CallerLimitError, Limits, read_envelope, read_messages
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_SECONDS = 15.0
@@ -489,22 +491,37 @@ def _install_permission_routes(app: FastAPI, gateway: Gateway) -> None:
 
 def _install_data_routes(app: FastAPI, gateway: Gateway) -> None:
     @app.post("/api/queues/{queue}/messages", tags=["data"],
-              summary="Publish the body as one message (or one per line), answered after the confirm",
+              summary="Publish the body as one message (or one per line, or a JSON envelope), answered after the "
+                      "confirm",
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def publish(request: Request, who: Caller, queue: str, topic: str,
                       split: Annotated[str | None, Query(pattern="^lines$")] = None,
+                      envelope: Annotated[str | None, Query(pattern="^json$")] = None,
                       idempotency_key: Annotated[str | None, Header()] = None) -> dict[str, Any]:
         _check_text(topic, "topic")
         check_queue_name(queue)  # refused before a byte of the body is read
         check_topic(topic)
+        if split and envelope:
+            raise HttpError(400, "bad_request", "split=lines and envelope=json do not go together")
+        common = request_headers(request.headers.raw)
         limits = gateway.limits
-        _refuse_declared_size(request, limits.body.max_bytes if split else
+        _refuse_declared_size(request, limits.body.max_bytes if split or envelope else
                               min(limits.body.max_bytes, limits.body.max_message_bytes))
         with limits.publishing(share_of(request, who)) as reservation:
-            payloads = await read_messages(request.stream(), limits.body, split == "lines", reservation)
+            headers: list[dict[str, bytes]] | None = None
+            if envelope:
+                payloads, headers = [], []
+                for item in await read_envelope(request.stream(), limits.body, reservation):
+                    payload, own = decode_envelope(item)
+                    payloads.append(payload)
+                    headers.append(check_headers({**common, **own}) if common else own)
+            else:
+                payloads = await read_messages(request.stream(), limits.body, split == "lines", reservation)
+                if common:
+                    headers = [common] * len(payloads)
             return await run_in_threadpool(gateway.publishers.publish, queue, topic, payloads, who.name,
-                                           idempotency_key)
+                                           idempotency_key, headers)
 
     @app.get("/api/queues/{queue}/stream", tags=["data"], response_class=StreamingResponse,
              summary="Server-Sent Events: the queue's messages, resumable with Last-Event-ID",
@@ -520,6 +537,25 @@ def _install_data_routes(app: FastAPI, gateway: Gateway) -> None:
         subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], start, token, share)
         return StreamingResponse(_events(gateway, subscriber, share, limit), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+HEADER_PREFIX = b"roq-header-"  # `RoQ-Header-Trace-Id: 4bf9` publishes header "trace-id" (names: any case)
+
+
+def request_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, bytes]:
+    """A message's headers from the request's `RoQ-Header-<key>` headers: the key is the rest of the
+    name, lower-cased (HTTP names have no case), the value its bytes as sent. Checked as
+    `publish()` checks them (a repeated name, an oversize value: 400)."""
+    headers: dict[str, bytes] = {}
+    for name, value in raw:
+        if name[:len(HEADER_PREFIX)].lower() != HEADER_PREFIX:
+            continue
+        key = name[len(HEADER_PREFIX):].decode("latin-1").lower()
+        if key in headers:
+            raise HttpError(400, "bad_request", f"header RoQ-Header-{key} given twice: a message has one value "
+                                                "per key")
+        headers[key] = value
+    return check_headers(headers) if headers else headers
 
 
 def _check_text(value: str, what: str) -> None:

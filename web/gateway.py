@@ -41,6 +41,7 @@ from kazoo.client import KazooClient
 
 from roq import protocol
 from roq.client import Publisher, Subscriber
+from roq.client.envelope import message_json, rfc3339
 from roq.client.position import SAVED_RUNS, Position
 from roq.client.replay import ReplayClient
 from roq.client.streams import FetchFailed
@@ -223,24 +224,9 @@ class TokenWriter:
 
 # ------------------------------------------------------------------ message encoding
 
-def message_json(topic: bytes, payload: bytes, **fields: Any) -> dict[str, Any]:
-    """A message for JSON: text when the bytes are UTF-8, else base64 (and say which)."""
-    out: dict[str, Any] = {"topic": _text(topic)}
-    try:
-        out["payload"], out["encoding"] = payload.decode(), "utf-8"
-    except UnicodeDecodeError:
-        out["payload"], out["encoding"] = base64.b64encode(payload).decode(), "base64"
-    out.update(fields)
-    return out
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "backslashreplace")
-
-
 def sse_event(msg: Message, token: str) -> str:
-    data = json.dumps(message_json(msg.topic, msg.payload, publisher=msg.publisher, seq=msg.seq,
-                                   exchange=msg.exchange), separators=(",", ":"))
+    data = json.dumps(message_json(msg.topic_bytes, msg.payload, msg.headers, publisher=msg.publisher, seq=msg.seq,
+                                   exchange=msg.exchange, time=rfc3339(msg.sent_ns)), separators=(",", ":"))
     return f"id: {token}\nevent: message\ndata: {data}\n\n"
 
 
@@ -257,19 +243,20 @@ class Publishers:
         self._keys = IdempotencyKeys()
 
     def publish(self, queue: str, topic: str, payloads: list[bytes], caller: str,
-                idempotency_key: str | None) -> dict[str, Any]:
+                idempotency_key: str | None, headers: list[dict[str, bytes]] | None = None) -> dict[str, Any]:
         """Publish and wait for the confirm; the answer for HTTP. With a key, a retry waits for the
-        confirm of what the first attempt queued instead of queuing it again."""
+        confirm of what the first attempt queued instead of queuing it again. `headers[i]`: message
+        i's headers."""
         check_queue_name(queue)
         check_topic(topic)
         if idempotency_key is None:
-            return self._confirmed(*self._queue(queue, topic, payloads), queue, topic)
+            return self._confirmed(*self._queue(queue, topic, payloads, headers), queue, topic)
         if not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY or not idempotency_key.isprintable():
             raise UserError(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} printable characters")
         entry, first = self._keys.claim((caller, queue, idempotency_key))
         try:
             if first:
-                entry.queued = (*self._queue(queue, topic, payloads), topic)
+                entry.queued = (*self._queue(queue, topic, payloads, headers), topic)
             else:
                 entry.wait_queued()  # the first attempt's: nothing is queued twice
             assert entry.queued is not None
@@ -279,9 +266,11 @@ class Publishers:
             entry.settled()
         return answer if first else dict(answer, replayed=True)
 
-    def _queue(self, queue: str, topic: str, payloads: list[bytes]) -> tuple[Publisher, range]:
+    def _queue(self, queue: str, topic: str, payloads: list[bytes],
+               headers: list[dict[str, bytes]] | None = None) -> tuple[Publisher, range]:
         publisher = self._publisher(queue)
-        return publisher, publisher.publish_all(topic, payloads, timeout=self.config.web.publish_timeout)
+        return publisher, publisher.publish_all(topic, payloads, timeout=self.config.web.publish_timeout,
+                                                headers=headers)  # type: ignore[arg-type]
 
     def _confirmed(self, publisher: Publisher, seqs: range, queue: str, topic: str) -> dict[str, Any]:
         publisher.wait_confirmed(seqs, self.config.web.publish_timeout)
@@ -473,7 +462,8 @@ def _peek_exchange(replay: ReplayClient, xid: str, prefix: bytes, limit: int) ->
 
 def _frame_messages(topic: bytes, body: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
     d = protocol.decode_delivery(body)
-    for seq, payload in zip(d.seqs, d.payloads):
-        yield d.sent_ns, message_json(topic, payload, publisher=d.publisher, seq=seq, exchange=d.exchange,
-                                      pos=d.pos)
+    headers = d.headers() or [{}] * len(d.seqs)
+    for seq, payload, own in zip(d.seqs, d.payloads, headers):
+        yield d.sent_ns, message_json(topic, payload, own, publisher=d.publisher, seq=seq, exchange=d.exchange,
+                                      pos=d.pos, time=rfc3339(d.sent_ns))
 

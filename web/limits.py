@@ -17,12 +17,14 @@ gateway's shares are all taken 503 `busy`, both with Retry-After.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from roq.config import PUBLISH_MESSAGE_COST, WebConfig
-from roq.errors import MessageTooLargeError, RoqError, UnavailableError
+from roq.errors import MessageTooLargeError, RoqError, UnavailableError, UserError
 
 
 class GatewayBusyError(UnavailableError):
@@ -149,6 +151,30 @@ async def read_messages(chunks: AsyncIterator[bytes], limits: BodyLimits, split_
     lines = body.split(b"\n")
     del body  # what the lines are cut from goes before the CRLF lines are copied shorter
     return without_line_ends(lines)
+
+
+async def read_envelope(chunks: AsyncIterator[bytes], limits: BodyLimits, reservation: Reservation) -> list[Any]:
+    """The request's JSON envelope (`envelope=json`): one message object, or an array of them.
+    The body is bounded as it arrives, like a split body; parsing reserves what the parsed objects
+    may cost (every byte of the body again, and PUBLISH_MESSAGE_COST per message)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limits.max_bytes:
+            raise MessageTooLargeError(_too_large(True, limits.max_bytes))
+        reservation.add(3 * len(chunk))  # the body, its parsed strings, the messages' bytes
+        parts.append(chunk)
+    try:
+        value = json.loads(b"".join(parts))
+    except (ValueError, RecursionError):
+        raise UserError("envelope=json: the body is not JSON (one message object, or an array of them)") from None
+    items = value if isinstance(value, list) else [value]
+    if len(items) > limits.max_messages:
+        raise MessageTooLargeError(f"a request may hold at most web.max_request_messages={limits.max_messages} "
+                                   "messages")
+    reservation.add(len(items) * PUBLISH_MESSAGE_COST)
+    return items
 
 
 def without_line_ends(lines: list[bytes]) -> list[bytes]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -42,6 +42,7 @@ from roq.errors import (
     error_from_code,
 )
 from roq.names import check_topic
+from roq.protocol import Attributed
 from roq.security import load_keys
 from roq.zk import start_client, stop_client
 
@@ -84,13 +85,19 @@ class Publisher:
     # ------------------------------------------------------------ API
 
     def publish(self, topic: str | bytes, payload: bytes, timeout: float | None = None, *,
-                priority: int | None = None, not_before: float | None = None, key: str | bytes | None = None) -> int:
+                priority: int | None = None, not_before: float | None = None, key: str | bytes | None = None,
+                headers: Mapping[str, bytes | str] | None = None) -> int:
         """Queue one message; returns its sequence number. Blocks under backpressure.
 
         `priority` (0..255, lower first; default 0), `not_before` (Unix time, seconds) and `key` (fair
         delivery across keys) matter to consumer groups only (docs/work-queues.md); subscribers
-        get the message at once whatever they say."""
-        if priority is None and not_before is None and key is None:
+        get the message at once whatever they say. `headers`: a small map that travels with the
+        message to every subscriber and group member (`msg.headers`): str keys (1-128 bytes of UTF-8,
+        not starting with `roq-`), bytes values (a str is UTF-8 encoded) of at most 8 KiB; at most
+        64, 64 KiB in all, counted with the payload against exchange.max_message_bytes."""
+        checked: Any
+        headers_size = 0
+        if priority is None and not_before is None and key is None and not headers:
             try:
                 checked = self._topics.get(topic)
             except TypeError:  # unhashable: check_topic explains
@@ -98,16 +105,16 @@ class Publisher:
             if checked is None:
                 checked = self._remember_topic(topic)
         else:
-            checked = self._attributed_slot(topic, priority, not_before, key)
+            checked, headers_size = self._attributed_slot(topic, priority, not_before, key, headers)
         if type(payload) is not bytes:
             if not isinstance(payload, (bytes, bytearray, memoryview)):
                 raise TypeError("payload must be bytes")
             payload = bytes(payload)
-        if len(payload) > self._max_message:
-            raise MessageTooLargeError(f"payload of {len(payload)} bytes exceeds "
+        if len(payload) + headers_size > self._max_message:
+            with_headers = f" and {headers_size} bytes of headers" if headers_size else ""
+            raise MessageTooLargeError(f"payload of {len(payload)} bytes{with_headers} exceeds "
                                        f"exchange.max_message_bytes={self._max_message}")
         limit = self._max_unconfirmed
-        topic = checked
         log = self._log
         with self._lock:
             if self._closed or self.queue_deleted:
@@ -117,7 +124,7 @@ class Publisher:
                 self._wait_for_room(self.config.client.publish_timeout if timeout is None else timeout)
                 seq = log.next_seq
             log.next_seq = seq + 1
-            log.open.append(topic)
+            log.open.append(checked)
             log.open.append(payload)
         link = self._link
         if not link.wake_pending:  # one wake-up per batch, not one system call per message
@@ -129,9 +136,11 @@ class Publisher:
         return seq
 
     def _attributed_slot(self, topic: str | bytes, priority: int | None, not_before: float | None,
-                         key: str | bytes | None) -> Any:
-        """The topic slot of a message with attributes: [topic, priority, not_before_ms, key]
-        (protocol section 3.2)."""
+                         key: str | bytes | None, headers: Mapping[str, bytes | str] | None = None
+                         ) -> tuple[Attributed, int]:
+        """The topic slot of a message with attributes: [topic, priority, not_before_ms, key] or
+        [topic, priority, not_before_ms, key, headers] (protocol section 3.2), sized as it travels
+        (its headers' bytes count in the batch's size), and the size of its headers."""
         priority = 0 if priority is None else priority
         if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= protocol.MAX_PRIORITY:
             raise UserError(f"priority must be an integer from 0 (first) to {protocol.MAX_PRIORITY}, got {priority!r}")
@@ -143,7 +152,10 @@ class Publisher:
         raw_key = key.encode() if isinstance(key, str) else b"" if key is None else key
         if not isinstance(raw_key, bytes) or len(raw_key) > protocol.MAX_KEY:
             raise UserError(f"key must be str or bytes of at most {protocol.MAX_KEY} bytes, got {key!r}")
-        return protocol.attributed_topic(self._remember_topic(topic), priority, not_before_ms, raw_key)
+        checked = protocol.check_headers(headers)
+        headers_size = protocol.headers_size(checked) if checked else 0
+        slot = protocol.attributed_topic(self._remember_topic(topic), priority, not_before_ms, raw_key, checked)
+        return Attributed(slot, len(slot[0]) + len(raw_key) + headers_size), headers_size
 
     def publish_many(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
         """Queue `payloads` as consecutive messages of one topic, in order; returns their sequence numbers.
@@ -172,12 +184,18 @@ class Publisher:
                     link.wake()
         return range(first, first + len(items))
 
-    def publish_all(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
+    def publish_all(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None,
+                    headers: list[Mapping[str, bytes | str]] | None = None) -> range:
         """`publish_many`, all or nothing: waits until the whole list fits under
         `client.max_unconfirmed`, then queues it in one step. BackpressureError after `timeout`
-        with nothing queued; a list longer than the limit is a UserError."""
-        checked = self._remember_topic(topic)
+        with nothing queued; a list longer than the limit is a UserError. `headers[i]`: message i's
+        headers (as `publish()` takes them), checked before anything is queued."""
+        checked: Any = self._remember_topic(topic)
         items = _checked_payloads(payloads, self._max_message)
+        if headers is not None:
+            if len(headers) != len(items):
+                raise UserError(f"{len(headers)} headers for {len(items)} payloads")
+            checked = self._slots(topic, items, headers)
         limit = self._max_unconfirmed
         if len(items) > limit:
             raise UserError(f"{len(items)} messages at once exceed client.max_unconfirmed={limit}")
@@ -199,9 +217,26 @@ class Publisher:
                     self._link.wake()
         return range(first, first + len(items))
 
-    def _append_part(self, topic: bytes, items: list[bytes], done: int, wait: float) -> int:
+    def _slots(self, topic: str | bytes, items: list[bytes], headers: list[Mapping[str, bytes | str]]) -> list[Any]:
+        """Each message's topic slot (with its headers, if any); MessageTooLargeError for a payload
+        whose headers take it over the limit."""
+        slots: list[Any] = []
+        plain = self._remember_topic(topic)
+        for i, (payload, own) in enumerate(zip(items, headers)):
+            if not own:
+                slots.append(plain)
+                continue
+            slot, size = self._attributed_slot(topic, None, None, None, own)
+            if len(payload) + size > self._max_message:
+                raise MessageTooLargeError(f"payload {i} of {len(payload)} bytes and {size} bytes of headers exceeds "
+                                           f"exchange.max_message_bytes={self._max_message}")
+            slots.append(slot)
+        return slots
+
+    def _append_part(self, topic: bytes | list[Any], items: list[bytes], done: int, wait: float) -> int:
         """Append as many of items[done:] as the unconfirmed limit allows (caller holds the lock);
-        waits up to `wait` for room, then raises BackpressureError."""
+        waits up to `wait` for room, then raises BackpressureError. `topic`: every message's, or a
+        list of each one's topic slot."""
         if self._closed or self.queue_deleted:
             self._raise_closed()
         limit = self._max_unconfirmed
@@ -213,7 +248,9 @@ class Publisher:
                 raise
         take = min(limit - self._log.unconfirmed, len(items) - done)
         part = items if take == len(items) else items[done:done + take]
-        flat = [topic] * (2 * take)
+        flat: list[Any] = [topic] * (2 * take)
+        if isinstance(topic, list):
+            flat[::2] = topic[done:done + take]
         flat[1::2] = part  # interleave topic and payload with one C-level slice assignment
         self._log.append(flat, take)
         return take
@@ -265,7 +302,8 @@ class Publisher:
             if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
                 self._raise_refused()
                 why = f": {self._link.storage_full}" if self._link.storage_full else ""
-                raise RequestTimeoutError(f"{target - self._log.acked} messages still unconfirmed after "
+                left = target - self._log.acked
+                raise RequestTimeoutError(f"{left} message{'s' if left != 1 else ''} still unconfirmed after "
                                           f"{timeout:.1f}s{why}")
 
     def wait_confirmed(self, seqs: range, timeout: float) -> None:

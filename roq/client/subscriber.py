@@ -48,7 +48,7 @@ import queue as queue_module
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -62,7 +62,7 @@ from roq.client.streams import FetchFailed, Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import RefusedError, UserError
-from roq.names import check_subscriber_name, check_topic
+from roq.names import check_subscriber_name, check_topic, topic_text
 from roq.paths import Paths
 from roq.security import load_keys
 from roq.zk import read_json, start_client, stop_client
@@ -74,8 +74,35 @@ START_POINTS = ("now", "beginning")  # where a subscriber without a position sta
 PROGRESS_REFRESH = 30.0  # a durable subscriber re-reports an unchanged position this often (s)
 
 
+class _NoHeaders(Mapping[str, bytes]):
+    """The headers of a message that has none: an empty mapping that cannot be changed (every such
+    message shares it), equal to {} and picklable (as itself)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> bytes:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+    def __reduce__(self) -> str:
+        return "EMPTY_HEADERS"  # the module's one instance
+
+
+EMPTY_HEADERS: Mapping[str, bytes] = _NoHeaders()
+
+
 class Message(NamedTuple):  # a tuple: cheap to build, once per message
-    topic: bytes
+    """One message. `topic` is text (str, as given to `publish()`); `topic_bytes` the exact bytes.
+    `headers`: the publisher's headers (str → bytes), an empty mapping when it gave none."""
+    topic: str
     payload: bytes
     publisher: str
     seq: int
@@ -83,12 +110,18 @@ class Message(NamedTuple):  # a tuple: cheap to build, once per message
     sent_ns: int
     incarnation: str = ""
     pos: int = 0
+    headers: Mapping[str, bytes] = EMPTY_HEADERS
+
+    @property
+    def topic_bytes(self) -> bytes:
+        return self.topic.encode("utf-8", "surrogateescape")
 
 
 class MessageBatch(NamedTuple):
     """Consecutive messages of one publisher and topic, as one exchange frame brought them
-    (duplicates already removed): what a `batch_callback` gets, with no object per message."""
-    topic: bytes
+    (duplicates already removed): what a `batch_callback` gets, with no object per message.
+    `headers[i]` are message i's headers when any message of the batch has some (else None)."""
+    topic: str
     payloads: list[bytes]
     publisher: str
     seqs: list[int]  # seqs[i] is the sequence number of payloads[i], ascending
@@ -96,12 +129,18 @@ class MessageBatch(NamedTuple):
     sent_ns: int
     incarnation: str = ""
     pos: int = 0
+    headers: list[Mapping[str, bytes]] | None = None
+
+    @property
+    def topic_bytes(self) -> bytes:
+        return self.topic.encode("utf-8", "surrogateescape")
 
     def messages(self) -> Iterator[Message]:
         """The batch as one Message each, for code written against the per-message API."""
-        for payload, seq in zip(self.payloads, self.seqs):
+        headers = self.headers or [EMPTY_HEADERS] * len(self.seqs)
+        for payload, seq, own in zip(self.payloads, self.seqs, headers):
             yield Message(self.topic, payload, self.publisher, seq, self.exchange, self.sent_ns,
-                          self.incarnation, self.pos)
+                          self.incarnation, self.pos, own or EMPTY_HEADERS)
 
 
 class Subscriber:
@@ -441,16 +480,19 @@ class Subscriber:
         if recovered:
             self.recovered += 1
         self.received += len(fresh)
+        name = topic_text(topic)
         if self.batch_callback:
-            self._hand_over_batch(self.batch_callback, topic, d, fresh)
+            self._hand_over_batch(self.batch_callback, name, d, fresh)
             return
         payloads, publisher, exchange, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
             d.incarnation, d.pos
+        headers = d.headers() if d.attrs else None
         if self.callback:
             callback = self.callback
             for i in fresh:
                 try:
-                    callback(Message(topic, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos))
+                    callback(Message(name, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos,
+                                     headers[i] or EMPTY_HEADERS if headers else EMPTY_HEADERS))
                 except Exception:
                     self.callback_errors += 1
                     log.exception("subscriber callback failed on %s/%d (the message counts as taken)",
@@ -461,7 +503,8 @@ class Subscriber:
             in_inbox = self._in_inbox.setdefault(inc, {})
             in_inbox[pos] = in_inbox.get(pos, 0) + len(fresh)
         for i in fresh:
-            msg = Message(topic, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos)
+            msg = Message(name, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos,
+                          headers[i] or EMPTY_HEADERS if headers else EMPTY_HEADERS)
             while not self._closed:
                 try:
                     self._inbox.put(msg, timeout=0.2)
@@ -469,16 +512,20 @@ class Subscriber:
                 except queue_module.Full:
                     continue
 
-    def _hand_over_batch(self, callback: Callable[[MessageBatch], None], topic: bytes, d: protocol.Delivery,
+    def _hand_over_batch(self, callback: Callable[[MessageBatch], None], topic: str, d: protocol.Delivery,
                          fresh: range | list[int]) -> None:
         """Batch callback style: the frame's fresh messages in one call. An exception in the
         callback is logged and counted, and the whole batch counts as taken (as in callback style)."""
+        headers: list[Mapping[str, bytes]] | None = d.headers() if d.attrs else None  # type: ignore[assignment]
         if isinstance(fresh, range):
             payloads, seqs = d.payloads, d.seqs
         else:
             payloads, seqs = [d.payloads[i] for i in fresh], [d.seqs[i] for i in fresh]
+            if headers:
+                headers = [headers[i] for i in fresh]
         try:
-            callback(MessageBatch(topic, payloads, d.publisher, seqs, d.exchange, d.sent_ns, d.incarnation, d.pos))
+            callback(MessageBatch(topic, payloads, d.publisher, seqs, d.exchange, d.sent_ns, d.incarnation, d.pos,
+                                  headers))
         except Exception:
             self.callback_errors += 1
             log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",

@@ -20,18 +20,19 @@ import logging
 import queue as queue_module
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
 
 from roq import protocol
+from roq.client.subscriber import EMPTY_HEADERS
 from roq.client.topology import QueueTopology
 from roq.client.wake import WakePipe
 from roq.config import Config
 from roq.errors import InvalidNameError, ProtocolError, RoqError, UserError
-from roq.names import check_topic, is_name
+from roq.names import check_topic, is_name, topic_text
 from roq.paths import Paths
 from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
@@ -49,13 +50,15 @@ class GroupMismatchError(UserError):
 
 
 class WorkMessage:
-    """One message handed to this member: ack() it when done, or nack() it."""
+    """One message handed to this member: ack() it when done, or nack() it. `topic` and `key` are
+    text (str, as given to `publish()`; None: no key), `topic_bytes` and `key_bytes` the exact bytes;
+    `headers` the publisher's (str → bytes; a dead letter's also say where it came from)."""
 
-    __slots__ = ("topic", "payload", "publisher", "seq", "exchange", "sent_ns", "incarnation", "pos", "idx",
-                 "deliveries", "priority", "key", "_member", "settled")
+    __slots__ = ("topic_bytes", "payload", "publisher", "seq", "exchange", "sent_ns", "incarnation", "pos", "idx",
+                 "deliveries", "priority", "key_bytes", "headers", "_member", "settled")
 
     def __init__(self, member: GroupSubscriber, entry: list[Any], i: int, exchange: str, incarnation: str) -> None:
-        self.topic: bytes = entry[3]
+        self.topic_bytes: bytes = entry[3]
         self.publisher: str = entry[4]
         self.sent_ns: int = entry[5]
         self.seq: int = entry[6][i]
@@ -65,9 +68,19 @@ class WorkMessage:
         self.idx: int = entry[1] + i
         self.deliveries: int = entry[2]
         self.priority: int = entry[8]
-        self.key: bytes | None = entry[9] or None
+        self.key_bytes: bytes | None = entry[9] or None
+        # Each message its own copy: the messages of an entry share one map on the wire.
+        self.headers: Mapping[str, bytes] = dict(entry[10]) if len(entry) > 10 else EMPTY_HEADERS
         self._member = member
         self.settled = False
+
+    @property
+    def topic(self) -> str:
+        return topic_text(self.topic_bytes)
+
+    @property
+    def key(self) -> str | None:
+        return topic_text(self.key_bytes) if self.key_bytes is not None else None
 
     @property
     def id(self) -> str:
@@ -88,8 +101,9 @@ class WorkMessage:
         self._member._settle(self, protocol.NACK if requeue else "drop")
 
     def __repr__(self) -> str:
+        headers = f", headers={dict(self.headers)!r}" if self.headers else ""
         return (f"WorkMessage(id={self.id!r}, topic={self.topic!r}, deliveries={self.deliveries}, "
-                f"priority={self.priority}, key={self.key!r}, {len(self.payload)} bytes)")
+                f"priority={self.priority}, key={self.key!r}{headers}, {len(self.payload)} bytes)")
 
 
 class _Link:

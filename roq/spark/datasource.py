@@ -13,16 +13,18 @@ Reading (`spark.readStream.format("roq")` or `spark.read.format("roq")`):
 * One partition per exchange and micro-batch. An executor fetches its range from the
   exchange's replay endpoint (no ZooKeeper on executors). It yields one row per
   message: topic, payload and value (the same bytes), publisher, sequence, exchange,
-  timestamp (the publisher's send time). A schema given with `.schema(...)` may name a
-  subset of these columns.
+  timestamp (the publisher's send time) and headers (as Kafka's source has them: an
+  array of (key, value) structs, null for a message without). A schema given with
+  `.schema(...)` may name a subset of these columns.
 * An exchange keeps each (publisher, sequence) once. The same message can reach two
   exchanges only when its publisher moved and resent it; use
   `dropDuplicates(["publisher", "sequence"])` if that matters.
 
 Writing (`df.write.format("roq")`, `df.writeStream.format("roq")`): every task
 publishes its rows (`value` or `payload`, string or binary; `topic` from the column or
-the `topic` option) with a `roq.client.Publisher` (which finds the exchanges through
-ZooKeeper) and returns only when all of them are confirmed. So a batch, or a
+the `topic` option; `headers`, if there is such a column, as Kafka's sink takes them or
+as a map of string to binary or string) with a `roq.client.Publisher` (which finds the
+exchanges through ZooKeeper) and returns only when all of them are confirmed. So a batch, or a
 micro-batch, commits only after its messages are confirmed. Only appending exists:
 published messages cannot be replaced, so `mode("overwrite")` is refused.
 """
@@ -60,7 +62,8 @@ from roq.spark.options import (
 )
 
 COLUMNS = (("topic", "string"), ("payload", "binary"), ("value", "binary"), ("publisher", "string"),
-           ("sequence", "bigint"), ("exchange", "string"), ("timestamp", "timestamp"))
+           ("sequence", "bigint"), ("exchange", "string"), ("timestamp", "timestamp"),
+           ("headers", "array<struct<key:string,value:binary>>"))
 NAMES = tuple(name for name, _ in COLUMNS)
 SCHEMA = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
 
@@ -197,8 +200,9 @@ def read_range(part: ExchangeRange) -> Iterator[tuple[Any, ...]]:
 def _rows(topic: bytes, d: Any, first: int, stop: int | None) -> Iterator[tuple[Any, ...]]:
     name = topic.decode("utf-8", "replace")
     sent = datetime.fromtimestamp(d.sent_ns / 1e9, tz=timezone.utc) if d.sent_ns else None
-    for seq, payload in list(zip(d.seqs, d.payloads))[first:stop]:
-        yield (name, payload, payload, d.publisher, seq, d.exchange, sent)
+    headers = d.headers() or [None] * len(d.seqs)
+    for seq, payload, own in list(zip(d.seqs, d.payloads, headers))[first:stop]:
+        yield (name, payload, payload, d.publisher, seq, d.exchange, sent, list(own.items()) if own else None)
 
 
 def projection(schema: StructType) -> tuple[int, ...] | None:
@@ -328,9 +332,14 @@ class Published(WriterCommitMessage):
     count: int
 
 
-def sink_columns(schema: StructType, topic_option: str | None) -> tuple[str, str | None]:
-    """The value column (`value`, else `payload`) and the topic column (None: the `topic`
-    option, which wins over a column, as in Kafka's sink); an error naming what is needed."""
+HEADER_KINDS = ("array<struct<key:string,value:binary>>", "array<struct<key:string,value:string>>",
+                "map<string,binary>", "map<string,string>")
+
+
+def sink_columns(schema: StructType, topic_option: str | None) -> tuple[str, str | None, str | None]:
+    """The value column (`value`, else `payload`), the topic column (None: the `topic` option,
+    which wins over a column, as in Kafka's sink) and the headers column (None: none); an error
+    naming what is needed."""
     kinds = {f.name.lower(): (f.name, f.dataType.simpleString()) for f in schema.fields}
     value = next((kinds[name] for name in ("value", "payload") if name in kinds), None)
     topic = kinds.get("topic")
@@ -339,10 +348,29 @@ def sink_columns(schema: StructType, topic_option: str | None) -> tuple[str, str
         has = ", ".join(f"{name} {kind}" for name, kind in kinds.values())
         raise OptionError("the roq sink needs a 'value' (or 'payload') column, binary or string, and a "
                           f"'topic' string column or .option('topic', ...); the DataFrame has: {has}")
-    return value[0], None if topic_option else topic[0]  # type: ignore[index]
+    headers = kinds.get("headers")
+    if headers is not None and headers[1] not in HEADER_KINDS:
+        raise OptionError(f"the roq sink's 'headers' column must be one of {', '.join(HEADER_KINDS)} (Kafka's "
+                          f"type first), not {headers[1]}")
+    return value[0], None if topic_option else topic[0], headers[0] if headers else None  # type: ignore[index]
 
 
-def publish_rows(options: Any, value_column: str, topic_column: str | None, rows: Iterator[Any]) -> Published:
+def row_headers(value: Any) -> dict[str, bytes] | None:
+    """A row's headers as publish() takes them, from Kafka's array of (key, value) or a map; a key
+    given twice is refused (a message has one value per key)."""
+    if not value:
+        return None
+    pairs = value.items() if isinstance(value, dict) else ((h["key"], h["value"]) for h in value)
+    headers: dict[str, bytes] = {}
+    for key, raw in pairs:
+        if key in headers:
+            raise ValueError(f"the roq sink cannot publish header {key!r} twice in one row")
+        headers[key] = b"" if raw is None else raw.encode() if isinstance(raw, str) else bytes(raw)
+    return headers
+
+
+def publish_rows(options: Any, value_column: str, topic_column: str | None, rows: Iterator[Any],
+                 headers_column: str | None = None) -> Published:
     """Publish every row and wait for the confirms; raising fails the task (Spark retries it)."""
     from roq.client.publisher import Publisher
     count = 0
@@ -353,7 +381,8 @@ def publish_rows(options: Any, value_column: str, topic_column: str | None, rows
             if topic is None or payload is None:
                 null = topic_column if topic is None else value_column
                 raise ValueError(f"the roq sink cannot publish a row whose {null} is null")
-            pub.publish(topic, payload.encode() if isinstance(payload, str) else bytes(payload))
+            headers = row_headers(row[headers_column]) if headers_column else None
+            pub.publish(topic, payload.encode() if isinstance(payload, str) else bytes(payload), headers=headers)
             count += 1
         pub.flush(options.confirm_timeout)
     return Published(count)
@@ -366,7 +395,7 @@ class _RowPublisher:
 
     def __init__(self, options: Any, schema: StructType) -> None:
         self.opts = sink_options(options)
-        self.value_column, self.topic_column = sink_columns(schema, self.opts.topic)
+        self.value_column, self.topic_column, self.headers_column = sink_columns(schema, self.opts.topic)
         queue = QueueView(self.opts.connection, self.opts.queue)
         try:
             queue.check()  # on the driver, before any task
@@ -374,7 +403,7 @@ class _RowPublisher:
             queue.close()
 
     def write(self, iterator: Iterator[Any]) -> Published:
-        return publish_rows(self.opts, self.value_column, self.topic_column, iterator)
+        return publish_rows(self.opts, self.value_column, self.topic_column, iterator, self.headers_column)
 
 
 class RoqWriter(_RowPublisher, DataSourceWriter):

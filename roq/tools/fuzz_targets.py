@@ -112,6 +112,22 @@ def _forwarder():
     return Forwarder(zmq.Context.instance(), config, "x1", "127.0.0.1", "127.0.0.1")
 
 
+def envelope(data: bytes) -> None:
+    """An HTTP caller's JSON envelope (`envelope=json`): each message's payload and headers decoded
+    and checked, or refused with a UserError; what is taken must be within the headers' limits."""
+    from roq.client.envelope import decode_envelope
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return  # the gateway answers 400 "not JSON"
+    for item in value if isinstance(value, list) else [value]:
+        try:
+            payload, headers = decode_envelope(item)
+        except UserError:
+            continue
+        assert isinstance(payload, bytes) and protocol.headers_size(headers) <= protocol.MAX_HEADERS_BYTES
+
+
 def exchange_publisher_frame(data: bytes) -> None:
     """A publisher's frame at a live exchange: decoded, validated, forwarded or refused."""
     _forwarder().handle_publisher(b"fuzz", data)
@@ -296,6 +312,7 @@ TARGETS: dict[str, Target] = {
     "permissions": permission_table,
     "config_json": _refused(config_json),
     "exchange_publisher_frame": exchange_publisher_frame,
+    "envelope": envelope,
     "exchange_fetch": exchange_fetch,
     "exchange_block_batch": exchange_block_batch,
     "member_frame": _refused(protocol.decode_member_frame),
@@ -327,13 +344,19 @@ def seeds() -> dict[str, list[bytes]]:
     nack = protocol.encode_settle(protocol.NACK, "workers", "x1.ab", [[1, 0, 2]], requeue=False)
     work = protocol.encode_work("workers", "x1.ab", [[3, 0, 1, b"t", pid, 5, [1, 2], [b"a", b"b"], 0, b""]])
     attributed = protocol.encode_batch(pid, 1, 5, [[b"t", 3, 0, b"k"], b"one", b"t", b"two"])
+    headed = protocol.encode_batch(pid, 1, 5, [[b"t", 0, 0, b"", {"trace-id": b"4bf9", "n": b""}], b"one",
+                                               [b"t", 2, 0, b"k", {"roq-forged": b"x"}], b"two",
+                                               [b"t", 0, 0, b"", {"k" * 129: b"v"}], b"three"])
+    headed_delivery = protocol.encode_delivery("x1", "x1.ab", 4, [], pid, 5, [1, 2], [b"a", b"b"],
+                                               [[1, 0, 0, b"", {"trace-id": b"4bf9", "roq-reason": b"nack"}]])
+    headed_work = protocol.encode_work("workers", "x1.ab", [[3, 0, 1, b"t", pid, 5, [1], [b"a"], 0, b"", {"h": b"v"}]])
     record = protocol.GroupRecord("workers", (b"t",), 30_000, 5, b"dead", 5, [(3, 0, 2, 1)])
     groups = protocol.encode_groups("x1.ab", [record], FUZZ_PROOF)
     done = protocol.encode_done("x1.ab", {"workers": [(3, 0, 1)]}, FUZZ_PROOF)
     adopt = protocol.encode_adopt("x1.cd", "x1", FUZZ_PROOF)
     return {
-        "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed],
-        "delivery": [delivery],
+        "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed, headed],
+        "delivery": [delivery, headed_delivery],
         "sync": [protocol.encode_sync("x1", "x1.ab", 7)],
         "beat": [protocol.encode_sync("x1", "x1.ab", 7, protocol.BEAT)],
         "fetch": [fetch, protocol.encode_position_request(3, [b"t", b""]), ended],
@@ -352,12 +375,16 @@ def seeds() -> dict[str, list[bytes]]:
         "permissions": [PermissionTable({"pub": Entry(publish=("orders.*",)), "ops": Entry(admin=True)}).to_znode(),
                         json.dumps(to_message(PermissionTable({"s": Entry(subscribe=("*", "log-??"))}, version=7)),
                                    separators=(",", ":")).encode()],
-        "exchange_publisher_frame": [hello, batch, attributed],
+        "exchange_publisher_frame": [hello, batch, attributed, headed],
+        "envelope": [json.dumps({"payload": "x", "headers": {"trace-id": "4bf9"}}).encode(),
+                     json.dumps([{"payload": "/w==", "encoding": "base64", "headers": {"k": "/w=="},
+                                  "headers_encoding": "base64"}, {"payload": ""}]).encode()],
         "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"]), ended],
         "exchange_block_batch": [protocol.encode_batch_parts(pid, 1, 5, b"t", [b"one", b"", b"x" * 300])[1],
                                  protocol.pack([b"ok", "a str"]), protocol.pack([b"x" * 2000])],
         "member_frame": [join, ack, nack, protocol.encode_leave("workers"), protocol.encode_ping()],
-        "work_reply": [work, protocol.encode_joined("workers", "x1", "x1.ab"), protocol.encode_pong("x1.ab", ["w"]),
+        "work_reply": [work, headed_work, protocol.encode_joined("workers", "x1", "x1.ab"),
+                       protocol.encode_pong("x1.ab", ["w"]),
                        protocol.encode_work_error("workers", "group_mismatch", "m")],
         "exchange_work_frame": [join, ack, nack, protocol.encode_ping(),
                                 protocol.encode_join("workers", [b"t"], 100_000, 30_000, 5, b"dead", False)],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import os
 import select
 import signal
@@ -28,8 +29,10 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import BinaryIO
 
+from roq.client.envelope import headers_json, text_line
 from roq.client.worker import GroupSubscriber, WorkMessage
 from roq.config import MESSAGE_ENV
 from roq.errors import UserError
@@ -92,8 +95,11 @@ def _unread(fd: int) -> int:
     return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True)
 
 
-def print_share(member: GroupSubscriber, out: LineOut, count: int, timeout: float) -> tuple[int, Stop]:
-    """Print messages as topic<TAB>payload, acking each once the reader has it; (printed, why stopped)."""
+def print_share(member: GroupSubscriber, out: LineOut, count: int, timeout: float,
+                line: Callable[[WorkMessage], bytes] | None = None) -> tuple[int, Stop]:
+    """Print messages, one `line(msg)` each (default: roq.client.envelope.text_line), acking each once
+    the reader has it; (printed, why stopped)."""
+    line = line or (lambda msg: text_line(msg.topic_bytes, msg.payload))
     printed = 0
     idle_since = time.monotonic()
     while not count or printed < count:
@@ -104,7 +110,7 @@ def print_share(member: GroupSubscriber, out: LineOut, count: int, timeout: floa
             if timeout and time.monotonic() - idle_since >= timeout:
                 break
             continue
-        if not out.deliver(msg.topic + b"\t" + msg.payload + b"\n"):
+        if not out.deliver(line(msg)):
             return printed, Stop.PIPE_CLOSED  # not acked: leaving the group gives it back
         msg.ack()
         printed += 1
@@ -119,7 +125,11 @@ def message_env(msg: WorkMessage, queue: str, group: str) -> dict[bytes, bytes]:
         "ROQ_QUEUE": queue.encode(), "ROQ_GROUP": group.encode(), "ROQ_EXCHANGE": msg.exchange.encode(),
         "ROQ_PUBLISHER": msg.publisher.encode(), "ROQ_SEQ": b"%d" % msg.seq, "ROQ_MESSAGE_ID": msg.id.encode(),
         "ROQ_DELIVERIES": b"%d" % msg.deliveries, "ROQ_PRIORITY": b"%d" % msg.priority}
-    for name, raw in (("ROQ_TOPIC", msg.topic), ("ROQ_KEY", msg.key)):
+    if msg.headers:  # as `--format json` shows them: text values, or all in base64
+        shown, encoding = headers_json(msg.headers)
+        values["ROQ_HEADERS"] = json.dumps(shown, ensure_ascii=False).encode()
+        values["ROQ_HEADERS_ENCODING"] = encoding.encode()
+    for name, raw in (("ROQ_TOPIC", msg.topic_bytes), ("ROQ_KEY", msg.key_bytes)):
         if raw is None:
             continue
         if b"\0" in raw:  # an environment variable cannot hold a NUL byte

@@ -359,7 +359,7 @@ def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, pro
 
     def slow(msg):
         gate.wait(30)
-        got.append(msg.topic)
+        got.append(msg.topic_bytes)
 
     total = 20_000
     with Subscriber("fresh", small, zk=zk, callback=slow) as sub, Publisher("fresh", config, zk=zk) as pub:

@@ -111,7 +111,7 @@ def test_the_client_sends_blocks_and_one_frame_batches_alike(config, zk, paths, 
     queue = "blocks"
     create(config, zk, paths, queue, 1)
     got: list[tuple[str, bytes]] = []
-    sub = Subscriber(queue, config, topics=["a", "b"], callback=lambda m: got.append((m.topic.decode(), m.payload)))
+    sub = Subscriber(queue, config, topics=["a", "b"], callback=lambda m: got.append((m.topic, m.payload)))
     sub.wait_connected(timeout=30)
     sent: list[tuple[str, bytes]] = []
     try:

@@ -302,7 +302,7 @@ def test_dead_letters_after_max_deliveries_and_on_reject(lab: Lab) -> None:
         letters = [wait_until(lambda: dead.receive(timeout=0.5), timeout=15, message="a dead letter")
                    for _ in range(2)]
         assert sorted(m.payload for m in letters) == [b"poison", b"reject"]
-        assert all(m.topic == b"roq.dead/workers" for m in letters)
+        assert all(m.topic == "roq.dead/workers" for m in letters)
         assert tries == {b"poison": 3, b"reject": 1}
         wait_until(lambda: lab.group_figures(queue).get("dead_lettered") == 2, timeout=10, message="counted")
     finally:

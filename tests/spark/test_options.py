@@ -7,9 +7,25 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType  # noqa: E402
+from pyspark.sql.types import (  # noqa: E402
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
 
-from roq.spark.datasource import plan_ranges, projection, resolve, sink_columns, split_budget  # noqa: E402
+from roq.spark.datasource import (  # noqa: E402
+    plan_ranges,
+    projection,
+    resolve,
+    row_headers,
+    sink_columns,
+    split_budget,
+)
 from roq.spark.exchanges import StreamEnd  # noqa: E402
 from roq.spark.options import OptionError, Position, positions, sink_options, source_options  # noqa: E402
 
@@ -102,10 +118,10 @@ def schema(ddl: str) -> StructType:
 
 
 def test_the_sink_takes_value_or_payload_and_topic_from_a_column_or_the_option() -> None:
-    assert sink_columns(schema("topic string, value binary, payload binary"), None) == ("value", "topic")
-    assert sink_columns(schema("topic string, payload string"), None) == ("payload", "topic")
-    assert sink_columns(schema("value string"), "orders") == ("value", None)
-    assert sink_columns(schema("topic string, value string"), "orders") == ("value", None)  # the option wins
+    assert sink_columns(schema("topic string, value binary, payload binary"), None) == ("value", "topic", None)
+    assert sink_columns(schema("topic string, payload string"), None) == ("payload", "topic", None)
+    assert sink_columns(schema("value string"), "orders") == ("value", None, None)
+    assert sink_columns(schema("topic string, value string"), "orders") == ("value", None, None)  # the option wins
     for ddl, topic in (("x string", None), ("value int, topic string", None), ("value binary", None)):
         with pytest.raises(OptionError) as caught:
             sink_columns(schema(ddl), topic)
@@ -113,8 +129,25 @@ def test_the_sink_takes_value_or_payload_and_topic_from_a_column_or_the_option()
                ".option('topic', ...); the DataFrame has: " + ddl in str(caught.value)
 
 
+KAFKA_HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+def test_the_sink_takes_headers_as_kafka_does_or_as_a_map() -> None:
+    for kind in (KAFKA_HEADERS, MapType(StringType(), BinaryType()), MapType(StringType(), StringType())):
+        frame = StructType([StructField("value", BinaryType()), StructField("Headers", kind)])
+        assert sink_columns(frame, "t") == ("value", None, "Headers")
+    wrong = StructType([StructField("value", BinaryType()), StructField("headers", StringType())])
+    with pytest.raises(OptionError, match="'headers' column must be one of array<struct<key:string,value:binary>>"):
+        sink_columns(wrong, "t")
+    assert row_headers([{"key": "a", "value": bytearray(b"1")}, {"key": "b", "value": None}]) == {"a": b"1", "b": b""}
+    assert row_headers({"a": "text"}) == {"a": b"text"} and row_headers(None) is None and row_headers([]) is None
+    with pytest.raises(ValueError, match="header 'a' twice"):
+        row_headers([{"key": "a", "value": b"1"}, {"key": "a", "value": b"2"}])
+
+
 def test_a_schema_given_by_the_reader_picks_columns() -> None:
     assert projection(schema("value binary, sequence bigint")) == (2, 4)
+    assert projection(StructType([StructField("headers", KAFKA_HEADERS)])) == (7,)
     with pytest.raises(OptionError, match="the roq source has no column 'offset'"):
         projection(schema("offset bigint"))
     with pytest.raises(OptionError, match="column value of the roq source is binary, not string"):

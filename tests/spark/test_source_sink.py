@@ -81,6 +81,30 @@ def test_rows_carry_value_and_topic_and_a_schema_may_pick_columns(spark, config,
     assert picked.columns == ["value", "topic"] and picked.first().topic == "eu.orders"
 
 
+def test_headers_go_through_the_source_and_the_sink_as_kafka_has_them(spark, config, zk, paths, cluster):
+    create(config, zk, paths, "headed", 1)
+    with Publisher("headed", config, zk=zk) as pub:
+        pub.publish("in", b"with", headers={"trace-id": "4bf9", "raw": b"\xff"})
+        pub.publish("in", b"without")
+        pub.flush(10)
+    frame = source(spark, config, "headed").load().where("topic = 'in'")
+    rows = {bytes(r.value): r.headers for r in frame.collect()}
+    assert rows[b"without"] is None
+    assert [(h.key, bytes(h.value)) for h in rows[b"with"]] == [("trace-id", b"4bf9"), ("raw", b"\xff")]
+    # Kafka's way: select the headers, filter on them, write them back with the sink.
+    picked = frame.where("exists(headers, h -> h.key = 'trace-id')").selectExpr(
+        "value", "concat(headers, array(named_struct('key', 'hop', 'value', cast('spark' as binary)))) as headers")
+    mapped = spark.createDataFrame([(b"mapped", {"m": "1"})], "value binary, headers map<string,string>")
+    got: list[tuple[bytes, dict[str, bytes]]] = []
+    with Subscriber("headed", config, ["out"], zk=zk, callback=lambda m: got.append((m.payload, dict(m.headers)))) \
+            as sub:
+        sub.wait_connected()
+        sink(picked, config, "headed", topic="out").mode("append").save()
+        sink(mapped, config, "headed", topic="out").mode("append").save()
+        wait_until(lambda: len(got) == 2, timeout=20, message="the 2 rows")
+    assert got == [(b"with", {"trace-id": b"4bf9", "raw": b"\xff", "hop": b"spark"}), (b"mapped", {"m": b"1"})]
+
+
 def test_a_queue_with_nothing_retained_reads_as_an_empty_dataframe(spark, config, zk, paths, cluster):
     create(config, zk, paths, "quiet", 2)
     frame = source(spark, config, "quiet").load()
@@ -106,13 +130,13 @@ def test_an_option_the_source_does_not_know_is_an_error_naming_the_known_ones(sp
 
 def test_the_sink_takes_value_and_a_default_topic_and_refuses_what_it_cannot_do(spark, config, zk, paths, cluster):
     create(config, zk, paths, "valuesink", 1)
-    got: list[tuple[bytes, bytes]] = []
+    got: list[tuple[str, bytes]] = []
     with Subscriber("valuesink", config, zk=zk, callback=lambda m: got.append((m.topic, m.payload))) as sub:
         sub.wait_connected()
         frame = spark.createDataFrame([(f"v{i}".encode(),) for i in range(50)], "value binary")
         sink(frame, config, "valuesink", topic="kafka.style").mode("append").save()
         wait_until(lambda: len(got) >= 50, timeout=20, message="the 50 rows")
-    assert sorted(got) == sorted((b"kafka.style", f"v{i}".encode()) for i in range(50))
+    assert sorted(got) == sorted(("kafka.style", f"v{i}".encode()) for i in range(50))
     wrong = spark.createDataFrame([("a", 1)], "name string, amount int")
     with pytest.raises(Exception, match="the roq sink needs a 'value' \\(or 'payload'\\) column, binary or string, "
                                         "and a 'topic' string column or .option\\('topic', ...\\); the DataFrame "

@@ -25,10 +25,13 @@ class Clock:
         self.wall += seconds
 
 
-def engine(clock: Clock, dead: list[tuple[str, Unit]] | None = None, **kw: object) -> Groups:
-    def on_dead(group: Group, unit: Unit) -> None:
+def engine(clock: Clock, dead: list[tuple[str, Unit]] | None = None, reasons: list[str] | None = None,
+           **kw: object) -> Groups:
+    def on_dead(group: Group, unit: Unit, reason: str) -> None:
         if dead is not None:
             dead.append((group.name, unit))
+        if reasons is not None:
+            reasons.append(reason)
     return Groups(clock=lambda: clock.now, wall=lambda: clock.wall, on_dead=on_dead, **kw)  # type: ignore[arg-type]
 
 

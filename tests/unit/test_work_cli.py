@@ -3,6 +3,7 @@ as delivered once the reader took it out of the pipe, never while it waits in th
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -54,7 +55,19 @@ def test_the_message_environment_names_the_message_and_survives_nul_bytes(monkey
     assert env[b"ROQ_QUEUE"] == b"orders" and env[b"ROQ_GROUP"] == b"workers" and env[b"ROQ_EXCHANGE"] == b"x1"
     assert b"ROQ_TOPIC" not in env and env[b"ROQ_TOPIC_HEX"] == b"jobs\x00x".hex().encode()
     assert b"ROQ_KEY" not in env  # no key: nothing, not the outer one
+    assert b"ROQ_HEADERS" not in env and b"ROQ_HEADERS_ENCODING" not in env  # no headers: nothing either
     assert {name.decode() for name in env if name.startswith(b"ROQ_")} <= set(MESSAGE_ENV)
+
+
+def test_the_message_environment_holds_its_headers_as_json() -> None:
+    entry = [7, 0, 1, b"jobs", "pub-1", 0, [41], [b"a"], 0, b"k", {"trace-id": b"4bf9", "n": b"1"}]
+    env = message_env(WorkMessage(None, entry, 0, "x1", "x1.ab"), "orders", "workers")  # type: ignore[arg-type]
+    assert json.loads(env[b"ROQ_HEADERS"]) == {"trace-id": "4bf9", "n": "1"}
+    assert env[b"ROQ_HEADERS_ENCODING"] == b"utf-8"
+    assert (env[b"ROQ_TOPIC"], env[b"ROQ_KEY"]) == (b"jobs", b"k")
+    entry[10] = {"raw": b"\xff"}
+    env = message_env(WorkMessage(None, entry, 0, "x1", "x1.ab"), "orders", "workers")  # type: ignore[arg-type]
+    assert json.loads(env[b"ROQ_HEADERS"]) == {"raw": "/w=="} and env[b"ROQ_HEADERS_ENCODING"] == b"base64"
 
 
 def test_a_command_that_runs_roq_is_not_refused_for_the_message_variables() -> None:

@@ -5,6 +5,7 @@ an exchange crash, and bad input refused without harm."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -179,6 +180,55 @@ def test_curl_publishes_and_streams_as_docs_http_md_shows(web_cluster: WebCluste
     assert streamed.returncode == 0, streamed.stderr
     data = [line[6:] for line in streamed.stdout.splitlines() if line.startswith("data: ")]
     assert [json.loads(d)["payload"] for d in data] == ["hello from curl"]
+
+
+def test_headers_travel_through_http_both_ways(web_cluster: WebCluster) -> None:
+    """Request headers `RoQ-Header-*` and the JSON envelope publish headers; SSE events carry them
+    (issue 32 point 4), with the payload's encoding rules, and the publisher's time."""
+    web = web_cluster
+    make_queue(web, "headers-q")
+    sent = publish_lines(web, "headers-q", "h", ["one", "two"], **{"RoQ-Header-Trace-Id": "4bf9", "roq-header-n": "1"})
+    envelope = [{"payload": "three\nlines", "headers": {"Trace-Id": "e1"}},
+                {"payload": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64",
+                 "headers": {"raw": base64.b64encode(b"\xfe").decode()}, "headers_encoding": "base64"},
+                {"payload": "plain"}]
+    answer = api(web, "POST", "/api/queues/headers-q/messages", params={"topic": "h", "envelope": "json"},
+                 content=json.dumps(envelope).encode(), headers={"RoQ-Header-From": "gateway"})
+    assert answer.status_code == 200 and answer.json()["count"] == 3, answer.text
+    events = [json.loads(e["data"]) for e in sse_events(web, "headers-q", 5, topic="h", **{"from": "beginning"})]
+    assert [(e["payload"], e["encoding"], e["headers"], e["headers_encoding"]) for e in events] == [
+        ("one", "utf-8", {"trace-id": "4bf9", "n": "1"}, "utf-8"),
+        ("two", "utf-8", {"trace-id": "4bf9", "n": "1"}, "utf-8"),
+        ("three\nlines", "utf-8", {"from": "gateway", "Trace-Id": "e1"}, "utf-8"),
+        (base64.b64encode(b"\xff\x00").decode(), "base64",
+         {"from": base64.b64encode(b"gateway").decode(), "raw": base64.b64encode(b"\xfe").decode()}, "base64"),
+        ("plain", "utf-8", {"from": "gateway"}, "utf-8")]
+    assert all(e["time"].endswith("Z") and e["seq"] >= sent["first_seq"] for e in events)
+
+
+@pytest.mark.parametrize("params, content, headers, says", [
+    ({}, b"x", [("RoQ-Header-roq-reason", "nack")], "RoQ's own"),
+    ({}, b"x", [("RoQ-Header-a", "1"), ("RoQ-Header-A", "2")], "twice"),
+    ({}, b"x", [("RoQ-Header-", "1")], "keys are 1-128 bytes"),
+    ({}, b"x", [("RoQ-Header-big", "v" * 8193)], "at most 8192"),
+    ({"envelope": "json"}, b"{not json", [], "not JSON"),
+    ({"envelope": "json"}, b'{"payload": "x", "priority": 3}', [], "unknown message fields priority"),
+    ({"envelope": "json"}, b'{"payload": "%%%", "encoding": "base64"}', [], "not valid base64"),
+    ({"envelope": "json"}, b'{"headers": {}}', [], "needs a payload"),
+    ({"envelope": "json"}, b'{"payload": "x", "headers": {"k": 1}}', [], "must be a string"),
+    ({"envelope": "json", "split": "lines"}, b"x", [], "do not go together"),
+])
+def test_bad_headers_over_http_are_refused_and_publish_nothing(web_cluster: WebCluster, params: dict[str, str],
+                                                               content: bytes, headers: list[tuple[str, str]],
+                                                               says: str) -> None:
+    web = web_cluster
+    if not read_live(web.zk, Paths(web.config.zk.root), "refused-q"):
+        make_queue(web, "refused-q")
+    answer = httpx.post(web.url + "/api/queues/refused-q/messages", params={"topic": "t", **params}, content=content,
+                        headers=[*web.headers().items(), *headers], timeout=30)
+    assert answer.status_code == 400 and says in answer.json()["message"], answer.text
+    peeked = api(web, "GET", "/api/queues/refused-q/peek", params={"topic": "t"})
+    assert peeked.status_code == 200 and peeked.json()["messages"] == [], peeked.text
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
