@@ -373,3 +373,23 @@ def test_an_admin_grants_a_permission_in_the_console_and_sees_it_listed(console:
     console.click("confirm-ok")
     console.message("ok", "Key app has no entry now")
     console.wait(lambda: not console.all('[data-testid="permission-row-app"]'), "the entry gone from the list")
+
+
+def test_the_http_api_reference_renders_every_operation(console: Console, web_cluster: WebCluster) -> None:
+    """/docs (the console's "HTTP API" tab) renders the OpenAPI 3.1 document FastAPI writes, served
+    under the console's Content-Security-Policy (the browser fixture fails on any violation)."""
+    schema = httpx.get(web_cluster.url + "/openapi.json", timeout=30).json()
+    assert schema["openapi"].startswith("3.1")
+    operations = {(method.upper(), path) for path, ops in schema["paths"].items() for method in ops}
+    assert ("POST", "/api/queues/{queue}/messages") in operations
+
+    console.open("/docs")
+    console.wait(lambda: len(console.all(".opblock")) == len(operations), f"the {len(operations)} operations listed")
+    shown = {(block.find_element(By.CSS_SELECTOR, ".opblock-summary-method").text,
+              block.find_element(By.CSS_SELECTOR, ".opblock-summary-path").get_attribute("data-path"))
+             for block in console.all(".opblock")}
+    assert shown == operations
+    tags = {tag.get_attribute("data-tag") for tag in console.all(".opblock-tag")}
+    assert {"session", "cluster", "queues", "admin", "permissions", "data"} <= tags
+    page = console.find("swagger-ui").text
+    assert "Unable to render" not in page and "RoQ HTTP API" in page
