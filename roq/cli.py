@@ -451,7 +451,8 @@ def queue_scale(ctx: Context, name: str, exchanges: int) -> None:
 
 
 @queue.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable output: [{"name", "exchanges", "replicas", "placed", "running"}, ...]')
 @pass_ctx
 @handle_errors
 def queue_list(ctx: Context, as_json: bool) -> None:
@@ -467,7 +468,10 @@ def queue_list(ctx: Context, as_json: bool) -> None:
 
 @queue.command("show")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable output: {"name", "settings", "replicas", "exchanges": [{"id", "host", "live", '
+                   '"replica", "replica_live"}, ...]}; the figures of each running exchange, consumer '
+                   'groups included, under live.stats')
 @pass_ctx
 @handle_errors
 def queue_show(ctx: Context, name: str, as_json: bool) -> None:
@@ -493,7 +497,9 @@ def queue_show(ctx: Context, name: str, as_json: bool) -> None:
 @click.option("--scale-in-below", type=float,
               help="scale in when one exchange fewer would run below this fraction of the limits")
 @click.option("--clear", is_flag=True, help="remove all rules first (back to a fixed size)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="machine-readable output: the rules after any change, by their stored names "
+                   "(max_rate, min_exchanges, ...)")
 @pass_ctx
 @handle_errors
 def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: Any) -> None:
@@ -667,13 +673,22 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None) -> None:
     assert ctx is not None
     overrides = {k: v for k, v in (("bind", bind), ("port", port)) if v is not None}
     config = ctx.config.replace(web=overrides) if overrides else ctx.config
-    from roq.daemon import Stop, install_signal_handlers, setup_logging
+    from roq.client.admin import ZK_REFUSED_FOR
+    from roq.daemon import Stop, install_signal_handlers
+    from roq.zk import start_client, stop_client
     from web.daemon import serve
-    setup_logging(config, "web")
+    # As every command: one line, at once, when no ZooKeeper listens (roq-web, a daemon, waits for it).
+    # Logging stays as main() set it: warnings, without the ZooKeeper client's reconnect chatter.
+    zk = start_client(config, refused_for=ZK_REFUSED_FOR)
     stop = Stop()
-    install_signal_handlers(stop)
-    code = serve(config, stop, announce=True)
-    sys.exit(Exit.INTERRUPTED if stop.signal == signal.SIGINT else code)
+    try:
+        install_signal_handlers(stop)
+        code = serve(config, stop, announce=True, zk=zk)
+    finally:
+        stop_client(zk)
+    if stop.signal == signal.SIGINT:
+        raise KeyboardInterrupt  # "interrupted", exit 130, as every command on Ctrl-C
+    sys.exit(code)
 
 
 @web.group()
