@@ -332,8 +332,9 @@ def _view(gateway: Gateway) -> tuple[dict[str, Any], dict[str, Any], float]:
     return status, stats, sampled_at
 
 
-def queue_row(name: str, q: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
-    return {"name": name, "exchanges": q.get("exchanges", 0), "running": q.get("running", 0), "replicas": replicas,
+def queue_row(name: str, q: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "exchanges": q.get("exchanges", 0), "running": q.get("running", 0),
+            "replicas": q.get("replicas", 1),
             "msgs_in_per_s": q.get("msgs_in_per_s", 0.0), "msgs_out_per_s": q.get("msgs_out_per_s", 0.0),
             "publishers": q.get("publishers", 0), "subscriptions": q.get("subscriptions", 0),
             "retained_bytes": q.get("retained_bytes", 0)}
@@ -386,7 +387,8 @@ def queue_view(gateway: Gateway, name: str) -> dict[str, Any]:
                                                       "subscriptions", "retained_bytes")},
                           "latency_p99_ms": r.get("latency_p99_ms")})
         publishers += [{"id": p, "exchange": x["id"], "msgs_per_s": rate} for p, rate in r.get("top_publishers", [])]
-    row = queue_row(name, q, info.get("replicas"))
+    row = queue_row(name, q)
+    row["replicas"] = info.get("replicas", row["replicas"])  # the description, as the page's other figures
     row.update(publisher_count=row["publishers"], exchanges=len(info.get("exchanges", [])),
                rules=rules, exchanges_detail=exchanges,
                publishers=sorted(publishers, key=lambda p: -p["msgs_per_s"]),
