@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from roq.errors import Exit, QueueExistsError, RoqError, UserError, ZooKeeperUnavailableError
+from roq.errors import Exit, QueueExistsError, QueueNotFoundError, RoqError, UserError, ZooKeeperUnavailableError
 
 if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.client.admin import Admin
@@ -619,27 +619,45 @@ def pipeline() -> None:
 def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration: float, master: str) -> None:
     """Consume the cluster's statistics stream; write windowed aggregates to Parquet.
 
-    Ctrl-C stops it cleanly (the running micro-batch finishes) and exits 130; --duration exits 0."""
+    Ctrl-C stops it cleanly (the running micro-batch finishes) and exits 130; --duration exits 0.
+    The leader publishes the stream while queue gcm.stats_queue exists: a queue this command
+    created is deleted when it ends (create it yourself to keep the stream going)."""
     from roq.spark.pipeline import require_extra, require_java, run_stats_job
     require_extra("pyspark", "pyarrow", "pandas")
     require_java()
     queue_name = ctx.config.gcm.stats_queue
     if not queue_name:
         raise UserError("gcm.stats_queue is empty: the statistics stream is off")
+    created = False
     with ctx.admin() as admin:
         try:
             admin.create_queue(queue_name, exchanges=1)
-            click.echo(f"created queue {queue_name}: the leader publishes statistics to it from now on", err=True)
+            created = True
+            click.echo(f"created queue {queue_name}: the leader publishes statistics to it until this pipeline "
+                       "ends", err=True)
         except QueueExistsError:
             pass
     args = ["--zk", ctx.config.zk.hosts, "--root", ctx.config.zk.root, "--queue", queue_name, "--output", output,
             "--window", str(window), "--duration", str(duration), "--master", master] + (["--once"] if once else [])
-    code = run_stats_job(args)
+    try:
+        code = run_stats_job(args)
+    finally:
+        if created:  # also on Ctrl-C: nothing else would stop the leader's 6 records a second
+            _delete_stats_queue(ctx, queue_name)
     if code == Exit.INTERRUPTED:
         raise KeyboardInterrupt
     if code:
         sys.exit(code)  # the driver said why, in one line
     click.echo(f"aggregates in {output}/exchanges and {output}/hosts", err=True)
+
+
+def _delete_stats_queue(ctx: Context, queue_name: str) -> None:
+    with ctx.admin() as admin:
+        try:
+            admin.delete_queue(queue_name)
+        except QueueNotFoundError:
+            return  # deleted meanwhile: the stream has stopped all the same
+    click.echo(f"deleted queue {queue_name}: the leader no longer publishes statistics", err=True)
 
 
 @pipeline.command("report")
