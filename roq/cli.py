@@ -890,7 +890,8 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
 @click.option("--subscribers", "-s", type=click.IntRange(1, 64), default=1, show_default=True,
               help="each subscriber gets every message (fan-out)")
 @click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="total messages per second (0 = as fast as possible)")
+              help="total messages per second (0 = as fast as possible: the throughput, with latencies that are "
+                   "mostly queueing; e.g. 10000 for the latency of a cluster that keeps up)")
 @click.option("--batch", is_flag=True,
               help="use the batch API (Publisher.publish_many, Subscriber batch_callback) "
                    "instead of one call per message")
@@ -901,7 +902,10 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
 @handle_errors
 def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: int, publishers: int,
           subscribers: int, rate: float, batch: bool, json_out: str | None) -> None:
-    """Measure throughput and latency percentiles of the running cluster."""
+    """Measure throughput and latency percentiles of the running cluster.
+
+    By default at full rate: the throughput. Its latencies are then mostly time spent queueing (the
+    output says so); pace it with --rate for the latency of a cluster that keeps up."""
     from roq.tools.bench_cli import run_bench
     run_bench(ctx.config, queue_name, exchanges, size, messages, publishers, subscribers, rate, json_out, batch)
 
