@@ -39,6 +39,11 @@ def fail(message: str, code: Exit) -> None:
     sys.exit(code)
 
 
+def interrupted() -> None:
+    click.echo("interrupted", err=True)
+    sys.exit(Exit.INTERRUPTED)
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -47,9 +52,19 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except RoqError as exc:
             fail(_explained(exc), Exit.for_error(exc))  # one mapping for the command and the daemons
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(Exit.INTERRUPTED)
+            interrupted()
     return wrapper
+
+
+class RoqGroup(click.Group):
+    """The `roq` group: a Ctrl-C that comes while click itself runs (between commands, in a group's
+    own set-up) is "interrupted" and 130 too, not click's "Aborted!" and 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
 
 
 def _explained(exc: RoqError) -> str:
@@ -116,7 +131,7 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-@click.group()
+@click.group(cls=RoqGroup)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar=None,
               help="TOML configuration file (default: $ROQ_CONFIG, else ./.roq/cluster/config.toml if present)")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", callback=check_settings,
