@@ -103,7 +103,7 @@ def visible(op: str, result: Any, role: str | None, name: str, table: Permission
     if op == "cluster.stats":
         return dict(result, queues={q: v for q, v in result["queues"].items() if table.uses(name, q)})
     if op == "cluster.events":
-        return dict(result, events=[e for e in result["events"] if e["queue"] is None or table.uses(name, e["queue"])])
+        return dict(result, events=[e for e in result["events"] if not e.get("queue") or table.uses(name, e["queue"])])
     return result
 
 
