@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from roq.errors import Exit, QueueExistsError, QueueNotFoundError, RoqError, UserError, ZooKeeperUnavailableError
+from roq.errors import Exit, QueueExistsError, RoqError, UserError, ZooKeeperUnavailableError
 
 if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.client.admin import Admin
@@ -667,6 +667,7 @@ def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration:
 
 
 def _delete_stats_queue(ctx: Context, queue_name: str) -> None:
+    from roq.errors import QueueNotFoundError
     with ctx.admin() as admin:
         try:
             admin.delete_queue(queue_name)
