@@ -13,8 +13,8 @@ another key) are refused with `forbidden` unless the key is an admin's: under
 `admins/`, or granted `admin` in the permission table (gcm/permissions.py). A
 client key reads only the queues it has a right on: `queue.describe` and
 reading `queue.rules` of another queue are `forbidden` (whether or not it
-exists), and `queue.list`, `cluster.status` and `cluster.stats` leave such
-queues out. The server's key reads everything and changes nothing.
+exists), and `queue.list`, `cluster.status`, `cluster.stats` and `cluster.events`
+leave such queues out. The server's key reads everything and changes nothing.
 With CURVE off the API is open to whoever can reach it: local use only.
 
 A request's time starts when it arrives, not when its turn comes: the loop takes every request
@@ -103,6 +103,8 @@ def visible(op: str, result: Any, role: str | None, name: str, table: Permission
         return dict(result, queues=[q for q in result["queues"] if table.uses(name, q)])
     if op == "cluster.stats":
         return dict(result, queues={q: v for q, v in result["queues"].items() if table.uses(name, q)})
+    if op == "cluster.events":
+        return dict(result, events=[e for e in result["events"] if not e.get("queue") or table.uses(name, e["queue"])])
     return result
 
 

@@ -175,7 +175,7 @@ class Autoscaler:
             live = read_live(cache, self.paths, name)
             rules = info.settings.get("rules")
             state = self.states.setdefault(name, QueueState())
-            queues[name] = summary = summarise_queue(name, info.exchanges, live, rules, state)
+            queues[name] = summary = summarise_queue(name, info.exchanges, live, rules, state, info.replicas)
             if rules and self.config.enabled:
                 self._note_traffic_on_new(state, live, now)
                 self._apply(name, state, summary, rules, hosts, now)
@@ -349,7 +349,7 @@ def stats_records(stats: ClusterStats) -> Iterator[ExchangeSample | HostSample]:
 
 
 def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules: dict[str, Any] | None,
-                    state: QueueState) -> QueueStats:
+                    state: QueueState, replicas: int = 1) -> QueueStats:
     by_exchange = []
     for x in sorted(exchanges, key=lambda x: exchange_order(x.id)):
         data = live.get(x.id) or {}
@@ -357,7 +357,7 @@ def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules
         restarts = restarts if isinstance(restarts, int) else 0
         by_exchange.append(ExchangeSummary.of(x.id, x.host, x.id in live, restarts,
                                               ExchangeStats.from_dict(data.get("stats"))))
-    return QueueStats.of(name, len(exchanges), tuple(by_exchange), rules, tuple(state.events))
+    return QueueStats.of(name, len(exchanges), tuple(by_exchange), rules, tuple(state.events), replicas)
 
 
 def firing_rules(summary: QueueStats, rules: dict[str, Any], hosts: dict[str, HostInfo]) -> list[str]:

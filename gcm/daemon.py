@@ -24,6 +24,7 @@ import click
 
 from gcm.api import ControlServer, Handler, unknown_op
 from gcm.autoscaler import Autoscaler, StatsStream
+from gcm.events import EventLog
 from gcm.leader import Leadership
 from gcm.permissions import PermissionManager
 from gcm.queues import QueueManager
@@ -72,6 +73,7 @@ class Gcm:
                                    self.config.gcm.min_free_bytes)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
+        self.events = EventLog(self.client, self.paths, self.leadership.fence, self.write_lock)
         self.permissions = PermissionManager(self.client, self.paths, self.leadership.fence, self.write_lock,
                                              self.config.security)
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
@@ -115,12 +117,14 @@ class Gcm:
                                      self.config.gcm.journal_reassign_grace, self.config.gcm.storage_full_grace,
                                      self.config.gcm)
         self.autoscaler.states.clear()  # a new term starts with fresh timers
+        self.events.start_term(self.id, epoch)
         with self.write_lock:
             self.queues.view.invalidate()  # another leader may have changed placements since our last term
         while self.leadership.should_lead():
             if self.leadership.can_write():
                 try:
                     self.autoscaler.tick(self.reconciler.tick())
+                    self.events.tick(self.autoscaler.stats)
                     self.leadership.fence.prune_keys()
                 except RoqError as exc:
                     log.warning("reconcile tick failed: %s", exc)
@@ -150,6 +154,7 @@ class Gcm:
             "queue.rules": lambda a: self.autoscaler.set_rules(**_args(a, ["name"], ["rules", "clear"])),
             "queue.rebalance": lambda a: self._rebalance(**_args(a, [], ["name"])),
             "cluster.stats": self._stats,
+            "cluster.events": lambda a: self.events.after(**_args(a, [], ["after"])),
             "keys.grant": lambda a: self.permissions.grant(**_args(a, ["name"], [*RIGHTS, "admin"])),
             "keys.revoke": lambda a: self.permissions.revoke(**_args(a, ["name"], [*RIGHTS, "admin", "all"])),
             "keys.reset": lambda a: self.permissions.reset(**_args(a, ["name"])),

@@ -41,6 +41,11 @@ def fail(message: str, code: Exit) -> None:
     sys.exit(code)
 
 
+def interrupted() -> None:
+    click.echo("interrupted", err=True)
+    sys.exit(Exit.INTERRUPTED)
+
+
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -49,9 +54,19 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except RoqError as exc:
             fail(_explained(exc), Exit.for_error(exc))  # one mapping for the command and the daemons
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(Exit.INTERRUPTED)
+            interrupted()
     return wrapper
+
+
+class RoqGroup(click.Group):
+    """The `roq` group: a Ctrl-C that comes while click itself runs (between commands, in a group's
+    own set-up) is "interrupted" and 130 too, not click's "Aborted!" and 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
 
 
 def _explained(exc: RoqError) -> str:
@@ -118,7 +133,7 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-@click.group()
+@click.group(cls=RoqGroup)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar=None,
               help="TOML configuration file (default: $ROQ_CONFIG, else ./.roq/cluster/config.toml if present)")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.KEY=VALUE", callback=check_settings,
@@ -486,7 +501,8 @@ def queue_rebalance(ctx: Context, name: str | None, as_json: bool) -> None:
 
 
 @queue.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable output: [{"name", "exchanges", "replicas", "placed", "running"}, ...]')
 @pass_ctx
 @handle_errors
 def queue_list(ctx: Context, as_json: bool) -> None:
@@ -502,7 +518,10 @@ def queue_list(ctx: Context, as_json: bool) -> None:
 
 @queue.command("show")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable output: {"name", "settings", "replicas", "exchanges": [{"id", "host", "live", '
+                   '"replica", "replica_live"}, ...]}; the figures of each running exchange, consumer '
+                   'groups included, under live.stats')
 @pass_ctx
 @handle_errors
 def queue_show(ctx: Context, name: str, as_json: bool) -> None:
@@ -532,7 +551,9 @@ def queue_show(ctx: Context, name: str, as_json: bool) -> None:
 @click.option("--scale-in-below", type=click.FloatRange(0, 1),
               help="scale in when one exchange fewer would run below this fraction of the limits")
 @click.option("--clear", is_flag=True, help="remove all rules first (back to a fixed size)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="machine-readable output: the rules after any change, by their stored names "
+                   "(max_rate, min_exchanges, ...)")
 @pass_ctx
 @handle_errors
 def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: Any) -> None:
@@ -652,27 +673,46 @@ def pipeline() -> None:
 def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration: float, master: str) -> None:
     """Consume the cluster's statistics stream; write windowed aggregates to Parquet.
 
-    Ctrl-C stops it cleanly (the running micro-batch finishes) and exits 130; --duration exits 0."""
+    Ctrl-C stops it cleanly (the running micro-batch finishes) and exits 130; --duration exits 0.
+    The leader publishes the stream while queue gcm.stats_queue exists: a queue this command
+    created is deleted when it ends (create it yourself to keep the stream going)."""
     from roq.spark.pipeline import require_extra, require_java, run_stats_job
     require_extra("pyspark", "pyarrow", "pandas")
     require_java()
     queue_name = ctx.config.gcm.stats_queue
     if not queue_name:
         raise UserError("gcm.stats_queue is empty: the statistics stream is off")
+    created = False
     with ctx.admin() as admin:
         try:
             admin.create_queue(queue_name, exchanges=1)
-            click.echo(f"created queue {queue_name}: the leader publishes statistics to it from now on", err=True)
+            created = True
+            click.echo(f"created queue {queue_name}: the leader publishes statistics to it until this pipeline "
+                       "ends", err=True)
         except QueueExistsError:
             pass
     args = ["--zk", ctx.config.zk.hosts, "--root", ctx.config.zk.root, "--queue", queue_name, "--output", output,
             "--window", str(window), "--duration", str(duration), "--master", master] + (["--once"] if once else [])
-    code = run_stats_job(args)
+    try:
+        code = run_stats_job(args)
+    finally:
+        if created:  # also on Ctrl-C: nothing else would stop the leader's 6 records a second
+            _delete_stats_queue(ctx, queue_name)
     if code == Exit.INTERRUPTED:
         raise KeyboardInterrupt
     if code:
         sys.exit(code)  # the driver said why, in one line
     click.echo(f"aggregates in {output}/exchanges and {output}/hosts", err=True)
+
+
+def _delete_stats_queue(ctx: Context, queue_name: str) -> None:
+    from roq.errors import QueueNotFoundError
+    with ctx.admin() as admin:
+        try:
+            admin.delete_queue(queue_name)
+        except QueueNotFoundError:
+            return  # deleted meanwhile: the stream has stopped all the same
+    click.echo(f"deleted queue {queue_name}: the leader no longer publishes statistics", err=True)
 
 
 @pipeline.command("report")
@@ -706,13 +746,22 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None) -> None:
     assert ctx is not None
     overrides = {k: v for k, v in (("bind", bind), ("port", port)) if v is not None}
     config = ctx.config.replace(web=overrides) if overrides else ctx.config
-    from roq.daemon import Stop, install_signal_handlers, setup_logging
+    from roq.client.admin import ZK_REFUSED_FOR
+    from roq.daemon import Stop, install_signal_handlers
+    from roq.zk import start_client, stop_client
     from web.daemon import serve
-    setup_logging(config, "web")
+    # As every command: one line, at once, when no ZooKeeper listens (roq-web, a daemon, waits for it).
+    # Logging stays as main() set it: warnings, without the ZooKeeper client's reconnect chatter.
+    zk = start_client(config, refused_for=ZK_REFUSED_FOR)
     stop = Stop()
-    install_signal_handlers(stop)
-    code = serve(config, stop, announce=True)
-    sys.exit(Exit.INTERRUPTED if stop.signal == signal.SIGINT else code)
+    try:
+        install_signal_handlers(stop)
+        code = serve(config, stop, announce=True, zk=zk)
+    finally:
+        stop_client(zk)
+    if stop.signal == signal.SIGINT:
+        raise KeyboardInterrupt  # "interrupted", exit 130, as every command on Ctrl-C
+    sys.exit(code)
 
 
 @web.group()
@@ -932,7 +981,8 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
 @click.option("--subscribers", "-s", type=click.IntRange(1, 64), default=1, show_default=True,
               help="each subscriber gets every message (fan-out)")
 @click.option("--rate", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="total messages per second (0 = as fast as possible)")
+              help="total messages per second (0 = as fast as possible: the throughput, with latencies that are "
+                   "mostly queueing; e.g. 10000 for the latency of a cluster that keeps up)")
 @click.option("--batch", is_flag=True,
               help="use the batch API (Publisher.publish_many, Subscriber batch_callback) "
                    "instead of one call per message")
@@ -943,7 +993,10 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
 @handle_errors
 def bench(ctx: Context, queue_name: str, exchanges: int, size: int, messages: int, publishers: int,
           subscribers: int, rate: float, batch: bool, json_out: str | None) -> None:
-    """Measure throughput and latency percentiles of the running cluster."""
+    """Measure throughput and latency percentiles of the running cluster.
+
+    By default at full rate: the throughput. Its latencies are then mostly time spent queueing (the
+    output says so); pace it with --rate for the latency of a cluster that keeps up."""
     from roq.tools.bench_cli import run_bench
     run_bench(ctx.config, queue_name, exchanges, size, messages, publishers, subscribers, rate, json_out, batch)
 

@@ -260,6 +260,8 @@ def leader_metrics(out: Families, stats: ClusterStats) -> None:
         labels = {"queue": name}
         out.gauge("roq_queue_exchanges", "exchanges the queue has (its scale)", labels, q.exchanges)
         out.gauge("roq_queue_running", "exchanges of the queue running", labels, q.running)
+        out.gauge("roq_queue_replicas", "copies of each message the queue keeps: 2 when each exchange has a "
+                  "replica", labels, q.replicas)
         out.gauge("roq_queue_publishers", "publishers active in the last 10 s, over the queue's exchanges", labels,
                   q.publishers)
         out.gauge("roq_queue_subscriptions", "subscriptions, over the queue's exchanges", labels, q.subscriptions)

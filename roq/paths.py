@@ -16,6 +16,8 @@
     <root>/relocations/<queue>          persistent: {publisher: {to, from, at}}, written by the leader
     <root>/permissions                  persistent: the permission table {format, keys: {name: entry}}
                                         (roq/permissions.py), written by the leader; absent = no entries
+    <root>/events                       persistent: {events: [{seq, time, kind, detail, queue}]}, the
+                                        cluster's recent events (gcm/events.py), written by the leader
 
 A host's work list names slots: an exchange id ("x1") runs the exchange, its replica slot ("x1~r",
 `replica_slot`) runs that exchange's replica. The HCM's key for an assignment is (queue, slot).
@@ -110,6 +112,10 @@ class Paths:
     @property
     def permissions(self) -> str:
         return f"{self.root}/permissions"
+
+    @property
+    def events(self) -> str:
+        return f"{self.root}/events"
 
     def base_paths(self) -> list[str]:
         return [f"{self.root}/gcm", self.election, self.requests, self.hosts, self.queues, self.assignments, self.live,

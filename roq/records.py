@@ -237,6 +237,7 @@ class QueueStats(Load):
     name: str = ""
     exchanges: int = 0
     running: int = 0
+    replicas: int = 1  # processes per exchange: 2 when each exchange has a replica on another host
     by_exchange: tuple[ExchangeSummary, ...] = ()
     rules: dict[str, Any] | None = None  # None: no autoscaling rules set
     events: tuple[dict[str, Any], ...] = ()  # scaling and relocation events, oldest first
@@ -244,11 +245,12 @@ class QueueStats(Load):
 
     @classmethod
     def of(cls, name: str, exchanges: int, by_exchange: tuple[ExchangeSummary, ...], rules: dict[str, Any] | None,
-           events: tuple[dict[str, Any], ...]) -> QueueStats:
+           events: tuple[dict[str, Any], ...], replicas: int = 1) -> QueueStats:
         base = Load()
         totals = {key: sum((getattr(x, key) for x in by_exchange), start=getattr(base, key)) for key in LOAD_FIELDS}
         return cls(name=name, exchanges=exchanges, running=sum(1 for x in by_exchange if x.running),
-                   by_exchange=by_exchange, rules=rules, events=events, subscribers=_total_lag(by_exchange), **totals)
+                   replicas=replicas, by_exchange=by_exchange, rules=rules, events=events,
+                   subscribers=_total_lag(by_exchange), **totals)
 
 
 def _total_lag(by_exchange: tuple[ExchangeSummary, ...]) -> tuple[ConsumerLag, ...]:

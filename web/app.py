@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-import swagger_ui_bundle
+import fastapi_offline
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from kazoo.client import KazooClient
@@ -56,6 +55,8 @@ from web.history import Sampler
 from web.limits import CallerLimitError, Limits, read_envelope, read_messages
 
 STATIC = Path(__file__).parent / "static"
+# Swagger UI 5 (it renders OpenAPI 3.1, which FastAPI writes; 4.x cannot), as fastapi-offline ships it.
+SWAGGER_UI = Path(fastapi_offline.__file__).parent / "static"
 KEEPALIVE_SECONDS = 15.0
 START_POINTS = ("now", "beginning")
 PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -197,8 +198,9 @@ def _install_errors(app: FastAPI) -> None:
         return error_response(status, exc.code, str(exc))
 
 
+# Every page, /docs included (Swagger UI's start-up script is a file, docs.js, not inline).
 SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
-                    (b"x-frame-options", b"DENY")]
+                    (b"x-frame-options", b"DENY"), (b"content-security-policy", PAGE_POLICY.encode())]
 
 
 class SecurityHeaders:
@@ -212,13 +214,11 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # Swagger UI (/docs) runs an inline script: the console's policy would block it.
-        policy = [] if scope["path"].startswith("/docs") else [(b"content-security-policy", PAGE_POLICY.encode())]
 
         async def send_with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
                 present = {name.lower() for name, _ in message.get("headers", [])}
-                extra = [(n, v) for n, v in SECURITY_HEADERS + policy if n not in present]
+                extra = [(n, v) for n, v in SECURITY_HEADERS if n not in present]
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
@@ -231,7 +231,7 @@ def _install_security_headers(app: FastAPI) -> None:
 
 def _install_pages(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static")
-    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+    app.mount("/docs-assets", StaticFiles(directory=SWAGGER_UI), name="docs-assets")
 
     @app.get("/", include_in_schema=False)
     def overview_page() -> FileResponse:
@@ -242,10 +242,8 @@ def _install_pages(app: FastAPI) -> None:
         return FileResponse(STATIC / "queue.html", headers={"Cache-Control": "no-cache"})
 
     @app.get("/docs", include_in_schema=False)
-    def docs() -> Response:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="RoQ HTTP API",
-                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
-                                   swagger_css_url="/docs-assets/swagger-ui.css", swagger_favicon_url="data:,")
+    def docs() -> FileResponse:
+        return FileResponse(STATIC / "docs.html", headers={"Cache-Control": "no-cache"})
 
 
 # ------------------------------------------------------------------ who is calling
@@ -336,8 +334,9 @@ def _view(gateway: Gateway) -> tuple[dict[str, Any], dict[str, Any], float]:
     return status, stats, sampled_at
 
 
-def queue_row(name: str, q: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
-    return {"name": name, "exchanges": q.get("exchanges", 0), "running": q.get("running", 0), "replicas": replicas,
+def queue_row(name: str, q: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "exchanges": q.get("exchanges", 0), "running": q.get("running", 0),
+            "replicas": q.get("replicas", 1),
             "msgs_in_per_s": q.get("msgs_in_per_s", 0.0), "msgs_out_per_s": q.get("msgs_out_per_s", 0.0),
             "publishers": q.get("publishers", 0), "subscriptions": q.get("subscriptions", 0),
             "retained_bytes": q.get("retained_bytes", 0)}
@@ -390,7 +389,8 @@ def queue_view(gateway: Gateway, name: str) -> dict[str, Any]:
                                                       "subscriptions", "retained_bytes")},
                           "latency_p99_ms": r.get("latency_p99_ms")})
         publishers += [{"id": p, "exchange": x["id"], "msgs_per_s": rate} for p, rate in r.get("top_publishers", [])]
-    row = queue_row(name, q, info.get("replicas"))
+    row = queue_row(name, q)
+    row["replicas"] = info.get("replicas", row["replicas"])  # the description, as the page's other figures
     row.update(publisher_count=row["publishers"], exchanges=len(info.get("exchanges", [])),
                rules=rules, exchanges_detail=exchanges,
                publishers=sorted(publishers, key=lambda p: -p["msgs_per_s"]),

@@ -12,6 +12,7 @@ import threading
 
 import click
 import uvicorn
+from kazoo.client import KazooClient
 
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
@@ -46,9 +47,10 @@ def url_of(config: Config, sock: socket.socket) -> str:
     return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def serve(config: Config, stop: Stop, announce: bool = False) -> int:
+def serve(config: Config, stop: Stop, announce: bool = False, zk: KazooClient | None = None) -> int:
+    """Serve until `stop`; `zk`: a ZooKeeper session to use (the caller's to close), else one of its own."""
     sock = listening_socket(config)
-    app = create_app(config)
+    app = create_app(config, zk)
     server = uvicorn.Server(uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=STOP_GRACE,
         ssl_certfile=config.web.tls_cert or None, ssl_keyfile=config.web.tls_key or None,

@@ -3,9 +3,10 @@
 read is served from them, so a hundred open browsers cost the leader one request per interval),
 the rates of each queue and host for `web.history_seconds`, and an event log.
 
-The event log merges the autoscaler's own events (scaling, relocations) with what the sampler sees
-change between two samples: a new leader, a host gone or back, an exchange moved to another host
-or restarted, a queue created or deleted.
+The event log is the leader's (gcm/events.py, `cluster.events`): scaling and relocations, a new
+leader, a host gone or back, an exchange moved to another host or restarted, a queue created or
+deleted, including what happened before this process started. Each sample asks for the events after
+the last one it has; when the leader's log is unreachable the console shows the events it already has.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ class Sampler:
         self.queues: dict[str, Series] = {}
         self.hosts: dict[str, Series] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_LIMIT)
+        self._events_after = 0  # the number of the newest event in `events`
         # Queue → (description, rules), as the leader gave them since the last sample.
         self._details: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-        self._scaling_seen_until: dict[str, float] = {}  # queue → time of the last autoscaler event logged
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="web-sampler", daemon=True)
 
@@ -78,11 +79,27 @@ class Sampler:
                 self.error = str(exc)
             return
         with self._lock:
-            self._note_changes(self.status, status, self.stats, stats)
             self.status, self.stats, self.error = status, stats, None
             self._details.clear()  # asked again after each sample, and after each admin action
             self.sampled_at = time.time()
             self._record(stats)
+        self._read_events()
+
+    def _read_events(self) -> None:
+        try:
+            answer = self.admin.cluster_events(self._events_after)
+            if answer.get("last", 0) < self._events_after:  # a log started anew (another cluster at this root)
+                self._events_after = 0
+                self.events.clear()
+                answer = self.admin.cluster_events(0)
+        except RoqError as exc:
+            log.info("the leader's events could not be read: %s", exc)
+            return
+        new = [e for e in answer.get("events", []) if isinstance(e, dict) and isinstance(e.get("seq"), int)]
+        with self._lock:  # two samples at once (an admin action's and the thread's) may read the same events
+            new = [e for e in new if e["seq"] > self._events_after]
+            self.events.extend(new)
+            self._events_after = max([self._events_after, *(e["seq"] for e in new)])
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -134,61 +151,3 @@ class Sampler:
         if queue is not None:
             events = [e for e in events if e.get("queue") == queue]
         return sorted(events, key=lambda e: e["time"])
-
-    # ------------------------------------------------------------ events
-
-    def _event(self, when: float, kind: str, detail: str, queue: str | None = None) -> None:
-        self.events.append({"time": when, "kind": kind, "detail": detail, "queue": queue})
-
-    def _note_changes(self, old_status: dict[str, Any] | None, status: dict[str, Any],
-                      old_stats: dict[str, Any] | None, stats: dict[str, Any]) -> None:
-        now = time.time()
-        self._note_scaling(stats)
-        if old_status is None or old_stats is None:
-            return
-        old_leader, leader = (old_status.get("leader") or {}).get("id"), (status.get("leader") or {}).get("id")
-        if leader != old_leader:
-            self._event(now, "leader", f"{leader or 'nobody'} is the leader (was {old_leader or 'nobody'})")
-        old_hosts = {h["name"] for h in old_status.get("hosts", [])}
-        hosts = {h["name"] for h in status.get("hosts", [])}
-        for host in sorted(old_hosts - hosts):
-            self._event(now, "host lost", f"host {host} is gone")
-        for host in sorted(hosts - old_hosts):
-            self._event(now, "host joined", f"host {host} joined")
-        old_queues, queues = old_stats.get("queues", {}), stats.get("queues", {})
-        for name in sorted(set(queues) - set(old_queues)):
-            self._event(now, "queue created", f"queue {name} created", name)
-        for name in sorted(set(old_queues) - set(queues)):
-            self._event(now, "queue deleted", f"queue {name} deleted", name)
-        for name, q in queues.items():
-            if name in old_queues:
-                self._note_exchanges(now, name, old_queues[name], q)
-
-    def _note_exchanges(self, now: float, queue: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        before = {x["id"]: x for x in old.get("by_exchange", [])}
-        for x in new.get("by_exchange", []):
-            was = before.get(x["id"])
-            if was is None:
-                continue
-            if was.get("host") != x.get("host"):
-                self._event(now, "failover", f"exchange {x['id']} moved from {was.get('host') or 'nowhere'} "
-                                             f"to {x.get('host') or 'nowhere'}", queue)
-            elif x.get("restarts", 0) > was.get("restarts", 0):
-                self._event(now, "restart", f"exchange {x['id']} restarted on {x.get('host')}", queue)
-
-    def _note_scaling(self, stats: dict[str, Any]) -> None:
-        for name, q in stats.get("queues", {}).items():
-            seen_until = self._scaling_seen_until.get(name, 0.0)
-            for e in q.get("events", []):
-                at = e.get("at", 0.0)
-                if at <= seen_until:
-                    continue
-                self._scaling_seen_until[name] = max(self._scaling_seen_until.get(name, 0.0), at)
-                if "relocated" in e:
-                    detail = f"publisher {e['relocated']} moved from {e.get('from')} to {e.get('to')}"
-                    self._event(at, "relocation", detail, name)
-                else:
-                    detail = f"scaled from {e.get('from')} to {e.get('to')} exchanges: {e.get('reason', '')}"
-                    self._event(at, "scaling", detail, name)
-        for gone in set(self._scaling_seen_until) - set(stats.get("queues", {})):
-            del self._scaling_seen_until[gone]

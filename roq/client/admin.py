@@ -127,6 +127,10 @@ class Admin:
         """The leader's aggregates: per queue (with per-exchange rows and scaling events) and per host."""
         return self.call("cluster.stats")
 
+    def cluster_events(self, after: int = 0) -> dict[str, Any]:
+        """The cluster's recent events numbered above `after` (gcm/events.py): {"events", "last"}."""
+        return self.call("cluster.events", after=after)
+
     def grant(self, name: str, publish: Sequence[str] = (), subscribe: Sequence[str] = (),
               consume: Sequence[str] = (), admin: bool = False) -> dict[str, Any]:
         """Add queue patterns (and admin) to key NAME's permissions; returns its entry after."""

@@ -1,7 +1,9 @@
 """`roq bench` against a running cluster: a queue, the harness of roq.tools.bench, a table and JSON.
 
-Ctrl-C at any point stops the worker processes, deletes the queue if `roq bench` created it, and
-leaves through `KeyboardInterrupt` (the command prints "interrupted" and exits 130)."""
+Throughput is measured at full rate (the default); latency means what it says at a rate the cluster
+keeps up with (--rate), and the output says so. Ctrl-C at any point stops the worker processes,
+deletes the queue if `roq bench` created it, and leaves through `KeyboardInterrupt` (the command
+prints "interrupted" and exits 130)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
                 admin.delete_queue(queue)
     from roq.tools.views import out
     out(stderr=True).print(result_table([result]))  # whole rows when stderr is not a terminal
+    note = latency_note(result)
+    if note:
+        out(stderr=True).print(note, highlight=False)
     if json_out:
         text = json.dumps(result.to_json(), indent=2)
         if json_out == "-":
@@ -47,6 +52,23 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
             with open(json_out, "w") as out:
                 out.write(text + "\n")
     return result
+
+
+PACED_RATE = 10_000  # msg/s: the rate docs/benchmarks.md measures latency at
+KEPT_UP = 0.9  # a paced run delivering less than this share of --rate could not keep up
+
+
+def latency_note(result: RunResult) -> str | None:
+    """Why the latency figures are what they are, when they are mostly time spent waiting in queues."""
+    if not result.rate:
+        return ("note: at full rate (no --rate) each message waits behind the others in the publisher, the "
+                "sockets and the subscriber, so these latencies are mostly that wait: they measure a saturated "
+                f"cluster. For the latency of one that keeps up, pace it: --rate {PACED_RATE} (p50 about 0.7 ms "
+                "on 2 vCPUs, docs/benchmarks.md).")
+    if result.msgs_per_s < KEPT_UP * result.rate:
+        return (f"note: the cluster delivered {result.msgs_per_s:,.0f} msg/s, below --rate {result.rate:,.0f}: "
+                "messages queued up, and these latencies are mostly that wait. Try a lower --rate.")
+    return None
 
 
 def ensure_queue(config: Config, queue: str, exchanges: int, replicas: int | None = None,

@@ -32,6 +32,22 @@ def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode):
     assert result["received"] == 6000 and result["lost"] == 0  # fan-out: each subscriber got all
     assert result["msgs_per_s"] > 0 and 0 < result["p50_us"] <= result["p99_us"] <= result["p999_us"]
     assert "deliveries" in done.stderr.decode()  # the progress bar
+    assert "at full rate (no --rate)" in done.stderr.decode() and "--rate 10000" in done.stderr.decode()
+
+
+@pytest.mark.timeout(120)
+def test_a_paced_roq_bench_that_keeps_up_has_no_note_on_its_latency(config, cluster, tmp_path):
+    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "-n", "1000", "--rate", "1000", "--json", "-"],
+                          env=env, capture_output=True, timeout=100)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    result = json.loads(done.stdout)
+    assert result["rate"] == 1000 and result["lost"] == 0
+    stderr = done.stderr.decode()
+    if result["msgs_per_s"] >= 900:  # it kept up (a machine busy enough to fall behind gets the other note)
+        assert "note:" not in stderr, stderr
+    else:
+        assert "below --rate 1,000" in stderr, stderr
 
 
 def test_roq_bench_refuses_bad_input_clearly(config, cluster):

@@ -149,7 +149,8 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
         ("replica", "mirrored", "x1"), ("host", "host-1"), ("host", "host-2")}
 
     # The scrape example, with targets written from the status, and the dashboard's metrics.
-    shutil.copy(MONITORING / "prometheus.yml", tmp_path / "prometheus.yml")
+    for name in ("prometheus.yml", "alerts.yml"):  # the example loads the alerts beside it
+        shutil.copy(MONITORING / name, tmp_path / name)
     written = subprocess.run([sys.executable, str(MONITORING / "targets.py"), str(tmp_path / "targets")],
                              input=shown.stdout, capture_output=True, text=True, timeout=30)
     assert written.returncode == 0, written.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from roq.client.admin import Admin
 from roq.tools.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -50,8 +51,14 @@ def start_pipeline(procs, output: Path, *extra: str) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
-def test_ctrl_c_stops_the_streaming_pipeline_cleanly_with_130(cluster, procs, tmp_path):
+def queues(config, zk) -> list[str]:
+    with Admin(config, zk) as admin:
+        return [q["name"] for q in admin.list_queues()]
+
+
+def test_ctrl_c_stops_the_streaming_pipeline_cleanly_with_130(cluster, procs, tmp_path, config, zk):
     out = tmp_path / "pipeline"
+    assert config.gcm.stats_queue not in queues(config, zk)
     proc = start_pipeline(procs, out)
     try:
         # Started: its two queries have written their checkpoints' metadata.
@@ -67,6 +74,9 @@ def test_ctrl_c_stops_the_streaming_pipeline_cleanly_with_130(cluster, procs, tm
     assert proc.returncode == 130, stderr
     assert stderr.rstrip().endswith("interrupted")
     no_traces(stderr)
+    # The queue it created is gone, and with it the leader's statistics stream.
+    assert f"deleted queue {config.gcm.stats_queue}" in stderr
+    assert config.gcm.stats_queue not in queues(config, zk)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
 
 
@@ -82,9 +92,13 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> str:
     return stderr
 
 
-def test_a_duration_ends_the_pipeline_with_0_and_no_stack_traces(cluster, procs, tmp_path):
+def test_a_duration_ends_the_pipeline_with_0_and_no_stack_traces(cluster, procs, tmp_path, config, zk):
+    with Admin(config, zk) as admin:  # made by an operator who wants the stream kept: the pipeline leaves it
+        admin.create_queue(config.gcm.stats_queue)
     proc = start_pipeline(procs, tmp_path / "pipeline", "--duration", "4")
     stderr = finish(proc, 120)
     assert proc.returncode == 0, stderr
     assert f"aggregates in {tmp_path / 'pipeline'}/exchanges" in stderr
     no_traces(stderr)
+    assert "created queue" not in stderr and "deleted queue" not in stderr
+    assert config.gcm.stats_queue in queues(config, zk)

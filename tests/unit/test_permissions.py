@@ -132,3 +132,7 @@ def test_a_client_key_sees_its_own_queues_and_permissions() -> None:
     assert visible("cluster.stats", {"queues": {"billing": {}, "orders.eu": {}}}, "client", "pub", TABLE) == \
         {"queues": {"orders.eu": {}}}
     assert visible("queue.list", listed, "server", "server", TABLE) == listed  # the daemons see everything
+    events = {"events": [{"seq": 1, "queue": None}, {"seq": 2, "queue": "billing"}, {"seq": 3, "queue": "orders.eu"}],
+              "last": 3}  # the cluster's own events, and those of the queues the key uses
+    assert visible("cluster.events", events, "client", "pub", TABLE) == \
+        {"events": [{"seq": 1, "queue": None}, {"seq": 3, "queue": "orders.eu"}], "last": 3}

@@ -106,7 +106,8 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
     assert host.items() >= OLD_HOST_FIGURES.items()
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # issue 31
     summary = queue_summary().to_dict()
-    assert set(summary) == OLD_QUEUE_KEYS | {"subscribers"}  # issue 20: consumer lag, added
+    assert set(summary) == OLD_QUEUE_KEYS | {"subscribers",  # issue 20: consumer lag, added
+                                             "replicas"}  # issue 32: the console lists each queue's
     assert all(set(row) == OLD_ROW_KEYS | {"consumers"} for row in summary["by_exchange"])
     assert set(cluster().to_dict()["hosts"]["h1"]) == set(host) | {"capacity"}
     # Keys only some reports carry are left out while unknown; a row of the aggregate keeps them as null.

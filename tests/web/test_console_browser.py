@@ -11,6 +11,7 @@ Without chromium or chromedriver the tests skip locally and fail in CI (tests/co
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from PIL import Image
 
 from roq.tools.testing import record_figures
 from tests.conftest import failed, unavailable
@@ -177,6 +179,13 @@ class Console:
     def rate(self, testid: str) -> float:
         return float(self.find(testid).text.replace(",", ""))
 
+    def overlaps(self, css: str, other_css: str) -> bool:
+        """Whether the first elements matching the two selectors overlap on the screen."""
+        return bool(self.driver.execute_script(
+            "const [a, b] = [document.querySelector(arguments[0]), document.querySelector(arguments[1])]"
+            ".map((e) => e.getBoundingClientRect());"
+            "return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;", css, other_css))
+
     def screenshot(self, name: str) -> Path:
         """The whole page (the window grows to its height for the shot), without the message line
         over it, under the test's tmp path; also in docs/images/ with SAVE_CONSOLE_SCREENSHOTS=1."""
@@ -241,6 +250,23 @@ class Load:
                 self._stop.wait(self.PAUSE)
 
 
+def both_lines_visible(png: bytes) -> bool:
+    """In a screenshot of the rate chart, the "in" colour (blue) shows in nearly every pixel column
+    that the "out" line (green) crosses: the two stay visible where the rates are the same."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    width, height = image.size
+    pixels = image.load()
+    blue_columns, green_columns = set(), set()
+    for x in range(width):
+        for y in range(height):
+            r, g, b = pixels[x, y]
+            if b > r + 60 and b > g + 30:
+                blue_columns.add(x)
+            elif g > r + 60 and g > b + 20:
+                green_columns.add(x)
+    return len(green_columns) > width // 4 and len(green_columns & blue_columns) >= 0.95 * len(green_columns)
+
+
 def queues_seen_by_admin(web: WebCluster) -> list[str]:
     answer = httpx.get(web.url + "/api/queues", headers=web.headers(web.admin_token), timeout=30)
     answer.raise_for_status()
@@ -263,6 +289,8 @@ def test_a_client_is_refused_admin_actions_and_the_page_says_why(console: Consol
 
     console.login(web.client_token, "client")
     assert console.find("session-user").text == "app"
+    console.message("ok", "Logged in as app")
+    assert not console.overlaps('[data-testid="message"]', ".page-head h1")  # the toast leaves the title be
     console.wait(lambda: console.find("leader").text not in ("", "–"), "the leader on the overview")
     kept = console.driver.execute_script(
         "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie")
@@ -307,6 +335,8 @@ def test_an_admin_creates_a_queue_and_watches_it_live(console: Console, web_clus
                      "both exchanges running on the queue page")
         assert {console.find(f"exchange-host-{x}").text for x in ("x1", "x2")} <= {"host-1", "host-2"}
         console.wait(lambda: console.rate(f"rate-in-{queue}") > 0, "the queue page's msg/s in above 0")
+        console.wait(lambda: both_lines_visible(console.find("rate-chart").screenshot_as_png),
+                     "the in and out lines both visible where the rates are the same")
 
         console.type("peek-topic", "eu.orders")
         console.click("peek-submit")
@@ -315,6 +345,10 @@ def test_an_admin_creates_a_queue_and_watches_it_live(console: Console, web_clus
         assert HOSTILE in payload and json.loads(payload)["note"] == HOSTILE  # shown as text...
         assert not console.all('[data-testid="peek-results"] img, [data-testid="peek-results"] b')  # ...not markup
         assert console.driver.execute_script("return window.pwned === undefined")
+        seqs = [int(cell.text.replace(",", ""))
+                for cell in console.all('[data-testid="peek-results"] tr[data-key] td:first-child')]
+        assert len(seqs) > 1 and seqs == sorted(seqs), seqs  # oldest first, as the API answers
+        assert "oldest first" in console.find("peek-summary").text
 
         console.type("rule-max_rate", "-5")
         console.click("rules-save")
@@ -373,3 +407,23 @@ def test_an_admin_grants_a_permission_in_the_console_and_sees_it_listed(console:
     console.click("confirm-ok")
     console.message("ok", "Key app has no entry now")
     console.wait(lambda: not console.all('[data-testid="permission-row-app"]'), "the entry gone from the list")
+
+
+def test_the_http_api_reference_renders_every_operation(console: Console, web_cluster: WebCluster) -> None:
+    """/docs (the console's "HTTP API" tab) renders the OpenAPI 3.1 document FastAPI writes, served
+    under the console's Content-Security-Policy (the browser fixture fails on any violation)."""
+    schema = httpx.get(web_cluster.url + "/openapi.json", timeout=30).json()
+    assert schema["openapi"].startswith("3.1")
+    operations = {(method.upper(), path) for path, ops in schema["paths"].items() for method in ops}
+    assert ("POST", "/api/queues/{queue}/messages") in operations
+
+    console.open("/docs")
+    console.wait(lambda: len(console.all(".opblock")) == len(operations), f"the {len(operations)} operations listed")
+    shown = {(block.find_element(By.CSS_SELECTOR, ".opblock-summary-method").text,
+              block.find_element(By.CSS_SELECTOR, ".opblock-summary-path").get_attribute("data-path"))
+             for block in console.all(".opblock")}
+    assert shown == operations
+    tags = {tag.get_attribute("data-tag") for tag in console.all(".opblock-tag")}
+    assert {"session", "cluster", "queues", "admin", "permissions", "data"} <= tags
+    page = console.find("swagger-ui").text
+    assert "Unable to render" not in page and "RoQ HTTP API" in page

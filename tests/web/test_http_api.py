@@ -163,6 +163,51 @@ def test_permissions_are_read_and_changed_by_admin_tokens_only(web_cluster: WebC
     assert api(web, "GET", "/api/permissions", web.admin_token).json()["keys"] == []
 
 
+# ------------------------------------------------------------------ what the console reads
+
+def test_every_listing_has_each_queues_replicas(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    try:
+        for name, replicas in (("one-copy", 1), ("two-copies", 2)):
+            made = api(web, "POST", "/api/queues", web.admin_token, json={"name": name, "replicas": replicas})
+            assert made.status_code == 201 and made.json()["replicas"] == replicas, made.text
+
+        def listed(path: str, rows: Any) -> dict[str, Any]:
+            found = {q["name"]: q["replicas"] for q in rows(api(web, "GET", path).json())}
+            return found if {"one-copy", "two-copies"} <= set(found) else {}
+        queues = wait_until(lambda: listed("/api/queues", lambda answer: answer), message="both queues listed")
+        assert queues["one-copy"] == 1 and queues["two-copies"] == 2
+        cluster = listed("/api/cluster", lambda answer: answer["queues"])
+        assert cluster["one-copy"] == 1 and cluster["two-copies"] == 2
+        assert api(web, "GET", "/api/queues/two-copies").json()["replicas"] == 2
+    finally:  # the module's hosts have room for a few queues only
+        for name in ("one-copy", "two-copies"):
+            api(web, "DELETE", f"/api/queues/{name}", web.admin_token)
+
+
+def test_a_gateway_shows_the_events_from_before_it_started(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    make_queue(web, "early-q")
+    with Admin(web.config, web.zk) as admin:
+        wait_until(lambda: any(e["detail"] == "queue early-q created" for e in admin.cluster_events()["events"]),
+                   message="the leader logging the queue")
+        leader = admin.status()["leader"]["id"]
+    late = start_gateway(web.procs, "web-late")
+    try:
+        answer = httpx.get(late + "/api/cluster", headers=web.headers(), timeout=30).json()
+        page = httpx.get(late + "/api/queues/early-q", headers=web.headers(), timeout=30).json()
+    finally:
+        web.procs.kill("web-late", signal.SIGTERM)
+        web.procs.procs["web-late"].wait(timeout=15)
+    kinds = {(e["kind"], e["queue"]) for e in answer["events"]}
+    assert ("queue created", "early-q") in kinds  # it happened before this gateway started
+    assert any(e["kind"] == "leader" and e["detail"].startswith(f"{leader} is the leader") for e in answer["events"])
+    times = [e["time"] for e in answer["events"]]
+    assert times == sorted(times)
+    assert [e["kind"] for e in page["events"]] == ["queue created"]
+    assert api(web, "DELETE", "/api/queues/early-q", web.admin_token).status_code == 200
+
+
 # ------------------------------------------------------------------ publish and stream
 
 def test_curl_publishes_and_streams_as_docs_http_md_shows(web_cluster: WebCluster) -> None:

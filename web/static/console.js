@@ -1038,13 +1038,14 @@
     await act(`peek at ${topic}`, $("peek-submit"), async () => {
       const query = new URLSearchParams({ topic, limit: String(limit) });
       const answer = await api("GET", queueApi(queuePage.name, `/peek?${query}`));
-      const newestFirst = answer.messages.slice().reverse();
+      // In the API's order, oldest first (as `roq subscribe` and the stream would print them).
+      const messages = answer.messages;
       const body = $("peek-body");
       body.replaceChildren();
-      syncTable(body, PEEK_COLUMNS, newestFirst, (m) => `${m.exchange}/${m.pos}/${m.publisher}/${m.seq}`,
+      syncTable(body, PEEK_COLUMNS, messages, (m) => `${m.exchange}/${m.pos}/${m.publisher}/${m.seq}`,
         (m) => ({ "data-testid": `peek-row-${m.seq}` }), `No retained message on topics starting with ${topic}.`);
-      setText("peek-summary", `${plural(newestFirst.length, "message")} on topics starting with “${topic}”, `
-        + `newest first, as of ${fmtClock(Date.now() / 1000)}`);
+      setText("peek-summary", `${plural(messages.length, "message")} on topics starting with “${topic}” (the latest `
+        + `retained, oldest first), as of ${fmtClock(Date.now() / 1000)}`);
     });
   }
 
