@@ -124,7 +124,7 @@ class Gcm:
             if self.leadership.can_write():
                 try:
                     self.autoscaler.tick(self.reconciler.tick())
-                    self.events.tick(self.autoscaler.stats)
+                    self.events.tick(self.autoscaler.stats, self.reconciler.take_rebalanced())
                     self.leadership.fence.prune_keys()
                 except RoqError as exc:
                     log.warning("reconcile tick failed: %s", exc)

@@ -1,5 +1,6 @@
 """The cluster's recent events, kept by the leader: who leads, hosts joining and lost, exchanges
-moved (failover) or restarted, queues created and deleted, scaling and publisher relocations.
+moved (failover, or rebalance when the leader moved them to even the spread) or restarted, queues
+created and deleted, scaling and publisher relocations.
 
 Every tick the leader compares what it just aggregated (the autoscaler's `ClusterStats`) with the
 previous tick's and appends what changed to a bounded log, `<root>/events`: `{"events": [...]}`, the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from kazoo.client import KazooClient, TransactionRequest
@@ -49,6 +51,7 @@ class EventLog:
         self._last: ClusterStats | None = None
         self._scaling_seen: dict[str, float] = {}  # queue → time of the newest autoscaler event noted
         self._term: tuple[str, int] | None = None  # (leader, epoch) of a term whose log is not read yet
+        self._rebalanced: set[tuple[str, str]] = set()  # (queue, exchange) the leader moved to even the spread
 
     # ------------------------------------------------------------ the leader loop
 
@@ -79,8 +82,10 @@ class EventLog:
         self._note("leader", f"{gcm} is the leader (epoch {epoch})")
         return True
 
-    def tick(self, stats: ClusterStats) -> None:
-        """Note what changed since the previous tick, then write the log if anything was noted."""
+    def tick(self, stats: ClusterStats, rebalanced: Iterable[tuple[str, str]] = ()) -> None:
+        """Note what changed since the previous tick, then write the log if anything was noted.
+        `rebalanced`: the (queue, exchange) the leader moved on purpose since, which are not failovers."""
+        self._rebalanced.update(rebalanced)
         if not self._load():
             return
         self._note_scaling(stats)
@@ -154,7 +159,9 @@ class EventLog:
             if was is None:
                 continue
             if was.host != x.host:
-                self._note("failover", f"exchange {x.id} moved from {was.host or 'nowhere'} to {x.host or 'nowhere'}",
+                kind = "rebalance" if (queue, x.id) in self._rebalanced else "failover"
+                self._rebalanced.discard((queue, x.id))
+                self._note(kind, f"exchange {x.id} moved from {was.host or 'nowhere'} to {x.host or 'nowhere'}",
                            queue)
             elif x.restarts > was.restarts:
                 self._note("restart", f"exchange {x.id} restarted on {x.host}", queue)

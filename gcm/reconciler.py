@@ -94,6 +94,7 @@ class Reconciler:
         self.moves = 0  # slots (exchanges and replicas) moved since this leader started (for status)
         self.balance = balance or GcmConfig(rebalance=False)  # gcm.rebalance*
         self.rebalanced = 0  # of which by rebalancing
+        self.rebalanced_exchanges: set[tuple[str, str]] = set()  # not yet told to the event log
         self._quiet_since = time.monotonic()  # last host join or move: rebalancing waits rebalance_delay
         self._known_hosts: set[str] = set()
         self._balanced: object = None  # the state the last plan found nothing to do in (not planned again)
@@ -172,8 +173,15 @@ class Reconciler:
             xid = primary_of(move.slot)
             self._move(move.queue, xid, [move], placement_data(placements, move.queue, xid), why="to even the spread")
             self.rebalanced += 1
+            if not is_replica_slot(move.slot):
+                self.rebalanced_exchanges.add((move.queue, xid))
         self._quiet_since = time.monotonic()
         return moves
+
+    def take_rebalanced(self) -> set[tuple[str, str]]:
+        """The (queue, exchange) moved to even the spread since the last call (for the event log)."""
+        taken, self.rebalanced_exchanges = self.rebalanced_exchanges, set()
+        return taken
 
     def rebalance_now(self, name: Any = None) -> dict[str, Any]:
         """`queue.rebalance`: the same plan at once (no delay), for queue `name` or every queue."""

@@ -129,6 +129,13 @@ def test_roq_queue_rebalance_spreads_a_queue_on_demand(config, zk, paths, procs)
             result.stdout
         wait_until(lambda: running_as_placed(zk, paths, "ondemand"), timeout=40, message="the moved exchange running")
         spread = time.monotonic() - started
+
+        def moves_logged() -> list[str]:
+            with Admin(config, zk) as admin:
+                return [e["kind"] for e in admin.cluster_events()["events"]
+                        if e.get("queue") == "ondemand" and f"moved from {keeper}" in e["detail"]]
+        # The event log says why it moved: to even the spread, not a failover.
+        assert wait_until(moves_logged, timeout=20, message="the move in the event log") == ["rebalance"]
         assert len(set(placed(zk, paths, "ondemand").values())) == 2
         again = roq(procs.config_path, "queue", "rebalance", "ondemand")
         assert again.returncode == 0 and "already as even" in again.stdout, again.stdout
