@@ -43,7 +43,7 @@ import zmq
 from exchange.chains import PrefixChains
 from exchange.confirms import ConfirmGate
 from exchange.consumers import ConsumerProgress
-from exchange.groups import Group, Groups, Unit
+from exchange.groups import Group, Groups, Member, Unit
 from exchange.journal import Journal
 from exchange.replay import ReplayServer, replay_socket
 from exchange.replication import ReplicaLink
@@ -160,6 +160,15 @@ class Forwarder:
         self.adopted_high: dict[str, int] = {}  # publisher → highest seq of the adopted incarnation
         self._adopted_until = 0.0
         self._groups_sent: tuple[float, Any, int] = (0.0, None, 0)  # when, what, how big
+        # Members' acks waiting for the replica (their credit is held meanwhile, Groups.hold_acks): those
+        # in frames sent before a mark, by its serial; and those in no frame yet (their `done` could
+        # not go), which the next state sent covers.
+        self.groups.hold_acks = self.link is not None
+        self._acks_marked: deque[tuple[int, list[tuple[Member, int]]]] = deque()
+        self._acks_unsent: list[tuple[Member, int]] = []
+        self._marks_follow = 0  # the link's `follows` the marks above were sent under
+        self._state_groups: set[str] = set()  # the groups of the last state copied
+        self._state_too_big = False  # the last state was not copied (MAX_GROUP_STATE): acks cannot wait
         self.work.gone = gone_fds
         if gatekeeper is None or not gatekeeper.needed:
             self.work.watch_connections()
@@ -252,6 +261,8 @@ class Forwarder:
                     self.groups.tick()
                     self._shed_idle_groups()
                 self._publish_dead_letters()
+                if self.link is not None:
+                    self._settle_acks()  # before the pump: credit freed now is filled in this turn
                 self.work.pump()
             if self.link is not None and not self.adopting:
                 self._replicate_groups(now)  # also once when the last group went: it must not come back
@@ -347,16 +358,53 @@ class Forwarder:
         return count
 
     def _replicate_groups(self, now: float) -> None:
-        """Copy the groups' state to the replica when it changed, at most every GROUP_SYNC (longer
-        for a big state), so a restarted exchange adopts it (protocol section 7.6)."""
-        assert self.link is not None
+        """Copy the members' acks to the replica as they come, and the groups' state when it changed,
+        at most every GROUP_SYNC (longer for a big state), so a restarted exchange adopts them
+        (protocol section 7.6); then mark, so that the acks' credit comes back once the replica
+        holds them."""
+        link = self.link
+        assert link is not None
+        if link.follows != self._marks_follow:  # a new follow: marks sent before it may go unanswered,
+            self._marks_follow = link.follows  # and the state sent to it covers their acks
+            for _, acks in self._acks_marked:
+                self._acks_unsent += acks
+            self._acks_marked.clear()
         done = self.groups.take_done()
-        if done and self.link.following:  # at once: an ack copied is an ack a failover keeps
-            self.link.send_groups(protocol.encode_done(self.incarnation, done, self.copy_secret))
+        acks = self.groups.take_settling()
+        covered: list[tuple[Member, int]] = []  # acks in a frame handed to the link this turn
+        if done:  # at once: an ack copied is an ack a failover keeps
+            if link.following and link.send_groups(protocol.encode_done(self.incarnation, done, self.copy_secret)):
+                covered = acks
+            else:
+                self._acks_unsent += acks
+                self._want_group_state()  # it carries them
+        state = self._copy_group_state(now)
+        if state and self._acks_unsent:
+            covered += self._acks_unsent
+            self._acks_unsent = []
+        if covered:
+            serial = link.mark()
+            if serial is not None:
+                self._acks_marked.append((serial, covered))
+            else:
+                self._acks_unsent += covered
+                self._want_group_state()
+
+    def _want_group_state(self) -> None:
+        """Copy the groups' state again when it is next due, changed or not."""
+        last, _, size = self._groups_sent
+        self._groups_sent = (last, None, size)
+
+    def _copy_group_state(self, now: float) -> bool | None:
+        """Send the groups' state if it changed and is due, at once if a group came or went (a new
+        group's acks must not reach the replica before the group does: it would adopt nothing of it).
+        True: sent; False: not sent; None: too big to copy (the last copy stands)."""
+        assert self.link is not None
         last, signature, size = self._groups_sent
         fresh = (self.link.follows, self.groups.signature())
-        if fresh == signature or now < last + max(GROUP_SYNC, size / GROUP_SYNC_BYTES_PER_S):
-            return
+        regrouped = self.groups.groups.keys() != self._state_groups
+        if fresh == signature or (now < last + max(GROUP_SYNC, size / GROUP_SYNC_BYTES_PER_S) and not regrouped):
+            return False
         frame = protocol.encode_groups(self.incarnation, self.groups.records(self.retention.next_pos),
                                        self.copy_secret)
         if len(frame) > MAX_GROUP_STATE:
@@ -364,9 +412,30 @@ class Forwarder:
                 log.warning("consumer group state of %d bytes is too big to copy to the replica: the last "
                             "copy stands (a failover delivers again what was acked since)", len(frame))
             self._groups_sent = (now, fresh, len(frame))
-            return
+            self._state_groups, self._state_too_big = set(self.groups.groups), True
+            return None
         if self.link.send_groups(frame):
             self._groups_sent = (now, fresh, len(frame))
+            self._state_groups, self._state_too_big = set(self.groups.groups), False
+            return True
+        return False
+
+    def _settle_acks(self) -> None:
+        """Free the credit of the acks the replica holds now (it answered their mark); or of all of
+        them while we have no replica, or a state too big to copy: nothing can hold them then (a
+        next replica, or a smaller state, carries them)."""
+        link = self.link
+        assert link is not None
+        if link.endpoint is None or self._state_too_big:
+            self.groups.hold_acks = False
+            self.groups.settled(self.groups.take_settling() + self._acks_unsent +
+                                [a for _, acks in self._acks_marked for a in acks])
+            self._acks_unsent = []
+            self._acks_marked.clear()
+            return
+        self.groups.hold_acks = True
+        while self._acks_marked and self._acks_marked[0][0] <= link.marked:
+            self.groups.settled(self._acks_marked.popleft()[1])
 
     def _offer(self, pos: int, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
                attrs: list[tuple[Any, ...]] | None, only: Group | None = None) -> None:

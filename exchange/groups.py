@@ -25,6 +25,10 @@ A message that came back goes to a member it has not come back from whenever one
 when none has may it go back to one it came back from, and that repeat does not count toward
 `max_deliveries` while the group has a member it has not come back from: one member's nack loop
 (or a member that lets everything time out) cannot dead-letter work that others could do.
+
+With `hold_acks` (a replicated exchange) an acked message keeps its room in its member's prefetch
+until the replica holds the ack (`settled`): what a failover can hand out again of what a member
+processed is at most its prefetch.
 """
 
 from __future__ import annotations
@@ -154,12 +158,14 @@ class Level:
 
 
 class Member:
-    __slots__ = ("route", "prefetch", "in_flight", "units", "last_seen", "next_deadline", "paused_until")
+    __slots__ = ("route", "prefetch", "in_flight", "settling", "units", "last_seen", "next_deadline",
+                 "paused_until")
 
     def __init__(self, route: bytes, prefetch: int, now: float) -> None:
         self.route = route
         self.prefetch = prefetch
         self.in_flight = 0  # messages
+        self.settling = 0  # messages it acked that the replica does not hold the ack of yet (Groups.hold_acks)
         self.units: set[Unit] = set()
         self.last_seen = now
         # No unit of ours is late before this: units are sent with ever later deadlines, so only
@@ -169,7 +175,7 @@ class Member:
 
     @property
     def credit(self) -> int:
-        return self.prefetch - self.in_flight
+        return self.prefetch - self.in_flight - self.settling
 
 
 @dataclass
@@ -325,6 +331,10 @@ class Groups:
         self.groups: dict[str, Group] = {}
         self.held_bytes = 0
         self.expired_groups = 0
+        # With a replica: an ack frees its member's credit only once the replica holds it (settled()),
+        # so that what a member processed and a failover can hand out again is at most its prefetch.
+        self.hold_acks = False
+        self._settling: list[tuple[Member, int]] = []  # acks held since the last take_settling()
 
     def __bool__(self) -> bool:
         return bool(self.groups)
@@ -465,6 +475,9 @@ class Groups:
                 self._drop(group, piece)
                 group.done.append((piece.pos, piece.idx, piece.count))
         group.counters.acked += done
+        if done and self.hold_acks:
+            member.settling += done
+            self._settling.append((member, done))
         return done
 
     def nack(self, name: str, route: bytes, ranges: list[tuple[int, int, int]], requeue: bool) -> int:
@@ -582,6 +595,17 @@ class Groups:
             if group.done:
                 done[name], group.done = group.done, []
         return done
+
+    def take_settling(self) -> list[tuple[Member, int]]:
+        """The acks that hold their members' credit (hold_acks) since the last call: hand them to
+        settled() once the replica holds them (the `done` taken with them, or a later state)."""
+        settling, self._settling = self._settling, []
+        return settling
+
+    def settled(self, acks: list[tuple[Member, int]]) -> None:
+        """The replica holds these acks: their members' credit is free again."""
+        for member, count in acks:
+            member.settling = max(0, member.settling - count)
 
     def records(self, upto: int) -> list[protocol.GroupRecord]:
         """Every group's state at stream position `upto` (every frame below it was offered): its

@@ -25,6 +25,10 @@ cannot follow, continue, jump or replace a copy, nor send group state, whatever 
 ZooKeeper. The same knowledge decides sealing: a position request for the incarnation the cluster
 lists as running is refused (`running`), so only an ended incarnation's copy is ever sealed.
 
+Consumer groups: the primary also sends its groups' state and acks (`groups`, `done`, protocol
+section 7.6), and a `mark`, answered `marked` once those are held, which is what lets a member's
+ack free its room; a restarted primary asks for them (`adopt`).
+
 Peers may lie: frames are decoded with range checks, a copy must continue what is held (else the
 answer is `following next_pos`, and the primary resends; a copy of an incarnation not followed
 here is answered `following 0`, and the primary says follow again). With CURVE only the cluster's
@@ -58,7 +62,8 @@ MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
 MAX_SEALED = 4096  # sealed incarnations remembered
 MAX_DIGESTS = 64  # primary incarnations whose copy digest is remembered (the newest)
 MAX_WAITING = 16  # follows waiting for their incarnation's digest; the oldest give way
-ProofFrame = protocol.Follow | protocol.Copy | protocol.GroupState | protocol.GroupsDone | protocol.Adopt
+ProofFrame = (protocol.Follow | protocol.Copy | protocol.GroupState | protocol.GroupsDone | protocol.Mark
+              | protocol.Adopt)
 
 
 class Replica:
@@ -227,13 +232,16 @@ class Replica:
         return held
 
     def handle(self, route: bytes, request: ProofFrame) -> bytes | None:
-        """The answer to a primary's frame whose proof held (None: the group state frames get none)."""
+        """The answer to a primary's frame whose proof held (None: `groups` and `done` get none, a
+        `mark` gets `marked` once the frames before it are held)."""
         if isinstance(request, protocol.Follow):
             return self._follow(route, request)
         if isinstance(request, protocol.Copy):
             return self._copy(route, request)
         if isinstance(request, protocol.Adopt):
             return self._adopt(request)
+        if isinstance(request, protocol.Mark):
+            return self._mark(request)
         if isinstance(request, protocol.GroupState):
             self._store_groups(request)  # the next one replaces it
         elif request.incarnation in self.group_state:
@@ -275,6 +283,16 @@ class Replica:
             copy.add(topic, body, messages, now)
         self._count("copied_frames", max(0, len(request.frames) - skip))
         return protocol.encode_replica_reply(protocol.COPIED, incarnation, copy.next_pos)
+
+    def _mark(self, mark: protocol.Mark) -> bytes | None:
+        """`marked` once we hold every group frame the primary sent before the mark: frames come in
+        order on one connection, so that is once we hold a state of its incarnation (a `done` that
+        came before the first state is in that state, each later one is kept). Without one (this
+        replica restarted, or the state went with a dropped copy) no answer: the primary's members
+        keep their acks' credit until it said `follow` again and sent its state."""
+        if mark.incarnation in self.sealed or mark.incarnation not in self.group_state:
+            return None
+        return protocol.encode_marked(mark.incarnation, mark.serial)
 
     def _store_groups(self, state: protocol.GroupState) -> None:
         """Keep an incarnation's group state, and the frames of its pending messages; the state of

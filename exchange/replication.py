@@ -17,6 +17,10 @@ bound because of that, the exchange stops reading publishers (`blocked`) until t
 up. A replica that does not answer within `RESYNC_AFTER` while pages are out is asked to `follow`
 again (a lost page would otherwise stall the stream), and duplicates are skipped on its side.
 
+Consumer groups' state and acks go on the same connection (protocol section 7.6), followed by a
+`mark` the replica answers once it holds them (`marked`): a member's ack frees its room only then.
+A mark unanswered for `RESYNC_AFTER` also makes the link say `follow` again.
+
 A replica that answers `sealed` has been told, by a subscriber asking for this incarnation's copy
 after it saw the incarnation end (protocol section 6.3), to take nothing more of it: this process
 is cut off from the cluster's view. It stops confirming anything and `sealed` is set; the exchange
@@ -74,6 +78,10 @@ class ReplicaLink:
         self.copied_frames = 0
         self.adoption: protocol.Adoption | None = None  # the replica's answer to `adopt`
         self.follows = 0  # times the replica said where it is: a new one needs the group state again
+        # Marks (protocol 7.6): the replica answers one once it holds every group frame sent before it.
+        self.marks_sent = 0  # serial of the last mark sent
+        self.marked = 0  # the highest serial answered
+        self._marks_dropped = 0  # marks sent before the last follow: no longer waited for
         retention.protect_from = self.held
 
     # ------------------------------------------------------------ wiring
@@ -130,7 +138,7 @@ class ReplicaLink:
         """Copy what the replica lacks, within the window; ask again if it went quiet."""
         if self.sock is None or self.sealed:
             return
-        if (self._pages or not self.following) and now - self._asked > RESYNC_AFTER:
+        if (self._pages or not self.following or self.marks_waiting) and now - self._asked > RESYNC_AFTER:
             log.warning("replica %s silent for %.1fs; asking where it is", self.endpoint, now - self._asked)
             self.following = False
             self._follow()
@@ -163,6 +171,9 @@ class ReplicaLink:
             self.adoption = reply
             return
         self._asked = time.monotonic()
+        if isinstance(reply, protocol.Marked):
+            self.marked = max(self.marked, min(reply.serial, self.marks_sent))
+            return
         if reply.kind == protocol.SEALED:
             if not self.sealed:
                 log.error("replica %s sealed incarnation %s (a subscriber saw it end): nothing more is "
@@ -179,6 +190,7 @@ class ReplicaLink:
             # Start where it is: frames below our oldest were confirmed with an earlier replica.
             self.following = True
             self.follows += 1
+            self._marks_dropped = self.marks_sent  # the state sent to this follow covers what they marked
             self._pages.clear()
             self.sent = max(reply.next_pos, 1)  # pump starts at our oldest if that is later
             self._set_held(max(reply.next_pos, 1))
@@ -196,6 +208,24 @@ class ReplicaLink:
     def send_groups(self, frame: bytes) -> bool:
         """Our consumer groups' state (protocol.encode_groups), replacing the last one sent."""
         return self.following and self._send(frame)
+
+    def mark(self) -> int | None:
+        """Ask the replica to say when it holds every group frame sent so far: its answer raises
+        `marked` to the serial returned (None: the mark could not be sent)."""
+        if not self.following:
+            return None
+        serial = self.marks_sent + 1
+        if not self._send(protocol.encode_mark(self.incarnation, serial, self.proof)):
+            return None
+        if not self._pages and not self.marks_waiting:
+            self._asked = time.monotonic()  # nothing was out: silence counts from now
+        self.marks_sent = serial
+        return serial
+
+    @property
+    def marks_waiting(self) -> bool:
+        """A mark sent since the last follow is not answered yet."""
+        return self.marks_sent > max(self.marked, self._marks_dropped)
 
     def _set_held(self, next_pos: int) -> None:
         """`held` as the current replica reports it (it may go down when a new replica starts)."""

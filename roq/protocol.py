@@ -751,7 +751,7 @@ def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], proof
     return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump, proof])
 
 
-def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Adopt:
+def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Mark | Adopt:
     """What a replica receives from its primary, every field range-checked. Each frame ends with
     the incarnation's copy secret (`proof`); checking it is the replica's business."""
     msg = unpack(frame, MAX_COPY_FRAME)
@@ -780,6 +780,10 @@ def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsD
         if len(msg) != 5 or not _is_incarnation(msg[3]):
             raise ProtocolError(f"adopt must be [\"adopt\", {DATA_VERSION}, incarnation, exchange, proof]")
         return Adopt(msg[2], msg[3], proof)
+    if kind == MARK:
+        if len(msg) != 5 or not _is_int(msg[3], 1):
+            raise ProtocolError(f"mark must be [\"mark\", {DATA_VERSION}, incarnation, serial >= 1, proof]")
+        return Mark(msg[2], msg[3], proof)
     if kind != COPY or len(msg) != 7 or not _is_int(msg[3], 1) or not isinstance(msg[4], list) \
             or not isinstance(msg[5], bool):
         raise ProtocolError(f"replication request must be [\"follow\", {DATA_VERSION}, incarnation, exchange, proof] "
@@ -801,17 +805,20 @@ def encode_replica_reply(kind: str, incarnation: str, next_pos: int = 0) -> byte
     return pack([kind, DATA_VERSION, incarnation, next_pos])
 
 
-def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption:
+def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked:
     msg = unpack(frame, MAX_COPY_FRAME)
     kind = _kind_and_version(msg, "replica reply")
     if kind == ADOPTION:
         return _decode_adoption(msg)
+    if kind == MARKED and len(msg) == 4 and _is_incarnation(msg[2]) and _is_int(msg[3], 1):
+        return Marked(msg[2], msg[3])
     if kind == SEALED and len(msg) == 3 and _is_incarnation(msg[2]):
         return ReplicaReply(SEALED, msg[2], 0)
     if kind in (FOLLOWING, COPIED) and len(msg) == 4 and _is_incarnation(msg[2]) and _is_int(msg[3]):
         return ReplicaReply(kind, msg[2], msg[3])
     raise ProtocolError(f"replica reply must be [\"following\" | \"copied\", {DATA_VERSION}, incarnation, "
-                        f"next_pos] or [\"sealed\", {DATA_VERSION}, incarnation]")
+                        f"next_pos], [\"sealed\", {DATA_VERSION}, incarnation] or [\"marked\", {DATA_VERSION}, "
+                        "incarnation, serial]")
 
 
 class ReplayRefused(ProtocolError):
@@ -1150,7 +1157,7 @@ def _is_entry(e: Any) -> bool:
 
 # ------------------------------------------------ consumer groups' state at the replica (section 7.6)
 
-GROUPS, DONE, ADOPT, ADOPTION = "groups", "done", "adopt", "adoption"
+GROUPS, DONE, ADOPT, ADOPTION, MARK, MARKED = "groups", "done", "adopt", "adoption", "mark", "marked"
 
 
 @dataclass(frozen=True)
@@ -1201,6 +1208,30 @@ def _done_lists(value: Any) -> dict[str, list[tuple[int, int, int]]] | None:
             return None
         done[entry[0]] = ranges
     return done
+
+
+@dataclass(frozen=True)
+class Mark:
+    """`mark`: answer `marked serial` once every `groups` and `done` frame sent before this one is held."""
+    incarnation: str
+    serial: int
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Marked:
+    """The replica holds the group state and acks the primary sent before its `mark` `serial`."""
+    incarnation: str
+    serial: int
+    kind: str = MARKED
+
+
+def encode_mark(incarnation: str, serial: int, proof: bytes) -> bytes:
+    return pack([MARK, DATA_VERSION, incarnation, serial, proof])
+
+
+def encode_marked(incarnation: str, serial: int) -> bytes:
+    return pack([MARKED, DATA_VERSION, incarnation, serial])
 
 
 @dataclass(frozen=True)

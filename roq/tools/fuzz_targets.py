@@ -354,6 +354,7 @@ def seeds() -> dict[str, list[bytes]]:
     groups = protocol.encode_groups("x1.ab", [record], FUZZ_PROOF)
     done = protocol.encode_done("x1.ab", {"workers": [(3, 0, 1)]}, FUZZ_PROOF)
     adopt = protocol.encode_adopt("x1.cd", "x1", FUZZ_PROOF)
+    mark = protocol.encode_mark("x1.ab", 3, FUZZ_PROOF)
     return {
         "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed, headed],
         "delivery": [delivery, headed_delivery],
@@ -392,13 +393,13 @@ def seeds() -> dict[str, list[bytes]]:
         # times; m1 acks one; m0 leaves; a raw frame
         "exchange_work_session": [bytes([0, 0, 1, 134, 160, 0, 1, 0, 0, 1, 6, 0, 31, 4, 0, 4, 0, 4, 0,
                                          1, 1, 1, 0, 0, 5, 0, 7, 2, 3, 1, 2, 3])],
-        "replica_request": [follow, copy, jump, groups, done, adopt],
+        "replica_request": [follow, copy, jump, groups, done, mark, adopt],
         "replica_reply": [protocol.encode_adoption("x1.cd", "x1.ab", [record], {pid: 4}, [(3, b"t", delivery)]),
                           protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
                           protocol.encode_replica_reply(protocol.COPIED, "x1.ab", 9),
-                          protocol.encode_replica_reply(protocol.SEALED, "x1.ab")],
+                          protocol.encode_replica_reply(protocol.SEALED, "x1.ab"), protocol.encode_marked("x1.ab", 3)],
         "replica_frame": [follow, copy, jump, forged, protocol.encode_follow("x1.cd", "x1", FUZZ_PROOF), groups,
-                          done, adopt],
+                          done, mark, adopt],
         "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz"),
                           protocol.encode_position_request(6, [b"t"], "x1.cd")],
     }

@@ -151,6 +151,15 @@ class Processes:
         """Signal only the daemon itself (not its group), as a crash or an operator would."""
         os.kill(self.procs[name].pid, sig)
 
+    def wait_gone(self, name: str, timeout: float = 15.0) -> None:
+        """Wait until daemon `name` and every process it started (its process group: an HCM's
+        exchanges and replicas) have exited. A signal takes effect when the kernel next runs the
+        process, and an HCM's children die after it (PR_SET_PDEATHSIG, stdin EOF): on a loaded
+        machine they may go on working for a while after kill() returned."""
+        proc = self.procs[name]
+        wait_until(lambda: proc.poll() is not None and not _group_running(proc.pid), timeout=timeout,
+                   message=f"{name} and the processes it started to exit")
+
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -170,6 +179,29 @@ class Processes:
             text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
             parts.append(f"----- {name} ({path}) -----\n" + "\n".join(text))
         return "\n".join(parts)
+
+
+def _group_running(pgid: int) -> bool:
+    """Does a process of group `pgid` still run (zombies do not: nothing may reap them here)?"""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: whether the group can still be signalled
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 class SteadyTraffic:

@@ -250,12 +250,14 @@ def test_a_lost_replica_is_replaced_and_caught_up_before_confirms_resume(config,
         pub.flush(30)
         procs.kill(str(old["host"]))  # the replica's host: confirms wait for a new replica
         killed_at = time.monotonic()
+        # Only once it is dead: until then the replica may still hold and confirm what comes next.
+        procs.wait_gone(str(old["host"]))
         for i in range(2000, 4000):
             pub.publish("load", str(i).encode())
         pub.flush(60)
         resumed_in = time.monotonic() - killed_at
         new = read_json(zk, paths.replica_live("audit", "x1"))
-        assert new and new["host"] not in (old["host"], host_of(zk, paths, "audit"))
+        assert new and new["host"] not in (old["host"], host_of(zk, paths, "audit")), (old, new)
         # Caught up: the new replica holds the whole retained stream, not just what came after it.
         live = read_live(zk, paths, "audit")["x1"]
         wait_until(lambda: read_live(zk, paths, "audit")["x1"]["stats"].get("replicated_to", 0)

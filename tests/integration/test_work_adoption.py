@@ -3,10 +3,11 @@
 The exchange copies its groups' state to its replica; the exchange's next incarnation (restarted
 on its host, or moved to another after a host loss) adopts it. Each test kills the exchange while
 a group has a backlog and a member holds messages unacked, and checks: every message processed
-(lost 0), and only the messages in flight at the kill processed twice (an ack the exchange got is
-not undone). One test gives the publisher a 1-second replay window, so its resends cannot be what
-saves the backlog; the other keeps the 15-second default, so its resends must not reach the group
-twice.
+(lost 0), and at most the member's prefetch processed twice: the messages in flight at the kill,
+and acks the exchange took but had not copied yet (an ack the replica holds is not undone, and the
+member gets no work on an ack's room until the replica holds it). One test gives the publisher a
+1-second replay window, so its resends cannot be what saves the backlog; the other keeps the
+15-second default, so its resends must not reach the group twice.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def kill_under_backlog(config, zk, paths, queue: str, replay_seconds: float, kil
                    "all_processed_s_after_kill": round(recovered_in, 2)}
         record_figures(f"work-adoption-{queue}", **figures)
         # Processed twice: at most what the member held unacked at the kill (its acks died with the
-        # exchange), never what the exchange had taken the ack of.
+        # exchange, or reached it and not its replica), never what the replica held the ack of.
         assert twice <= PREFETCH, figures
         return figures
     finally:

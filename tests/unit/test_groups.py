@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from exchange.groups import Group, Groups, GroupSettings, Unit
+from exchange.groups import Group, Groups, GroupSettings, Member, Unit
 
 SETTINGS = GroupSettings((b"jobs",), ack_timeout=5.0, max_deliveries=3, dead_letter=b"dead")
 
@@ -66,6 +66,23 @@ def test_prefetch_bounds_what_a_member_holds_and_acks_free_room() -> None:
     assert groups.ack("w", b"a", [(1, 0, 2)]) == 2
     assert sent(groups, group) == {b"a": [(1, 3, 2)]}
     assert group.in_flight_count == 3 and group.ready == 5
+
+
+def test_with_hold_acks_an_ack_frees_room_only_once_settled() -> None:
+    """A replicated exchange's engine: an acked message counts against its member's prefetch until
+    the replica holds the ack (settled), so a member never has more than its prefetch of messages a
+    failover could hand out again."""
+    groups, group = members(b"a", prefetch=3)
+    groups.hold_acks = True
+    groups.offer(1, b"jobs", "p", 0, *payloads(10))
+    assert sent(groups, group) == {b"a": [(1, 0, 3)]}
+    assert groups.ack("w", b"a", [(1, 0, 2)]) == 2
+    assert sent(groups, group) == {}  # acked, but not yet held by the replica
+    held = groups.take_settling()
+    assert [(m.route, n) for m, n in held] == [(b"a", 2)] and groups.take_settling() == []
+    groups.settled(held)
+    assert sent(groups, group) == {b"a": [(1, 3, 2)]}
+    assert groups.take_done() == {"w": [(1, 0, 2)]}
 
 
 def test_an_ack_only_counts_from_the_member_holding_the_message() -> None:
@@ -225,11 +242,13 @@ class GroupMachine(RuleBasedStateMachine):
     """Every message offered is in exactly one place: ready, delayed, in flight at one member, acked
     or dead-lettered; a member never holds more than its prefetch; an acked message never returns."""
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(hold=st.booleans())
+    def start(self, hold: bool) -> None:
         self.clock = Clock()
         self.dead: list[tuple[str, Unit]] = []
         self.groups = engine(self.clock, self.dead, member_timeout=10.0)
+        self.groups.hold_acks = hold  # a replicated exchange's: acks free room once the replica holds them
+        self.unheld: list[tuple[Member, int]] = []  # acks handed to the replica, not yet held
         self.next_pos = 1
         self.offered: set[tuple[int, int]] = set()
         self.acked: set[tuple[int, int]] = set()
@@ -266,7 +285,8 @@ class GroupMachine(RuleBasedStateMachine):
     def dispatch(self) -> None:
         for route, units in self.groups.dispatch(self.group):
             assert route in self.group.members
-            assert self.group.members[route].in_flight <= self.prefetch[route]  # filled up to its prefetch only
+            member = self.group.members[route]
+            assert member.in_flight + member.settling <= self.prefetch[route]  # filled up to its prefetch only
             for unit in units:
                 assert all((unit.pos, i) not in self.acked for i in range(unit.idx, unit.idx + unit.count))
 
@@ -285,6 +305,13 @@ class GroupMachine(RuleBasedStateMachine):
         else:
             assert self.groups.nack("w", route, [(pos, idx, count)], requeue=data.draw(st.booleans())) == count
 
+    @rule(data=st.data())
+    def the_replica_holds_acks(self, data: st.DataObject) -> None:
+        self.unheld += self.groups.take_settling()
+        held = data.draw(st.integers(0, len(self.unheld)))
+        self.groups.settled(self.unheld[:held])
+        del self.unheld[:held]
+
     @rule(seconds=st.sampled_from([0.5, 3.0, 6.0, 11.0]), ping=st.booleans())
     def time_passes(self, seconds: float, ping: bool) -> None:
         self.clock.advance(seconds)
@@ -300,7 +327,10 @@ class GroupMachine(RuleBasedStateMachine):
         if hasattr(self, "group"):
             check_places(self.groups, self.group, self.dead, self.acked, self.offered)
             for member in self.group.members.values():
-                assert member.in_flight <= 5  # at most the largest prefetch it had: a lowered one takes nothing back
+                # At most the largest prefetch it had (a lowered one takes nothing back), its acks the
+                # replica does not hold yet included.
+                assert member.in_flight + member.settling <= 5
+                assert member.settling == 0 or self.groups.hold_acks
 
 
 def check_places(groups: Groups, group: Group, dead: list[tuple[str, Unit]], acked: Iterable[tuple[int, int]],
