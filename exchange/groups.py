@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roq import protocol
+from roq.records import GroupStats
 
 DEFAULT_PRIORITY = 0
 NO_KEY = b""
@@ -599,18 +600,19 @@ class Groups:
 
     # ------------------------------------------------------------ statistics
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self) -> dict[str, GroupStats]:
+        """Each group's figures now: members and messages as they stand, counters since its creation."""
         now = self.clock()
         out = {}
         for name, group in self.groups.items():
             oldest = group.oldest_ready()
             c = group.counters
-            out[name] = {"members": len(group.members), "ready": group.ready, "delayed": group.delayed_count,
-                         "in_flight": group.in_flight_count, "acked": c.acked, "delivered": c.delivered,
-                         "redelivered": c.redelivered, "nacked": c.nacked, "dead_lettered": c.dead_lettered,
-                         "held_bytes": group.held_bytes,
-                         "oldest_ready_s": round(now - oldest, 3) if oldest is not None else 0.0,
-                         "topics": group.settings.describe()["prefixes"]}
+            out[name] = GroupStats(members=len(group.members), ready=group.ready, delayed=group.delayed_count,
+                                   in_flight=group.in_flight_count, acked=c.acked, delivered=c.delivered,
+                                   redelivered=c.redelivered, nacked=c.nacked, dead_lettered=c.dead_lettered,
+                                   held_bytes=group.held_bytes,
+                                   oldest_ready_s=round(now - oldest, 3) if oldest is not None else 0.0,
+                                   topics=tuple(group.settings.describe()["prefixes"]))
         return out
 
 

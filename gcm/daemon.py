@@ -177,8 +177,10 @@ class Gcm:
         return out
 
     def _stats(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Aggregated at the request from the cache, so figures are as fresh as ZooKeeper's (the
+        tick's own copy, for rules and /metrics, may be a tick older)."""
         _args(args, [])
-        return self.autoscaler.stats.to_dict()
+        return self.autoscaler.aggregate().to_dict()
 
     def _ping(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "leader": self.leadership.is_leader, "epoch": self.leadership.epoch}
