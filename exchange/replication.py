@@ -17,6 +17,11 @@ bound because of that, the exchange stops reading publishers (`blocked`) until t
 up. A replica that does not answer within `RESYNC_AFTER` while pages are out is asked to `follow`
 again (a lost page would otherwise stall the stream), and duplicates are skipped on its side.
 
+An admin command the exchange applied (a group reset or deleted, the queue purged) goes to the
+replica as `applied`, with the groups' state right after it; the replica answers `recorded`, and
+`recorded` says which commands it holds: the exchange reports a command done only then, so its
+effect outlives the exchange (protocol section 7.6).
+
 A replica that answers `sealed` has been told, by a subscriber asking for this incarnation's copy
 after it saw the incarnation end (protocol section 6.3), to take nothing more of it: this process
 is cut off from the cluster's view. It stops confirming anything and `sealed` is set; the exchange
@@ -74,6 +79,7 @@ class ReplicaLink:
         self.copied_frames = 0
         self.adoption: protocol.Adoption | None = None  # the replica's answer to `adopt`
         self.follows = 0  # times the replica said where it is: a new one needs the group state again
+        self.recorded: set[str] = set()  # admin commands the replica said it holds (`applied` answered)
         retention.protect_from = self.held
 
     # ------------------------------------------------------------ wiring
@@ -162,6 +168,9 @@ class ReplicaLink:
         if isinstance(reply, protocol.Adoption):
             self.adoption = reply
             return
+        if isinstance(reply, protocol.Recorded):
+            self.recorded.add(reply.command_id)
+            return
         self._asked = time.monotonic()
         if reply.kind == protocol.SEALED:
             if not self.sealed:
@@ -194,7 +203,7 @@ class ReplicaLink:
         return self._send(protocol.encode_adopt(self.incarnation, self.exchange_id, self.proof))
 
     def send_groups(self, frame: bytes) -> bool:
-        """Our consumer groups' state (protocol.encode_groups), replacing the last one sent."""
+        """Our consumer groups' state (protocol.encode_groups or encode_applied), replacing the last one sent."""
         return self.following and self._send(frame)
 
     def _set_held(self, next_pos: int) -> None:
