@@ -117,6 +117,12 @@ def group_totals(per_exchange: Iterable[Mapping[str, GroupStats]]) -> dict[str, 
     return {name: GroupStats(**totals[name]) for name in sorted(totals)}
 
 
+def queue_groups(description: Mapping[str, Any]) -> dict[str, GroupStats]:
+    """The consumer groups of a queue description (`queue.describe`), over its running exchanges."""
+    return group_totals(ExchangeStats.from_dict((x.get("live") or {}).get("stats")).groups
+                        for x in description.get("exchanges") or ())
+
+
 # Upper bounds (seconds) of an exchange's confirm-latency buckets: from a batch read to its ack sent.
 CONFIRM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 

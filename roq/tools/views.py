@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from roq.records import ClusterStats, ExchangeStats, GroupStats, Load, group_totals
+from roq.records import ClusterStats, ExchangeStats, GroupStats, Load, queue_groups
 
 console = Console()
 PIPE_WIDTH = 10_000  # columns when not printing to a terminal: never cut a row
@@ -74,11 +74,6 @@ def print_queue(info: dict[str, Any]) -> None:
     print_groups(info)
 
 
-def queue_groups(info: dict[str, Any]) -> dict[str, GroupStats]:
-    """The consumer groups of a described queue, over its running exchanges (roq.records.group_totals)."""
-    return group_totals(ExchangeStats.from_dict((x.get("live") or {}).get("stats")).groups for x in info["exchanges"])
-
-
 GROUP_COLUMNS = ("group", "topics", "members", "ready", "delayed", "in flight", "acked", "redelivered",
                  "dead-lettered", "lag (s)")
 
@@ -91,12 +86,58 @@ def group_row(name: str, g: GroupStats) -> list[str]:
 
 def print_groups(info: dict[str, Any]) -> None:
     groups = queue_groups(info)
-    if not groups:
-        return
-    table = Table(*GROUP_COLUMNS, title=f"consumer groups of {info['name']}")
+    if groups:
+        _group_table(f"consumer groups of {info['name']}", groups)
+
+
+def _group_table(title: str, groups: dict[str, GroupStats], first: str = "group") -> None:
+    table = Table(first, *GROUP_COLUMNS[1:], title=title)
     for name, g in groups.items():
         table.add_row(*group_row(name, g))
     out().print(table)
+
+
+def print_group_list(queue: str, groups: dict[str, dict[str, Any]]) -> None:
+    """`roq group list`: one row per group (`Admin.list_groups`)."""
+    if not groups:
+        out().print(f"queue {escape(queue)} has no consumer group on its running exchanges")
+        return
+    _group_table(f"consumer groups of {queue}", {name: GroupStats.from_dict(g) for name, g in groups.items()})
+
+
+def print_group(shown: dict[str, Any]) -> None:
+    """`roq group show`: the group over the queue's exchanges, then each exchange's row (`Admin.describe_group`)."""
+    total = GroupStats.from_dict(shown)
+    rows = {"all": total, **{xid: GroupStats.from_dict(g) for xid, g in shown["by_exchange"].items()}}
+    _group_table(f"group {shown['name']} of queue {shown['queue']} (topics {', '.join(total.topics) or 'all'}; "
+                 f"{total.delivered:,} delivered, {total.nacked:,} nacked, {total.held_bytes:,} bytes held)",
+                 rows, first="exchange")
+
+
+def command_lines(status: dict[str, Any], what: str) -> list[str]:
+    """What each exchange did with an admin command (`queue.command`'s answer), one line each."""
+    lines = [f"{what} (command {status['id']}):"]
+    for xid in status["exchanges"]:
+        result = status["results"].get(xid)
+        if result is not None:
+            lines.append(f"  {xid}: {_result_text(result)}")
+        elif xid in status["waiting"]:
+            lines.append(f"  {xid}: no result yet")
+        else:
+            lines.append(f"  {xid}: not running: applies it when it starts")
+    return lines
+
+
+def _result_text(result: dict[str, Any]) -> str:
+    if result.get("refused"):
+        return f"refused: {result['refused']}"
+    if result.get("missing"):
+        return "has no such group"
+    if "frames" in result:
+        return (f"dropped {result['messages']:,} retained messages ({result['frames']:,} frames), "
+                f"{result['group_messages']:,} group messages, {result['archives']} journals of earlier "
+                "incarnations")
+    return f"{'deleted, ' if result.get('deleted') else ''}dropped {result.get('dropped', 0):,} messages"
 
 
 def _replica_cell(x: dict[str, Any]) -> str:
