@@ -23,6 +23,12 @@ loaded at start and served on the replay socket, so positions saved before a res
 A journal whose disk refuses writes holds the acks and the publishers, and tells them why, until
 it writes again or the leader moves the exchange (exchange/storage.py); it never ends the loop.
 
+Admin commands (exchange/commands.py: a group reset or deleted, the queue purged) are applied by
+the loop between two reads, each once; at start, after the groups are adopted and before any
+publisher or member is read, so a command issued before this incarnation started applies to what
+it took over, never to what it is sent afterwards. With a replica, a command is reported done once
+the replica recorded it with the state it left (protocol section 7.6).
+
 Nothing a peer sends can end the loop: decoders range-check every field, and an unexpected
 error while handling one frame is logged, counted (`internal_errors`) and the loop goes on.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import shutil
 import time
 from bisect import bisect_right
 from collections import deque
@@ -41,6 +48,7 @@ from typing import Any
 import zmq
 
 from exchange.chains import PrefixChains
+from exchange.commands import Command, Commands
 from exchange.confirms import ConfirmGate
 from exchange.consumers import ConsumerProgress
 from exchange.groups import Group, Groups, Member, Unit
@@ -69,6 +77,8 @@ GROUP_SYNC = 0.1  # s between two copies of the groups' state to the replica ...
 GROUP_SYNC_BYTES_PER_S = 20e6  # ... or longer for a big one
 MAX_GROUP_STATE = 16 << 20  # a bigger state is not copied (the last copy stands)
 MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
+RECORD_RETRY = 1.0  # s before an admin command the replica has not recorded is sent to it again
+MAX_PURGE_MARKS = 10_000  # publishers a purge's result names (the most recently seen): it goes to ZooKeeper
 # Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
 _MORE, _NOBLOCK, _MORE_NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
@@ -112,6 +122,7 @@ class Forwarder:
         self.storage_error = ""  # why the journal's disk refused its last write ("" while it takes them)
         self.journal_wake = WakePipe()  # the journal's sync thread says a sync ended
         self.archives: dict[str, Retention] = archives if archives is not None else {}
+        self.journal_root = Path(journal_dir) if journal_dir is not None else None  # the archives' directories
         self.sessions = PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
                                           max_per_connection=config.max_publishers_per_connection)
         self.chains = PrefixChains(config.max_prefixes)
@@ -175,6 +186,11 @@ class Forwarder:
         self._dead: list[tuple[Group, Unit, str, int]] = []  # (group, unit, reason, when in ms)
         self.dead_publisher = f"dl-{self.incarnation}"
         self._dead_seq = 0
+        # Admin commands (exchange/commands.py): `on_command(id, result)` reports one done (to the HCM).
+        self.commands = Commands(config.publisher_ttl)
+        self.on_command: Callable[[str, dict[str, Any]], None] = lambda command_id, result: None
+        self._unrecorded: dict[str, dict[str, Any]] = {}  # applied, not yet recorded by the replica: results
+        self._record_sent = 0.0  # when they were last sent to it
 
     def close(self) -> None:
         for sock in (self.front, self.back, self.replay.sock):
@@ -227,7 +243,10 @@ class Forwarder:
                     poller.register(link_sock, zmq.POLLIN)
             if self.adopting:
                 self._adoption_step()
-            for sock, wanted in ((self.front, not self._publishers_held()), (self.work.sock, not self.adopting)):
+            else:
+                self._command_step(time.monotonic())
+            members = not self.adopting and self.commands.ready
+            for sock, wanted in ((self.front, not self._publishers_held()), (self.work.sock, members)):
                 if reading[sock] != wanted:
                     reading[sock] = wanted
                     poller.modify(sock, zmq.POLLIN if wanted else 0)
@@ -280,7 +299,7 @@ class Forwarder:
         """Read no batches while the replica lags too far, while the journal's disk refuses writes,
         while the groups hold too much, and while we adopt our predecessor's groups."""
         return (self.link is not None and self.link.blocked) or self.adopting or self.storage_full \
-            or self.groups.held_bytes > self.config.group_max_bytes
+            or self.groups.held_bytes > self.config.group_max_bytes or not self.commands.ready
 
     @property
     def storage_full(self) -> bool:
@@ -317,6 +336,7 @@ class Forwarder:
         """Take the groups of `adoption.ended`: their pending messages are forwarded again, in our
         stream (so our replica holds them too), and offered to their group only, with their delivery
         counts. A publisher's resends up to its highest sequence number there are not new to groups."""
+        self.commands.mark_applied(adoption.applied)  # an earlier incarnation's: not again
         if not adoption.ended:
             return
         self.adopted_high = adoption.high
@@ -436,6 +456,77 @@ class Forwarder:
         self.groups.hold_acks = True
         while self._acks_marked and self._acks_marked[0][0] <= link.marked:
             self.groups.settled(self._acks_marked.popleft()[1])
+
+    # ------------------------------------------------------------ admin commands
+
+    def _command_step(self, now: float) -> None:
+        """Apply the commands that came, once each; report those done (with a replica: once it
+        recorded them, sending again every RECORD_RETRY while it has not)."""
+        for command in self.commands.take():
+            result = self.apply_command(command)
+            self.commands.mark_applied([command.id])
+            log.info("admin command %s (%s%s) applied: %s", command.id, command.op,
+                     f" {command.group}" if command.group else "", _shown_result(result))
+            if self.link is None:
+                self.on_command(command.id, result)
+            else:
+                self._unrecorded[command.id] = result
+        if self._unrecorded:
+            self._record_commands(now)
+
+    def _record_commands(self, now: float) -> None:
+        link = self.link
+        assert link is not None
+        for command_id in [c for c in self._unrecorded if c in link.recorded]:
+            link.recorded.discard(command_id)
+            self.on_command(command_id, self._unrecorded.pop(command_id))
+        if self._unrecorded and now >= self._record_sent + RECORD_RETRY:
+            self._record_sent = now
+            for command_id, result in self._unrecorded.items():
+                # The state as it is now: it holds the command's effect and everything since (an older
+                # state would undo acks the replica holds).
+                frame = protocol.encode_applied(self.incarnation, command_id,
+                                                self.groups.records(self.retention.next_pos),
+                                                result.get("upto", 0), self.copy_secret)
+                if len(frame) > MAX_GROUP_STATE:  # as for any state copy: the last one stands
+                    log.warning("the state after command %s is too big to copy to the replica", command_id)
+                    link.recorded.add(command_id)
+                else:
+                    link.send_groups(frame)
+
+    def apply_command(self, command: Command) -> dict[str, Any]:
+        """One admin command on what this exchange holds; the result says what it did (the counts
+        an admin sees)."""
+        if command.op == "queue.purge":
+            return self._purge()
+        assert command.group is not None
+        group = self.groups.groups.get(command.group)
+        if group is None:
+            return {"missing": True}
+        if command.op == "group.reset":
+            return {"dropped": self.groups.reset(command.group)}
+        if group.members:
+            return {"refused": f"{len(group.members)} members connected"}
+        return {"deleted": True, "dropped": self.groups.delete(command.group)}
+
+    def _purge(self) -> dict[str, Any]:
+        """Drop what the queue holds here: the retained frames (at once, or once the replica has them),
+        every group's ready and delayed messages, the journals of earlier incarnations; mark the
+        journal. The result names each publisher's highest sequence number here, so that no exchange
+        takes its resends of purged messages (exchange/commands.py)."""
+        upto = self.retention.next_pos
+        frames, messages = self.retention.purge(upto)
+        dropped = sum(self.groups.reset(name) or 0 for name in list(self.groups.groups))
+        archives = len(self.archives)
+        for incarnation in list(self.archives):
+            del self.archives[incarnation]
+            if self.journal_root is not None:
+                shutil.rmtree(self.journal_root / incarnation, ignore_errors=True)
+        if self.journal is not None:
+            self.journal.purge(upto)
+        recent = sorted(self.sessions.sessions.items(), key=lambda item: -item[1].seen)[:MAX_PURGE_MARKS]
+        return {"upto": upto, "frames": frames, "messages": messages, "group_messages": dropped,
+                "archives": archives, "publishers": {pub: session.last for pub, session in recent}}
 
     def _offer(self, pos: int, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
                attrs: list[tuple[Any, ...]] | None, only: Group | None = None) -> None:
@@ -644,6 +735,9 @@ class Forwarder:
         self.stats.publishers[pub] = now
         count = batch.count
         skip = verdict.skip
+        purged = self.commands.purged_through(pub)
+        if purged >= batch.first_seq + skip:  # resent after a purge dropped them: never again
+            skip = min(count, purged - batch.first_seq + 1)
         totals = self.stats.totals
         totals.duplicates += skip
         if skip < count:
@@ -797,6 +891,11 @@ class Forwarder:
         for ident in routes:
             self._reply(ident, protocol.encode_move(reason))
         return len(routes)
+
+
+def _shown_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A command's result for the log: the purge's publisher marks counted, not listed."""
+    return {k: len(v) if k == "publishers" else v for k, v in result.items()}
 
 
 def _one_valid_topic(topics: list[Any], payloads: list[Any], max_size: int) -> int:

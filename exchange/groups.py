@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roq import protocol
+from roq.records import GroupStats
 
 DEFAULT_PRIORITY = 0
 NO_KEY = b""
@@ -573,6 +574,34 @@ class Groups:
         self.held_bytes -= group.held_bytes
         self.expired_groups += 1
 
+    # ------------------------------------------------------------ admin commands (exchange/commands.py)
+
+    def reset(self, name: str) -> int | None:
+        """Drop the group's ready and delayed messages; those in flight stay with their members, who
+        ack or give them back as usual. Returns how many went (None: no such group here)."""
+        group = self.groups.get(name)
+        if group is None:
+            return None
+        waiting = [u for level in group.levels.values() for q in level.queues.values() for u in q]
+        waiting += [entry[2] for entry in group.delayed]
+        for unit in waiting:
+            self._drop(group, unit)
+        group.levels.clear()
+        group.delayed.clear()
+        group.ready = group.delayed_count = 0
+        return sum(unit.count for unit in waiting)
+
+    def delete(self, name: str) -> int:
+        """Forget a group without members, with its messages; returns how many it held. A group with
+        members is not deleted (they would join again at once and make it anew): ValueError."""
+        group = self.groups[name]
+        if group.members:
+            raise ValueError(f"group {name!r} has {len(group.members)} members connected")
+        held = group.ready + group.delayed_count + group.in_flight_count
+        del self.groups[name]
+        self.held_bytes -= group.held_bytes
+        return held
+
     def next_due(self) -> float | None:
         """Wall-clock time of the earliest delayed message, if any."""
         times = [group.delayed[0][0] for group in self.groups.values() if group.delayed]
@@ -633,18 +662,19 @@ class Groups:
 
     # ------------------------------------------------------------ statistics
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self) -> dict[str, GroupStats]:
+        """Each group's figures now: members and messages as they stand, counters since its creation."""
         now = self.clock()
         out = {}
         for name, group in self.groups.items():
             oldest = group.oldest_ready()
             c = group.counters
-            out[name] = {"members": len(group.members), "ready": group.ready, "delayed": group.delayed_count,
-                         "in_flight": group.in_flight_count, "acked": c.acked, "delivered": c.delivered,
-                         "redelivered": c.redelivered, "nacked": c.nacked, "dead_lettered": c.dead_lettered,
-                         "held_bytes": group.held_bytes,
-                         "oldest_ready_s": round(now - oldest, 3) if oldest is not None else 0.0,
-                         "topics": group.settings.describe()["prefixes"]}
+            out[name] = GroupStats(members=len(group.members), ready=group.ready, delayed=group.delayed_count,
+                                   in_flight=group.in_flight_count, acked=c.acked, delivered=c.delivered,
+                                   redelivered=c.redelivered, nacked=c.nacked, dead_lettered=c.dead_lettered,
+                                   held_bytes=group.held_bytes,
+                                   oldest_ready_s=round(now - oldest, 3) if oldest is not None else 0.0,
+                                   topics=tuple(group.settings.describe()["prefixes"]))
         return out
 
 

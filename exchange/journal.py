@@ -55,6 +55,12 @@ applies the retention's own bounds to its closed segments (written to longer ago
 as the retention counts them), so the disk stays bounded even where `trim` is called rarely.
 `load_archives` reads the other incarnations' directories after a restart, bounded by age and
 total bytes.
+
+Purges (an admin's `roq queue purge`): `purge(upto)` writes the file `purged` into the incarnation's
+directory, holding the position below which its stream was purged (written to a temporary name,
+fsync'ed, renamed), and deletes the segments wholly below it; `load_archives` leaves out the frames
+below that position, so a restart never serves purged frames again. A disk that refuses the mark is
+logged; the segments below the position still go.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ RECORD_OVERHEAD = RECORD_HEADER.size + PAYLOAD_HEADER.size  # bytes of a record 
 RECORD_FIXED = struct.Struct("<IIQII")  # both headers, read at once
 SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 JOURNAL_DIR = "journal"  # under hcm.data_dir: <JOURNAL_DIR>/<queue>/<xid>/<incarnation>/
+PURGE_MARK = "purged"  # in an incarnation's directory: positions below the number it holds were purged
 ASYNC_SYNC_INTERVAL = 1.0  # seconds between syncs in mode "async"
 STORAGE_RETRY = 0.5  # seconds between two attempts to write while the disk refuses (try_commit)
 
@@ -389,6 +396,17 @@ class Journal:
             self._delete_oldest()
             self._segment_fill = self._segment_bytes + 1  # the next record opens a new segment
 
+    def purge(self, upto: int) -> None:
+        """The stream was purged below `upto`: mark it for the incarnations that load this journal
+        later, and delete the segments wholly below it. Never raises (a refused mark is logged)."""
+        if self._writes and self.path.is_dir():
+            try:
+                write_purge_mark(self.path, upto)
+            except OSError as exc:
+                log.warning("journal %s: could not mark the purge below position %d (%s): a restart may serve "
+                            "what the segment files still hold of it", self.path, upto, exc)
+        self.trim(upto)
+
     def _apply_retention_bounds(self, now: float) -> None:
         """Delete closed segments the retention has evicted by its own bounds (see the module doc)."""
         segments = self._segments
@@ -539,13 +557,37 @@ def load_archives(directory: str | Path, exclude: str, max_age: float, max_bytes
     for newest, name, files in found:
         loading = _Loading(name, newest, lost_before=files[0][0], next_pos=files[0][0])
         loaded.append(loading)
+        floor = read_purge_mark(Path(directory) / name)
         for frames in _read_incarnation(loading, files):
+            frames = [frame for frame in frames if frame.pos >= floor]  # purged: never served again
             loading.frames.extend(frames)
             total += _frame_bytes(frames)
             total = _evict_oldest(loaded, total, max_bytes)  # as it goes: memory stays near max_bytes
+        loading.lost_before = max(loading.lost_before, min(floor, loading.next_pos))
     for loading in loaded:
         _delete_evicted_segments(loading)
     return [loading.archive() for loading in loaded]
+
+
+def write_purge_mark(incarnation_dir: Path, upto: int) -> None:
+    """The file `purged` of an incarnation's directory, made durable before it replaces the last one."""
+    temporary = incarnation_dir / (PURGE_MARK + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, memoryview(b"%d\n" % upto))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, incarnation_dir / PURGE_MARK)
+    _fsync_directory(incarnation_dir)
+
+
+def read_purge_mark(incarnation_dir: Path) -> int:
+    """The position below which the incarnation was purged (1: never; an unreadable mark counts as none)."""
+    try:
+        return max(1, int((incarnation_dir / PURGE_MARK).read_text().strip()))
+    except (OSError, ValueError):
+        return 1
 
 
 def journals_kept(data_dir: str | Path) -> int:

@@ -9,7 +9,11 @@ everywhere (the parent holds the other end). After the configuration line the
 parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
 `{"replica": null}` tells an exchange with `--replicas 2` where its replica is;
 `{"permissions": {"version": N, "table": {...}}}` is the cluster's permission
-table (roq/permissions.py), which the gatekeeper judges new connections by.
+table (roq/permissions.py), which the gatekeeper judges new connections by;
+`{"commands": [...], "purged": {...}}` are the queue's admin commands
+(exchange/commands.py), each applied once and reported done as
+{"event": "command", "id": ..., "result": {...}}; until the first such line came
+the exchange reads no publisher and no member (at most COMMANDS_WAIT).
 With CURVE on, the process reports ready only once the first table came (a
 client key gets in nowhere before); a table that does not parse is logged and
 the previous one kept. Run by hand, without a parent, it applies
@@ -61,6 +65,7 @@ STDIN = 0
 MOVE_GRACE = 0.5  # time for "move" notices to leave before the sockets close
 JOURNAL_DOWNTIME = 3600.0  # a journal older than the retention by at most this is reloaded
 MAX_PARENT_LINE = 2 << 20  # bytes: the permission table is the longest line a parent writes (512 KiB)
+COMMANDS_WAIT = 5.0  # s an exchange under an HCM waits for its admin commands line before reading clients
 
 
 def die_with_parent(parent_pid: int | None) -> None:
@@ -229,6 +234,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
         raise
     if watch_parent:
+        forwarder.commands.await_first(COMMANDS_WAIT)
         watch_stdin(stop, lambda message: _on_parent_line(gatekeeper, config, forwarder, message))
     gatekeeper.start()
 
@@ -237,7 +243,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         stats = replace(forwarder.stats.snapshot(), refused_connections=gatekeeper.refused,
                         refused_over_limit=gatekeeper.refused_limit, refused_permission=gatekeeper.refused_permission,
                         permissions_version=gatekeeper.permissions_version,
-                        retained_frames=len(retention), retained_bytes=retention.bytes,
+                        retained_frames=retention.served_frames, retained_bytes=retention.bytes,
                         evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
                         expired_publishers=forwarder.sessions.expired,
                         tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
@@ -252,6 +258,11 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
 
     on_tick = every(config.exchange.stats_interval, report)
 
+    def command_done(command_id: str, result: dict[str, Any]) -> None:
+        report()  # first the figures the command changed: who sees it done sees them (hcm/supervisor.py)
+        emit({"event": "command", "id": command_id, "result": result})
+
+    forwarder.on_command = command_done
     try:
         await_permissions(gatekeeper, config, stop, watch_parent)
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
@@ -290,8 +301,11 @@ def _take_permissions(gatekeeper: Gatekeeper, config: Config, message: dict[str,
 
 
 def _on_parent_line(gatekeeper: Gatekeeper, config: Config, forwarder: Forwarder, message: dict[str, Any]) -> None:
-    """The HCM sends the permission table, or says where our replica is (stdin thread: the loop connects)."""
+    """The HCM sends the permission table or the queue's admin commands, or says where our replica is
+    (stdin thread: the loop connects, and applies the commands)."""
     _take_permissions(gatekeeper, config, message)
+    if "commands" in message:
+        forwarder.commands.deliver(message)
     if "replica" not in message:
         return
     replica = message["replica"]

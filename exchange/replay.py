@@ -99,7 +99,7 @@ class ReplayServer:
         lost, exact = store.lost(req.after, before, req.prefixes)
         self._count("fetches", 1)
         self._count("fetched_frames", len(found))
-        self._send(ident, protocol.encode_frames(req.request_id, incarnation, store.oldest, found,
+        self._send(ident, protocol.encode_frames(req.request_id, incarnation, store.served_from, found,
                                                  scanned_to, done, lost, exact), tracked=True)
 
     def _store(self, incarnation: str) -> tuple[Retention | None, str]:
@@ -126,13 +126,13 @@ class ReplayServer:
                     req.request_id, "running", f"{req.incarnation} is still running as far as this replica "
                     "knows: its copy is not sealed; ask again once the incarnation ended")
             end = stored.next_pos
-            return protocol.encode_position(req.request_id, req.incarnation, stored.oldest, end,
+            return protocol.encode_position(req.request_id, req.incarnation, stored.served_from, end,
                                             [end - 1] * len(req.prefixes))
         if self.retention is None or self.chains is None:
             return self._unknown(req.request_id, req.incarnation)
         next_pos = self.retention.next_pos
         last = [self.chains.track(prefix, next_pos) for prefix in req.prefixes]
-        return protocol.encode_position(req.request_id, self.incarnation, self.retention.oldest, next_pos, last)
+        return protocol.encode_position(req.request_id, self.incarnation, self.retention.served_from, next_pos, last)
 
     def _send(self, ident: bytes, body: bytes, tracked: bool = False) -> None:
         try:

@@ -29,6 +29,14 @@ Consumer groups: the primary also sends its groups' state and acks (`groups`, `d
 section 7.6), and a `mark`, answered `marked` once those are held, which is what lets a member's
 ack free its room; a restarted primary asks for them (`adopt`).
 
+Admin commands (protocol section 2: a group reset or deleted, the queue purged) reach the replica
+from its primary as `applied` frames, each with the groups' state right after the command: the
+replica keeps that state, remembers the command's id for the exchange's later incarnations (so a
+restarted exchange neither loses the command's effect nor applies it twice), and for a purge
+drops its copies of the exchange's earlier incarnations and stops serving the running one's copy
+below the purge point (exchange/retention.py `purge`); then it answers `recorded`, and only then
+does the primary report the command done.
+
 Peers may lie: frames are decoded with range checks, a copy must continue what is held (else the
 answer is `following next_pos`, and the primary resends; a copy of an incarnation not followed
 here is answered `following 0`, and the primary says follow again). With CURVE only the cluster's
@@ -62,8 +70,9 @@ MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
 MAX_SEALED = 4096  # sealed incarnations remembered
 MAX_DIGESTS = 64  # primary incarnations whose copy digest is remembered (the newest)
 MAX_WAITING = 16  # follows waiting for their incarnation's digest; the oldest give way
+MAX_APPLIED = 256  # admin commands remembered per exchange (the newest)
 ProofFrame = (protocol.Follow | protocol.Copy | protocol.GroupState | protocol.GroupsDone | protocol.Mark
-              | protocol.Adopt)
+              | protocol.Adopt | protocol.Applied)
 
 
 class Replica:
@@ -79,6 +88,7 @@ class Replica:
         self.group_done: dict[str, dict[str, list[tuple[int, int, int]]]] = {}  # since that state
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
+        self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
         # What the cluster says of our primary (from our HCM): each incarnation's copy digest, and
         # the incarnation listed as running (None: none; `told` False: nothing heard yet).
         self.digests: OrderedDict[str, str] = OrderedDict()
@@ -242,6 +252,8 @@ class Replica:
             return self._adopt(request)
         if isinstance(request, protocol.Mark):
             return self._mark(request)
+        if isinstance(request, protocol.Applied):
+            return self._applied(request)
         if isinstance(request, protocol.GroupState):
             self._store_groups(request)  # the next one replaces it
         elif request.incarnation in self.group_state:
@@ -311,14 +323,44 @@ class Replica:
             self.group_state.pop(older, None)
             self.group_done.pop(older, None)
 
+    def _applied(self, applied: protocol.Applied) -> bytes | None:
+        """The primary applied an admin command: keep the state it left, the command's id, and for a
+        purge drop what the purge dropped. A repeat (the answer was lost) changes nothing more."""
+        incarnation = applied.incarnation
+        copy = self.copies.get(incarnation)
+        if copy is None or incarnation in self.sealed:
+            return None  # not followed here: the primary follows again, then sends it again
+        if applied.command_id not in self.applied:
+            self._store_groups(protocol.GroupState(incarnation, applied.groups, applied.proof))
+            if applied.purge_upto:
+                self._purge(incarnation, applied.purge_upto)
+            self.applied[applied.command_id] = None
+            while len(self.applied) > MAX_APPLIED:
+                self.applied.popitem(last=False)
+            log.info("%s applied command %s: recorded", incarnation, applied.command_id)
+        return protocol.encode_recorded(incarnation, applied.command_id)
+
+    def _purge(self, incarnation: str, upto: int) -> None:
+        """The running incarnation's copy serves nothing below `upto` any more (frames pinned for its
+        groups stay for adoption); the copies of the exchange's earlier incarnations go."""
+        frames, messages = self.copies[incarnation].purge(upto)
+        for older in [inc for inc in self.copies if inc != incarnation]:
+            del self.copies[older]
+            self.group_state.pop(older, None)
+            self.group_done.pop(older, None)
+            self._add_sealed(older)
+        log.info("purged the copy of %s below position %d (%d frames, %d messages), earlier copies dropped",
+                 incarnation, upto, frames, messages)
+
     def _adopt(self, adopt: protocol.Adopt) -> bytes:
         """A restarted exchange asks for the groups its earlier incarnation left: the newest state
         held, with the frames of its pending messages and each publisher's highest sequence number
         in that copy (its resends up to there are not new to the groups)."""
         ended = next((inc for inc in reversed(self.copies) if inc != adopt.incarnation and inc in self.group_state
                       and inc.rsplit(".", 1)[0] == adopt.exchange), "")
+        applied = tuple(self.applied)
         if not ended:
-            return protocol.encode_adoption(adopt.incarnation, "", [], {}, [])
+            return protocol.encode_adoption(adopt.incarnation, "", [], {}, [], applied)
         copy = self.copies[ended]
         entries: list[tuple[int, bytes, bytes, int]] = []
         for pos, (topic, body, messages) in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest):
@@ -341,7 +383,7 @@ class Replica:
                 frames.append((pos, topic, body))
         log.info("%s adopts the %d consumer groups of %s (%d frames)", adopt.incarnation, len(groups), ended,
                  len(frames))
-        return protocol.encode_adoption(adopt.incarnation, ended, groups, high, frames)
+        return protocol.encode_adoption(adopt.incarnation, ended, groups, high, frames, applied)
 
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange
@@ -381,7 +423,7 @@ class Replica:
             self.sealed.popitem(last=False)
 
     def report(self) -> dict[str, int]:
-        return {"copies": len(self.copies), "retained_frames": sum(len(c) for c in self.copies.values()),
+        return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.counters}
 
 

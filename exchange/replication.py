@@ -21,6 +21,11 @@ Consumer groups' state and acks go on the same connection (protocol section 7.6)
 `mark` the replica answers once it holds them (`marked`): a member's ack frees its room only then.
 A mark unanswered for `RESYNC_AFTER` also makes the link say `follow` again.
 
+An admin command the exchange applied (a group reset or deleted, the queue purged) goes to the
+replica as `applied`, with the groups' state right after it; the replica answers `recorded`, and
+`recorded` says which commands it holds: the exchange reports a command done only then, so its
+effect outlives the exchange (protocol section 7.6).
+
 A replica that answers `sealed` has been told, by a subscriber asking for this incarnation's copy
 after it saw the incarnation end (protocol section 6.3), to take nothing more of it: this process
 is cut off from the cluster's view. It stops confirming anything and `sealed` is set; the exchange
@@ -82,6 +87,7 @@ class ReplicaLink:
         self.marks_sent = 0  # serial of the last mark sent
         self.marked = 0  # the highest serial answered
         self._marks_dropped = 0  # marks sent before the last follow: no longer waited for
+        self.recorded: set[str] = set()  # admin commands the replica said it holds (`applied` answered)
         retention.protect_from = self.held
 
     # ------------------------------------------------------------ wiring
@@ -170,6 +176,9 @@ class ReplicaLink:
         if isinstance(reply, protocol.Adoption):
             self.adoption = reply
             return
+        if isinstance(reply, protocol.Recorded):
+            self.recorded.add(reply.command_id)
+            return
         self._asked = time.monotonic()
         if isinstance(reply, protocol.Marked):
             self.marked = max(self.marked, min(reply.serial, self.marks_sent))
@@ -206,7 +215,7 @@ class ReplicaLink:
         return self._send(protocol.encode_adopt(self.incarnation, self.exchange_id, self.proof))
 
     def send_groups(self, frame: bytes) -> bool:
-        """Our consumer groups' state (protocol.encode_groups), replacing the last one sent."""
+        """Our consumer groups' state (protocol.encode_groups or encode_applied), replacing the last one sent."""
         return self.following and self._send(frame)
 
     def mark(self) -> int | None:

@@ -11,6 +11,10 @@ An evicted frame leaves a tombstone (its topic and message count, no payload)
 for a while longer, so a subscriber that asks too late is told exactly how many
 of its messages it lost, not just that it lost some.
 
+A purge (`purge`, an admin's `roq queue purge`) raises a floor: frames below it are not served any
+more (a fetch counts their messages as lost, exactly as for an eviction) and go at once unless
+the replica still needs them (`protect_from`), then as soon as it has them.
+
 With replicas (exchange/replication.py) the buffer is also what the exchange copies to its
 replica: `protect_from` keeps frames the replica has not acknowledged from being evicted (they
 are not yet confirmed to anyone, and the replica must get them all), and `entries` reads them.
@@ -37,6 +41,7 @@ class Retention:
         self._frames: deque[tuple[float, bytes, bytes, int]] = deque()  # (stored at, topic, body, messages)
         self._first_pos = first_pos  # position of _frames[0]
         self.protect_from: int | None = None  # frames at or above this position are never evicted
+        self.floor = first_pos  # frames below this position were purged: never served, evicted once unprotected
         # Evicted: (topic, messages, messages before it, stored at).
         self._tombs: deque[tuple[bytes, int, int, float]] = deque(maxlen=tombstones)
         # Messages ever added, and before each retained frame: how far behind a reader is, in messages.
@@ -51,11 +56,39 @@ class Retention:
 
     @property
     def oldest(self) -> int:
-        """Oldest position still retained (== next_pos when empty)."""
+        """Oldest position still retained (== next_pos when empty), purged frames kept for the replica included."""
         return self._first_pos
+
+    @property
+    def served_from(self) -> int:
+        """Oldest position a reader may still fetch: the oldest retained, or the purge floor above it."""
+        return min(max(self._first_pos, self.floor), self.next_pos)
+
+    @property
+    def served_frames(self) -> int:
+        """Frames a reader may still fetch (those below the purge floor are kept only for the replica)."""
+        return self.next_pos - self.served_from
 
     def __len__(self) -> int:
         return len(self._frames)
+
+    def purge(self, upto: int | None = None) -> tuple[int, int]:
+        """Serve nothing below `upto` (default: everything held now) and evict it as soon as nothing
+        protects it. Returns (frames, messages) that were still served and are not any more."""
+        upto = self.next_pos if upto is None else min(upto, self.next_pos)
+        start = self.served_from
+        if upto <= start:
+            return 0, 0
+        frames = upto - start
+        messages = self._messages_at(upto) - self._messages_at(start)
+        self.floor = upto
+        self.trim()
+        return frames, messages
+
+    def _messages_at(self, pos: int) -> int:
+        """Messages added before position `pos` (a retained position, or next_pos)."""
+        index = pos - self._first_pos
+        return self.messages_total if index >= len(self._messages_before) else self._messages_before[index]
 
     def add(self, topic: bytes, body: bytes, messages: int = 1, now: float | None = None) -> int:
         """Keep one frame of `messages` messages; returns its position."""
@@ -73,7 +106,7 @@ class Retention:
         horizon = (now if now is not None else time.monotonic()) - self.seconds
         frames = self._frames
         protected = self.protect_from
-        while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon) \
+        while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon or self._first_pos < self.floor) \
                 and (protected is None or self._first_pos < protected):
             stored_at, topic, body, messages = frames.popleft()
             self._tombs.append((topic, messages, self._messages_before.popleft(), stored_at))
@@ -85,6 +118,7 @@ class Retention:
         """How far a reader that took every frame up to `pos` is behind: frames, messages, and
         seconds the oldest frame it lacks has been here; in constant time (it runs for every
         consumer at every report). Beyond the tombstones, messages and seconds are at least."""
+        pos = max(pos, self.floor - 1)  # purged frames are nobody's backlog
         frames = self.next_pos - 1 - pos
         if frames <= 0:
             return 0, 0, 0.0
@@ -119,7 +153,7 @@ class Retention:
         at; `done` is False when `max_bytes` cut the page short (at least one frame is always
         returned, so paging makes progress)."""
         before = min(before, self.next_pos)
-        start = max(after + 1, self._first_pos)
+        start = max(after + 1, self.served_from)
         found: list[tuple[bytes, bytes]] = []
         size = 0
         wanted = tuple(prefixes)
@@ -134,17 +168,20 @@ class Retention:
         return found, max(after, before - 1), True
 
     def lost(self, after: int, before: int, prefixes: list[bytes]) -> tuple[int, bool]:
-        """Messages of `prefixes` in frames after < pos < before that were evicted, and whether
-        that count is exact (the tombstones reach back to `after`)."""
+        """Messages of `prefixes` in frames after < pos < before that were evicted or purged, and
+        whether that count is exact (the tombstones reach back to `after`)."""
+        wanted = tuple(prefixes)
+        match_all = not prefixes or b"" in prefixes
+        # Purged but still held for the replica: lost to readers all the same.
+        hidden = _window(self._frames, after + 1 - self._first_pos, min(before, self.served_from) - self._first_pos)
+        count = sum(messages for _, topic, _, messages in hidden if match_all or topic.startswith(wanted))
         tomb_first = self._first_pos - len(self._tombs)
         upto = min(before, self._first_pos)
         if upto <= after + 1:
-            return 0, True
+            return count, True
         start = max(after + 1, tomb_first)
-        wanted = tuple(prefixes)
-        match_all = not prefixes or b"" in prefixes
-        count = sum(messages for topic, messages, _, _ in _window(self._tombs, start - tomb_first, upto - tomb_first)
-                    if match_all or topic.startswith(wanted))
+        count += sum(messages for topic, messages, _, _ in _window(self._tombs, start - tomb_first, upto - tomb_first)
+                     if match_all or topic.startswith(wanted))
         return count, after + 1 >= tomb_first
 
 

@@ -8,7 +8,7 @@ handler is logged and answered with `internal`, and the server keeps going.
 
 With `security.curve` on, only clients holding a known key complete the
 handshake (roq.security.Gatekeeper), and the operations that change the
-cluster (WRITE_OPS) or read the permissions (`keys.list`; `keys.show` of
+cluster (WRITE_OPS: admin commands that drop messages included) or read the permissions (`keys.list`; `keys.show` of
 another key) are refused with `forbidden` unless the key is an admin's: under
 `admins/`, or granted `admin` in the permission table (gcm/permissions.py). A
 client key reads only the queues it has a right on: `queue.describe` and
@@ -61,10 +61,10 @@ POLL_MS = 200  # how often the loop looks at the stop flag
 REQUEST_DEADLINE = 1.5
 MAX_PENDING = 1_000  # requests taken off the socket but not served yet; the rest wait in libzmq
 # Operations that change the cluster: an admin key is needed when CURVE is on.
-WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.rebalance", "keys.grant", "keys.revoke",
-                       "keys.reset"})
+WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.rebalance", "queue.purge",
+                       "group.reset", "group.delete", "keys.grant", "keys.revoke", "keys.reset"})
 ADMIN_READS = frozenset({"keys.list"})  # who may do what is for admins to read
-QUEUE_READS = frozenset({"queue.describe", "queue.rules"})  # of the queue `name`: a right on it is needed
+QUEUE_READS = frozenset({"queue.describe", "queue.rules", "queue.command"})  # of queue `name`: a right on it is needed
 Tables = Callable[[], PermissionTable]
 
 

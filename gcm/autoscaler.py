@@ -51,7 +51,7 @@ from roq.records import (
     HostSummary,
     QueueStats,
 )
-from roq.state import HostInfo, exchange_order, queue_names, read_live, read_queue
+from roq.state import HostInfo, exchange_order, queue_names, read_hosts, read_live, read_queue
 from roq.zk import encode, read_json
 
 log = logging.getLogger(__name__)
@@ -165,26 +165,36 @@ class Autoscaler:
     def tick(self, hosts: dict[str, HostInfo]) -> None:
         """`hosts`: as the reconciler just read them."""
         now = time.monotonic()
-        queues: dict[str, QueueStats] = {}
-        # Through the leader's cache: polling every queue each tick was most of its ZooKeeper reads.
+        self.stats = stats = self.aggregate(hosts)
+        for name, summary in stats.queues.items():
+            rules = summary.rules
+            state = self.states.setdefault(name, QueueState())
+            if rules and self.config.enabled:
+                self._note_traffic_on_new(state, read_live(self.queues.cache, self.paths, name), now)
+                self._apply(name, state, summary, rules, hosts, now)
+        for gone in set(self.states) - set(stats.queues):
+            del self.states[gone]
+        self.stats_stream.publish(stats)
+
+    def aggregate(self, hosts: dict[str, HostInfo] | None = None) -> ClusterStats:
+        """The cluster's figures as the leader's cache holds them now: what the exchanges and hosts last
+        wrote to ZooKeeper (`cluster.stats` answers with a fresh one, not the last tick's). Through the
+        cache: polling every queue each tick was most of the leader's ZooKeeper reads."""
         cache = self.queues.cache
+        if hosts is None:
+            hosts = read_hosts(cache, self.paths)
+        queues: dict[str, QueueStats] = {}
         for name in queue_names(cache, self.paths):
             info = read_queue(cache, self.paths, name)
             if info is None:
                 continue
             live = read_live(cache, self.paths, name)
-            rules = info.settings.get("rules")
-            state = self.states.setdefault(name, QueueState())
-            queues[name] = summary = summarise_queue(name, info.exchanges, live, rules, state, info.replicas)
-            if rules and self.config.enabled:
-                self._note_traffic_on_new(state, live, now)
-                self._apply(name, state, summary, rules, hosts, now)
-        for gone in set(self.states) - set(queues):
-            del self.states[gone]
-        self.stats = ClusterStats(
+            state = self.states.get(name) or QueueState()  # read only: the API's thread calls this too
+            queues[name] = summarise_queue(name, info.exchanges, live, info.settings.get("rules"), state,
+                                           info.replicas)
+        return ClusterStats(
             queues=queues, time=time.time(),
             hosts={h.name: HostSummary.of(HostStats.from_dict(h.stats), h.capacity) for h in hosts.values()})
-        self.stats_stream.publish(self.stats)
 
     def _apply(self, name: str, state: QueueState, summary: QueueStats, rules: dict[str, Any],
                hosts: dict[str, HostInfo], now: float) -> None:

@@ -1,7 +1,7 @@
 """The leader's cache of the cluster's tree, kept current by ZooKeeper: reads without a round trip.
 
-One kazoo TreeCache per subtree the leader reads on its tick (`<root>/hosts`, `queues`,
-`assignments`, `live`, `replicas`; not `gcm/`, whose request keys change with every keyed write).
+One kazoo TreeCache per subtree the leader reads on its tick or in answers (`<root>/hosts`, `queues`,
+`assignments`, `live`, `replicas`, `commands`; not `gcm/`, whose request keys change with every keyed write).
 A TreeCache reads each znode once with a watch and again only when the watch fires, so the
 leader's reads follow how often the cluster changes (mostly the exchanges', replicas' and hosts'
 statistics, once a second each), not how often it ticks. `ClusterCache` answers roq.state's
@@ -59,7 +59,7 @@ class ClusterCache:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence) -> None:
         self.client = client
         self.fence = fence
-        self.roots = (paths.hosts, paths.queues, paths.assignments, paths.live, paths.replicas)
+        self.roots = (paths.hosts, paths.queues, paths.assignments, paths.live, paths.replicas, paths.commands_root)
         self._build_lock = threading.RLock()  # one build or drop at a time; held while building
         self._changed = threading.Condition()  # notified on every change the TreeCaches apply
         self._trees: dict[str, TreeCache] | None = None

@@ -24,6 +24,7 @@ import click
 
 from gcm.api import ControlServer, Handler, unknown_op
 from gcm.autoscaler import Autoscaler, StatsStream
+from gcm.commands import CommandLog
 from gcm.events import EventLog
 from gcm.leader import Leadership
 from gcm.permissions import PermissionManager
@@ -76,6 +77,7 @@ class Gcm:
         self.events = EventLog(self.client, self.paths, self.leadership.fence, self.write_lock)
         self.permissions = PermissionManager(self.client, self.paths, self.leadership.fence, self.write_lock,
                                              self.config.security)
+        self.commands = CommandLog(self.client, self.paths, self.leadership.fence, self.write_lock, self.queues.cache)
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
         self.client.ChildrenWatch(self.paths.queues, self._on_change)
         self.api.start()
@@ -146,8 +148,12 @@ class Gcm:
             return self._ping
         handler = {
             "cluster.status": self._status,
-            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges", "replicas"])),
-            "queue.delete": lambda a: self.queues.delete(**_args(a, ["name"])),
+            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges", "replicas", "exist_ok"])),
+            "queue.delete": lambda a: self.queues.delete(**_args(a, ["name"], ["if_empty", "if_unused"])),
+            "queue.purge": lambda a: self.commands.issue("queue.purge", **_args(a, ["name"])),
+            "group.reset": lambda a: self.commands.issue("group.reset", **_args(a, ["name", "group"])),
+            "group.delete": lambda a: self.commands.issue("group.delete", **_args(a, ["name", "group"])),
+            "queue.command": lambda a: self.commands.status(**_args(a, ["name", "id"], rename={"id": "command_id"})),
             "queue.scale": lambda a: self.queues.scale(**_args(a, ["name", "exchanges"])),
             "queue.list": lambda a: self.queues.list(**_args(a, [])),
             "queue.describe": lambda a: self.queues.describe(**_args(a, ["name"])),
@@ -189,8 +195,10 @@ class Gcm:
         return out
 
     def _stats(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Aggregated at the request from the cache, so figures are as fresh as ZooKeeper's (the
+        tick's own copy, for rules and /metrics, may be a tick older)."""
         _args(args, [])
-        return self.autoscaler.stats.to_dict()
+        return self.autoscaler.aggregate().to_dict()
 
     def _ping(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "leader": self.leadership.is_leader, "epoch": self.leadership.epoch}
@@ -223,14 +231,16 @@ class Gcm:
         }
 
 
-def _args(args: dict[str, Any], required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Any]:
+def _args(args: dict[str, Any], required: Sequence[str], optional: Sequence[str] = (),
+          rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """`args` checked against the names an operation takes; `rename`: wire name → the handler's."""
     unknown = set(args) - set(required) - set(optional)
     missing = [k for k in required if k not in args]
     if unknown:
         raise UserError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}")
     if missing:
         raise UserError(f"missing argument(s): {', '.join(missing)}")
-    return args
+    return {(rename or {}).get(k, k): v for k, v in args.items()}
 
 
 @click.command()

@@ -9,6 +9,16 @@ those writes need are made through the fence too (`LeaderFence.ensure_path`). A
 retry of a change already applied (same request key, gcm.fence) gets the same
 success answer and changes nothing more.
 
+`create` with `exist_ok` answers an existing queue's description instead of `queue_exists` when the
+settings the request names (`exchanges`, `replicas`) are the queue's; one that differs is still
+`queue_exists`, naming the difference (a queue with autoscaling rules is not held to a number of
+exchanges: the autoscaler owns it). `delete` with `if_empty` or `if_unused` refuses
+(`precondition_failed`) a queue that holds messages or has clients, judged from every exchange's
+latest statistics in the cache (written by its HCM within a report interval of a change, so a
+client or a message of the last second may not be seen), and a queue one of whose exchanges is
+not running or has gone silent (what it holds cannot be told). A deleted queue's admin commands
+(gcm.commands) go in the same transaction.
+
 Reads come from the leader's cache (gcm.cache), which shows the leader's own
 writes: `list`, `describe`, the hosts and placements `create` and `scale` choose
 from, and create's check that the name is free — if the cache were behind, the
@@ -29,6 +39,7 @@ from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import NodeExistsError
 
 from gcm.cache import ClusterCache
+from gcm.commands import command_paths
 from gcm.fence import LeaderFence
 from gcm.placement import host_loads, place_new_exchanges
 from gcm.view import (
@@ -40,9 +51,10 @@ from gcm.view import (
     placement_data,
     storage_full,
 )
-from roq.errors import LimitExceededError, QueueExistsError, QueueNotFoundError, UserError
+from roq.errors import LimitExceededError, PreconditionFailedError, QueueExistsError, QueueNotFoundError, UserError
 from roq.names import MAX_EXCHANGES, check_queue_name
 from roq.paths import Paths, replica_slot
+from roq.records import ExchangeStats
 from roq.state import (
     ExchangeInfo,
     exchange_order,
@@ -67,6 +79,12 @@ def check_exchange_count(value: Any) -> int:
 def check_replica_count(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value not in (1, 2):
         raise UserError(f"replicas must be 1 or 2, got {value!r}")
+    return value
+
+
+def check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -105,14 +123,21 @@ class QueueManager:
 
     # ------------------------------------------------------------ writes
 
-    def create(self, name: Any, exchanges: Any = 1, replicas: Any = None) -> dict[str, Any]:
-        name, count = check_queue_name(name), check_exchange_count(exchanges)
+    def create(self, name: Any, exchanges: Any = None, replicas: Any = None, exist_ok: Any = False) -> dict[str, Any]:
+        """`exchanges` (default 1) and `replicas` (default gcm.default_replicas); with `exist_ok` an
+        existing queue with the settings named is success (the module docstring)."""
+        name = check_queue_name(name)
+        count = check_exchange_count(1 if exchanges is None else exchanges)
+        asked = {"exchanges": exchanges, "replicas": replicas}
         replicas = check_replica_count(self.default_replicas if replicas is None else replicas)
+        exist_ok = check_flag("exist_ok", exist_ok)
         with self.write_lock:
             if self.fence.already_applied():
                 return self.describe(name)
             names = queue_names(self.cache, self.paths)
             if name in names:
+                if exist_ok:
+                    return self._as_asked(name, asked)
                 raise QueueExistsError(f"queue {name!r} already exists")
             existing = len(names)
             if existing >= self.max_queues:
@@ -131,6 +156,8 @@ class QueueManager:
                 self.fence.write(build)
             except NodeExistsError:
                 if self.client.retry(self.client.exists, self.paths.queue(name)):  # the cache was behind
+                    if exist_ok:
+                        return self._as_asked(name, asked)
                     raise QueueExistsError(f"queue {name!r} already exists") from None
                 raise
             # Clients with a read-only ZooKeeper identity watch them and cannot create them themselves.
@@ -140,15 +167,19 @@ class QueueManager:
                  _where(placed))
         return self.describe(name)
 
-    def delete(self, name: Any) -> dict[str, Any]:
+    def delete(self, name: Any, if_empty: Any = False, if_unused: Any = False) -> dict[str, Any]:
         name = check_queue_name(name)
+        if_empty, if_unused = check_flag("if_empty", if_empty), check_flag("if_unused", if_unused)
         with self.write_lock:
             if self.fence.already_applied():
                 return {"name": name, "deleted": True}
             if not self.client.exists(self.paths.queue(name)):
                 raise QueueNotFoundError(f"queue {name!r} does not exist")
+            if if_empty or if_unused:
+                self._check_deletable(name, if_empty, if_unused)
             exchanges = read_exchanges(self.client, self.paths, name, live=False)
             relocations = self.client.exists(self.paths.relocations(name))
+            commands = command_paths(self.client, self.paths, name)
 
             def build(txn: TransactionRequest) -> None:
                 for x in exchanges:
@@ -157,6 +188,8 @@ class QueueManager:
                 txn.delete(self.paths.queue(name))
                 if relocations:
                     txn.delete(self.paths.relocations(name))
+                for path in commands:
+                    txn.delete(path)
 
             self.fence.write(build)
         log.info("deleted queue %s", name)
@@ -195,6 +228,45 @@ class QueueManager:
         return self.describe(name)
 
     # ------------------------------------------------------------ helpers
+
+    def _as_asked(self, name: str, asked: dict[str, Any]) -> dict[str, Any]:
+        """The existing queue's description if it has the settings the request named, else
+        QueueExistsError naming what differs."""
+        info = read_queue(self.cache, self.paths, name)
+        if info is None:  # deleted meanwhile: the client's retry creates it
+            raise QueueExistsError(f"queue {name!r} was being deleted; retry")
+        has = {"exchanges": len(info.exchanges), "replicas": info.replicas}
+        if info.settings.get("rules"):
+            has["exchanges"] = asked["exchanges"]  # autoscaled: the leader owns its size
+        differ = [f"{key} {has[key]} (asked {want})" for key, want in asked.items()
+                  if want is not None and has[key] != want]
+        if differ:
+            raise QueueExistsError(f"queue {name!r} already exists with other settings: {', '.join(differ)}")
+        return dict(info.to_dict(), existed=True)
+
+    def _check_deletable(self, name: str, if_empty: bool, if_unused: bool) -> None:
+        """Refuse (PreconditionFailedError) to delete a queue that is not empty or not unused, as its
+        exchanges' latest statistics say; or one that has an exchange that does not run or report."""
+        holds, uses = [], []
+        for x in read_exchanges(self.cache, self.paths, name):
+            if x.live is None or x.live.get("silent"):
+                raise PreconditionFailedError(f"exchange {x.id} of queue {name!r} is not running or not reporting: "
+                                              "whether it holds messages or clients cannot be told")
+            stats = ExchangeStats.from_dict(x.live.get("stats"))
+            if stats.retained_frames:
+                holds.append(f"{x.id} retains {stats.retained_frames} frames")
+            holds += [f"group {g} holds {figures.backlog} messages on {x.id}"
+                      for g, figures in stats.groups.items() if figures.backlog]
+            if stats.publishers or stats.subscribers or stats.subscriptions:
+                uses.append(f"{x.id} has {stats.publishers} publishers and {stats.subscribers} subscribers "
+                            f"({stats.subscriptions} subscriptions)")
+            uses += [f"group {g} has {figures.members} members on {x.id}"
+                     for g, figures in stats.groups.items() if figures.members]
+        if if_empty and holds:
+            raise PreconditionFailedError(f"queue {name!r} is not empty: {'; '.join(holds)} "
+                                          "(roq queue purge drops it)")
+        if if_unused and uses:
+            raise PreconditionFailedError(f"queue {name!r} is in use: {'; '.join(uses)}")
 
     def _place(self, ids: builtins.list[str], queue: str, replicas: int) -> Placements:
         """Slots of new exchanges `ids` of `queue` → hosts (None: unplaced), with their replicas'

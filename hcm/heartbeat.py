@@ -25,7 +25,7 @@ measures it. Writes that do carry news still go out at once, at most once per re
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from roq.records import ExchangeStats, HostStats
@@ -58,8 +58,8 @@ def exchange_changed(written: ExchangeStats | None, report: ExchangeStats | None
 
 
 def _group_counts(stats: ExchangeStats) -> dict[str, Any]:
-    return {name: {k: v for k, v in figures.items() if k != "oldest_ready_s"} if isinstance(figures, dict) else None
-            for name, figures in stats.groups.items()}
+    """Every figure of every group but its lag's seconds (which grow by themselves while it waits)."""
+    return {name: replace(figures, oldest_ready_s=0.0) for name, figures in stats.groups.items()}
 
 
 def _lag_counts(stats: ExchangeStats) -> list[tuple[str, int, int]]:

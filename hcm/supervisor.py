@@ -51,6 +51,12 @@ child, exchange or replica, hears it as `{"permissions": {"version": N, "table":
 after its configuration (and peer) line, and again whenever the table changes; the tick writes
 it, as it does the peer lines.
 
+Admin commands: every primary child hears its queue's admin commands (a group reset or deleted, the
+queue purged) as `{"commands": [...], "purged": {...}}` right after its configuration (and peer and
+permission) lines, and again whenever what it must hear changes; a `QueueCommands` per queue follows
+them (hcm/commands.py). A child's `{"event": "command", "id", "result"}` report is recorded in
+ZooKeeper by the tick, which then stops handing it that command.
+
 Statistics: each ready child's znode is written again when its report changed
 materially, when it stopped (or resumed) reporting, and otherwise once every
 `hcm.stats_heartbeat` seconds (the rule: hcm/heartbeat.py); never every report.
@@ -74,12 +80,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from hcm.commands import QueueCommands
 from hcm.heartbeat import SILENT_AFTER, exchange_changed, write_due
 from hcm.permissions import PermissionsWatch
 from roq.config import Config
@@ -153,6 +160,9 @@ class Child:
     peer_watch: PeerWatch | None = None  # a replicated exchange's other half (its replica, or its primary)
     peer_sent: Any = _UNSENT  # the peer target last written to this process
     permissions_sent: PermissionTable | None = None  # the permission table last written to it
+    commands_sent: dict[str, Any] | None = None  # the admin commands line last written to it
+    command_reports: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # from its events, to record
+    stats_forced: bool = False  # it reported a command done: its figures changed, write them at once
 
     @property
     def is_replica(self) -> bool:
@@ -175,6 +185,7 @@ class Supervisor:
         # client, a supervisor driven by unit tests, there is none to follow).
         self.permissions = PermissionsWatch(client, paths.permissions, config.security.default_permissions,
                                             self.changed) if config.security.curve and client is not None else None
+        self.commands: dict[str, QueueCommands] = {}  # by queue, while a primary of it runs here
         self._last_tick: float | None = None
         self._late = False  # this tick came a report interval later than hcm.tick after the previous one
 
@@ -206,6 +217,7 @@ class Supervisor:
             self._reap(child, now)
         for key in desired - set(self.children):
             self.children[key] = Child(key)
+        self._refresh_commands()
         for key, child in list(self.children.items()):
             if key in desired:
                 self._keep_running(child, now)
@@ -215,6 +227,15 @@ class Supervisor:
                     if child.peer_watch:
                         child.peer_watch.stop()
                     del self.children[key]
+
+    def _refresh_commands(self) -> None:
+        """Read the queues' admin commands that changed; stop following a queue no primary runs here."""
+        served = {queue for (queue, slot), child in self.children.items() if not child.is_replica}
+        for queue in list(self.commands):
+            if queue in served:
+                self.commands[queue].refresh()
+            else:
+                self.commands.pop(queue).stop()
 
     def _reap(self, child: Child, now: float) -> None:
         if child.process is None or child.process.poll() is None:
@@ -269,11 +290,13 @@ class Supervisor:
             return
         self._send_peer(child)
         self._send_permissions(child)
+        self._send_commands(child)
         if child.ready and (not child.published or self._stats_due(child, now)):
             self._publish(child, now)
         elif not child.ready and now - child.started > self.hcm.ready_timeout:
             log.error("exchange %s/%s not ready after %.0fs; killing it", *child.key, self.hcm.ready_timeout)
             child.process.kill()
+        self._record_commands(child)  # after the figures it reported with them: whoever sees it done sees those
         if child.ready and self._hung(child, now):
             log.error("exchange %s/%s has sent nothing for %.1fs (hung: stopped, frozen or stuck); killing it "
                       "so that it starts again (hcm.hung_timeout = %.0fs)", *child.key, now - child.reported,
@@ -302,10 +325,11 @@ class Supervisor:
                                          stderr=subprocess.PIPE, close_fds=True)
         # The configuration goes through the pipe, not argv (which every local user can read);
         # the pipe then stays open: its EOF tells the child that we are gone.
-        child.peer_sent, child.permissions_sent = _UNSENT, None
+        child.peer_sent, child.permissions_sent, child.commands_sent = _UNSENT, None, None
         _write_line(child, self.config.to_json().encode())
         self._send_peer(child)
         self._send_permissions(child)
+        self._send_commands(child)
         child.started, child.ready, child.published = now, None, False
         child.written_at, child.written_stats, child.written_silent = None, None, False
         if child.next_start:
@@ -329,6 +353,10 @@ class Supervisor:
                                              ("incarnation", "copy_digest"), self.changed)
             return ["--role", "replica"]
         replicas = self._queue_replicas(queue)
+        if queue not in self.commands and self.client is not None:
+            self.commands[queue] = QueueCommands(self.client, self.paths, queue, self.changed,
+                                                 self.config.exchange.publisher_ttl)
+            self.commands[queue].refresh()  # the first line goes right after the configuration
         if replicas == 2 and child.peer_watch is None:
             child.peer_watch = PeerWatch(self.client, self.paths.replica_live(queue, xid), "replica",
                                          ("repl", "incarnation"), self.changed)
@@ -357,6 +385,25 @@ class Supervisor:
             child.permissions_sent = table
             _write_line(child, json.dumps(to_message(table), separators=(",", ":")).encode())
 
+    def _send_commands(self, child: Child) -> None:
+        """Give a primary child its queue's admin commands, if what it must hear changed."""
+        commands = self.commands.get(child.key[0])
+        if commands is None or child.process is None or child.is_replica:
+            return
+        line = commands.line(child.key[1])
+        if line != child.commands_sent:
+            child.commands_sent = line
+            _write_line(child, json.dumps(line, separators=(",", ":")).encode())
+
+    def _record_commands(self, child: Child) -> None:
+        """Record the commands the child reported done; what ZooKeeper refuses now waits for the next tick."""
+        commands = self.commands.get(child.key[0])
+        while child.command_reports and commands is not None:
+            command_id, result = child.command_reports[0]
+            if not commands.record(child.key[1], command_id, result):
+                return
+            child.command_reports.pop(0)
+
     def _read_events(self, child: Child, stream: IO[bytes]) -> None:
         fields = REPLICA_READY_FIELDS if child.is_replica else READY_FIELDS
         for line in stream:
@@ -367,6 +414,10 @@ class Supervisor:
             if event.get("event") == "ready" and all(event.get(key) for key in fields[:2]):  # its endpoints
                 child.reported = time.monotonic()
                 child.ready = {key: event.get(key) for key in fields}
+                self.changed.set()
+            elif event.get("event") == "command" and isinstance(event.get("id"), str):
+                child.command_reports.append((event["id"], event.get("result") or {}))
+                child.stats_forced = True  # the report it sent just before shows what the command did
                 self.changed.set()
             elif event.get("event") == "stats":
                 # When it arrived: a frozen exchange stops reporting, and clients see its figures age.
@@ -415,6 +466,8 @@ class Supervisor:
         silent = self._silent(child, now)
         if silent or child.written_silent:
             return silent != child.written_silent
+        if child.stats_forced:
+            return True
         return write_due(child.written_at, now, exchange_changed(child.written_stats, child.stats),
                          self.hcm.stats_heartbeat, self.config.exchange.stats_interval)
 
@@ -441,6 +494,7 @@ class Supervisor:
                             if silent else "reports again")
             child.published = True
             child.written_at, child.written_stats, child.written_silent = now, report, silent
+            child.stats_forced = False
         except NodeExistsError:
             pass  # an older session's endpoint, about to expire: retry next tick
         except NoNodeError:

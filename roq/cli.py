@@ -436,32 +436,65 @@ def queue() -> None:
 
 @queue.command("create")
 @click.argument("name")
-@click.option("--exchanges", "-x", type=click.IntRange(1, MAX_EXCHANGES), default=1, show_default=True)
+@click.option("--exchanges", "-x", type=click.IntRange(1, MAX_EXCHANGES), default=None,
+              help="exchanges serving it (default 1)")
 @click.option("--replicas", type=click.IntRange(1, 2), default=None,
               help="2: each exchange copies its stream to a replica on another host (default: the "
                    "leader's gcm.default_replicas)")
+@click.option("--if-not-exists", "exist_ok", is_flag=True,
+              help="a queue of that name is success if it has the --exchanges and --replicas given "
+                   "(else an error says what differs)")
 @pass_ctx
 @handle_errors
-def queue_create(ctx: Context, name: str, exchanges: int, replicas: int | None) -> None:
+def queue_create(ctx: Context, name: str, exchanges: int | None, replicas: int | None, exist_ok: bool) -> None:
     """Create queue NAME served by --exchanges exchanges."""
     with ctx.admin() as admin:
-        info = admin.create_queue(name, exchanges, replicas)
+        info = admin.create_queue(name, exchanges, replicas, exist_ok=exist_ok)
     replicated = info.get("replicas", 1) == 2
     hosts = ", ".join(f"{x['id']}@{x['host'] or 'unplaced'}"
                       + (f" (replica @{x.get('replica') or 'unplaced'})" if replicated else "")
                       for x in info["exchanges"])
-    click.echo(f"created queue {name}: {hosts}")
+    click.echo(f"{'queue ' + name + ' exists' if info.get('existed') else 'created queue ' + name}: {hosts}")
 
 
 @queue.command("delete")
 @click.argument("name")
+@click.option("--if-empty", is_flag=True, help="only if it holds no message: nothing retained, no group backlog")
+@click.option("--if-unused", is_flag=True, help="only if no publisher, subscriber or group member uses it")
 @pass_ctx
 @handle_errors
-def queue_delete(ctx: Context, name: str) -> None:
-    """Delete queue NAME and stop its exchanges."""
+def queue_delete(ctx: Context, name: str, if_empty: bool, if_unused: bool) -> None:
+    """Delete queue NAME and stop its exchanges.
+
+    --if-empty and --if-unused are judged by the leader from the exchanges' latest statistics
+    (about a second old at most); when they do not hold, the queue is kept and the command fails."""
     with ctx.admin() as admin:
-        admin.delete_queue(name)
+        admin.delete_queue(name, if_empty=if_empty, if_unused=if_unused)
     click.echo(f"deleted queue {name}")
+
+
+def _exchange_command(parent: click.Group, command: str, of_group: bool) -> Callable[[Callable[..., Any]], Any]:
+    """An admin command the exchanges apply: `roq PARENT COMMAND QUEUE [NAME]` with --wait and --json."""
+    def make(func: Callable[..., Any]) -> Any:
+        func = pass_ctx(handle_errors(func))
+        func = click.option("--json", "as_json", is_flag=True, help="the command's status as JSON")(func)
+        func = click.option("--wait", type=click.FloatRange(0, 600), default=10.0, show_default=True,
+                            help="seconds to wait for every running exchange's result")(func)
+        if of_group:
+            func = click.argument("name")(func)
+        return parent.command(command)(click.argument("queue_name", metavar="QUEUE")(func))
+    return make
+
+
+@_exchange_command(queue, "purge", of_group=False)
+def queue_purge(ctx: Context, queue_name: str, wait: float, as_json: bool) -> None:
+    """Drop what QUEUE holds (admin): its retained messages and every consumer group's ready
+    and delayed messages; those in flight at group members stay theirs.
+
+    What a purge does to subscribers, replicas and journals: docs/work-queues.md, "Managing groups"."""
+    with ctx.admin() as admin:
+        status = admin.purge_queue(queue_name, wait=wait)
+    _command_outcome(status, as_json, f"purged queue {queue_name}")
 
 
 @queue.command("scale")
@@ -566,6 +599,83 @@ def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: A
         return
     from roq.tools.views import print_rules
     print_rules(name, rules)
+
+
+# ---------------------------------------------------------------- consumer groups
+
+@main.group()
+def group() -> None:
+    """List, show, reset and delete a queue's consumer groups (docs/work-queues.md)."""
+
+
+@group.command("list")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--json", "as_json", is_flag=True, help="{group: figures}")
+@pass_ctx
+@handle_errors
+def group_list(ctx: Context, queue_name: str, as_json: bool) -> None:
+    """The consumer groups of QUEUE: members, ready, delayed, in flight, acked, lag."""
+    with ctx.admin() as admin:
+        groups = admin.list_groups(queue_name)
+    from roq.tools.views import print_group_list
+    _json_or(groups, as_json, lambda shown: print_group_list(queue_name, shown))
+
+
+@group.command("show")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def group_show(ctx: Context, queue_name: str, name: str, as_json: bool) -> None:
+    """Consumer group NAME of QUEUE: its figures, in all and on each exchange."""
+    _check_group(name)
+    with ctx.admin() as admin:
+        shown = admin.describe_group(queue_name, name)
+    from roq.tools.views import print_group
+    _json_or(shown, as_json, print_group)
+
+
+@_exchange_command(group, "reset", of_group=True)
+def group_reset(ctx: Context, queue_name: str, name: str, wait: float, as_json: bool) -> None:
+    """Drop the ready and delayed messages of group NAME (admin). Its members stay, and keep what
+    they hold."""
+    _check_group(name)
+    with ctx.admin() as admin:
+        status = admin.reset_group(queue_name, name, wait=wait)
+    _command_outcome(status, as_json, f"reset group {name} of queue {queue_name}")
+
+
+@_exchange_command(group, "delete", of_group=True)
+def group_delete(ctx: Context, queue_name: str, name: str, wait: float, as_json: bool) -> None:
+    """Delete group NAME with its messages (admin); refused while it has members."""
+    _check_group(name)
+    with ctx.admin() as admin:
+        status = admin.delete_group(queue_name, name, wait=wait)
+    _command_outcome(status, as_json, f"deleted group {name} of queue {queue_name}")
+
+
+def _check_group(name: str) -> None:
+    """A bad group name is one line, exit 1, before anything connects."""
+    from gcm.commands import check_group_name
+    check_group_name(name)
+
+
+def _command_outcome(status: dict[str, Any], as_json: bool, what: str) -> None:
+    """Say what each exchange did with an admin command; exit 1 if one refused it (a group that
+    gained a member), 3 if a running one did not answer in time."""
+    from roq.tools.views import command_lines
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+    else:
+        for line in command_lines(status, what):
+            click.echo(line)
+    refused = {x: r["refused"] for x, r in status["results"].items() if r.get("refused")}
+    if refused:
+        fail(f"refused by {', '.join(f'{x} ({why})' for x, why in refused.items())}", Exit.USER_ERROR)
+    if status["waiting"]:
+        fail(f"no result yet from {', '.join(status['waiting'])}: they apply command {status['id']} as soon as "
+             "they can", Exit.UNAVAILABLE)
 
 
 # ---------------------------------------------------------------- backups

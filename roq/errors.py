@@ -40,6 +40,25 @@ class QueueExistsError(UserError):
     code = "queue_exists"
 
 
+class GroupNotFoundError(UserError):
+    """No running exchange of the queue has that consumer group."""
+
+    code = "group_not_found"
+
+
+class CommandNotFoundError(UserError):
+    """No admin command of that id (docs/protocol.md section 2, `queue.command`)."""
+
+    code = "command_not_found"
+
+
+class PreconditionFailedError(UserError):
+    """What the request asks depends on a state the queue is not in: `queue.delete` with `if_empty` of
+    a queue that holds messages, with `if_unused` of one in use; `group.delete` of a group with members."""
+
+    code = "precondition_failed"
+
+
 class UnknownCommandError(UserError):
     code = "unknown_command"
 
@@ -130,7 +149,8 @@ ERRORS_BY_CODE: dict[str, type[RoqError]] = {
     cls.code: cls
     for cls in (
         RoqError, UserError, ConfigError, InvalidNameError, QueueNotFoundError,
-        QueueExistsError, UnknownCommandError, ProtocolError, MessageTooLargeError, ForbiddenError,
+        QueueExistsError, GroupNotFoundError, CommandNotFoundError, PreconditionFailedError, UnknownCommandError,
+        ProtocolError, MessageTooLargeError, ForbiddenError,
         LimitExceededError, RefusedError,
         UnavailableError, ZooKeeperUnavailableError, NoLeaderError, NotLeaderError,
         NoCapacityError, RequestTimeoutError, BackpressureError, StorageFullError, FencedError,

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from roq.records import CONFIRM_BUCKETS, ClusterStats, ExchangeStats, HostStats
+from roq.records import CONFIRM_BUCKETS, ClusterStats, ExchangeStats, GroupStats, HostStats
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,7 @@ def exchange_metrics(out: Families, queue: str, exchange: str, host: str, stats:
         out.gauge("roq_exchange_consumer_lag_seconds", "how long the oldest message the durable subscriber has "
                   "not taken has waited", named, lag.seconds)
     for name, figures in stats.groups.items():  # consumer groups (docs/work-queues.md)
-        if isinstance(figures, dict):
-            _group_metrics(out, {**labels, "group": name}, figures)
+        _group_metrics(out, {**labels, "group": name}, figures)
     if len(stats.confirm_buckets) == len(CONFIRM_BUCKETS) + 1:  # else a report of another version
         out.histogram(CONFIRM_HISTOGRAM, "seconds from the exchange reading a batch to sending its ack "
                       "(with a replica or an fsync journal: until what it holds is durable)", labels,
@@ -202,15 +201,11 @@ GROUP_COUNTERS = {
 }
 
 
-def _group_metrics(out: Families, labels: Labels, figures: dict[str, Any]) -> None:
+def _group_metrics(out: Families, labels: Labels, figures: GroupStats) -> None:
     for key, (metric, help_text) in GROUP_GAUGES.items():
-        value = figures.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.gauge(metric, help_text, labels, value)
+        out.gauge(metric, help_text, labels, getattr(figures, key))
     for key, (metric, help_text) in GROUP_COUNTERS.items():
-        value = figures.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            out.counter(metric, help_text, labels, value)
+        out.counter(metric, help_text, labels, getattr(figures, key))
 
 
 def replica_metrics(out: Families, queue: str, exchange: str, host: str, stats: ExchangeStats | None,

@@ -18,6 +18,11 @@
                                         (roq/permissions.py), written by the leader; absent = no entries
     <root>/events                       persistent: {events: [{seq, time, kind, detail, queue}]}, the
                                         cluster's recent events (gcm/events.py), written by the leader
+    <root>/commands/<queue>             persistent: {latest, at}, rewritten by the leader with each command
+                                        (HCMs watch it); deleted with its queue
+    <root>/commands/<queue>/<id>        persistent: an admin command {id, op, queue, group, at, exchanges}
+                                        (gcm/commands.py), written by the leader, the newest kept
+    <root>/commands/<queue>/<id>/<x>    persistent: exchange <x>'s result of it, written by its HCM
 
 A host's work list names slots: an exchange id ("x1") runs the exchange, its replica slot ("x1~r",
 `replica_slot`) runs that exchange's replica. The HCM's key for an assignment is (queue, slot).
@@ -117,9 +122,22 @@ class Paths:
     def events(self) -> str:
         return f"{self.root}/events"
 
+    @property
+    def commands_root(self) -> str:
+        return f"{self.root}/commands"
+
+    def commands(self, queue: str) -> str:
+        return f"{self.root}/commands/{queue}"
+
+    def command(self, queue: str, command_id: str) -> str:
+        return f"{self.root}/commands/{queue}/{command_id}"
+
+    def command_report(self, queue: str, command_id: str, xid: str) -> str:
+        return f"{self.root}/commands/{queue}/{command_id}/{xid}"
+
     def base_paths(self) -> list[str]:
         return [f"{self.root}/gcm", self.election, self.requests, self.hosts, self.queues, self.assignments, self.live,
-                self.replicas, self.relocations_root]
+                self.replicas, self.relocations_root, self.commands_root]
 
 
 def assignment_name(queue: str, xid: str) -> str:

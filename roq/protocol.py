@@ -751,7 +751,7 @@ def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], proof
     return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump, proof])
 
 
-def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Mark | Adopt:
+def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Mark | Adopt | Applied:
     """What a replica receives from its primary, every field range-checked. Each frame ends with
     the incarnation's copy secret (`proof`); checking it is the replica's business."""
     msg = unpack(frame, MAX_COPY_FRAME)
@@ -784,6 +784,8 @@ def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsD
         if len(msg) != 5 or not _is_int(msg[3], 1):
             raise ProtocolError(f"mark must be [\"mark\", {DATA_VERSION}, incarnation, serial >= 1, proof]")
         return Mark(msg[2], msg[3], proof)
+    if kind == APPLIED:
+        return _decode_applied(msg, proof)
     if kind != COPY or len(msg) != 7 or not _is_int(msg[3], 1) or not isinstance(msg[4], list) \
             or not isinstance(msg[5], bool):
         raise ProtocolError(f"replication request must be [\"follow\", {DATA_VERSION}, incarnation, exchange, proof] "
@@ -805,13 +807,17 @@ def encode_replica_reply(kind: str, incarnation: str, next_pos: int = 0) -> byte
     return pack([kind, DATA_VERSION, incarnation, next_pos])
 
 
-def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked:
+def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked | Recorded:
     msg = unpack(frame, MAX_COPY_FRAME)
     kind = _kind_and_version(msg, "replica reply")
     if kind == ADOPTION:
         return _decode_adoption(msg)
     if kind == MARKED and len(msg) == 4 and _is_incarnation(msg[2]) and _is_int(msg[3], 1):
         return Marked(msg[2], msg[3])
+    if kind == RECORDED:
+        if len(msg) != 4 or not _is_incarnation(msg[2]) or not is_command_id(msg[3]):
+            raise ProtocolError(f"recorded must be [\"recorded\", {DATA_VERSION}, incarnation, command_id]")
+        return Recorded(msg[2], msg[3])
     if kind == SEALED and len(msg) == 3 and _is_incarnation(msg[2]):
         return ReplicaReply(SEALED, msg[2], 0)
     if kind in (FOLLOWING, COPIED) and len(msg) == 4 and _is_incarnation(msg[2]) and _is_int(msg[3]):
@@ -1158,6 +1164,14 @@ def _is_entry(e: Any) -> bool:
 # ------------------------------------------------ consumer groups' state at the replica (section 7.6)
 
 GROUPS, DONE, ADOPT, ADOPTION, MARK, MARKED = "groups", "done", "adopt", "adoption", "mark", "marked"
+APPLIED, RECORDED = "applied", "recorded"
+MAX_APPLIED = 256  # command ids an adoption names (the newest)
+_COMMAND_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def is_command_id(value: Any) -> bool:
+    """An admin command's id (section 2: `c-` and 16 hex digits, or `k-` and the request key)."""
+    return isinstance(value, str) and _COMMAND_ID.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -1244,14 +1258,52 @@ class Adopt:
 @dataclass(frozen=True)
 class Adoption:
     """The groups of the newest earlier incarnation the replica holds state of (`ended`, "" if none),
-    the frames of its copy holding their pending messages, and each publisher's highest sequence
-    number in that copy."""
+    the frames of its copy holding their pending messages, each publisher's highest sequence
+    number in that copy, and the admin commands the exchange's incarnations applied (section 2)."""
     incarnation: str
     ended: str
     groups: list[GroupRecord]
     high: dict[str, int]
     frames: list[tuple[int, bytes, bytes]]  # (pos, topic, body)
+    applied: tuple[str, ...] = ()
     kind: str = ADOPTION
+
+
+@dataclass(frozen=True)
+class Applied:
+    """`applied`: the primary applied admin command `command_id`; `groups` is its groups' state
+    right after (replacing the last one, as a `groups` frame does), `purge_upto` the position
+    below which a purge dropped the stream (0: not a purge). Answered `recorded`."""
+    incarnation: str
+    command_id: str
+    groups: list[GroupRecord]
+    purge_upto: int
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """`recorded`: the replica holds what `applied` said (the state and the command's id)."""
+    incarnation: str
+    command_id: str
+    kind: str = RECORDED
+
+
+def encode_applied(incarnation: str, command_id: str, groups: list[GroupRecord], purge_upto: int,
+                   proof: bytes) -> bytes:
+    return pack([APPLIED, DATA_VERSION, incarnation, command_id, [g.wire() for g in groups], purge_upto, proof])
+
+
+def encode_recorded(incarnation: str, command_id: str) -> bytes:
+    return pack([RECORDED, DATA_VERSION, incarnation, command_id])
+
+
+def _decode_applied(msg: list[Any], proof: bytes) -> Applied:
+    groups = _group_states(msg[4]) if len(msg) == 7 else None
+    if groups is None or not is_command_id(msg[3]) or not _is_int(msg[5]):
+        raise ProtocolError(f"applied must be [\"applied\", {DATA_VERSION}, incarnation, command_id, [group state, "
+                            "...], purge_upto, proof]")
+    return Applied(msg[2], msg[3], groups, msg[5], proof)
 
 
 def encode_groups(incarnation: str, groups: list[GroupRecord], proof: bytes) -> bytes:
@@ -1263,9 +1315,9 @@ def encode_adopt(incarnation: str, exchange: str, proof: bytes) -> bytes:
 
 
 def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], high: dict[str, int],
-                    frames: list[tuple[int, bytes, bytes]]) -> bytes:
+                    frames: list[tuple[int, bytes, bytes]], applied: tuple[str, ...] = ()) -> bytes:
     return pack([ADOPTION, DATA_VERSION, incarnation, ended, [g.wire() for g in groups],
-                 [[p, s] for p, s in high.items()], [list(f) for f in frames]])
+                 [[p, s] for p, s in high.items()], [list(f) for f in frames], list(applied[-MAX_APPLIED:])])
 
 
 def _group_states(value: Any) -> list[GroupRecord] | None:
@@ -1289,11 +1341,13 @@ def _group_states(value: Any) -> list[GroupRecord] | None:
 
 
 def _decode_adoption(msg: list[Any]) -> Adoption:
-    groups = _group_states(msg[4]) if len(msg) == 7 else None
+    groups = _group_states(msg[4]) if len(msg) in (7, 8) else None
+    applied = msg[7] if len(msg) == 8 else []  # 7 elements: a replica from before admin commands
     if groups is None or not _is_incarnation(msg[2]) or not (msg[3] == "" or _is_incarnation(msg[3])) \
-            or not isinstance(msg[5], list) or not isinstance(msg[6], list):
+            or not isinstance(msg[5], list) or not isinstance(msg[6], list) or not isinstance(applied, list) \
+            or len(applied) > MAX_APPLIED or not all(map(is_command_id, applied)):
         raise ProtocolError(f"adoption must be [\"adoption\", {DATA_VERSION}, incarnation, ended, groups, "
-                            "[[publisher, seq], ...], [[pos, topic, body], ...]]")
+                            "[[publisher, seq], ...], [[pos, topic, body], ...], [command_id, ...]]")
     high = {}
     for entry in msg[5]:
         if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str) or not _is_int(entry[1]):
@@ -1305,4 +1359,4 @@ def _decode_adoption(msg: list[Any]) -> Adoption:
                 or not isinstance(f[2], bytes):
             raise ProtocolError("adoption frames must be [[pos, topic, body], ...]")
         frames.append((f[0], f[1], f[2]))
-    return Adoption(msg[2], msg[3], groups, high, frames)
+    return Adoption(msg[2], msg[3], groups, high, frames, tuple(applied))

@@ -7,7 +7,8 @@ answer to `cluster.stats`, and the JSON records of the statistics stream.
 docs/protocol.md describes those keys; this module is the one place that
 spells them in code.
 
-* `ExchangeStats`: one exchange's report (`stats` of its live znode).
+* `ExchangeStats`: one exchange's report (`stats` of its live znode), with a `GroupStats` per
+  consumer group.
 * `HostStats`: one HCM's figures (`stats` of its host znode).
 * `QueueStats` (with one `ExchangeSummary` per exchange) and `ClusterStats`
   (with one `HostSummary` per host): the leader's aggregates.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
@@ -71,6 +72,55 @@ class ConsumerLag(Record):
     messages: int = 0
     seconds: float = 0.0  # how long the oldest frame it lacks has waited
     reported_ago: float = 0.0  # seconds since it last reported: a subscriber away keeps falling behind
+
+
+@dataclass(frozen=True)
+class GroupStats(Record):
+    """One consumer group at one exchange (exchange/groups.py `Groups.stats`), or, in a queue's
+    aggregate (`group_totals`), over the queue's running exchanges."""
+
+    members: int = 0  # connected now (a member joins every exchange: the aggregate takes the most at one)
+    ready: int = 0  # waiting for a member
+    delayed: int = 0  # waiting for their not-before time
+    in_flight: int = 0  # sent to a member, not acked yet
+    acked: int = 0  # counters since the group was created on the exchange (its incarnation)
+    delivered: int = 0  # redeliveries included
+    redelivered: int = 0
+    nacked: int = 0
+    dead_lettered: int = 0
+    held_bytes: int = 0  # payload bytes of its ready, delayed and in-flight messages
+    oldest_ready_s: float = 0.0  # the lag: how long the oldest ready message has waited
+    topics: tuple[str, ...] = ()  # its prefixes
+
+    @property
+    def backlog(self) -> int:
+        """Messages the group has not seen acked: ready, delayed and in flight."""
+        return self.ready + self.delayed + self.in_flight
+
+
+GROUP_SUMS = ("ready", "delayed", "in_flight", "acked", "delivered", "redelivered", "nacked", "dead_lettered",
+              "held_bytes")
+
+
+def group_totals(per_exchange: Iterable[Mapping[str, GroupStats]]) -> dict[str, GroupStats]:
+    """Each group over the exchanges that run it: messages summed, members and lag the largest at
+    one exchange (every member joins every running exchange of its queue), sorted by name."""
+    totals: dict[str, dict[str, Any]] = {}
+    for groups in per_exchange:
+        for name, g in groups.items():
+            total = totals.setdefault(name, {"members": 0, "oldest_ready_s": 0.0, "topics": g.topics,
+                                             **dict.fromkeys(GROUP_SUMS, 0)})
+            total["members"] = max(total["members"], g.members)
+            total["oldest_ready_s"] = max(total["oldest_ready_s"], g.oldest_ready_s)
+            for key in GROUP_SUMS:
+                total[key] += getattr(g, key)
+    return {name: GroupStats(**totals[name]) for name in sorted(totals)}
+
+
+def queue_groups(description: Mapping[str, Any]) -> dict[str, GroupStats]:
+    """The consumer groups of a queue description (`queue.describe`), over its running exchanges."""
+    return group_totals(ExchangeStats.from_dict((x.get("live") or {}).get("stats")).groups
+                        for x in description.get("exchanges") or ())
 
 
 # Upper bounds (seconds) of an exchange's confirm-latency buckets: from a batch read to its ack sent.
@@ -147,9 +197,8 @@ class ExchangeStats(Record):
     journal_pending_bytes: int = 0
     # Durable subscribers behind this stream, furthest first (exchange/consumers.py).
     consumers: tuple[ConsumerLag, ...] = ()
-    # Consumer groups of this stream (exchange/groups.py Groups.stats): name → members, ready, delayed,
-    # in_flight, acked, delivered, redelivered, nacked, dead_lettered, held_bytes, oldest_ready_s, topics.
-    groups: dict[str, Any] = field(default_factory=dict)
+    # Consumer groups of this stream (exchange/groups.py Groups.stats), by name.
+    groups: dict[str, GroupStats] = field(default_factory=dict)
     # Confirm latency since the process started (exchange/stats.py): per CONFIRM_BUCKETS bound, the acks
     # sent within it and above the previous bound, then those above the last; and their seconds summed.
     confirm_buckets: tuple[int, ...] = ()
@@ -221,12 +270,13 @@ class ExchangeSummary(Load):
     latency_p50_ms: float | None = None  # None (null on the wire): no samples
     latency_p99_ms: float | None = None
     consumers: tuple[ConsumerLag, ...] = ()
+    groups: dict[str, GroupStats] = field(default_factory=dict)  # its consumer groups (none while it does not run)
 
     @classmethod
     def of(cls, xid: str, host: str | None, running: bool, restarts: int, stats: ExchangeStats) -> ExchangeSummary:
         return cls(id=xid, host=host, running=running, restarts=restarts, top_publishers=stats.top_publishers,
                    latency_p50_ms=stats.latency_p50_ms, latency_p99_ms=stats.latency_p99_ms,
-                   consumers=stats.consumers if running else (),
+                   consumers=stats.consumers if running else (), groups=stats.groups if running else {},
                    **{name: getattr(stats, name) for name in LOAD_FIELDS})
 
 
@@ -242,6 +292,7 @@ class QueueStats(Load):
     rules: dict[str, Any] | None = None  # None: no autoscaling rules set
     events: tuple[dict[str, Any], ...] = ()  # scaling and relocation events, oldest first
     subscribers: tuple[ConsumerLag, ...] = ()  # durable subscribers' lag over all exchanges, furthest first
+    groups: dict[str, GroupStats] = field(default_factory=dict)  # consumer groups over its exchanges (group_totals)
 
     @classmethod
     def of(cls, name: str, exchanges: int, by_exchange: tuple[ExchangeSummary, ...], rules: dict[str, Any] | None,
@@ -250,7 +301,7 @@ class QueueStats(Load):
         totals = {key: sum((getattr(x, key) for x in by_exchange), start=getattr(base, key)) for key in LOAD_FIELDS}
         return cls(name=name, exchanges=exchanges, running=sum(1 for x in by_exchange if x.running),
                    replicas=replicas, by_exchange=by_exchange, rules=rules, events=events,
-                   subscribers=_total_lag(by_exchange), **totals)
+                   subscribers=_total_lag(by_exchange), groups=group_totals(x.groups for x in by_exchange), **totals)
 
 
 def _total_lag(by_exchange: tuple[ExchangeSummary, ...]) -> tuple[ConsumerLag, ...]:

@@ -27,6 +27,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq.config import Config
 from roq.errors import (
+    GroupNotFoundError,
     NoLeaderError,
     NotLeaderError,
     RefusedError,
@@ -38,12 +39,15 @@ from roq.errors import (
 from roq.paths import Paths
 from roq.permissions import check_pattern
 from roq.protocol import decode_reply, encode_request
+from roq.records import ExchangeStats, group_totals, queue_groups
 from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
 from roq.zk import read_json_within, start_client, stop_client
 
 log = logging.getLogger(__name__)
 
-READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status", "keys.list", "keys.show"})
+READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status", "keys.list", "keys.show",
+                       "queue.command"})
+COMMAND_POLL = 0.1  # s between two looks at an admin command's results
 # Every ZooKeeper server refusing connections this long: none runs there, say so instead of
 # waiting out zk.connect_timeout (a server that is merely slow still gets all of it).
 ZK_REFUSED_FOR = 1.5
@@ -74,16 +78,75 @@ class Admin:
 
     # ------------------------------------------------------------ operations
 
-    def create_queue(self, name: str, exchanges: int = 1, replicas: int | None = None) -> dict[str, Any]:
-        """Create queue `name`; `replicas` 2 gives each exchange a replica on another host, None
-        leaves it to the leader's gcm.default_replicas."""
-        args: dict[str, Any] = {"name": name, "exchanges": exchanges}
+    def create_queue(self, name: str, exchanges: int | None = None, replicas: int | None = None,
+                     exist_ok: bool = False) -> dict[str, Any]:
+        """Create queue `name` with `exchanges` (None: 1); `replicas` 2 gives each exchange a replica on
+        another host, None leaves it to the leader's gcm.default_replicas. With `exist_ok` a queue of
+        that name is success, if it has the `exchanges` and `replicas` given (those left None are not
+        compared; a queue with autoscaling rules is not held to a number of exchanges); if not,
+        QueueExistsError says what differs."""
+        args: dict[str, Any] = {"name": name}
+        if exchanges is not None:
+            args["exchanges"] = exchanges
         if replicas is not None:
             args["replicas"] = replicas
+        if exist_ok:
+            args["exist_ok"] = True
         return self.call("queue.create", **args)
 
-    def delete_queue(self, name: str) -> dict[str, Any]:
-        return self.call("queue.delete", name=name)
+    def delete_queue(self, name: str, if_empty: bool = False, if_unused: bool = False) -> dict[str, Any]:
+        """Delete queue `name`; `if_empty`: only if it holds no message (retained, or in a group's
+        backlog), `if_unused`: only if no publisher, subscriber or group member uses it, as its
+        exchanges' latest statistics say (PreconditionFailedError otherwise: nothing deleted)."""
+        args: dict[str, Any] = {"name": name}
+        if if_empty:
+            args["if_empty"] = True
+        if if_unused:
+            args["if_unused"] = True
+        return self.call("queue.delete", **args)
+
+    # ------------------------------------------------------------ consumer groups and purges
+
+    def list_groups(self, name: str) -> dict[str, dict[str, Any]]:
+        """The queue's consumer groups over its running exchanges (roq.records.GroupStats as maps)."""
+        return {group: figures.to_dict() for group, figures in queue_groups(self.describe_queue(name)).items()}
+
+    def describe_group(self, name: str, group: str) -> dict[str, Any]:
+        """One group: its figures over the queue's running exchanges, and each exchange's (`by_exchange`)."""
+        info = self.describe_queue(name)
+        by_exchange = {x["id"]: ExchangeStats.from_dict((x.get("live") or {}).get("stats")).groups.get(group)
+                       for x in info["exchanges"]}
+        found = {xid: figures for xid, figures in by_exchange.items() if figures is not None}
+        if not found:
+            raise GroupNotFoundError(f"queue {name!r} has no group {group!r} on its running exchanges")
+        total = group_totals([{group: figures} for figures in found.values()])[group]
+        return {"queue": name, "name": group, **total.to_dict(),
+                "by_exchange": {xid: figures.to_dict() for xid, figures in found.items()}}
+
+    def purge_queue(self, name: str, wait: float = 10.0) -> dict[str, Any]:
+        """Drop what queue `name` holds: retained messages and every group's ready and delayed ones
+        (docs/work-queues.md "Managing groups"). Waits up to `wait` seconds for every running
+        exchange's result; the command's status (`done` false if some did not answer in time)."""
+        return self.wait_command(name, self.call("queue.purge", name=name), wait)
+
+    def reset_group(self, name: str, group: str, wait: float = 10.0) -> dict[str, Any]:
+        """Drop the ready and delayed messages of `group` on queue `name` (its members stay)."""
+        return self.wait_command(name, self.call("group.reset", name=name, group=group), wait)
+
+    def delete_group(self, name: str, group: str, wait: float = 10.0) -> dict[str, Any]:
+        """Delete `group` of queue `name`, with its messages; refused while it has members."""
+        return self.wait_command(name, self.call("group.delete", name=name, group=group), wait)
+
+    def command_status(self, name: str, command_id: str) -> dict[str, Any]:
+        return self.call("queue.command", name=name, id=command_id)
+
+    def wait_command(self, name: str, status: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Poll an admin command's status until every running exchange reported, or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not status["done"] and time.monotonic() < deadline:
+            time.sleep(COMMAND_POLL)  # the exchanges' results arrive through ZooKeeper: polled through the leader
+            status = self.command_status(name, status["id"])
+        return status
 
     def scale_queue(self, name: str, exchanges: int) -> dict[str, Any]:
         return self.call("queue.scale", name=name, exchanges=exchanges)

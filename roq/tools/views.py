@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from roq.records import ClusterStats, ExchangeStats, Load
+from roq.records import ClusterStats, ExchangeStats, GroupStats, Load, queue_groups
 
 console = Console()
 PIPE_WIDTH = 10_000  # columns when not printing to a terminal: never cut a row
@@ -75,40 +75,70 @@ def print_queue(info: dict[str, Any]) -> None:
     print_groups(info)
 
 
-def group_totals(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The consumer groups of a described queue, summed over its running exchanges (lag: the
-    oldest ready message's age, the largest)."""
-    totals: dict[str, dict[str, Any]] = {}
-    summed = ("ready", "delayed", "in_flight", "acked", "redelivered", "dead_lettered")
-    for x in info["exchanges"]:
-        groups = ExchangeStats.from_dict((x.get("live") or {}).get("stats")).groups
-        for name, figures in groups.items():
-            if not isinstance(figures, dict):
-                continue
-            total = totals.setdefault(name, {"members": 0, **dict.fromkeys(summed, 0), "oldest_ready_s": 0.0,
-                                             "topics": figures.get("topics", [])})
-            total["members"] = max(total["members"], _int(figures.get("members")))
-            for key in summed:
-                total[key] += _int(figures.get(key))
-            total["oldest_ready_s"] = max(total["oldest_ready_s"], float(figures.get("oldest_ready_s") or 0))
-    return totals
+GROUP_COLUMNS = ("group", "topics", "members", "ready", "delayed", "in flight", "acked", "redelivered",
+                 "dead-lettered", "lag (s)")
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def group_row(name: str, g: GroupStats) -> list[str]:
+    return [escape(name), escape(", ".join(g.topics)) or "(all)", str(g.members), f"{g.ready:,}", f"{g.delayed:,}",
+            f"{g.in_flight:,}", f"{g.acked:,}", f"{g.redelivered:,}", f"{g.dead_lettered:,}",
+            f"{g.oldest_ready_s:.1f}"]
 
 
 def print_groups(info: dict[str, Any]) -> None:
-    groups = group_totals(info)
-    if not groups:
-        return
-    table = Table("group", "topics", "members", "ready", "delayed", "in flight", "acked", "redelivered",
-                  "dead-lettered", "lag (s)", title=f"consumer groups of {info['name']}")
-    for name, g in sorted(groups.items()):
-        table.add_row(name, ", ".join(g["topics"]) or "(all)", str(g["members"]), f"{g['ready']:,}",
-                      f"{g['delayed']:,}", f"{g['in_flight']:,}", f"{g['acked']:,}", f"{g['redelivered']:,}",
-                      f"{g['dead_lettered']:,}", f"{g['oldest_ready_s']:.1f}")
+    groups = queue_groups(info)
+    if groups:
+        _group_table(f"consumer groups of {info['name']}", groups)
+
+
+def _group_table(title: str, groups: dict[str, GroupStats], first: str = "group") -> None:
+    table = Table(first, *GROUP_COLUMNS[1:], title=title)
+    for name, g in groups.items():
+        table.add_row(*group_row(name, g))
     out().print(table)
+
+
+def print_group_list(queue: str, groups: dict[str, dict[str, Any]]) -> None:
+    """`roq group list`: one row per group (`Admin.list_groups`)."""
+    if not groups:
+        out().print(f"queue {escape(queue)} has no consumer group on its running exchanges")
+        return
+    _group_table(f"consumer groups of {queue}", {name: GroupStats.from_dict(g) for name, g in groups.items()})
+
+
+def print_group(shown: dict[str, Any]) -> None:
+    """`roq group show`: the group over the queue's exchanges, then each exchange's row (`Admin.describe_group`)."""
+    total = GroupStats.from_dict(shown)
+    rows = {"all": total, **{xid: GroupStats.from_dict(g) for xid, g in shown["by_exchange"].items()}}
+    _group_table(f"group {shown['name']} of queue {shown['queue']} (topics {', '.join(total.topics) or 'all'}; "
+                 f"{total.delivered:,} delivered, {total.nacked:,} nacked, {total.held_bytes:,} bytes held)",
+                 rows, first="exchange")
+
+
+def command_lines(status: dict[str, Any], what: str) -> list[str]:
+    """What each exchange did with an admin command (`queue.command`'s answer), one line each."""
+    lines = [f"{what} (command {status['id']}):"]
+    for xid in status["exchanges"]:
+        result = status["results"].get(xid)
+        if result is not None:
+            lines.append(f"  {xid}: {_result_text(result)}")
+        elif xid in status["waiting"]:
+            lines.append(f"  {xid}: no result yet")
+        else:
+            lines.append(f"  {xid}: not running: applies it when it starts")
+    return lines
+
+
+def _result_text(result: dict[str, Any]) -> str:
+    if result.get("refused"):
+        return f"refused: {result['refused']}"
+    if result.get("missing"):
+        return "has no such group"
+    if "frames" in result:
+        return (f"dropped {result['messages']:,} retained messages ({result['frames']:,} frames), "
+                f"{result['group_messages']:,} group messages, {result['archives']} journals of earlier "
+                "incarnations")
+    return f"{'deleted, ' if result.get('deleted') else ''}dropped {result.get('dropped', 0):,} messages"
 
 
 def _replica_cell(x: dict[str, Any]) -> str:
@@ -176,10 +206,14 @@ def stats_view(snapshot: dict[str, Any]) -> Group:
         for sub in q.subscribers:
             lag.add_row(name, escape(sub.name), f"{sub.messages:,}", f"{sub.frames:,}", f"{sub.seconds:,.1f}",
                         f"{sub.reported_ago:,.0f}")
+    groups = Table("queue", *GROUP_COLUMNS, title="consumer groups")
+    for name, q in sorted(cluster.queues.items()):
+        for group, g in q.groups.items():
+            groups.add_row(name, *group_row(group, g))
     hosts = Table("host", "CPU %", "memory %", "exchanges", "capacity", title="hosts")
     for name, h in sorted(cluster.hosts.items()):
         hosts.add_row(name, _num(h.cpu_percent), _num(h.memory_percent), str(h.exchanges), str(h.capacity))
-    parts: list[Any] = [queues, lag, hosts] if lag.row_count else [queues, hosts]
+    parts: list[Any] = [queues, *(t for t in (lag, groups) if t.row_count), hosts]
     if events.row_count:
         parts.append(events)
     parts.append(f"as of {time.strftime('%H:%M:%S', time.localtime(cluster.time or time.time()))}")

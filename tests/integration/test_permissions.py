@@ -222,6 +222,28 @@ def test_only_admins_manage_permissions_and_clients_see_their_own_queues(cluster
         assert sorted(q["name"] for q in client.list_queues()) == sorted([ORDERS, BILLING])
 
 
+def test_only_admins_purge_queues_and_reset_or_delete_groups(cluster: Cluster) -> None:
+    """The operations that drop messages are an admin's: a client key, even one with every right on
+    the queue, is refused and nothing is written (no command reaches an exchange)."""
+    for identity in ("clients/worker", "clients/app"):
+        with cluster.admin(identity) as client:
+            for attempt in (lambda: client.purge_queue(ORDERS), lambda: client.reset_group(ORDERS, "workers"),
+                            lambda: client.delete_group(ORDERS, "workers"),
+                            lambda: client.delete_queue(ORDERS, if_empty=True, if_unused=True),
+                            lambda: client.create_queue(ORDERS, exist_ok=True)):
+                with pytest.raises(ForbiddenError, match="needs an admin key"):
+                    attempt()
+        for args in (("queue", "purge", ORDERS), ("group", "reset", ORDERS, "workers"),
+                     ("group", "delete", ORDERS, "workers")):
+            result = cluster.roq(identity, *args)
+            assert result.returncode == 1 and result.stderr.count("\n") == 1, (args, result.stderr)
+            assert "needs an admin key" in result.stderr
+    assert cluster.zk.exists(cluster.paths.commands(ORDERS)) is None  # nothing was written
+    with cluster.admin() as admin:  # an admin's purge goes through, behind CURVE and the ACLs
+        status = admin.purge_queue(BILLING)
+        assert status["done"] and set(status["results"]) == {"x1"} and ORDERS in admin.describe_queue(ORDERS)["name"]
+
+
 def test_the_cli_checks_names_and_patterns_before_connecting(cluster: Cluster) -> None:
     for args, fragment in ((("grant", "pub", "--publish", "orders/eu"), "invalid queue pattern"),
                            (("grant", "../pub", "--publish", "x"), "invalid key name"),

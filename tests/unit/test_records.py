@@ -30,11 +30,13 @@ from roq.records import (
     ExchangeSample,
     ExchangeStats,
     ExchangeSummary,
+    GroupStats,
     HostSample,
     HostStats,
     HostSummary,
     QueueStats,
     Record,
+    group_totals,
 )
 from roq.state import ExchangeInfo
 
@@ -107,8 +109,9 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # issue 31
     summary = queue_summary().to_dict()
     assert set(summary) == OLD_QUEUE_KEYS | {"subscribers",  # issue 20: consumer lag, added
-                                             "replicas"}  # issue 32: the console lists each queue's
-    assert all(set(row) == OLD_ROW_KEYS | {"consumers"} for row in summary["by_exchange"])
+                                             "replicas",  # issue 32: the console lists each queue's
+                                             "groups"}  # issue 32: consumer groups in the aggregate
+    assert all(set(row) == OLD_ROW_KEYS | {"consumers", "groups"} for row in summary["by_exchange"])
     assert set(cluster().to_dict()["hosts"]["h1"]) == set(host) | {"capacity"}
     # Keys only some reports carry are left out while unknown; a row of the aggregate keeps them as null.
     assert not {"latency_p50_ms", "latency_p99_ms", "at"} & set(ExchangeStats().to_dict())
@@ -224,3 +227,28 @@ def test_the_leader_exports_aggregates_of_its_own() -> None:
     values = {(s.name, tuple(s.labels.values())): s.value for family in out for s in family.samples}
     assert values[("roq_queue_exchanges", ("q",))] == 3 and values[("roq_queue_running", ("q",))] == 2
     assert values[("roq_cluster_unplaced_exchanges", ())] == 1 and values[("roq_cluster_hosts", ())] == 1
+
+
+def test_a_queue_s_groups_sum_messages_over_its_running_exchanges_and_count_members_once() -> None:
+    """Every member joins every running exchange of its queue: members are the most at one exchange
+    (not the sum), messages are summed, the lag is the oldest; an exchange that does not run adds
+    nothing, whatever its last report said."""
+    x1 = {"workers": {"members": 2, "ready": 5, "in_flight": 3, "acked": 10, "held_bytes": 80, "oldest_ready_s": 1.5,
+                      "topics": ["jobs"]}}
+    x2 = {"workers": {"members": 1, "ready": 1, "delayed": 2, "acked": 4, "dead_lettered": 1, "oldest_ready_s": 4.0,
+                      "topics": ["jobs"]}, "audit": {"members": 0, "ready": 7}}
+    exchanges = [ExchangeInfo("q", xid, "h1") for xid in ("x1", "x2", "x3")]
+    live = {"x1": {"stats": {"groups": x1}}, "x2": {"stats": {"groups": x2}}}
+    summary = summarise_queue("q", exchanges, live, None, QueueState())
+    assert list(summary.groups) == ["audit", "workers"]
+    workers = summary.groups["workers"]
+    assert (workers.members, workers.ready, workers.delayed, workers.in_flight, workers.acked,
+            workers.dead_lettered, workers.held_bytes) == (2, 6, 2, 3, 14, 1, 80)
+    assert workers.oldest_ready_s == 4.0 and workers.topics == ("jobs",) and workers.backlog == 11
+    assert summary.groups["audit"] == GroupStats(ready=7)
+    assert summary.by_exchange[0].groups["workers"].members == 2 and summary.by_exchange[2].groups == {}
+    # A stopped exchange's last report stays in nothing the leader adds up.
+    gone = ExchangeSummary.of("x1", "h1", False, 0, ExchangeStats.from_dict({"groups": x1}))
+    assert gone.groups == {} and group_totals([gone.groups]) == {}
+    wire = json.loads(json.dumps(summary.to_dict()))
+    assert wire["groups"]["workers"]["in_flight"] == 3 and QueueStats.from_dict(wire) == summary

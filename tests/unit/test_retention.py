@@ -70,3 +70,29 @@ def test_scanned_to_is_what_protocol_5_1_says() -> None:
     assert kept.read(7, 3, [b""], 100) == ([], 7, True) and kept.lost(7, 3, [b""]) == (0, True)
     frames, scanned_to, done = kept.read(0, 11, [b"od"], len(b"body2") + len(b"body4"))  # odd: 2, 4, 6, ...
     assert [body for _, body in frames] == [b"body2", b"body4"] and (scanned_to, done) == (5, False)
+
+
+def test_a_purge_serves_nothing_below_its_floor_and_counts_it_lost_exactly() -> None:
+    kept = Retention(60, 1 << 20)
+    for i in range(6):
+        kept.add(b"t", b"x", messages=2, now=100.0 + i)
+    assert kept.purge() == (6, 12)  # every frame held, with its messages
+    assert kept.served_frames == 0 and len(kept) == 0 and kept.served_from == kept.next_pos == 7
+    assert kept.read(0, 100, [b""], 1 << 20)[0] == [] and kept.lost(0, 7, [b""]) == (12, True)
+    assert kept.behind(2) == (0, 0, 0.0)  # nobody is behind on purged frames
+    kept.add(b"t", b"after", now=200.0)
+    assert [body for _, body in kept.read(0, 100, [b""], 1 << 20)[0]] == [b"after"]
+    assert kept.purge(kept.served_from) == (0, 0)  # nothing more below that floor: a second purge does nothing
+
+
+def test_purged_frames_the_replica_still_needs_stay_for_it_but_are_never_served() -> None:
+    kept = filled(10)
+    kept.protect_from = 6  # the replica holds positions 1-5 only
+    assert kept.purge(8) == (7, 7)
+    assert kept.oldest == 6 and kept.served_from == 8  # 6 and 7 stay, for the copy
+    assert [body for _, body in kept.read(0, 100, [b""], 1 << 20)[0]] == [b"body8", b"body9", b"body10"]
+    assert kept.lost(0, 8, [b""]) == (7, True) and kept.lost(0, 8, [b"even"]) == (4, True)
+    assert [entry[1] for entry in kept.entries(6, 1 << 20)][:2] == [b"body6", b"body7"]  # what the link copies
+    kept.protect_from = 11  # copied: they go at the next trim
+    kept.trim(now=100.0)
+    assert kept.oldest == 8 and kept.lost(0, 8, [b""]) == (7, True)

@@ -65,6 +65,12 @@ class FakeZooKeeper:
     def ensure_path(self, path: str) -> None:
         pass
 
+    def get_children(self, path: str) -> list[str]:
+        raise NoNodeError(path)
+
+    def DataWatch(self, path: str, func: Any) -> None:  # noqa: N802 - kazoo's name (the admin commands' watch)
+        func(None, None)
+
     def _write(self, path: str, value: bytes) -> None:
         data = json.loads(value)
         self.nodes[path] = data
