@@ -1,11 +1,15 @@
 # The two commands of the README. Each sets up what it needs first.
-.PHONY: demo test lint setup setup-test docker-images deploy-images bench-servers clean
+.PHONY: demo test test-thorough lint setup setup-test docker-images deploy-images bench-servers clean
 
 demo: setup
 	.venv/bin/roq demo
 
 test: setup-test lint docker-images deploy-images bench-servers
 	.venv/bin/python -m pytest
+
+# The searching tests with ten times their examples (tests/profiles.py): for a night, not for CI.
+test-thorough: setup-test
+	HYPOTHESIS_PROFILE=thorough .venv/bin/python -m pytest -p no:cacheprovider tests/unit --timeout 3600
 
 # Lint (ruff: errors, warnings, import order) and types (mypy on the core and the roles).
 lint: setup-test

@@ -15,7 +15,9 @@ from roq.paths import Paths
 from roq.tools.testing import Processes, fast_config
 from roq.tools.zkserver import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 from roq.zk import start_client, stop_client
+from tests.profiles import load_profile
 
+load_profile()
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

@@ -20,6 +20,7 @@ from roq.client.subscriber import Subscriber
 from roq.state import read_hosts, read_leader, read_live
 from roq.tools.testing import wait_until
 from tests.integration.conftest import create
+from tests.profiles import examples
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +202,7 @@ frames = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(st.lists(frames, min_size=1, max_size=3), min_size=1, max_size=5))
 def test_random_frames_never_break_an_exchange(lone_exchange, batch):
     proc, ready = lone_exchange
@@ -226,7 +227,7 @@ fetches = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(st.lists(fetches, min_size=1, max_size=3), min_size=1, max_size=4))
 def test_random_fetches_never_break_an_exchange(lone_exchange, requests):
     proc, ready = lone_exchange

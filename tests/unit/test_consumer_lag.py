@@ -15,9 +15,10 @@ from roq import protocol
 from roq.errors import ProtocolError
 from roq.records import ClusterStats, ConsumerLag, ExchangeStats, ExchangeSummary, QueueStats
 from roq.tools.views import stats_view
+from tests.profiles import examples
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(sizes=st.lists(st.integers(1, 50), min_size=0, max_size=60), keep=st.integers(1, 60),
        pos=st.integers(0, 70))
 def test_behind_counts_the_frames_and_messages_after_a_position(sizes, keep, pos):

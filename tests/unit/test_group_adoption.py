@@ -19,6 +19,7 @@ from exchange.replica import Replica, _final, _minus
 from roq import protocol
 from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
+from tests.profiles import examples
 from tests.unit.test_replication import INC, TOPIC, WAIT, X, batch, config, dealer, follow, make_replica, proof
 
 SETTINGS = GroupSettings((b"jobs",), 30.0, 5, b"dead")
@@ -65,7 +66,7 @@ def test_records_list_ready_delayed_and_in_flight_units_with_their_deliveries() 
     assert groups.take_done() == {"workers": [(1, 0, 1)]} and groups.take_done() == {}
 
 
-@settings(max_examples=50)
+@settings(max_examples=examples(50))
 @given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 9), st.integers(1, 9), st.integers(0, 5)), max_size=8))
 def test_group_records_survive_the_wire(pending) -> None:
     rec = record(10, pending)

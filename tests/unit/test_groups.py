@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from exchange.groups import Group, Groups, GroupSettings, Member, Unit
+from tests.profiles import examples
 
 SETTINGS = GroupSettings((b"jobs",), ack_timeout=5.0, max_deliveries=3, dead_letter=b"dead")
 
@@ -357,7 +358,7 @@ def check_places(groups: Groups, group: Group, dead: list[tuple[str, Unit]], ack
 
 
 TestGroupMachine = GroupMachine.TestCase
-TestGroupMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestGroupMachine.settings = settings(max_examples=examples(150), stateful_step_count=40, deadline=None)
 
 
 CAP = 4  # exchange.group_max_prefetch of the hostile model
@@ -543,4 +544,4 @@ class HostileGroupMachine(RuleBasedStateMachine):
 
 
 TestHostileGroupMachine = HostileGroupMachine.TestCase
-TestHostileGroupMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+TestHostileGroupMachine.settings = settings(max_examples=examples(200), stateful_step_count=50, deadline=None)

@@ -18,6 +18,7 @@ from exchange.groups import MAX_DELIVERIES, NACKED, Groups, GroupSettings
 from roq import protocol
 from roq.client.envelope import base64_line, decode_envelope, message_json, text_line
 from roq.errors import ProtocolError, UserError
+from tests.profiles import examples
 
 PID = protocol.publisher_id_for(b"h" * 16)
 
@@ -33,7 +34,7 @@ def unpacked(frame: bytes) -> Any:
     return msgpack.unpackb(frame, raw=False)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(headers=headers_maps, priority=st.integers(0, 255), key=st.binary(max_size=255))
 def test_headers_round_trip_through_batch_delivery_and_work_entry(headers, priority, key):
     slot = protocol.attributed_topic(b"orders", priority, 0, key, headers)
@@ -52,7 +53,7 @@ def test_headers_round_trip_through_batch_delivery_and_work_entry(headers, prior
     assert reply.entries == [entry]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(headers=headers_maps, payload=st.binary(max_size=200))
 def test_the_json_envelope_gives_back_the_bytes_it_was_made_from(headers, payload):
     shown = message_json(b"t", payload, headers)
@@ -60,7 +61,7 @@ def test_the_json_envelope_gives_back_the_bytes_it_was_made_from(headers, payloa
         payload, headers)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(topic=st.binary(min_size=1, max_size=255), payload=st.binary(max_size=200))
 def test_a_text_or_base64_line_is_one_line_and_gives_the_bytes_back(topic, payload):
     for line in (text_line(topic, payload), base64_line(topic, payload)):
@@ -77,7 +78,7 @@ hostile_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                               | st.dictionaries(map_keys, inner, max_size=4), max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(headers=hostile_values)
 def test_any_headers_slot_a_peer_sends_is_taken_only_when_valid_and_else_refused_with_a_reason(headers):
     frame = protocol.encode_batch(PID, 1, 0, [[b"t", 0, 0, b"", headers], b"x"])

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from exchange import journal as journal_module
 from exchange.journal import RECORD_OVERHEAD, Archive, ArchivedFrame, Journal, load_archives
+from tests.profiles import examples
 
 FOREVER = 1e9
 UNBOUNDED = 1 << 40
@@ -476,7 +477,7 @@ def test_what_is_loaded_is_exactly_what_was_committed_whatever_the_crash(tmp_pat
     monkeypatch.setattr(journal_module, "_fsync_directory", lambda path: None)
     monkeypatch.setattr(JournalMachine, "base", tmp_path)
     run_state_machine_as_test(JournalMachine, settings=settings(
-        max_examples=50, stateful_step_count=30, deadline=None,
+        max_examples=examples(50), stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from roq import protocol
 from roq.errors import ProtocolError
+from tests.profiles import examples
 
 PID = protocol.publisher_id_for(b"k" * 16)
 # Payload sizes around msgpack's bin8/bin16/bin32 boundaries, and empty ones.
@@ -22,7 +23,7 @@ chains = st.lists(st.tuples(st.integers(0, 255), st.integers(0, 99)), max_size=4
     lambda cs: [[length, prev] for length, prev in cs])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(payloads=payload_lists, chain=chains, pos=st.integers(100, (1 << 63) - 1),
        first=st.integers(1, 1 << 62), sent_ns=st.integers(0, (1 << 64) - 1))
 def test_a_spliced_delivery_is_byte_for_byte_the_packed_one(payloads, chain, pos, first, sent_ns):
@@ -80,7 +81,7 @@ def test_a_block_beyond_the_batch_limit_is_refused_before_it_is_decoded():
         protocol.decode_publisher_frame(head, len(head) + 100, block)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(block=st.binary(max_size=64))
 def test_any_block_is_refused_or_yields_only_bin_payloads(block):
     head, _ = protocol.encode_batch_parts(PID, 1, 0, b"t", [])

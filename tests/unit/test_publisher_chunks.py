@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roq.client.chunks import Chunk, ChunkLog, merge
+from tests.profiles import examples
 
 
 def chunk(first: int, count: int) -> Chunk:
@@ -82,7 +83,7 @@ def test_acks_confirm_prefixes_and_a_welcome_rewinds_to_what_the_exchange_holds(
     assert log.lowest_held() == 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.one_of(st.tuples(st.just("publish"), st.integers(1, 300)),
                           st.tuples(st.just("send"), st.integers(1, 4)),
                           st.tuples(st.just("ack"), st.integers(0, 1200)),

@@ -19,6 +19,7 @@ from gcm.placement import (
     spread_cost,
 )
 from roq.paths import is_replica_slot, primary_of, replica_slot
+from tests.profiles import examples
 
 Slots = dict[tuple[str, str], str | None]
 
@@ -165,7 +166,7 @@ def clusters(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, str], Slots]:
     return capacities, zones, placed
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(clusters(), st.integers(1, 4), st.sampled_from([0.0, 0.5, 1.0, 2.0]))
 def test_plans_only_improve_and_always_come_to_rest(cluster, max_moves, margin) -> None:
     """Every move lowers the measure strictly, keeps every rule, and plans run again and again end
@@ -194,7 +195,7 @@ def test_plans_only_improve_and_always_come_to_rest(cluster, max_moves, margin) 
         raise AssertionError("rebalancing did not come to rest in 200 plans")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(clusters())
 def test_at_rest_no_queue_has_two_slots_on_a_host_while_an_allowed_host_has_none(cluster) -> None:
     """Per queue: at rest, a host holds two of a queue's slots only if no host without any of them

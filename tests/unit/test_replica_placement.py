@@ -17,6 +17,7 @@ from gcm.view import assignment_data, exchanges_only, placement_data, read_place
 from roq.errors import UserError
 from roq.paths import Paths, is_replica_slot, primary_of, replica_slot, split_assignment
 from roq.state import read_queue, replica_count
+from tests.profiles import examples
 
 # ------------------------------------------------------------------ names and records
 
@@ -206,7 +207,7 @@ def test_created_queues_keep_the_rules(cluster) -> None:
     check_placement(*cluster)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(clusters(), st.sets(host_names), st.dictionaries(st.sampled_from(["n1", "n2"]), st.integers(1, 4)),
        st.booleans())
 def test_after_any_host_losses_and_arrivals_the_plan_keeps_the_rules(cluster, lost, arrived, past_grace) -> None:

@@ -36,6 +36,7 @@ from exchange.replication import RESYNC_AFTER, ReplicaLink
 from exchange.retention import Retention
 from roq import protocol
 from roq.config import Config, ExchangeConfig
+from tests.profiles import examples
 
 X = "x1"
 INC = "x1.aaaa"
@@ -1250,7 +1251,7 @@ def test_replication_model() -> None:
         log.setLevel(logging.CRITICAL)  # a warning per resync: thousands of them
     try:
         run_state_machine_as_test(ReplicationModel, settings=settings(
-            max_examples=200, stateful_step_count=50, deadline=None, derandomize=True, database=None,
+            max_examples=examples(200), stateful_step_count=50, deadline=None, derandomize=True, database=None,
             # Shrinking a failure takes half a minute here: add Phase.shrink for a minimal schedule.
             phases=[Phase.explicit, Phase.generate],
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))

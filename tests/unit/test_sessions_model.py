@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from exchange.sessions import PRUNE_INTERVAL, PublisherSessions, Session
 from roq import protocol
+from tests.profiles import examples
 
 TOKENS = {name: name.encode() * 16 for name in ("alice", "bob", "carol", "mallory")}
 IDS = {name: protocol.publisher_id_for(token) for name, token in TOKENS.items()}
@@ -216,7 +217,7 @@ class SessionsModel(RuleBasedStateMachine):
 @pytest.mark.timeout(60)
 def test_sessions_model() -> None:
     run_state_machine_as_test(SessionsModel, settings=settings(
-        max_examples=400, stateful_step_count=60, deadline=None,
+        max_examples=examples(400), stateful_step_count=60, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
 
 

@@ -95,6 +95,7 @@ from roq.client.streams import (
     StreamSet,
     normalise,
 )
+from tests.profiles import examples
 
 EXCHANGE = "x1"
 TOPICS = [b"a", b"ab", b"abc", b"b", b"ba", b"c"]  # overlapping prefixes on purpose
@@ -711,7 +712,7 @@ def test_stream_model() -> None:
     log.setLevel(logging.ERROR)  # a warning per counted gap: thousands of them
     try:
         run_state_machine_as_test(StreamModel, settings=settings(
-            max_examples=300, stateful_step_count=80, deadline=None,
+            max_examples=examples(300), stateful_step_count=80, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     finally:
         log.setLevel(level)

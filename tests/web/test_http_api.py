@@ -26,6 +26,7 @@ from roq.client.admin import Admin
 from roq.paths import Paths
 from roq.state import read_live
 from roq.tools.testing import wait_until
+from tests.profiles import examples
 from tests.web.conftest import WebCluster, start_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -276,7 +277,7 @@ def test_bad_headers_over_http_are_refused_and_publish_nothing(web_cluster: WebC
     assert peeked.status_code == 200 and peeked.json()["messages"] == [], peeked.text
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(cuts=st.lists(st.integers(min_value=1, max_value=120), min_size=1, max_size=4))
 def test_a_stream_cut_anywhere_resumes_from_its_last_event_id_with_nothing_lost_or_repeated(
         web_cluster: WebCluster, cuts: list[int]) -> None:
@@ -408,7 +409,7 @@ def test_bad_publishes_get_a_clear_error(web_cluster: WebCluster, path: str, par
     assert answer.json()["error"] == code and answer.json()["message"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(token=st.one_of(st.text(min_size=1, max_size=300), st.binary(max_size=300).map(lambda b: "r1." + b.hex())))
 def test_a_forged_or_damaged_resume_token_is_refused_and_harms_nothing(web_cluster: WebCluster, token: str) -> None:
     answer = api(web_cluster, "GET", "/api/queues/resume-q/stream", params={"position": token, "limit": 1})
