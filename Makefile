@@ -5,7 +5,7 @@ demo: setup
 	.venv/bin/roq demo
 
 test: setup-test lint docker-images deploy-images bench-servers
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n 2 --dist loadgroup
 
 # The searching tests with ten times their examples (tests/profiles.py): for a night, not for CI.
 test-thorough: setup-test

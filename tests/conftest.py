@@ -44,17 +44,41 @@ def docker_engine(image: str, what: str, hint: str) -> Any:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    from roq.tools.testing import FIGURES
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+    # The figures a test recorded travel with its report: under xdist it ran in a worker process.
+    report.user_properties.extend(("figures", figure) for figure in FIGURES)
+    FIGURES.clear()
+
+
+REPORTED_FIGURES: list[tuple[str, dict[str, object]]] = []
+
+
+def pytest_runtest_logreport(report):
+    REPORTED_FIGURES.extend(value for key, value in report.user_properties if key == "figures")
 
 
 def pytest_terminal_summary(terminalreporter):
-    from roq.tools.testing import FIGURES
-    if FIGURES:
+    if REPORTED_FIGURES:
         terminalreporter.section("measured figures")
-        for name, values in FIGURES:
+        for name, values in REPORTED_FIGURES:
             terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup). A module's tests stay
+# together (they share its cluster); the tests that drive a Docker engine share one worker, as do
+# those that need the Spark session (one JVM), so neither runs twice at once.
+SHARED_WORKERS = {"docker": "engine", "deploy": "engine", "spark": "spark"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        directory = item.path.parent.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKERS.get(directory, item.module.__name__)))
 
 
 def failed(request: pytest.FixtureRequest) -> bool:
