@@ -207,6 +207,11 @@ def test_a_replica_slot_runs_a_replica_and_is_published_under_replicas(superviso
     ticking(supervisor, lambda: not zk.exists(paths.replica_live("q", "x1")), "the replica unpublished")
 
 
+def replica_lines(child) -> list[dict]:
+    """What the HCM told a primary of its replica (the admin command lines left out)."""
+    return [line for line in child.lines() if "replica" in line]
+
+
 def test_the_hcm_tells_a_primary_where_its_replica_is(supervisor, zk, paths):
     FakeProcess.ready = {}  # never ready: only its stdin matters here
     supervisor.set_desired({("q", "x1")})
@@ -214,19 +219,20 @@ def test_the_hcm_tells_a_primary_where_its_replica_is(supervisor, zk, paths):
     child = FakeProcess.instances[0]
     command = child.command
     assert command[command.index("--role") + 1] == "primary" and command[command.index("--replicas") + 1] == "2"
-    assert child.lines() == [{"replica": None}]  # at once, after the configuration line
+    assert replica_lines(child) == [{"replica": None}]  # at once, after the configuration line
+    assert {"commands": [], "purged": {}} in child.lines()  # and the queue's admin commands
 
     replica = {"repl": "tcp://r:1", "replay": "tcp://r:2", "incarnation": 3, "host": "host-2", "stats": {}}
     zk.create(paths.replica_live("q", "x1"), encode(replica))
-    ticking(supervisor, lambda: len(child.lines()) == 2, "the replica's endpoint written")
-    assert child.lines()[-1] == {"replica": {"repl": "tcp://r:1", "incarnation": 3}}
+    ticking(supervisor, lambda: len(replica_lines(child)) == 2, "the replica's endpoint written")
+    assert replica_lines(child)[-1] == {"replica": {"repl": "tcp://r:1", "incarnation": 3}}
     zk.set(paths.replica_live("q", "x1"), encode(dict(replica, stats={"msgs_in": 5})))  # a statistics refresh
     zk.set(paths.replica_live("q", "x1"), encode(dict(replica, incarnation=4)))  # a new replica incarnation
-    ticking(supervisor, lambda: len(child.lines()) == 3, "the new incarnation written")
-    assert child.lines()[-1] == {"replica": {"repl": "tcp://r:1", "incarnation": 4}}
+    ticking(supervisor, lambda: len(replica_lines(child)) == 3, "the new incarnation written")
+    assert replica_lines(child)[-1] == {"replica": {"repl": "tcp://r:1", "incarnation": 4}}
     zk.delete(paths.replica_live("q", "x1"))
-    ticking(supervisor, lambda: child.lines()[-1] == {"replica": None}, "the replica's end written")
-    assert len(child.lines()) == 4  # nothing for the statistics refresh
+    ticking(supervisor, lambda: replica_lines(child)[-1] == {"replica": None}, "the replica's end written")
+    assert len(replica_lines(child)) == 4  # nothing for the statistics refresh
 
     # The watch lasts while the slot is assigned and stops when its child is dropped.
     watch = supervisor.children[("q", "x1")].peer_watch
