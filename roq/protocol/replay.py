@@ -1,0 +1,174 @@
+"""Retention fetches, position checks and progress reports (section 5): subscriber ↔ exchange `replay`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from roq.errors import ProtocolError
+from roq.names import is_name
+from roq.protocol.codec import (
+    DATA_VERSION,
+    ERROR,
+    MAX_CONTROL_FRAME,
+    MAX_INCARNATION,
+    MAX_PREFIXES,
+    MAX_TOPIC,
+    is_int,
+    pack,
+    unpack,
+)
+from roq.protocol.fields import Anything, Array, Bin, Bool, Conversation, Field, Int, ListOf, Str, Test, frame
+
+FETCH, FRAMES, POSITION, PROGRESS = "fetch", "frames", "position", "progress"
+MAX_CONSUMER_NAME = 63  # a durable subscriber's name (roq.names.check_subscriber_name)
+
+PREFIXES = ListOf(Bin(0, MAX_TOPIC), max_len=MAX_PREFIXES)
+INCARNATION = Str(1, MAX_INCARNATION)
+NAME = Test(is_name, "a name of 1-63 letters, digits, '_', '.', '-', starting with a letter or digit")
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """A decoded `fetch` request (section 5.1)."""
+    request_id: int
+    incarnation: str  # "" = whichever runs
+    after: int
+    before: int  # exclusive; 0 = no upper bound
+    prefixes: list[bytes]  # empty = every topic
+    max_bytes: int  # 0 = the exchange's own limit
+
+
+@dataclass(frozen=True)
+class PositionRequest:
+    """A decoded `position` request (section 5.2). With an `incarnation`, it asks about a stored
+    incarnation that has ended (a replica's copy or a journal archive), and seals it (section 6)."""
+    request_id: int
+    prefixes: list[bytes]
+    incarnation: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A decoded `progress` report (section 5.5): durable subscriber `name` has taken every frame
+    of `incarnation` up to `pos`. Never answered (unless malformed)."""
+    name: str
+    incarnation: str
+    pos: int
+
+
+REPLAY_REQUESTS = Conversation(
+    "replay request",
+    frame(FETCH, Field("request_id", Int()), Field("incarnation", Str(0, MAX_INCARNATION)), Field("after", Int()),
+          Field("before", Int()), Field("prefixes", PREFIXES, shown="[prefix, ...]"), Field("max_bytes", Int()),
+          build=Fetch),
+    frame(POSITION, Field("request_id", Int()), Field("prefixes", PREFIXES, shown="[prefix, ...]"),
+          Field("incarnation", INCARNATION, optional=True, default=""), build=PositionRequest),
+    frame(PROGRESS, Field("name", NAME), Field("incarnation", INCARNATION), Field("pos", Int()), build=Progress),
+)
+
+
+def encode_progress(name: str, incarnation: str, pos: int) -> bytes:
+    return pack([PROGRESS, DATA_VERSION, name, incarnation, pos])
+
+
+def encode_fetch(request_id: int, incarnation: str, after: int, before: int, prefixes: list[bytes],
+                 max_bytes: int) -> bytes:
+    """`fetch`: frames after < pos < before (0: no bound) of the prefixes (none: all)."""
+    return pack([FETCH, DATA_VERSION, request_id, incarnation, after, before, prefixes, max_bytes])
+
+
+def encode_position_request(request_id: int, prefixes: Sequence[bytes] = (), incarnation: str = "") -> bytes:
+    """`position`: where the stream is, and where each prefix's chain ends; with `incarnation`,
+    where that ended incarnation's stored copy ends (section 6.3)."""
+    if incarnation:
+        return pack([POSITION, DATA_VERSION, request_id, list(prefixes), incarnation])
+    return pack([POSITION, DATA_VERSION, request_id, list(prefixes)])
+
+
+def decode_replay_request(frame: bytes) -> Fetch | PositionRequest | Progress:
+    """A `fetch` or `position` request or a `progress` report, every field range-checked."""
+    request: Fetch | PositionRequest | Progress = REPLAY_REQUESTS.decode(unpack(frame, MAX_CONTROL_FRAME))
+    return request
+
+
+@dataclass(frozen=True)
+class Frames:
+    """A decoded `frames` answer: one page of a fetch."""
+    request_id: int
+    incarnation: str
+    oldest: int  # oldest position still retained
+    frames: list[tuple[bytes, bytes]]  # (topic, delivery body), in position order
+    scanned_to: int  # every position <= this was looked at
+    done: bool
+    lost: int  # messages of the prefixes evicted in (after, oldest) before this fetch
+    lost_exact: bool  # False: the eviction record does not reach back to `after`; at least `lost`
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """A decoded `position` answer."""
+    request_id: int
+    incarnation: str
+    oldest: int
+    next_pos: int
+    last: list[int]  # per prefix asked: no frame of it lies in (last, next_pos)
+
+
+class ReplayRefused(ProtocolError):
+    """The exchange answered a replay request with an error (`busy`, `unknown_incarnation`, ...)."""
+
+    def __init__(self, request_id: int | None, code: str, message: str) -> None:
+        super().__init__(f"exchange refused: {code}: {message}")
+        self.request_id = request_id
+        self.refusal = code
+
+
+def _refused(request_id: Any, code: Any, message: Any) -> ReplayRefused:
+    """An `error` answer, taken whatever its fields' types: it is raised, never used."""
+    return ReplayRefused(request_id if is_int(request_id) else None, str(code), str(message))
+
+
+def _frames(request_id: int, incarnation: str, oldest: int, frames: list[list[bytes]], scanned_to: int, done: bool,
+            lost: list[Any]) -> Frames:
+    return Frames(request_id, incarnation, oldest, [(f[0], f[1]) for f in frames], scanned_to, done, lost[0], lost[1])
+
+
+REPLAY_REPLIES = Conversation(
+    "replay reply",
+    frame(FRAMES, Field("request_id", Int()), Field("incarnation", Str()), Field("oldest", Int()),
+          Field("frames", ListOf(Array(Field("topic", Bin()), Field("body", Bin()))), shown="[[topic, body], ...]"),
+          Field("scanned_to", Int()), Field("done", Bool()),
+          Field("lost", Array(Field("lost", Int()), Field("exact", Bool())), shown="[lost, exact]"), build=_frames),
+    frame(POSITION, Field("request_id", Int()), Field("incarnation", Str()), Field("oldest", Int()),
+          Field("next_pos", Int()), Field("last", ListOf(Int()), shown="[last, ...]"), build=StreamPosition),
+    frame(ERROR, Field("request_id", Anything, shown="request_id or nil"), Field("code", Anything),
+          Field("message", Anything), build=_refused),
+)
+
+
+def encode_frames(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, bytes]],
+                  scanned_to: int, done: bool, lost: int, lost_exact: bool) -> bytes:
+    """One page of a fetch, with what was evicted from the range before it was asked for."""
+    return pack([FRAMES, DATA_VERSION, request_id, incarnation, oldest, frames, scanned_to, done,
+                 [lost, lost_exact]])
+
+
+def encode_position(request_id: int, incarnation: str, oldest: int, next_pos: int, last: list[int]) -> bytes:
+    """The answer to a position request: `last[i]` for `prefixes[i]`."""
+    return pack([POSITION, DATA_VERSION, request_id, incarnation, oldest, next_pos, last])
+
+
+def encode_replay_error(request_id: int | None, code: str, message: str) -> bytes:
+    """A refused replay request, echoing its id when it could be read."""
+    return pack([ERROR, DATA_VERSION, request_id, code, message])
+
+
+def decode_replay_reply(frame: bytes, max_size: int) -> Frames | StreamPosition:
+    """A `frames` or `position` answer; an `error` answer raises ReplayRefused."""
+    reply = REPLAY_REPLIES.decode(unpack(frame, max_size))
+    if isinstance(reply, ReplayRefused):
+        raise reply
+    decoded: Frames | StreamPosition = reply
+    return decoded

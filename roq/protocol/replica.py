@@ -1,0 +1,293 @@
+"""Replication (sections 6 and 7.6): an exchange's copy stream and its groups' state to its
+replica on `repl`, and the replica's answers. Every frame of the primary ends with the
+incarnation's copy secret (`proof`); checking it is the replica's business."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from roq.names import is_name
+from roq.protocol.codec import DATA_VERSION, MAX_INCARNATION, MAX_SEQ, MAX_TOPIC, pack, unpack
+from roq.protocol.fields import Array, Bin, Bool, Conversation, Field, Int, ListOf, Str, Test, frame
+from roq.protocol.work import GROUP, GROUP_PREFIXES, MAX_ACK_TIMEOUT_MS, MAX_DELIVERIES, RANGES, ranges_of
+
+FOLLOW, FOLLOWING, COPY, COPIED, SEALED = "follow", "following", "copy", "copied", "sealed"
+GROUPS, DONE, ADOPT, ADOPTION, MARK, MARKED = "groups", "done", "adopt", "adoption", "mark", "marked"
+APPLIED, RECORDED = "applied", "recorded"
+MAX_COPY_FRAME = 1 << 30  # a copy carries at most exchange.fetch_max_bytes-sized pages; generous
+MIN_PROOF, MAX_PROOF = 16, 64  # bytes of an incarnation's copy secret
+MAX_APPLIED = 256  # command ids an adoption names (the newest)
+MAX_GROUP_STATES = 1024
+_COMMAND_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def copy_digest(proof: bytes) -> str:
+    """What an exchange publishes of its copy secret (`copy_digest` in its live znode): the hex
+    SHA-256, from which the secret cannot be found."""
+    return hashlib.sha256(proof).hexdigest()
+
+
+def is_command_id(value: Any) -> bool:
+    """An admin command's id (section 2: `c-` and 16 hex digits, or `k-` and the request key)."""
+    return isinstance(value, str) and _COMMAND_ID.fullmatch(value) is not None
+
+
+@dataclass(frozen=True)
+class Follow:
+    """`follow`: the exchange (primary) asks its replica to keep a copy of `incarnation`. `proof`,
+    on every frame of the primary, is the incarnation's copy secret (section 6.1)."""
+    incarnation: str
+    exchange: str
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Copy:
+    """`copy`: consecutive frames of the primary's stream from `first_pos`."""
+    incarnation: str
+    first_pos: int
+    frames: list[tuple[bytes, bytes, int]]  # (topic, delivery body, messages in it)
+    jump: bool  # the primary holds nothing before first_pos (evicted): start the copy there
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class ReplicaReply:
+    """`following` / `copied` (next_pos: the replica holds every position below it that it was
+    sent) or `sealed` (next_pos 0: the replica takes nothing more of this incarnation)."""
+    kind: str
+    incarnation: str
+    next_pos: int
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One group's state at stream position `upto`: every message of its topics in a frame below
+    `upto` is done unless listed in `pending` as (pos, idx, count, deliveries); every message of its
+    topics in a frame at or above `upto` is pending (delivered 0 times)."""
+    name: str
+    prefixes: tuple[bytes, ...]
+    ack_timeout_ms: int
+    max_deliveries: int
+    dead_letter: bytes
+    upto: int
+    pending: list[tuple[int, int, int, int]]
+
+    def wire(self) -> list[Any]:
+        return [self.name, list(self.prefixes), self.ack_timeout_ms, self.max_deliveries, self.dead_letter, self.upto,
+                [list(p) for p in self.pending]]
+
+
+@dataclass(frozen=True)
+class GroupState:
+    incarnation: str
+    groups: list[GroupRecord]
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class GroupsDone:
+    """Messages that left groups (acked or dead-lettered) since the last `groups` state."""
+    incarnation: str
+    done: dict[str, list[tuple[int, int, int]]]
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Mark:
+    """`mark`: answer `marked serial` once every `groups` and `done` frame sent before this one is held."""
+    incarnation: str
+    serial: int
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Marked:
+    """The replica holds the group state and acks the primary sent before its `mark` `serial`."""
+    incarnation: str
+    serial: int
+    kind: str = MARKED
+
+
+@dataclass(frozen=True)
+class Adopt:
+    incarnation: str  # the asking primary's (new) incarnation
+    exchange: str
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """The groups of the newest earlier incarnation the replica holds state of (`ended`, "" if none),
+    the frames of its copy holding their pending messages, each publisher's highest sequence
+    number in that copy, and the admin commands the exchange's incarnations applied (section 2)."""
+    incarnation: str
+    ended: str
+    groups: list[GroupRecord]
+    high: dict[str, int]
+    frames: list[tuple[int, bytes, bytes]]  # (pos, topic, body)
+    applied: tuple[str, ...] = ()
+    kind: str = ADOPTION
+
+
+@dataclass(frozen=True)
+class Applied:
+    """`applied`: the primary applied admin command `command_id`; `groups` is its groups' state
+    right after (replacing the last one, as a `groups` frame does), `purge_upto` the position
+    below which a purge dropped the stream (0: not a purge). Answered `recorded`."""
+    incarnation: str
+    command_id: str
+    groups: list[GroupRecord]
+    purge_upto: int
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """`recorded`: the replica holds what `applied` said (the state and the command's id)."""
+    incarnation: str
+    command_id: str
+    kind: str = RECORDED
+
+
+# ------------------------------------------------ declarations
+
+INCARNATION = Field("incarnation", Str(1, MAX_INCARNATION))
+PROOF = Field("proof", Bin(MIN_PROOF, MAX_PROOF))
+COMMAND_ID = Test(is_command_id, "a command id (1-80 letters, digits, '_' or '-')")
+GROUP_STATE = Array(
+    Field("group", GROUP), Field("prefixes", GROUP_PREFIXES, shown="[prefix, ...]"),
+    Field("ack_timeout_ms", Int(1, MAX_ACK_TIMEOUT_MS)), Field("max_deliveries", Int(1, MAX_DELIVERIES)),
+    Field("dead_letter", Bin(1, MAX_TOPIC)), Field("upto", Int(1)),
+    Field("pending", ListOf(Array(Field("pos", Int(1)), Field("idx", Int()), Field("count", Int(1)),
+                                  Field("deliveries", Int(0, MAX_DELIVERIES)))),
+          shown="[[pos, idx, count, deliveries], ...]"))
+_GROUP_STATES = ListOf(GROUP_STATE, max_len=MAX_GROUP_STATES)
+GROUP_STATES = Field("groups", _GROUP_STATES, shown="[[group, [prefix, ...], ack_timeout_ms, max_deliveries, "
+                                                    "dead_letter, upto, [[pos, idx, count, deliveries], ...]], ...]")
+GROUP_STATE_LIST = Field("groups", _GROUP_STATES, shown="[group state, ...]")
+
+
+def records_of(groups: list[list[Any]]) -> list[GroupRecord]:
+    return [GroupRecord(g[0], tuple(g[1]), g[2], g[3], g[4], g[5], [(p[0], p[1], p[2], p[3]) for p in g[6]])
+            for g in groups]
+
+
+def _copy(incarnation: str, first_pos: int, frames: list[list[Any]], jump: bool, proof: bytes) -> Copy:
+    return Copy(incarnation, first_pos, [(f[0], f[1], f[2]) for f in frames], jump, proof)
+
+
+REPLICA_REQUESTS = Conversation(
+    "replication request",
+    frame(FOLLOW, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF, build=Follow),
+    frame(COPY, INCARNATION, Field("first_pos", Int(1)),
+          Field("frames", ListOf(Array(Field("topic", Bin(1, MAX_TOPIC)), Field("body", Bin()),
+                                       Field("messages", Int()))), shown="[[topic, body, messages], ...]"),
+          Field("jump", Bool()), PROOF,
+          rules=[(lambda inc, first_pos, frames, *_: first_pos + len(frames) <= MAX_SEQ, "copy positions overflow")],
+          build=_copy),
+    frame(GROUPS, INCARNATION, GROUP_STATES, PROOF,
+          build=lambda incarnation, groups, proof: GroupState(incarnation, records_of(groups), proof)),
+    frame(DONE, INCARNATION,
+          Field("done", ListOf(Array(Field("group", Test(is_name, "a group name")), Field("ranges", RANGES)),
+                               max_len=MAX_GROUP_STATES), shown="[[group, [[pos, idx, count], ...]], ...]"), PROOF,
+          build=lambda incarnation, done, proof: GroupsDone(incarnation, {g: ranges_of(r) for g, r in done}, proof)),
+    frame(MARK, INCARNATION, Field("serial", Int(1)), PROOF, build=Mark),
+    frame(ADOPT, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF, build=Adopt),
+    frame(APPLIED, INCARNATION, Field("command_id", COMMAND_ID), GROUP_STATE_LIST, Field("purge_upto", Int()), PROOF,
+          build=lambda incarnation, command_id, groups, purge_upto, proof: Applied(
+              incarnation, command_id, records_of(groups), purge_upto, proof)),
+)
+
+
+def _adoption(incarnation: str, ended: str, groups: list[list[Any]], high: list[list[Any]],
+              frames: list[list[Any]], applied: list[str]) -> Adoption:
+    return Adoption(incarnation, ended, records_of(groups), {p: s for p, s in high},
+                    [(f[0], f[1], f[2]) for f in frames], tuple(applied))
+
+
+REPLICA_REPLIES = Conversation(
+    "replica reply",
+    frame(FOLLOWING, INCARNATION, Field("next_pos", Int()),
+          build=lambda incarnation, next_pos: ReplicaReply(FOLLOWING, incarnation, next_pos)),
+    frame(COPIED, INCARNATION, Field("next_pos", Int()),
+          build=lambda incarnation, next_pos: ReplicaReply(COPIED, incarnation, next_pos)),
+    frame(SEALED, INCARNATION, build=lambda incarnation: ReplicaReply(SEALED, incarnation, 0)),
+    frame(MARKED, INCARNATION, Field("serial", Int(1)), build=Marked),
+    frame(RECORDED, INCARNATION, Field("command_id", COMMAND_ID), build=Recorded),
+    frame(ADOPTION, INCARNATION, Field("ended", Str(0, MAX_INCARNATION)), GROUP_STATE_LIST,
+          Field("high", ListOf(Array(Field("publisher_id", Str()), Field("seq", Int()))),
+                shown="[[publisher_id, seq], ...]"),
+          Field("frames", ListOf(Array(Field("pos", Int(1)), Field("topic", Bin()), Field("body", Bin()))),
+                shown="[[pos, topic, body], ...]"),
+          # absent from a replica of before admin commands
+          Field("applied", ListOf(COMMAND_ID, max_len=MAX_APPLIED), shown="[command_id, ...]", optional=True,
+                default=[]),
+          build=_adoption),
+)
+
+
+def encode_follow(incarnation: str, exchange: str, proof: bytes) -> bytes:
+    return pack([FOLLOW, DATA_VERSION, incarnation, exchange, proof])
+
+
+def encode_copy(incarnation: str, first_pos: int, frames: list[list[Any]], proof: bytes, jump: bool = False) -> bytes:
+    """`frames` are [topic, body, messages] lists (as retention holds them)."""
+    return pack([COPY, DATA_VERSION, incarnation, first_pos, frames, jump, proof])
+
+
+def encode_groups(incarnation: str, groups: list[GroupRecord], proof: bytes) -> bytes:
+    return pack([GROUPS, DATA_VERSION, incarnation, [g.wire() for g in groups], proof])
+
+
+def encode_done(incarnation: str, done: dict[str, list[tuple[int, int, int]]], proof: bytes) -> bytes:
+    return pack([DONE, DATA_VERSION, incarnation, [[g, [list(r) for r in ranges]] for g, ranges in done.items()],
+                 proof])
+
+
+def encode_mark(incarnation: str, serial: int, proof: bytes) -> bytes:
+    return pack([MARK, DATA_VERSION, incarnation, serial, proof])
+
+
+def encode_adopt(incarnation: str, exchange: str, proof: bytes) -> bytes:
+    return pack([ADOPT, DATA_VERSION, incarnation, exchange, proof])
+
+
+def encode_applied(incarnation: str, command_id: str, groups: list[GroupRecord], purge_upto: int,
+                   proof: bytes) -> bytes:
+    return pack([APPLIED, DATA_VERSION, incarnation, command_id, [g.wire() for g in groups], purge_upto, proof])
+
+
+def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Mark | Adopt | Applied:
+    """What a replica receives from its primary, every field range-checked."""
+    request: Follow | Copy | GroupState | GroupsDone | Mark | Adopt | Applied = REPLICA_REQUESTS.decode(
+        unpack(frame, MAX_COPY_FRAME))
+    return request
+
+
+def encode_replica_reply(kind: str, incarnation: str, next_pos: int = 0) -> bytes:
+    if kind == SEALED:
+        return pack([SEALED, DATA_VERSION, incarnation])
+    return pack([kind, DATA_VERSION, incarnation, next_pos])
+
+
+def encode_marked(incarnation: str, serial: int) -> bytes:
+    return pack([MARKED, DATA_VERSION, incarnation, serial])
+
+
+def encode_recorded(incarnation: str, command_id: str) -> bytes:
+    return pack([RECORDED, DATA_VERSION, incarnation, command_id])
+
+
+def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], high: dict[str, int],
+                    frames: list[tuple[int, bytes, bytes]], applied: tuple[str, ...] = ()) -> bytes:
+    return pack([ADOPTION, DATA_VERSION, incarnation, ended, [g.wire() for g in groups],
+                 [[p, s] for p, s in high.items()], [list(f) for f in frames], list(applied[-MAX_APPLIED:])])
+
+
+def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked | Recorded:
+    reply: ReplicaReply | Adoption | Marked | Recorded = REPLICA_REPLIES.decode(unpack(frame, MAX_COPY_FRAME))
+    return reply
