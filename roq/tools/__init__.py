@@ -14,6 +14,6 @@
 The core (configuration, paths, protocol, ZooKeeper client, security, client
 library, errors, records, state, names, logs, metrics, daemon entry) never
 imports this package, a role package (gcm, hcm, exchange) or a dev-only
-dependency; tests/unit/test_core_imports.py checks it. Modules here may import
+dependency; the import-linter contracts in pyproject.toml check it (`make lint`). Modules here may import
 any of them, and the CLI imports them inside the commands that need them.
 """

@@ -23,7 +23,7 @@ untouched) and what differs from the backup is reported: a restore never deletes
 anything, and can be run again to finish one that stopped half-way.
 
 Tooling, not core: it validates with the leader's checks (gcm.queues, gcm.autoscaler), which the
-core may not import (tests/unit/test_core_imports.py).
+core may not import (the import-linter contracts in pyproject.toml).
 """
 
 from __future__ import annotations
