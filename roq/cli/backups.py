@@ -49,7 +49,8 @@ def restore(ctx: Context, file: str, force: bool, keys_dir: str | None, check: b
     --force, and nothing changes. The leader grants the permissions, then creates the queues and
     places their exchanges anew; public keys are written only where missing (a different one is
     reported, never overwritten)."""
-    from roq.tools.backup import entries_text, load, plan, plural, restore_keys, restore_permissions, restore_queues
+    from roq.tools.backup import entries_text, load, plural
+    from roq.tools.restore import plan, restore_keys, restore_permissions, restore_queues
     loaded = load(file)
     if check:
         click.echo(f"{file}: valid {loaded.describe()}")
