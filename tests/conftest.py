@@ -12,10 +12,10 @@ import pytest
 
 from roq.config import Config
 from roq.paths import Paths
-from roq.tools.testing import Processes, fast_config
 from roq.tools.zkserver import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 from roq.zk import start_client, stop_client
 from tests.profiles import load_profile
+from tests.support.helpers import Processes, fast_config
 
 load_profile()
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -50,7 +50,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from roq.tools.testing import FIGURES
+    from tests.support.helpers import FIGURES
     if FIGURES:
         terminalreporter.section("measured figures")
         for name, values in FIGURES:
@@ -110,7 +110,7 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     returns its path (`inodes=N`: at most N files and directories). Mounting needs root: skipped
     where it is not permitted, a failure in CI. Every mount is undone at the end (lazily if a
     process still holds a file there)."""
-    from roq.tools.testing import SmallDiskUnavailable, mount_small_disk, unmount_small_disk
+    from tests.support.helpers import SmallDiskUnavailable, mount_small_disk, unmount_small_disk
     mounted: list[Path] = []
 
     def make(name: str, size_bytes: int, inodes: int | None = None) -> Path:
