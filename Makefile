@@ -11,10 +11,12 @@ test: setup-test lint docker-images deploy-images bench-servers
 test-thorough: setup-test
 	HYPOTHESIS_PROFILE=thorough .venv/bin/python -m pytest -p no:cacheprovider tests/unit --timeout 3600
 
-# Lint (ruff: errors, warnings, import order) and types (mypy on the core and the roles).
+# Lint (ruff: errors, warnings, import order), types (mypy on the core and the roles) and the
+# layers (lint-imports: the contracts in pyproject.toml).
 lint: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports
 
 # The failover suite needs a Docker engine and the roq:test image, both made here.
 docker-images: setup

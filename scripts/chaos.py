@@ -40,7 +40,7 @@ one fault, chosen at random (seeded) from --kinds:
            running incarnation at the replica's `replay` (a seal would restart the exchange).
 
 The victims publish on topic "victim" at --victim-rate and report each cumulative
-confirmed count on a pipe (python -m roq.tools.docker_launcher publish); "confirmed"
+confirmed count on a pipe (tests/support/docker_launcher.py publish); "confirmed"
 for a killed victim is the last count it reported (a lower bound). The steady
 publisher (topic "load") lives throughout; its messages are counted against the first
 fault after their confirmation (its confirmed count is read just before each fault).
@@ -89,11 +89,23 @@ from roq.client.subscriber import Subscriber
 from roq.errors import RoqError
 from roq.security import secure_client
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools import hostile as attacks
-from roq.tools.docker_launcher import last_confirmed
-from roq.tools.testing import Processes, SteadyTraffic, fast_config, mount_small_disk, unmount_small_disk, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import read_json, start_client, stop_client
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/) are not installed: run from a checkout
+LAUNCHER = ROOT / "tests" / "support" / "docker_launcher.py"
+
+from tests.support import hostile as attacks  # noqa: E402
+from tests.support.docker_launcher import last_confirmed  # noqa: E402
+from tests.support.helpers import (  # noqa: E402
+    Processes,
+    SteadyTraffic,
+    fast_config,
+    mount_small_disk,
+    unmount_small_disk,
+    wait_until,
+)
 
 console = Console(width=160)
 HOSTS = ("host-1", "host-2", "host-3")
@@ -277,7 +289,7 @@ class Victim:
         self.stderr = workdir / f"victim-{number}.log"
         with self.stderr.open("ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "roq.tools.docker_launcher", "publish", "--queue", QUEUE,
+                [sys.executable, str(LAUNCHER), "publish", "--queue", QUEUE,
                  "--topic", VICTIM_TOPIC, "--rate", str(rate), "--token", token.hex()],
                 env={**os.environ, "ROQ_CONFIG": str(config_path)}, stdout=subprocess.PIPE, stderr=err,
                 stdin=subprocess.DEVNULL, start_new_session=True)

@@ -26,8 +26,8 @@ from roq.client.admin import Admin  # noqa: E402
 from roq.client.subscriber import Subscriber  # noqa: E402
 from roq.config import Config, load_config  # noqa: E402
 from roq.tools.cluster import LocalCluster  # noqa: E402
-from roq.tools.testing import PacedPublisher  # noqa: E402
 from roq.tools.views import stats_view  # noqa: E402
+from tests.support.helpers import PacedPublisher  # noqa: E402
 
 console = Console()
 

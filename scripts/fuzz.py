@@ -5,7 +5,7 @@
     scripts/fuzz.py --seconds 60 delivery control_request
     scripts/fuzz.py --list
 
-Each target (roq/tools/fuzz_targets.py) runs in its own process, starting from its corpus in
+Each target (tests/support/fuzz_targets.py) runs in its own process, starting from its corpus in
 tests/fuzz/corpus/<target>/ (kept in the repository, seeded from valid frames). Inputs that
 reach new code are merged back into that corpus, minimised by libFuzzer, so each run starts
 where the last one stopped. A crash (any exception but the decoder's documented refusal, a
@@ -43,7 +43,7 @@ def main() -> int:
     args, libfuzzer_args = parser.parse_known_args()
     if args.run:  # before importing anything of ours, so that all of it gets instrumented
         return run_target(args.run, args.targets + libfuzzer_args)  # corpus directories, flags
-    from roq.tools.fuzz_targets import TARGETS
+    from tests.support.fuzz_targets import TARGETS
     if args.list:
         print("\n".join(TARGETS))
         return 0
@@ -93,7 +93,7 @@ def child(name: str, libfuzzer_args: list[str], timeout: float) -> subprocess.Co
 def run_target(name: str, libfuzzer_args: list[str]) -> int:
     import atheris
     with atheris.instrument_imports(include=["roq", "gcm", "exchange"]):
-        from roq.tools.fuzz_targets import TARGETS
+        from tests.support.fuzz_targets import TARGETS
     # libFuzzer's -merge re-runs argv[0] through the shell: make it the command that gets back here.
     atheris.Setup([f"{sys.executable} {Path(__file__).resolve()} --run {name}", *libfuzzer_args], TARGETS[name])
     atheris.Fuzz()
@@ -103,7 +103,7 @@ def run_target(name: str, libfuzzer_args: list[str]) -> int:
 def seed_corpus(name: str, corpus: Path) -> None:
     """Add the valid inputs a corpus lacks: all of them to a new one, and those a protocol change
     brought to an old one (whose inputs may now all be refused at the first field)."""
-    from roq.tools.fuzz_targets import seeds
+    from tests.support.fuzz_targets import seeds
     corpus.mkdir(parents=True, exist_ok=True)
     for data in seeds()[name]:
         path = corpus / sha1(data).hexdigest()

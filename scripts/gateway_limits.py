@@ -44,10 +44,10 @@ import psutil  # noqa: E402
 from roq.client.admin import Admin  # noqa: E402
 from roq.paths import Paths  # noqa: E402
 from roq.state import read_hosts, read_leader, read_live  # noqa: E402
-from roq.tools.hostile import forged_token, post_newlines  # noqa: E402
-from roq.tools.testing import Processes, fast_config, wait_until  # noqa: E402
 from roq.tools.zkserver import ZooKeeperServer  # noqa: E402
 from roq.zk import start_client, stop_client  # noqa: E402
+from tests.support.helpers import Processes, fast_config, wait_until  # noqa: E402
+from tests.support.hostile import forged_token, post_newlines  # noqa: E402
 
 BODY_BYTES = 50 << 20
 STREAM_MESSAGES = 3_000

@@ -2,7 +2,7 @@
 """The leader GCM's ZooKeeper reads per second and its tick time, at --queues x --exchanges (not in CI).
 
 Starts a standalone ZooKeeper (roq.tools.zkserver.ZooKeeperServer, with the `cons` four-letter word
-allowed), two HCMs as processes (roq.tools.testing.Processes) and one GCM in this process, with the
+allowed), two HCMs as processes (tests.support.helpers.Processes) and one GCM in this process, with the
 default intervals (gcm.tick 1 s, exchange and host statistics every 1 s). The GCM runs here so
 that its own KazooClient can be counted: every get, get_children and exists it sends, synchronous
 or not, from the tick, a watch or a cache (`reads`), and every transaction or create/set/delete
@@ -117,8 +117,8 @@ def measure(queues: int, exchanges: int, seconds: float) -> dict[str, Any]:
     from roq.state import read_hosts, read_leader, read_live
     from roq.zk import start_client, stop_client
     try:
-        from roq.tools.testing import Processes, wait_until
         from roq.tools.zkserver import ZooKeeperServer, four_letter
+        from tests.support.helpers import Processes, wait_until
     except ImportError:  # a checkout from before roq/tools/ (b81f4b2, to measure "before")
         from roq.testing import Processes, wait_until
         from roq.zookeeper import ZooKeeperServer, four_letter

@@ -12,10 +12,10 @@ import pytest
 
 from roq.config import Config
 from roq.paths import Paths
-from roq.tools.testing import Processes, fast_config
 from roq.tools.zkserver import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 from roq.zk import start_client, stop_client
 from tests.profiles import load_profile
+from tests.support.helpers import Processes, fast_config
 
 load_profile()
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -44,7 +44,7 @@ def docker_engine(image: str, what: str, hint: str) -> Any:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    from roq.tools.testing import FIGURES
+    from tests.support.helpers import FIGURES
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
@@ -134,7 +134,7 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     returns its path (`inodes=N`: at most N files and directories). Mounting needs root: skipped
     where it is not permitted, a failure in CI. Every mount is undone at the end (lazily if a
     process still holds a file there)."""
-    from roq.tools.testing import SmallDiskUnavailable, mount_small_disk, unmount_small_disk
+    from tests.support.helpers import SmallDiskUnavailable, mount_small_disk, unmount_small_disk
     mounted: list[Path] = []
 
     def make(name: str, size_bytes: int, inodes: int | None = None) -> Path:

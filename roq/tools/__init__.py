@@ -1,19 +1,17 @@
-"""Tooling around RoQ, not RoQ itself: what runs, tests and measures a cluster.
+"""Tooling that ships with RoQ, around it rather than in it: what runs and measures a cluster.
 
 * `cluster` — the whole cluster on one machine (`roq cluster up/down`);
   `zkserver` finds, starts and health-checks a standalone ZooKeeper *server*
   for it and for the tests (unlike `roq.zk`, the client helpers).
-* `views` — the CLI's rich tables; `demo` — `roq demo`.
+* `backup`, `restore` — `roq backup` and `roq restore` (docs/backup.md).
+* `views` — the CLI's rich tables; `demo` — `roq demo`; `data_cli`,
+  `work_cli` — `roq publish` and `roq subscribe [--group]`'s input and output.
 * `bench`, `bench_cli` — the benchmark harness and `roq bench` (bench/ adds
   the peer systems).
-* `testing` — test helpers (`wait_until`, `Processes`, traffic generators);
-  `docker_launcher` — the cluster in containers, with faults (needs docker,
-  from the dev extra); `fuzz_targets` — the fuzzed decoders (imports gcm and
-  exchange).
 
-The core (configuration, paths, protocol, ZooKeeper client, security, client
-library, errors, records, state, names, logs, metrics, daemon entry) never
-imports this package, a role package (gcm, hcm, exchange) or a dev-only
-dependency; tests/unit/test_core_imports.py checks it. Modules here may import
-any of them, and the CLI imports them inside the commands that need them.
+What only the tests use (helpers, the Docker launcher, hostile peers, fuzz
+targets) is in tests/support/, outside the installed package. The core and
+the roles never import this package; the import-linter contracts in
+pyproject.toml check it (`make lint`). The CLI imports it inside the commands
+that need it.
 """

@@ -14,7 +14,7 @@ through a small adapter interface, so every system is measured the same way:
 * Throughput is deliveries per second per subscriber, from the first measured
   send to the last delivery; latency percentiles are the worst subscriber's.
 
-`roq bench` (roq/cli.py) runs it against a running cluster; `bench/compare.py`
+`roq bench` (roq/cli/bench.py) runs it against a running cluster; `bench/compare.py`
 runs every system in one invocation.
 """
 

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from roq.tools.testing import wait_until
 from roq.tools.zkserver import free_port
 from tests.conftest import unavailable
+from tests.support.helpers import wait_until
 
 ANSIBLE = Path(__file__).resolve().parents[2] / "ansible"
 BIN = Path(sys.executable).parent

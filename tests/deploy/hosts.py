@@ -15,7 +15,7 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
-from roq.tools.testing import wait_until
+from tests.support.helpers import wait_until
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ import pytest
 import yaml
 
 from roq.config import load_config
-from roq.tools.testing import record_figures
 from tests.deploy.conftest import ANSIBLE, aws_env, ec2_client, ec2_emulator, inventory_list, recaps, run_playbook
+from tests.support.helpers import record_figures
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -39,11 +39,11 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.config import Config, load_config
-from roq.tools.testing import record_figures, wait_until
 from roq.tools.zkserver import four_letter
 from tests.conftest import docker_engine, failed, unavailable
 from tests.deploy.conftest import ANSIBLE, recaps, run_playbook
 from tests.deploy.hosts import IMAGE, UNITS, SystemdHosts
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -339,8 +339,8 @@ def test_the_deployed_cluster_lets_in_only_known_keys_and_zookeeper_credentials(
     from roq.errors import ForbiddenError
     from roq.paths import Paths
     from roq.state import read_leader, read_live
-    from roq.tools.testing import OK, REFUSED, handshake
     from roq.zk import start_client, stop_client
+    from tests.support.helpers import OK, REFUSED, handshake
 
     app = deployment.client_config("app")
     with Admin(deployment.client_config("ops")) as admin:

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from roq.config import Config
-from roq.tools.testing import wait_until
 from roq.zk import start_client, stop_client
 from tests.conftest import docker_engine, failed
+from tests.support.helpers import wait_until
 
 # Timing shared by the containers (environment) and the test's own clients.
 ENV = {
@@ -115,7 +115,7 @@ class Lab:
 
 @pytest.fixture
 def lab(docker_client, request) -> Iterator[Lab]:
-    from roq.tools.docker_launcher import DockerLauncher
+    from tests.support.docker_launcher import DockerLauncher
     launcher = DockerLauncher(client=docker_client, env=dict(ENV))
     the_lab = Lab(launcher)
     try:

@@ -12,7 +12,7 @@ import pytest
 from roq.client.admin import Admin
 from roq.errors import NotLeaderError, UnavailableError
 from roq.state import read_exchanges, read_hosts, read_leader, read_live
-from roq.tools.testing import SteadyTraffic, record_figures, wait_until
+from tests.support.helpers import SteadyTraffic, record_figures, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

@@ -32,8 +32,8 @@ import pytest
 from roq import protocol
 from roq.client.subscriber import MessageBatch, Subscriber
 from roq.state import read_exchanges, read_hosts, read_live
-from roq.tools.docker_launcher import last_confirmed, parse_got, publisher_exchange
-from roq.tools.testing import PacedPublisher, record_figures, wait_until
+from tests.support.docker_launcher import last_confirmed, parse_got, publisher_exchange
+from tests.support.helpers import PacedPublisher, record_figures, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -60,7 +60,7 @@ class Tally:
         self.add(batch.publisher, batch.seqs)
 
     def on_line(self, line: str) -> None:
-        """A subscriber program's output line (see roq.tools.docker_launcher)."""
+        """A subscriber program's output line (see tests.support.docker_launcher)."""
         got = parse_got(line)
         if got:
             self.add(*got)

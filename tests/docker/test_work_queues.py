@@ -13,7 +13,7 @@ import time
 import pytest
 
 from roq.client.publisher import Publisher
-from roq.tools.testing import record_figures, wait_until
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 

@@ -27,9 +27,9 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.errors import QueueNotFoundError
 from roq.state import read_live
-from roq.tools.testing import record_figures, wait_until
 from roq.zk import encode
 from tests.integration.conftest import create, start_cluster
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -62,7 +62,7 @@ def hello(sock: zmq.Socket, token: bytes | None = None, from_seq: int = 1) -> st
 def lone(zookeeper):
     """One exchange process on its own, and a queue "lone" in ZooKeeper pointing at it (so the
     client library can use it), for tests that talk to it raw."""
-    from roq.tools.testing import fast_config
+    from tests.support.helpers import fast_config
     config = fast_config(zookeeper.connect_string).replace(exchange={"fetch_max_bytes": 1 << 20,
                                                                      "replay_budget_bytes": 8 << 20})
     proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", "lone", "--id", "x1",

@@ -34,9 +34,9 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import wait_until
 from roq.zk import read_json
 from tests.conftest import unavailable
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -29,10 +29,10 @@ from roq.paths import Paths
 from roq.security import generate_keys
 from roq.state import queue_names, read_exchanges, read_hosts, read_leader, read_queue
 from roq.tools.backup import BOOKKEEPING
-from roq.tools.testing import Processes, fast_config, record_figures, wait_until
 from roq.tools.zkserver import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
 from roq.zk import ensure_base_paths, start_client, stop_client
 from tests.conftest import failed, unavailable
+from tests.support.helpers import Processes, fast_config, record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -13,8 +13,8 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import MessageBatch, Subscriber
 from roq.errors import BackpressureError, MessageTooLargeError
 from roq.state import read_live
-from roq.tools.testing import wait_until
 from tests.integration.conftest import create
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

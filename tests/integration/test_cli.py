@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from roq.tools.testing import record_figures, wait_until
 from roq.tools.zkserver import free_port
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ import pytest
 
 from roq.client.admin import Admin
 from roq.state import read_live
-from roq.tools.testing import record_figures, wait_until
 from roq.tools.zkserver import free_port
 from tests.integration.conftest import create, start_cluster
 from tests.integration.test_cli import assert_one_line_error, assert_usage_error, config_file, roq
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from roq.client.subscriber import Subscriber
 from roq.config import Config, load_config
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import record_figures, wait_until
 from roq.zk import read_json, start_client, stop_client
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -11,9 +11,9 @@ import signal
 import pytest
 
 from roq.tools.cluster import ClusterState
-from roq.tools.testing import wait_until
 from roq.tools.zkserver import stop_process_group
 from tests.integration.test_cli import assert_one_line_error, roq
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -12,8 +12,8 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.records import ClusterStats, ConsumerLag
-from roq.tools.testing import record_figures, wait_until
 from tests.integration.conftest import create
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 

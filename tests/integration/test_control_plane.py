@@ -26,8 +26,8 @@ from roq.errors import (
 )
 from roq.protocol import decode_reply, encode_request
 from roq.state import read_exchanges, read_hosts, read_leader
-from roq.tools.testing import record_figures, wait_until
 from roq.zk import start_client, stop_client
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import wait_until
 from tests.integration.conftest import create
 from tests.profiles import examples
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +124,7 @@ def test_publisher_moves_when_its_exchange_dies(config, zk, paths, cluster):
 @pytest.fixture(scope="module")
 def lone_exchange(zookeeper):
     """An exchange process on its own (no HCM), with a small message limit."""
-    from roq.tools.testing import fast_config
+    from tests.support.helpers import fast_config
     cfg = fast_config(zookeeper.connect_string).replace(exchange={"max_message_bytes": 1024,
                                                                   "max_batch_bytes": 65536})
     proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", "fuzz", "--id", "x1",
@@ -289,7 +289,7 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
     """Memory stays within the retention bound plus the high-water marks, whoever stops reading."""
     import psutil
 
-    from roq.tools.testing import Processes
+    from tests.support.helpers import Processes
     retention_mb = 16
     small = config.replace(exchange={"sub_hwm": 50, "retention_bytes": retention_mb << 20})
     procs = Processes(small, tmp_path / "slow")
@@ -326,7 +326,7 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
                 got += 1
             peak = max(peak, exchange.memory_info().rss)
         growth = (peak - rss_before) / 1e6
-        from roq.tools.testing import record_figures
+        from tests.support.helpers import record_figures
         record_figures("stuck subscriber", exchange_rss_growth_mb=round(growth, 1),
                        sent_mb=total * len(payload) / 1e6, retention_mb=retention_mb)
         assert growth < retention_mb * 1.05 + 40, f"exchange grew by {growth:.1f} MB"
@@ -339,7 +339,7 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
     import os
     import signal
 
-    from roq.tools.testing import SteadyTraffic
+    from tests.support.helpers import SteadyTraffic
     create(config, zk, paths, "stream", 2)
     traffic = SteadyTraffic("stream", config, zk, rate=10_000, max_messages=200_000)
     try:
@@ -351,7 +351,7 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
         report = traffic.stop()
     finally:
         traffic.close()
-    from roq.tools.testing import record_figures
+    from tests.support.helpers import record_figures
     record_figures("exchange SIGKILL at 10k msg/s", resumed_within_s=round(resumed, 2), **report)
     assert report["publisher_moves"] >= 1
     assert report["lost"] == 0 and report["duplicated"] == 0

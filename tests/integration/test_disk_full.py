@@ -22,7 +22,7 @@ from roq.client.subscriber import Subscriber
 from roq.errors import RequestTimeoutError, StorageFullError
 from roq.records import ExchangeStats
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import record_figures, wait_until
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

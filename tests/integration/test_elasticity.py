@@ -9,8 +9,8 @@ import pytest
 from roq.client.admin import Admin
 from roq.client.subscriber import Subscriber
 from roq.state import read_live
-from roq.tools.testing import PacedPublisher, record_figures, wait_until
 from tests.integration.conftest import create, start_cluster
+from tests.support.helpers import PacedPublisher, record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 

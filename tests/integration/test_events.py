@@ -12,9 +12,9 @@ import pytest
 from roq.client.admin import Admin
 from roq.errors import UserError
 from roq.state import read_exchanges, read_leader
-from roq.tools.testing import wait_until
 from roq.zk import read_json
 from tests.integration.conftest import start_cluster
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -27,13 +27,13 @@ from roq.config import Config
 from roq.errors import GroupNotFoundError, PreconditionFailedError, QueueExistsError
 from roq.paths import Paths
 from roq.state import read_live
-from roq.tools.testing import Processes, fast_config, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 from tests.integration.conftest import start_cluster
 from tests.integration.test_cli import assert_one_line_error
 from tests.integration.test_replication import create_replicated
+from tests.support.helpers import Processes, fast_config, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -27,8 +27,8 @@ from roq.client.worker import WorkMessage
 from roq.config import Config
 from roq.errors import MessageTooLargeError, UserError
 from roq.paths import Paths
-from roq.tools.testing import fast_config, wait_until
 from roq.zk import encode, start_client, stop_client
+from tests.support.helpers import fast_config, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

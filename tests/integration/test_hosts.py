@@ -11,7 +11,7 @@ import pytest
 
 from roq.client.admin import Admin
 from roq.state import read_exchanges, read_hosts, read_leader, read_live
-from roq.tools.testing import record_figures, wait_until
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from gcm.cache import ClusterCache
 from gcm.fence import LeaderFence, RequestContext, serving
 from roq.errors import FencedError, UnavailableError
 from roq.state import read_hosts, read_live, read_queue
-from roq.tools.testing import wait_until
 from roq.zk import create_ephemeral, encode, ensure_base_paths, start_client, stop_client
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

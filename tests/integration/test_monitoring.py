@@ -20,10 +20,10 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.state import read_hosts, read_live
-from roq.tools.testing import wait_until
 from tests.conftest import unavailable
 from tests.integration.conftest import create, start_cluster
 from tests.integration.test_cli import assert_one_line_error, config_file, roq
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import zmq
 from roq import protocol
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.tools.testing import wait_until
 from tests.integration.conftest import create
 from tests.integration.test_adversarial import advertise, answer, dealer, hello, lone  # noqa: F401
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from roq.tools.testing import record_figures
+from tests.support.helpers import record_figures
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ import pytest
 from roq import protocol
 from roq.client.publisher import Publisher
 from roq.state import read_live
-from roq.tools.hostile import attack_replica_copy, dealer, forged_copy_frames
-from roq.tools.testing import record_figures, wait_until
 from roq.zk import read_json
 from tests.integration.test_replication import Collector, create_replicated, start_hosts
+from tests.support.helpers import record_figures, wait_until
+from tests.support.hostile import attack_replica_copy, dealer, forged_copy_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -22,8 +22,8 @@ from hcm.supervisor import Supervisor
 from roq.client.admin import Admin
 from roq.paths import replica_slot, split_assignment
 from roq.state import read_exchanges, read_hosts, read_leader
-from roq.tools.testing import wait_until
 from roq.zk import encode
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,8 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import record_figures, wait_until
 from roq.zk import read_json
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -13,8 +13,8 @@ import pytest
 
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.tools.testing import record_figures, wait_until
 from tests.integration.conftest import create, start_cluster
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration
 

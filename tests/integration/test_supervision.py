@@ -13,7 +13,7 @@ import pytest
 from roq.client.admin import Admin
 from roq.errors import Exit
 from roq.state import read_hosts, read_leader, read_live
-from roq.tools.testing import wait_until
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import pytest
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.state import read_live
-from roq.tools.testing import record_figures, wait_until
 from tests.integration.test_replication import create_replicated, start_hosts
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -30,11 +30,11 @@ from roq.client.worker import GroupMismatchError, WorkMessage
 from roq.config import Config
 from roq.paths import Paths
 from roq.state import read_live
-from roq.tools.testing import Processes, fast_config, record_figures, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 from tests.integration.conftest import start_cluster
+from tests.support.helpers import Processes, fast_config, record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -14,8 +14,8 @@ import pytest
 from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.state import read_leader, read_live
-from roq.tools.testing import wait_until
 from roq.zk import decode
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 

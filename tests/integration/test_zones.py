@@ -11,7 +11,7 @@ import pytest
 
 from roq.client.admin import Admin
 from roq.state import read_exchanges, read_hosts, read_leader
-from roq.tools.testing import SteadyTraffic, record_figures, wait_until
+from tests.support.helpers import SteadyTraffic, record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -61,7 +61,7 @@ def written_and_received(frame: Any, config: Any, zk: Any, queue: str, count: in
     """Write `frame` to `queue` through the sink while a subscriber listens; the payloads it got
     (`count` of them expected). save() returns once every task's messages were confirmed."""
     from roq.client.subscriber import Subscriber
-    from roq.tools.testing import wait_until
+    from tests.support.helpers import wait_until
     got: list[bytes] = []
     with Subscriber(queue, config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
         sub.wait_connected()

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from roq.client.admin import Admin
-from roq.tools.testing import wait_until
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

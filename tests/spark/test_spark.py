@@ -10,9 +10,9 @@ import pytest
 
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.tools.testing import wait_until
 from tests.integration.conftest import create
 from tests.spark.conftest import written_and_received
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

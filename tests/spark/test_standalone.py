@@ -19,13 +19,13 @@ from typing import Any
 import psutil
 import pytest
 
-from roq.tools.testing import record_figures, wait_until
 from roq.tools.zkserver import free_port, stop_process_group
 from tests.conftest import unavailable
 from tests.integration.conftest import create
 from tests.spark.conftest import written_and_received
 from tests.spark.test_pipeline_cli import no_traces, roq
 from tests.spark.test_spark import publish, read_to_parquet
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from roq.tools.fuzz_targets import TARGETS, seeds
 from tests.conftest import unavailable
+from tests.support.fuzz_targets import TARGETS, seeds
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "corpus"
 

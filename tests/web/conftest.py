@@ -13,10 +13,10 @@ from kazoo.client import KazooClient
 from roq.config import Config
 from roq.paths import Paths
 from roq.state import read_hosts, read_leader
-from roq.tools.testing import Processes, fast_config, wait_until
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
+from tests.support.helpers import Processes, fast_config, wait_until
 from web.auth import add_token
 
 

@@ -26,8 +26,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from roq.tools.testing import record_figures
 from tests.conftest import failed, unavailable
+from tests.support.helpers import record_figures
 from tests.web.conftest import WebCluster
 
 try:

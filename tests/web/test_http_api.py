@@ -25,8 +25,8 @@ from roq.client import Subscriber
 from roq.client.admin import Admin
 from roq.paths import Paths
 from roq.state import read_live
-from roq.tools.testing import wait_until
 from tests.profiles import examples
+from tests.support.helpers import wait_until
 from tests.web.conftest import WebCluster, start_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

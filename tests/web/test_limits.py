@@ -22,9 +22,9 @@ import pytest
 from roq.client import Subscriber
 from roq.paths import Paths
 from roq.state import read_live
-from roq.tools.hostile import forged_token
-from roq.tools.testing import record_figures, wait_until
 from tests.conftest import unavailable
+from tests.support.helpers import record_figures, wait_until
+from tests.support.hostile import forged_token
 from tests.web.conftest import WebCluster, start_gateway
 from web.gateway import decode_token, encode_token
 

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from roq.cli import main
 from roq.errors import Exit
-from roq.tools.testing import fast_config, record_figures, wait_until
 from roq.tools.zkserver import ZooKeeperServer, free_port
+from tests.support.helpers import fast_config, record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 ANNOUNCED = re.compile(r"RoQ console: (http://\S+)/ ")

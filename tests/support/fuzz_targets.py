@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from roq import protocol
-from roq.config import Config, _apply, config_from_json
+from roq.config import Config, config_from_json
+from roq.config.loading import _apply
 from roq.errors import UserError
 from roq.permissions import Entry, PermissionTable, from_message, to_message
 

@@ -22,7 +22,7 @@ from roq import protocol
 from roq.config import Config
 from roq.security import secure_client
 
-NEWLINE_BODY_BYTES = 50 << 20  # issue 31: a body of newlines this big took the gateway to 537 MB
+NEWLINE_BODY_BYTES = 50 << 20  # a body of newlines this big once took the gateway to 537 MB
 
 
 def dealer(endpoint: str, config: Config | None = None, send_timeout_ms: int = 3000) -> zmq.Socket:
@@ -40,7 +40,7 @@ def dealer(endpoint: str, config: Config | None = None, send_timeout_ms: int = 3
 
 
 def forged_copy_frames(exchange: str, incarnation: str, next_pos: int, publisher: str) -> list[list[Any]]:
-    """Every frame issue 31 tried on a replica's `repl`, as raw msgpack lists: a follow of the
+    """Every frame the replica attacks try on a replica's `repl`, as raw msgpack lists: a follow of the
     running incarnation and a copy jumping ahead, in the layout without a proof and with a made-up
     one; a copy rewriting the stream from position 1; forged group state and acks; an adoption
     request. Their deliveries carry `publisher`'s id (the victim's)."""

@@ -9,12 +9,13 @@ whatever state they are in; `logs()` collects every container's output for
 the report of a failing test.
 
 Client containers (`start_client`) run one of the client programs of this
-module from the same image, so a publisher, a subscriber or a consumer group
-member can be killed or cut off like a host:
+module from the same image (docker/build-images.sh copies this file to
+IMAGE_PATH: it is not part of the installed package), so a publisher, a
+subscriber or a consumer group member can be killed or cut off like a host:
 
-    python -m roq.tools.docker_launcher publish --queue q --rate 1000 --token HEX
-    python -m roq.tools.docker_launcher subscribe --queue q
-    python -m roq.tools.docker_launcher work --queue q --group workers --prefetch 20
+    python /opt/roq/test/docker_launcher.py publish --queue q --rate 1000 --token HEX
+    python /opt/roq/test/docker_launcher.py subscribe --queue q
+    python /opt/roq/test/docker_launcher.py work --queue q --group workers --prefetch 20
 
 Both read their configuration from the environment (`ROQ_*`, `ROQ_CONFIG`) and
 print one fact a line on stdout, flushed at once, so what a container printed
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IMAGE = "roq:test"
+IMAGE_PATH = "/opt/roq/test/docker_launcher.py"  # this file in the image (docker/Dockerfile)
 SUBNET_POOL = ipaddress.ip_network("172.30.0.0/16")  # /24s are carved out of it for test networks
 
 
@@ -137,7 +139,7 @@ class DockerLauncher:
         if program not in PROGRAMS:
             raise ValueError(f"unknown client program {program!r}; choose from {', '.join(PROGRAMS)}")
         return self._run(name, "client", env=env,
-                         command=["python", "-m", "roq.tools.docker_launcher", program, *args])
+                         command=["python", IMAGE_PATH, program, *args])
 
     def output(self, name: str, on_line: Callable[[str], None] | None = None) -> ClientOutput:
         """Follow container `name`'s stdout (see ClientOutput)."""
@@ -539,7 +541,7 @@ PROGRAMS: dict[str, Callable[[Sequence[str]], int]] = {"publish": publish_progra
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in PROGRAMS:
-        print(f"usage: python -m roq.tools.docker_launcher {{{','.join(PROGRAMS)}}} [options]", file=sys.stderr)
+        print(f"usage: python docker_launcher.py {{{','.join(PROGRAMS)}}} [options]", file=sys.stderr)
         return 2
     return PROGRAMS[argv[0]](argv[1:])
 
