@@ -3,10 +3,8 @@
 Every leader tick:
 * `aggregate` sums what the exchanges and HCMs report (per queue and per
   host); `cluster.stats`, `roq stats` and the leader's /metrics serve it.
-* A queue's rules (`roq queue rules`, stored with the queue) fire when one
-  of its exchanges receives more than `max_rate` msg/s or has more than
-  `max_publishers` publishers, or a host running one of them is above
-  `max_cpu` / `max_memory` percent. A rule that keeps firing for
+* A queue's rules (`roq queue rules`, stored with the queue; when they
+  fire: gcm.rules) are judged on that sum. A rule that keeps firing for
   `autoscale.scale_out_after` adds an exchange (placed on the least loaded
   host).
 * Load that stays below `scale_in_below` × the limits of one exchange fewer
@@ -20,90 +18,40 @@ Every leader tick:
   heaviest publisher to the lightest exchange of the queue, if that makes
   the two more even. The leader writes `<root>/relocations/<queue>` and the
   publisher moves itself, with its replay window.
+* The sum is also published on the statistics stream (gcm.stats_stream).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient, TransactionRequest
 
 from gcm.fence import LeaderFence
-from gcm.queues import MAX_EXCHANGES, QueueManager
-from roq.config import AutoscaleConfig, Config
-from roq.errors import QueueNotFoundError, RoqError, UserError
+from gcm.queues import QueueManager
+
+# The rules have a module of their own; the names the backup tool, the views and the fuzz targets
+# import from here stay importable.
+from gcm.rules import DEFAULT_RULES, RULE_FLAGS, check_rules, firing_rules, is_low
+from gcm.stats_stream import StatsStream
+from roq.config import AutoscaleConfig
+from roq.errors import QueueNotFoundError
 from roq.names import check_queue_name
 from roq.paths import Paths
-from roq.records import (
-    ClusterStats,
-    ExchangeSample,
-    ExchangeStats,
-    ExchangeSummary,
-    HostSample,
-    HostStats,
-    HostSummary,
-    QueueStats,
-)
+from roq.records import ClusterStats, ExchangeStats, ExchangeSummary, HostStats, HostSummary, QueueStats
 from roq.state import HostInfo, exchange_order, queue_names, read_hosts, read_live, read_queue
 from roq.zk import encode, read_json
 
+__all__ = ["DEFAULT_RULES", "RULE_FLAGS", "Autoscaler", "QueueState", "check_rules", "summarise_queue"]
+
 log = logging.getLogger(__name__)
 
-RULE_LIMITS: dict[str, tuple[type, float, float]] = {  # name → (type, lowest, highest); 0 = off
-    "max_rate": (float, 0, 1e9),
-    "max_publishers": (int, 0, 1_000_000),
-    "max_cpu": (float, 0, 100),
-    "max_memory": (float, 0, 100),
-    "min_exchanges": (int, 1, MAX_EXCHANGES),
-    "max_exchanges": (int, 1, MAX_EXCHANGES),
-    "scale_in_below": (float, 0, 1),
-}
-DEFAULT_RULES = {"max_rate": 0.0, "max_publishers": 0, "max_cpu": 0.0, "max_memory": 0.0,
-                 "min_exchanges": 1, "max_exchanges": 8, "scale_in_below": 0.5}
-# What a user types (`roq queue rules`): errors name the flag, the stored rule in parentheses.
-RULE_FLAGS = {"max_rate": "--max-rate", "max_publishers": "--max-publishers", "max_cpu": "--max-cpu",
-              "max_memory": "--max-memory", "min_exchanges": "--min", "max_exchanges": "--max",
-              "scale_in_below": "--scale-in-below"}
 RELOCATION_TTL = 60.0  # seconds a relocation entry stays for its publisher to see
 EVENT_LIMIT = 20  # scaling events kept per queue, for `roq stats`
-
-
-def check_rules(current: dict[str, Any], changes: Any, size: int | None = None) -> dict[str, Any]:
-    """`current` updated with `changes`, validated; raises UserError and changes nothing on bad input.
-
-    `size`: the queue's exchanges now. Rules set on a queue that had none, without `min_exchanges`,
-    get it as their floor (capped by `max_exchanges`): giving a queue rules never shrinks it below
-    the size its operator chose; an explicit `min_exchanges` (even 1) does."""
-    if not isinstance(changes, dict):
-        raise UserError("rules must be a map of rule name to value")
-    rules = dict(DEFAULT_RULES, **current)
-    for name, value in changes.items():
-        if name not in RULE_LIMITS:
-            raise UserError(f"unknown rule {name!r}; rules are {', '.join(RULE_LIMITS)}")
-        kind, low, high = RULE_LIMITS[name]
-        flag = _flag(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or (kind is int and value != int(value)):
-            raise UserError(f"{flag} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-        if not low <= value <= high:
-            raise UserError(f"{flag} must be from {low:g} to {high:g}, got {value!r}")
-        rules[name] = kind(value)
-    if size is not None and not current and "min_exchanges" not in changes:
-        rules["min_exchanges"] = max(1, min(size, rules["max_exchanges"]))
-    if rules["min_exchanges"] > rules["max_exchanges"]:
-        raise UserError(f"--min must be <= --max (got --min {rules['min_exchanges']}, --max {rules['max_exchanges']})")
-    return rules
-
-
-def _flag(name: str) -> str:
-    return f"{RULE_FLAGS[name]} (rule {name})"
 
 
 @dataclass
@@ -119,6 +67,9 @@ class QueueState:
 
 
 class Autoscaler:
+    """Aggregates the cluster's figures and applies each queue's rules on the leader's tick; its
+    writes are fenced and taken under `write_lock`."""
+
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence, queues: QueueManager,
                  write_lock: threading.Lock, config: AutoscaleConfig, stats_stream: StatsStream) -> None:
         self.client = client
@@ -134,6 +85,8 @@ class Autoscaler:
     # ------------------------------------------------------------ rules (control API)
 
     def set_rules(self, name: Any, rules: Any = None, clear: Any = False) -> dict[str, Any]:
+        """`queue.rules`: show (no `rules`), change or `clear` queue `name`'s rules; returns them as
+        they stand. Raises QueueNotFoundError or UserError (nothing written); a retry changes nothing."""
         name = check_queue_name(name)
         with self.write_lock:
             info = read_queue(self.client, self.paths, name)
@@ -306,60 +259,12 @@ class Autoscaler:
         log.info("relocating publisher %s of queue %s from %s to %s", publisher, queue, source, target)
 
 
-class StatsStream:
-    """The statistics stream: while queue `gcm.stats_queue` exists, the leader publishes one JSON
-    record per exchange (topic "exchange") and per host (topic "host") every tick. The Spark
-    statistics job (`roq pipeline stats`) consumes it."""
-
-    def __init__(self, client: KazooClient, config: Config) -> None:
-        self.client = client
-        self.config = config
-        self.queue = config.gcm.stats_queue
-        self.publisher: Any = None
-        self.dropped = 0  # records not queued because the publisher was backed up
-
-    def publish(self, stats: ClusterStats) -> None:
-        if not self.queue or self.queue not in stats.queues:
-            self.close()
-            return
-        if self.publisher is None:
-            from roq.client.publisher import Publisher
-            self.publisher = Publisher(self.queue, self.config, zk=self.client)
-        for record in stats_records(stats):
-            try:
-                self.publisher.publish(record.kind, json.dumps(record.to_dict()).encode(), timeout=0)
-            except RoqError:
-                self.dropped += 1  # never hold the leader's tick for statistics
-
-    def close(self) -> None:
-        if self.publisher is not None:
-            publisher, self.publisher = self.publisher, None
-            try:
-                publisher.close(timeout=1)
-            except RoqError as exc:  # unconfirmed statistics are not worth waiting for
-                log.info("statistics stream closed with %s", exc)
-
-
-def stats_records(stats: ClusterStats) -> Iterator[ExchangeSample | HostSample]:
-    now = stats.time
-    for name, q in stats.queues.items():
-        for x in q.by_exchange:
-            if x.running:
-                yield ExchangeSample(ts=now, queue=name, exchange=x.id, host=x.host, msgs_in_per_s=x.msgs_in_per_s,
-                                     msgs_out_per_s=x.msgs_out_per_s, bytes_in_per_s=x.bytes_in_per_s,
-                                     bytes_out_per_s=x.bytes_out_per_s, publishers=x.publishers,
-                                     subscriptions=x.subscriptions, drops=x.drops, latency_p50_ms=x.latency_p50_ms,
-                                     latency_p99_ms=x.latency_p99_ms)
-    for host, h in stats.hosts.items():
-        yield HostSample(ts=now, host=host, cpu_percent=h.cpu_percent, memory_percent=h.memory_percent,
-                         exchanges=h.exchanges)
-
-
 # ---------------------------------------------------------------- pure functions (unit-tested)
 
 
 def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules: dict[str, Any] | None,
                     state: QueueState, replicas: int = 1) -> QueueStats:
+    """One queue's figures from its exchanges' `live` znodes (a missing one counts as not running)."""
     by_exchange = []
     for x in sorted(exchanges, key=lambda x: exchange_order(x.id)):
         data = live.get(x.id) or {}
@@ -370,29 +275,3 @@ def summarise_queue(name: str, exchanges: list[Any], live: dict[str, Any], rules
     return QueueStats.of(name, len(exchanges), tuple(by_exchange), rules, tuple(state.events), replicas)
 
 
-def firing_rules(summary: QueueStats, rules: dict[str, Any], hosts: dict[str, HostInfo]) -> list[str]:
-    """Which scale-out rules fire now, in words."""
-    reasons = []
-    for x in summary.by_exchange:
-        if rules["max_rate"] and x.msgs_in_per_s > rules["max_rate"]:
-            reasons.append(f"{x.id} receives {x.msgs_in_per_s:,.0f} msg/s > {rules['max_rate']:,.0f}")
-        if rules["max_publishers"] and x.publishers > rules["max_publishers"]:
-            reasons.append(f"{x.id} has {x.publishers} publishers > {rules['max_publishers']}")
-        host = hosts.get(x.host) if x.host else None
-        figures = HostStats.from_dict(host.stats if host is not None else None)
-        if rules["max_cpu"] and figures.cpu_percent > rules["max_cpu"]:
-            reasons.append(f"host {x.host} CPU {figures.cpu_percent:.0f}% > {rules['max_cpu']:.0f}%")
-        if rules["max_memory"] and figures.memory_percent > rules["max_memory"]:
-            reasons.append(f"host {x.host} memory {figures.memory_percent:.0f}% > {rules['max_memory']:.0f}%")
-    return sorted(set(reasons))
-
-
-def is_low(summary: QueueStats, rules: dict[str, Any], count: int) -> bool:
-    """Would one exchange fewer still be comfortably below the limits? Needs a rate or publisher rule."""
-    fewer = count - 1
-    checks = []
-    if rules["max_rate"]:
-        checks.append(summary.msgs_in_per_s < rules["scale_in_below"] * rules["max_rate"] * fewer)
-    if rules["max_publishers"]:
-        checks.append(summary.publishers <= rules["scale_in_below"] * rules["max_publishers"] * fewer)
-    return bool(checks) and all(checks)

@@ -21,7 +21,7 @@ Consistency, and what happens on failure:
   CATCH_UP_TIMEOUT (another client changed the same znode meanwhile), the cache is built again.
 * Changes by other clients (a host registering, an exchange going live) show after one watch
   notification and one read: milliseconds. Decisions that must not act on a stale view read
-  ZooKeeper itself or rely on the fenced transaction failing (gcm/queues.py, gcm/reconciler.py).
+  ZooKeeper itself or rely on the fenced transaction failing (gcm/queues.py, gcm/assignments.py).
 
 Only state is read from the TreeCaches, never their events, whose order can be wrong
 (python-zk/kazoo#645); the state converges. Thread-safe: the tick, the control API and kazoo's

@@ -23,13 +23,14 @@ from typing import Any
 import click
 
 from gcm.api import ControlServer, Handler, unknown_op
-from gcm.autoscaler import Autoscaler, StatsStream
+from gcm.autoscaler import Autoscaler
 from gcm.commands import CommandLog
 from gcm.events import EventLog
 from gcm.leader import Leadership
 from gcm.permissions import PermissionManager
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
+from gcm.stats_stream import StatsStream
 from gcm.view import exchanges_only, replicas_only
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon

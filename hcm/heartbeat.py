@@ -16,7 +16,7 @@ second for 2 hosts and 5 queues, each one logged to disk and sent to every watch
   nothing more until it reports again. Publishers rank such an exchange last at once
   (roq/client/link.py) instead of waiting for its `at` to age past the heartbeat. The HCM does
   not judge silence on a tick that comes late (it was held up itself, and has not read the
-  reports that came meanwhile): see hcm/supervisor.py.
+  reports that came meanwhile): see hcm/endpoints.py.
 
 An idle cluster thus writes one heartbeat per znode per `hcm.stats_heartbeat` (and a host's
 znode when the machine's CPU or memory use moves, whatever moves it); scripts/zk_growth.py

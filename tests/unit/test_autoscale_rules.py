@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gcm.autoscaler import DEFAULT_RULES, QueueState, check_rules, firing_rules, is_low, summarise_queue
+from gcm.autoscaler import QueueState, summarise_queue
+from gcm.rules import DEFAULT_RULES, check_rules, firing_rules, is_low
 from roq.errors import UserError
 from roq.records import QueueStats
 from roq.state import ExchangeInfo, HostInfo

@@ -14,7 +14,8 @@ import pytest
 
 from exchange.stats import Counters
 from exchange.stats import ExchangeStats as Accumulator
-from gcm.autoscaler import QueueState, stats_records, summarise_queue
+from gcm.autoscaler import QueueState, summarise_queue
+from gcm.stats_stream import stats_records
 from roq.metrics import (
     CONFIRM_HISTOGRAM,
     EXCHANGE_COUNTERS,
