@@ -4,8 +4,12 @@
 demo: setup
 	.venv/bin/roq demo
 
+# Two workers (tests/conftest.py says which tests share one), then the `solo` tests alone: they load
+# the machine or measure times. Both runs report; the target fails if either failed.
 test: setup-test lint docker-images deploy-images bench-servers
-	.venv/bin/python -m pytest -n 2 --dist loadgroup
+	.venv/bin/python -m pytest -n 2 --dist loadgroup -m "not solo"; parallel=$$?; \
+	.venv/bin/python -m pytest -m solo; solo=$$?; \
+	exit $$(( parallel || solo ))
 
 # The searching tests with ten times their examples (tests/profiles.py): for a night, not for CI.
 test-thorough: setup-test

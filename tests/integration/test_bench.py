@@ -13,7 +13,7 @@ import pytest
 from bench.servers import BINARIES
 from tests.conftest import unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]  # loads or times the machine: run alone
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -13,7 +13,7 @@ from bench.servers import BINARIES
 from roq.tools.zkserver import ZooKeeperNotInstalledError, find_zookeeper
 from tests.conftest import unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]  # loads or times the machine: run alone
 ROOT = Path(__file__).resolve().parents[2]
 CURVES = {"fanout", "fanin", "topics", "sizes", "connections", "latency"}
 PNG = b"\x89PNG\r\n\x1a\n"

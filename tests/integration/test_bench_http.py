@@ -15,7 +15,7 @@ from bench.servers import BINARIES
 from roq.tools.zkserver import ZooKeeperNotInstalledError, find_zookeeper
 from tests.conftest import unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]  # loads or times the machine: run alone
 ROOT = Path(__file__).resolve().parents[2]
 SSE_MESSAGES, NATIVE_MESSAGES = 500, 1000
 ROWS = {"http-single-1", "http-single-2", "http-lines-10", "roq-native-each", "sse-backlog", "sse-live",

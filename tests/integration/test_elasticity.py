@@ -12,7 +12,7 @@ from roq.state import read_live
 from tests.integration.conftest import create, start_cluster
 from tests.support.helpers import PacedPublisher, record_figures, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]  # loads or times the machine: run alone
 
 FAST_HOSTS = ("exchange.stats_interval=0.5", "hcm.stats_interval=0.5")
 FAST_LEADER = ("gcm.tick=0.5", "autoscale.scale_out_after=1", "autoscale.scale_in_after=4", "autoscale.cooldown=2",
