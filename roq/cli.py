@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from roq.errors import Exit, QueueExistsError, RoqError, UserError, ZooKeeperUnavailableError
-from roq.names import MAX_EXCHANGES
+from roq.names import MAX_EXCHANGES, check_group_name
 
 if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.client.admin import Admin
@@ -629,7 +629,7 @@ def group_list(ctx: Context, queue_name: str, as_json: bool) -> None:
 @handle_errors
 def group_show(ctx: Context, queue_name: str, name: str, as_json: bool) -> None:
     """Consumer group NAME of QUEUE: its figures, in all and on each exchange."""
-    _check_group(name)
+    check_group_name(name)  # a bad name: one line, exit 1, before anything connects
     with ctx.admin() as admin:
         shown = admin.describe_group(queue_name, name)
     from roq.tools.views import print_group
@@ -640,7 +640,7 @@ def group_show(ctx: Context, queue_name: str, name: str, as_json: bool) -> None:
 def group_reset(ctx: Context, queue_name: str, name: str, wait: float, as_json: bool) -> None:
     """Drop the ready and delayed messages of group NAME (admin). Its members stay, and keep what
     they hold."""
-    _check_group(name)
+    check_group_name(name)
     with ctx.admin() as admin:
         status = admin.reset_group(queue_name, name, wait=wait)
     _command_outcome(status, as_json, f"reset group {name} of queue {queue_name}")
@@ -649,16 +649,10 @@ def group_reset(ctx: Context, queue_name: str, name: str, wait: float, as_json: 
 @_exchange_command(group, "delete", of_group=True)
 def group_delete(ctx: Context, queue_name: str, name: str, wait: float, as_json: bool) -> None:
     """Delete group NAME with its messages (admin); refused while it has members."""
-    _check_group(name)
+    check_group_name(name)
     with ctx.admin() as admin:
         status = admin.delete_group(queue_name, name, wait=wait)
     _command_outcome(status, as_json, f"deleted group {name} of queue {queue_name}")
-
-
-def _check_group(name: str) -> None:
-    """A bad group name is one line, exit 1, before anything connects."""
-    from gcm.commands import check_group_name
-    check_group_name(name)
 
 
 def _command_outcome(status: dict[str, Any], as_json: bool, what: str) -> None:
