@@ -42,14 +42,13 @@ from gcm.fence import LeaderFence, current_request
 from roq.errors import (
     CommandNotFoundError,
     GroupNotFoundError,
-    InvalidNameError,
     PreconditionFailedError,
     QueueNotFoundError,
     UserError,
 )
-from roq.names import check_queue_name, is_name
+from roq.names import check_group_name, check_queue_name
 from roq.paths import Paths
-from roq.protocol import MAX_GROUP_NAME, is_command_id
+from roq.protocol import is_command_id
 from roq.records import ExchangeStats, GroupStats
 from roq.state import read_exchanges, read_live
 from roq.zk import children, encode
@@ -60,13 +59,6 @@ MAX_COMMANDS = 32  # per queue: the newest are kept
 COMMAND_TTL = 3600.0  # s: an older command is dropped with the next one (an exchange down longer never applies it)
 GROUP_OPS = ("group.reset", "group.delete")
 HIDDEN_RESULT_KEYS = ("publishers",)  # a purge's per-publisher marks: for the exchanges, not for the answer
-
-
-def check_group_name(group: Any) -> str:
-    if not (is_name(group) and len(group) <= MAX_GROUP_NAME):
-        raise InvalidNameError(f"invalid group name {group!r}: 1-{MAX_GROUP_NAME} letters, digits, '_', '.', '-', "
-                               "starting with a letter or digit")
-    return group
 
 
 def command_paths(client: KazooClient, paths: Paths, queue: str) -> list[str]:

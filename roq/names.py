@@ -1,4 +1,4 @@
-"""Validation of the names users choose: queues, hosts, topics."""
+"""Validation of the names users choose: queues, hosts, durable subscribers, consumer groups, topics."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ def check_host_name(name: object) -> str:
 
 def check_subscriber_name(name: object) -> str:
     return _check("durable subscriber", name)
+
+
+def check_group_name(name: object) -> str:
+    """A consumer group's name: the grammar of the others (at most protocol.MAX_GROUP_NAME, 63)."""
+    return _check("group", name)
 
 
 def is_name(name: object) -> TypeGuard[str]:

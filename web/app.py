@@ -35,9 +35,12 @@ from roq.client.envelope import decode_envelope
 from roq.config import Config
 from roq.errors import (
     BackpressureError,
+    CommandNotFoundError,
     ForbiddenError,
+    GroupNotFoundError,
     LimitExceededError,
     MessageTooLargeError,
+    PreconditionFailedError,
     QueueExistsError,
     QueueNotFoundError,
     RefusedError,
@@ -45,12 +48,13 @@ from roq.errors import (
     UnavailableError,
     UserError,
 )
-from roq.names import check_queue_name, check_topic
+from roq.names import check_group_name, check_queue_name, check_topic
 from roq.permissions import MAX_PATTERNS, check_key_name
 from roq.protocol import check_headers
 from roq.zk import start_client, stop_client
 from web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
 from web.gateway import Publishers, Streams, TokenWriter, next_events, peek
+from web.groups import command_status_code, group_detail, group_rows
 from web.history import Sampler
 from web.limits import CallerLimitError, Limits, read_envelope, read_messages
 
@@ -63,7 +67,11 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src
                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 
 STATUS_BY_ERROR: list[tuple[type[RoqError], int]] = [
-    (QueueNotFoundError, 404), (QueueExistsError, 409), (LimitExceededError, 409), (ForbiddenError, 403),
+    (QueueNotFoundError, 404), (GroupNotFoundError, 404), (CommandNotFoundError, 404), (QueueExistsError, 409),
+    (LimitExceededError, 409), (ForbiddenError, 403),
+    # if_empty / if_unused that do not hold, a group with members: the queue's state conflicts with the
+    # request (409 rather than 412, which is for conditional headers such as If-Match).
+    (PreconditionFailedError, 409),
     (RefusedError, 403),  # the exchanges refuse the gateway's key: it lacks the right on that queue
     (MessageTooLargeError, 413), (CallerLimitError, 429), (BackpressureError, 429), (UserError, 400),
     (UnavailableError, 503),
@@ -89,8 +97,9 @@ class Login(BaseModel):
 
 class NewQueue(BaseModel):
     name: str = Field(max_length=64)
-    exchanges: int = Field(1, ge=1, le=1000)
+    exchanges: int | None = Field(None, ge=1, le=1000)  # None: 1 (with exist_ok: not compared)
     replicas: int | None = Field(None, ge=1, le=2)
+    exist_ok: bool = False  # an existing queue with the settings named is success (200, not 201)
 
 
 class Scale(BaseModel):
@@ -170,6 +179,7 @@ def create_app(config: Config, zk: KazooClient | None = None) -> FastAPI:
     _install_session_routes(app, gateway)
     _install_read_routes(app, gateway)
     _install_admin_routes(app, gateway)
+    _install_command_routes(app, gateway)
     _install_permission_routes(app, gateway)
     _install_data_routes(app, gateway)
     return app
@@ -273,7 +283,8 @@ def refuse_cross_site(request: Request) -> None:
 def admin_caller(who: Annotated[Identity, Depends(caller)]) -> Identity:
     if not who.is_admin:
         raise HttpError(403, "forbidden", f"refused: {who.name} has the {who.role} role; creating, scaling, "
-                                          "deleting queues, changing rules and permissions need the admin role")
+                                          "purging, deleting queues, resetting and deleting consumer groups, "
+                                          "changing rules and permissions need the admin role")
     return who
 
 
@@ -394,8 +405,16 @@ def queue_view(gateway: Gateway, name: str) -> dict[str, Any]:
     row.update(publisher_count=row["publishers"], exchanges=len(info.get("exchanges", [])),
                rules=rules, exchanges_detail=exchanges,
                publishers=sorted(publishers, key=lambda p: -p["msgs_per_s"]),
-               subscribers=list(q.get("subscribers", [])), events=gateway.sampler.recent_events(name))
+               subscribers=list(q.get("subscribers", [])), groups=group_rows(q),
+               events=gateway.sampler.recent_events(name))
     return row
+
+
+def queue_stats(gateway: Gateway, name: str) -> dict[str, Any]:
+    """The queue's aggregate in the sampler's latest view; QueueNotFoundError for a queue the leader
+    does not know (the description is asked at most once per sample)."""
+    gateway.sampler.queue_details(check_queue_name(name))
+    return _view(gateway)[1].get("queues", {}).get(name, {})
 
 
 def _install_read_routes(app: FastAPI, gateway: Gateway) -> None:
@@ -415,6 +434,21 @@ def _install_read_routes(app: FastAPI, gateway: Gateway) -> None:
     def queue(_who: Caller, queue: str) -> dict[str, Any]:
         return queue_view(gateway, check_queue_name(queue))
 
+    @app.get("/api/queues/{queue}/groups", tags=["queues"],
+             summary="The queue's consumer groups: members, ready, delayed, in flight, acked, redelivered, ..., lag")
+    def groups(_who: Caller, queue: str) -> list[dict[str, Any]]:
+        return group_rows(queue_stats(gateway, queue))
+
+    @app.get("/api/queues/{queue}/groups/{group}", tags=["queues"],
+             summary="One consumer group: its figures over the queue's exchanges and on each")
+    def group(_who: Caller, queue: str, group: str) -> dict[str, Any]:
+        return group_detail(queue, queue_stats(gateway, queue), check_group_name(group))
+
+    @app.get("/api/queues/{queue}/commands/{command}", tags=["queues"],
+             summary="An admin command's status: what each exchange did with a purge, reset or group delete")
+    def command(_who: Caller, queue: str, command: str) -> dict[str, Any]:
+        return gateway.admin.command_status(check_queue_name(queue), command)
+
     @app.get("/api/queues/{queue}/rules", tags=["queues"], summary="The queue's autoscaling rules")
     def rules(_who: Caller, queue: str) -> dict[str, Any]:
         return gateway.admin.queue_rules(check_queue_name(queue))
@@ -431,11 +465,16 @@ def _install_read_routes(app: FastAPI, gateway: Gateway) -> None:
 def _install_admin_routes(app: FastAPI, gateway: Gateway) -> None:
     admin, sampler = gateway.admin, gateway.sampler
 
-    @app.post("/api/queues", tags=["admin"], status_code=201, summary="Create a queue (admin)")
-    def create_queue(_who: AdminCaller, body: NewQueue) -> dict[str, Any]:
-        admin.create_queue(body.name, body.exchanges, body.replicas)
+    @app.post("/api/queues", tags=["admin"], status_code=201,
+              summary="Create a queue (admin); with exist_ok, one that exists with the settings named is 200",
+              responses={200: {"description": "exist_ok: the queue existed with the settings named"}})
+    def create_queue(_who: AdminCaller, body: NewQueue, response: Response) -> dict[str, Any]:
+        existed = bool(admin.create_queue(body.name, body.exchanges, body.replicas, exist_ok=body.exist_ok)
+                       .get("existed"))
+        if existed:
+            response.status_code = 200
         sampler.sample_now()
-        return queue_view(gateway, body.name)
+        return {**queue_view(gateway, body.name), "existed": existed}
 
     @app.post("/api/queues/{queue}/scale", tags=["admin"], summary="Change the number of exchanges (admin)")
     def scale_queue(_who: AdminCaller, queue: str, body: Scale) -> dict[str, Any]:
@@ -443,9 +482,10 @@ def _install_admin_routes(app: FastAPI, gateway: Gateway) -> None:
         sampler.sample_now()
         return queue_view(gateway, queue)
 
-    @app.delete("/api/queues/{queue}", tags=["admin"], summary="Delete a queue (admin)")
-    def delete_queue(_who: AdminCaller, queue: str) -> dict[str, Any]:
-        admin.delete_queue(check_queue_name(queue))
+    @app.delete("/api/queues/{queue}", tags=["admin"],
+                summary="Delete a queue (admin); if_empty, if_unused: only if it holds no message, has no client")
+    def delete_queue(_who: AdminCaller, queue: str, if_empty: bool = False, if_unused: bool = False) -> dict[str, Any]:
+        admin.delete_queue(check_queue_name(queue), if_empty=if_empty, if_unused=if_unused)
         sampler.sample_now()
         return {"deleted": queue}
 
@@ -454,6 +494,38 @@ def _install_admin_routes(app: FastAPI, gateway: Gateway) -> None:
         rules = admin.queue_rules(check_queue_name(queue), body.rules, body.clear)
         sampler.sample_now()  # the queue page shows the new rules at once
         return rules
+
+
+# ------------------------------------------------------------------ purges and consumer groups
+
+Wait = Annotated[float, Query(ge=0, le=60, description="seconds to wait for every running exchange's result")]
+
+
+def _install_command_routes(app: FastAPI, gateway: Gateway) -> None:
+    """Admin commands the exchanges apply (web/groups.py): 200 once all running ones did, 202 before."""
+    admin = gateway.admin
+
+    def answer(status: dict[str, Any], response: Response) -> dict[str, Any]:
+        gateway.sampler.sample_now()  # the figures after the command, at the next read
+        response.status_code = command_status_code(status)
+        return status
+
+    @app.post("/api/queues/{queue}/purge", tags=["admin"],
+              summary="Drop the queue's retained messages and every group's ready and delayed ones (admin)")
+    def purge_queue(_who: AdminCaller, queue: str, response: Response, wait: Wait = 10.0) -> dict[str, Any]:
+        return answer(admin.purge_queue(check_queue_name(queue), wait=wait), response)
+
+    @app.post("/api/queues/{queue}/groups/{group}/reset", tags=["admin"],
+              summary="Drop a group's ready and delayed messages; its members keep what they hold (admin)")
+    def reset_group(_who: AdminCaller, queue: str, group: str, response: Response,
+                    wait: Wait = 10.0) -> dict[str, Any]:
+        return answer(admin.reset_group(check_queue_name(queue), check_group_name(group), wait=wait), response)
+
+    @app.delete("/api/queues/{queue}/groups/{group}", tags=["admin"],
+                summary="Delete a group with its messages; refused while it has members (admin)")
+    def delete_group(_who: AdminCaller, queue: str, group: str, response: Response,
+                     wait: Wait = 10.0) -> dict[str, Any]:
+        return answer(admin.delete_group(check_queue_name(queue), check_group_name(group), wait=wait), response)
 
 
 # ------------------------------------------------------------------ permissions

@@ -71,19 +71,21 @@ class Sampler:
         self._thread.join(timeout=5)
 
     def sample_now(self) -> None:
-        """One sample, in the caller's thread (after an admin action, so the page shows it at once)."""
+        """One sample, in the caller's thread (after an admin action, so the page shows it at once).
+        The events are read first: a reader that sees a sample's figures sees its events too (a new
+        gateway's first answer would otherwise have figures and no events)."""
         try:
             status, stats = self.admin.status(), self.admin.cluster_stats()
         except RoqError as exc:
             with self._lock:
                 self.error = str(exc)
             return
+        self._read_events()
         with self._lock:
             self.status, self.stats, self.error = status, stats, None
             self._details.clear()  # asked again after each sample, and after each admin action
             self.sampled_at = time.time()
             self._record(stats)
-        self._read_events()
 
     def _read_events(self) -> None:
         try:

@@ -62,5 +62,5 @@ def group_delete(ctx: Context, queue_name: str, name: str, wait: float, as_json:
 
 def _check_group(name: str) -> None:
     """A bad group name is one line, exit 1, before anything connects."""
-    from gcm.commands import check_group_name
+    from roq.names import check_group_name
     check_group_name(name)

@@ -31,8 +31,8 @@ from roq.client.subscriber import EMPTY_HEADERS
 from roq.client.topology import QueueTopology
 from roq.client.wake import WakePipe
 from roq.config import Config
-from roq.errors import InvalidNameError, ProtocolError, RoqError, UserError
-from roq.names import check_topic, is_name, topic_text
+from roq.errors import ProtocolError, RoqError, UserError
+from roq.names import check_group_name, check_topic, topic_text
 from roq.paths import Paths
 from roq.security import load_keys, secure_client
 from roq.zk import start_client, stop_client
@@ -122,9 +122,7 @@ class GroupSubscriber:
                  callback: Callable[[WorkMessage], None] | None = None, *, group: str, prefetch: int | None = None,
                  auto_ack: bool = True, ack_timeout: float | None = None, max_deliveries: int | None = None,
                  dead_letter: str | bytes | None = None, inbox_limit: int = 100_000) -> None:
-        if not is_name(group) or len(group) > protocol.MAX_GROUP_NAME:
-            raise InvalidNameError(f"invalid group name {group!r}: use 1-{protocol.MAX_GROUP_NAME} letters, digits, "
-                                   "'_', '.', '-', starting with a letter or digit")
+        check_group_name(group)
         client = config.client
         prefetch = client.prefetch if prefetch is None else prefetch
         ack_timeout = client.ack_timeout if ack_timeout is None else ack_timeout

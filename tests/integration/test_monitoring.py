@@ -98,6 +98,9 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     lagging = Subscriber("watched", config.replace(client={"state_dir": str(tmp_path / "state"),
                                                            "position_save_interval": 0.2}), zk=zk, durable="dash")
     lagging.wait_connected(2)
+    # A consumer group whose member holds at most 10 per exchange and acks nothing: the roq_group_*
+    # series of the dashboard's group panels, with a backlog of what the load leaves.
+    member = Subscriber("watched", config, ["load"], zk=zk, group="workers", prefetch=10, auto_ack=False)
     batches = (300, 200)
     for batch in batches:
         before = total(hosts, "roq_exchange_messages_in", "roq_exchange_messages_in_total")
@@ -116,7 +119,11 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     wait_until(lambda: total(hosts, "roq_exchange_consumer_lag_messages", "roq_exchange_consumer_lag_messages")
                == sum(batches), message="the durable subscriber's lag")
     lagging.close()
+    wait_until(lambda: total(hosts, "roq_group_ready_messages", "roq_group_ready_messages")
+               + total(hosts, "roq_group_in_flight_messages", "roq_group_in_flight_messages") == sum(batches)
+               and total(hosts, "roq_group_members", "roq_group_members") == 2, message="the group's figures")
     texts = {url: scrape(url) for url in [leader, *hosts]}
+    member.close()
     for url, text in texts.items():
         check = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
         assert check.returncode == 0 and not (check.stdout + check.stderr).strip(), (url, check.stdout, check.stderr)
@@ -163,9 +170,13 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     queries = dashboard_queries()
     used = {name for query in queries for name in re.findall(r"\b((?:roq|process)_[a-z0-9_]+)", query)}
     assert len(used) >= 20 and used <= exported, sorted(used - exported)
+    assert {"roq_group_ready_messages", "roq_group_delayed_messages", "roq_group_in_flight_messages",
+            "roq_group_members", "roq_group_lag_seconds", "roq_group_redelivered_total",
+            "roq_group_dead_lettered_total"} <= used  # the group panels
     # promtool parses PromQL in rule files: the dashboard's queries as recording rules (JSON is YAML).
     rules = [{"record": f"dashboard:query_{i}", "expr": query.replace("$__rate_interval", "1m")
-              .replace("$queue", ".*")} for i, query in enumerate(queries) if not query.startswith("label_values(")]
+              .replace("$queue", ".*").replace("$group", ".*")}
+             for i, query in enumerate(queries) if not query.startswith("label_values(")]
     (tmp_path / "dashboard.rules.yml").write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
     parsed_rules = subprocess.run([tool, "check", "rules", str(tmp_path / "dashboard.rules.yml")],
                                   capture_output=True, text=True, timeout=30)
@@ -175,7 +186,7 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
 def dashboard_queries() -> list[str]:
     """The Grafana dashboard's queries (panels and variables)."""
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
-    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", ())]  # a row has none
     return queries + [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
 
 

@@ -1,6 +1,7 @@
 """The README's "Using it" section, run top to bottom as written, in a fresh directory: every
 command ends (or, when it runs until Ctrl-C, stops on SIGINT) with the documented exit code, and
-no command prints a traceback or hangs."""
+no command prints a traceback or hangs. Its Python snippet runs too, on the cluster the commands
+left (before the last, `roq cluster down`), and prints what its comment says."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from tests.support.helpers import record_figures
 
-pytestmark = pytest.mark.integration
+# Some thirty commands, a Spark pipeline among them: minutes, more than the suite's 120 s default.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RUNS_UNTIL_CTRL_C = 3.0  # seconds such a command must keep running before it is interrupted
@@ -28,6 +30,24 @@ def using_it() -> list[str]:
     section = README.read_text().split("## Using it", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
+
+
+def python_snippet() -> str:
+    """The first Python block of the README's "### Python" section."""
+    section = README.read_text().split("### Python", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def check_python_snippet(cwd: Path, env: dict[str, str]) -> float:
+    """Run the snippet where the commands ran; it must print what the comment of its print() says."""
+    code = python_snippet()
+    expected = next(line.split("#", 1)[1].strip() for line in code.splitlines() if line.lstrip().startswith("print("))
+    started = time.monotonic()
+    ran = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=COMMAND_TIMEOUT)
+    assert ran.returncode == 0, f"the README's Python snippet exited {ran.returncode}:\n{ran.stderr[-4000:]}"
+    assert ran.stdout.strip() == expected, ran.stdout
+    return time.monotonic() - started
 
 
 def command_of(line: str) -> str:
@@ -65,6 +85,8 @@ def test_the_readme_using_it_section_runs_as_written(tmp_path):
     took: dict[str, float] = {}
     try:
         for line in lines[1:]:
+            if line is lines[-1]:  # before `roq cluster down`: the snippet needs the cluster
+                took["the Python snippet"] = round(check_python_snippet(tmp_path, env), 1)
             code, out, err, seconds = run(line, tmp_path, env)
             took[command_of(line)] = round(seconds, 1)
             expected = (0, 130) if "Ctrl-C" in line else (0,)

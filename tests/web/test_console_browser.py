@@ -26,6 +26,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from roq.client import Subscriber
 from tests.conftest import failed, unavailable
 from tests.support.helpers import record_figures
 from tests.web.conftest import WebCluster
@@ -407,6 +408,66 @@ def test_an_admin_grants_a_permission_in_the_console_and_sees_it_listed(console:
     console.click("confirm-ok")
     console.message("ok", "Key app has no entry now")
     console.wait(lambda: not console.all('[data-testid="permission-row-app"]'), "the entry gone from the list")
+
+
+def make_group_backlog(web: WebCluster, queue: str) -> Subscriber:
+    """Queue `queue` with group "workers": a member (returned) holding 5 messages unacked, 45 ready."""
+    made = httpx.post(web.url + "/api/queues", json={"name": queue}, headers=web.headers(web.admin_token), timeout=30)
+    assert made.status_code == 201, made.text
+    member = Subscriber(queue, web.config, ["jobs"], zk=web.zk, group="workers", prefetch=5, auto_ack=False)
+    sent = httpx.post(web.url + f"/api/queues/{queue}/messages", params={"topic": "jobs", "split": "lines"},
+                      content="\n".join(f"job {i}" for i in range(50)).encode(), headers=web.headers(), timeout=30)
+    assert sent.status_code == 200, sent.text
+    return member
+
+
+def click_and_confirm(console: Console, testid: str) -> None:
+    console.click(testid)
+    console.wait(lambda: console.shown("confirm-dialog"), f"the confirmation dialog of {testid}")
+    console.click("confirm-ok")
+
+
+def test_the_queue_page_shows_its_consumer_groups_and_an_admin_resets_purges_and_deletes_it_once_empty(
+        console: Console, web_cluster: WebCluster) -> None:
+    web, queue = web_cluster, "web-jobs"
+    member = make_group_backlog(web, queue)
+    try:
+        console.open(f"/queues/{queue}")
+        console.login(web.client_token, "client")
+
+        def group_figures() -> tuple[str, ...]:
+            return tuple(console.find(f"group-{key}-workers").text for key in ("members", "in_flight", "ready"))
+        console.wait(lambda: group_figures() == ("1", "5", "45"), "the group's figures, live")
+        assert "jobs" in console.find("group-row-workers").text
+        for admin_only in ("group-reset-workers", "group-delete-workers", "purge-queue", "delete-if-empty"):
+            assert not console.shown(admin_only), f"{admin_only} shown to a client"
+        console.click("logout")
+
+        console.login(web.admin_token, "admin")
+        console.wait(lambda: console.shown("group-reset-workers"), "the group's buttons, for an admin")
+        shot = console.screenshot("console-groups")
+        click_and_confirm(console, "group-reset-workers")
+        console.message("ok", "Group workers reset: 45 messages dropped.")
+        console.wait(lambda: group_figures() == ("1", "5", "0"), "the reset's effect: the member keeps its 5")
+
+        click_and_confirm(console, "delete-if-empty")
+        refusal = console.message("error", "is not empty")
+        assert refusal.startswith(f"Conflict (delete queue {queue} if empty)"), refusal
+        assert queue in queues_seen_by_admin(web)
+
+        member.close()  # its 5 go back to ready
+        console.wait(lambda: group_figures() == ("0", "0", "5"), "the member gone")
+        click_and_confirm(console, "purge-queue")
+        console.message("ok", f"Queue {queue} purged: 50 retained messages and 5 group messages dropped.")
+        console.wait(lambda: group_figures() == ("0", "0", "0"), "the purge's effect")
+
+        click_and_confirm(console, "delete-if-empty")
+        console.message("ok", f"Queue {queue} deleted")  # on the overview
+        assert queue not in queues_seen_by_admin(web)
+    finally:
+        member.close()
+        httpx.delete(web.url + f"/api/queues/{queue}", headers=web.headers(web.admin_token), timeout=30)
+    record_figures("console screenshot of the consumer groups", queue=str(shot))
 
 
 def test_the_http_api_reference_renders_every_operation(console: Console, web_cluster: WebCluster) -> None:

@@ -6,6 +6,7 @@ an exchange crash, and bad input refused without harm."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
@@ -207,6 +208,120 @@ def test_a_gateway_shows_the_events_from_before_it_started(web_cluster: WebClust
     assert times == sorted(times)
     assert [e["kind"] for e in page["events"]] == ["queue created"]
     assert api(web, "DELETE", "/api/queues/early-q", web.admin_token).status_code == 200
+
+
+# ------------------------------------------------------------------ consumer groups, purges, conditional changes
+
+def group_figures(web: WebCluster, queue: str, group: str = "workers") -> tuple[int, int, int]:
+    """(members, in flight, ready) of the group as GET /api/queues/{q} shows it; (-1, -1, -1) if absent."""
+    rows = {g["name"]: g for g in api(web, "GET", f"/api/queues/{queue}").json()["groups"]}
+    row = rows.get(group, {})
+    return row.get("members", -1), row.get("in_flight", -1), row.get("ready", -1)
+
+
+@contextlib.contextmanager
+def busy_group(web: WebCluster, queue: str) -> Iterator[Subscriber]:
+    """Queue `queue` with group "workers": one member holding 5 messages unacked, 45 ready. The queue
+    is deleted at the end."""
+    make_queue(web, queue)
+    member = Subscriber(queue, web.config, ["jobs"], zk=web.zk, group="workers", prefetch=5, auto_ack=False)
+    try:
+        publish_lines(web, queue, "jobs", [f"job {i}" for i in range(50)])
+        wait_until(lambda: group_figures(web, queue) == (1, 5, 45), timeout=15, message="the group's figures")
+        yield member
+    finally:
+        member.close()
+        api(web, "DELETE", f"/api/queues/{queue}", web.admin_token)
+
+
+def test_a_queue_shows_its_groups_and_refuses_bad_or_unauthorised_changes(web_cluster: WebCluster) -> None:
+    web, queue = web_cluster, "groups-q"
+    with busy_group(web, queue):
+        listed = api(web, "GET", f"/api/queues/{queue}/groups").json()
+        assert [(g["name"], g["topics"], g["acked"], g["in_flight"]) for g in listed] == [("workers", ["jobs"], 0, 5)]
+        shown = api(web, "GET", f"/api/queues/{queue}/groups/workers").json()
+        assert (shown["queue"], shown["ready"], set(shown["by_exchange"])) == (queue, 45, {"x1"})
+        for path, code in ((f"/api/queues/{queue}/groups/nobody", "group_not_found"),
+                           ("/api/queues/no-such/groups", "queue_not_found")):
+            missing = api(web, "GET", path)
+            assert missing.status_code == 404 and missing.json()["error"] == code, missing.text
+
+        for method, path in (("POST", f"/api/queues/{queue}/groups/workers/reset"),
+                             ("DELETE", f"/api/queues/{queue}/groups/workers"), ("POST", f"/api/queues/{queue}/purge"),
+                             ("DELETE", f"/api/queues/{queue}?if_empty=true")):
+            refused = api(web, method, path)  # the client token
+            assert refused.status_code == 403 and "admin role" in refused.json()["message"], (path, refused.text)
+        for method, path, status, says in (
+                ("DELETE", f"/api/queues/{queue}/groups/workers", 409, "1 members connected"),
+                ("DELETE", f"/api/queues/{queue}?if_empty=true", 409, "is not empty"),
+                ("DELETE", f"/api/queues/{queue}?if_unused=true", 409, "group workers has 1 members"),
+                ("POST", f"/api/queues/{queue}/groups/bad%20name!/reset", 400, "invalid group name"),
+                ("POST", f"/api/queues/{queue}/groups/nobody/reset", 404, "has no group 'nobody'"),
+                ("POST", "/api/queues/no-such/purge", 404, "does not exist"),
+                ("POST", f"/api/queues/{queue}/purge?wait=-1", 400, "wait")):
+            bad = api(web, method, path, web.admin_token)
+            assert bad.status_code == status and says in bad.json()["message"], (path, bad.text)
+        assert group_figures(web, queue) == (1, 5, 45)  # the refusals changed nothing
+        assert queue in [q["name"] for q in api(web, "GET", "/api/queues").json()]
+
+
+def test_an_admin_resets_and_deletes_a_group_purges_the_queue_and_deletes_it_once_empty(
+        web_cluster: WebCluster) -> None:
+    web, queue = web_cluster, "purged-q"
+    with busy_group(web, queue) as member:
+        reset = api(web, "POST", f"/api/queues/{queue}/groups/workers/reset", web.admin_token)
+        assert reset.status_code == 200, reset.text
+        assert reset.json()["done"] and reset.json()["results"] == {"x1": {"dropped": 45}}
+        wait_until(lambda: group_figures(web, queue) == (1, 5, 0), timeout=5, message="the reset's effect")
+        status = api(web, "GET", f"/api/queues/{queue}/commands/{reset.json()['id']}").json()  # a client may read it
+        assert status["op"] == "group.reset" and status["results"] == reset.json()["results"]
+        for command, status_code, code in (("c-0000000000000000", 404, "command_not_found"),
+                                           ("bad*id", 400, "bad_request")):
+            unknown = api(web, "GET", f"/api/queues/{queue}/commands/{command}")
+            assert unknown.status_code == status_code and unknown.json()["error"] == code, unknown.text
+
+        member.close()  # its 5 go back to ready: a group without members may be deleted
+        wait_until(lambda: group_figures(web, queue) == (0, 0, 5), timeout=10, message="the member gone")
+        deleted = api(web, "DELETE", f"/api/queues/{queue}/groups/workers", web.admin_token)
+        assert deleted.status_code == 200 and deleted.json()["results"]["x1"] == {"deleted": True, "dropped": 5}
+        wait_until(lambda: api(web, "GET", f"/api/queues/{queue}").json()["groups"] == [], timeout=5,
+                   message="the group gone")
+
+        purge = api(web, "POST", f"/api/queues/{queue}/purge", web.admin_token, params={"wait": 0})
+        assert purge.status_code == 202 and not purge.json()["done"], purge.text  # issued, not yet applied
+        applied = wait_until(lambda: (s := api(web, "GET", f"/api/queues/{queue}/commands/{purge.json()['id']}")
+                                      .json())["done"] and s, timeout=10, message="the purge applied")
+        assert applied["results"]["x1"]["messages"] == 50
+        emptied = api(web, "DELETE", f"/api/queues/{queue}", web.admin_token, params={"if_empty": "true"})
+        assert emptied.status_code == 200 and emptied.json() == {"deleted": queue}, emptied.text
+        assert queue not in [q["name"] for q in api(web, "GET", "/api/queues").json()]
+
+
+def test_create_with_exist_ok_is_201_then_200_and_409_when_the_settings_differ(web_cluster: WebCluster) -> None:
+    web, queue = web_cluster, "maybe-q"
+    try:
+        made = api(web, "POST", "/api/queues", web.admin_token, json={"name": queue, "exchanges": 2, "exist_ok": True})
+        assert made.status_code == 201 and made.json()["existed"] is False, made.text
+        again = api(web, "POST", "/api/queues", web.admin_token, json={"name": queue, "exchanges": 2, "exist_ok": True})
+        assert again.status_code == 200 and again.json()["existed"] is True and again.json()["exchanges"] == 2
+        unnamed = api(web, "POST", "/api/queues", web.admin_token, json={"name": queue, "exist_ok": True})
+        assert unnamed.status_code == 200, unnamed.text  # nothing named: nothing compared
+        for body, says in (({"exchanges": 3, "exist_ok": True}, "exchanges 2 (asked 3)"),
+                           ({"replicas": 2, "exist_ok": True}, "replicas 1 (asked 2)"),
+                           ({"exchanges": 2}, "already exists")):
+            conflict = api(web, "POST", "/api/queues", web.admin_token, json={"name": queue, **body})
+            assert conflict.status_code == 409 and conflict.json()["error"] == "queue_exists", conflict.text
+            assert says in conflict.json()["message"], conflict.text
+        for body in ({"exist_ok": "perhaps"}, {"exchanges": 0, "exist_ok": True}):
+            bad = api(web, "POST", "/api/queues", web.admin_token, json={"name": "maybe-not", **body})
+            assert bad.status_code == 400 and bad.json()["error"] == "bad_request", bad.text
+        refused = api(web, "POST", "/api/queues", json={"name": "maybe-not", "exist_ok": True})  # the client token
+        assert refused.status_code == 403
+        with Admin(web.config, web.zk) as admin:  # the refusals changed nothing
+            assert "maybe-not" not in [q["name"] for q in admin.list_queues()]
+            assert len(admin.describe_queue(queue)["exchanges"]) == 2
+    finally:
+        api(web, "DELETE", f"/api/queues/{queue}", web.admin_token)
 
 
 # ------------------------------------------------------------------ publish and stream

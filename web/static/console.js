@@ -857,6 +857,21 @@
     { cell: (s) => `${fmtSeconds(s.reported_ago)} ago`, cls: "num" },
   ];
 
+  /** A group's figures (GET /api/queues/{q} `groups`), each cell with a testid `group-KEY-NAME`. */
+  const GROUP_FIGURES = [
+    ["members", fmtCount], ["ready", fmtCount], ["delayed", fmtCount], ["in_flight", fmtCount],
+    ["acked", fmtCount], ["redelivered", fmtCount], ["dead_lettered", fmtCount],
+    ["oldest_ready_s", (seconds) => (seconds > 0 ? fmtSeconds(seconds) : "–")],
+  ];
+
+  const GROUP_COLUMNS = [
+    { cell: (g) => g.name, cls: "mono strong" },
+    { cell: (g) => g.topics.join(", ") || "(all)", cls: "mono small" },
+    ...GROUP_FIGURES.map(([key, format]) => ({ cell: (g) => format(g[key]), cls: "num",
+      testid: (g) => `group-${key}-${g.name}` })),
+    { cell: (g) => groupActions(g.name), cls: "admin-only" },
+  ];
+
   const PEEK_COLUMNS = [
     { cell: (m) => fmtCount(m.seq), cls: "num" },
     { cell: (m) => m.topic, cls: "mono" },
@@ -892,7 +907,7 @@
     stopPolling();
     $("queue-details").hidden = true;
     $("queue-missing").hidden = false;
-    for (const id of ["scale-form", "delete-queue"]) $(id).hidden = true;
+    for (const id of ["scale-form", "delete-queue", "purge-queue", "delete-if-empty"]) $(id).hidden = true;
     showMessage("error", describeError(err, `show queue ${queuePage.name}`));
   }
 
@@ -913,6 +928,7 @@
     drawQueueChart();
     syncTable($("exchanges-body"), EXCHANGE_COLUMNS, queue.exchanges_detail, (x) => x.id,
       (x) => ({ "data-testid": `exchange-row-${x.id}` }), "No exchanges.");
+    renderGroups(queue.groups);
     syncTable($("publishers-body"), PUBLISHER_COLUMNS, queue.publishers, (p) => `${p.exchange}/${p.id}`,
       (p) => ({ "data-testid": `publisher-row-${p.id}` }), "No publisher is sending.");
     syncTable($("subscribers-body"), SUBSCRIBER_COLUMNS, queue.subscribers, (s) => s.name,
@@ -975,6 +991,8 @@
     $("scale-exchanges").addEventListener("input", () => { queuePage.scaleEdited = true; });
     $("scale-form").addEventListener("submit", scaleQueue);
     $("delete-queue").addEventListener("click", deleteQueue);
+    $("purge-queue").addEventListener("click", purgeQueue);
+    $("delete-if-empty").addEventListener("click", deleteQueueIfEmpty);
     $("peek-form").addEventListener("submit", peekMessages);
     $("publish-form").addEventListener("submit", publishMessage);
     buildRuleFields();
@@ -1022,6 +1040,19 @@
     if (!sure) return;
     await act(`delete queue ${name}`, $("delete-queue"), async () => {
       await api("DELETE", queueApi(name));
+      stopPolling();
+      location.assign(`/?deleted=${encodeURIComponent(name)}`);
+    });
+  }
+
+  async function deleteQueueIfEmpty() {
+    const name = queuePage.name;
+    const sure = await confirmAction(`Delete queue ${name} if it is empty?`,
+      "Only if it holds no message: nothing retained, no consumer group's backlog. Otherwise it stays.",
+      "Delete if empty");
+    if (!sure) return;
+    await act(`delete queue ${name} if empty`, $("delete-if-empty"), async () => {
+      await api("DELETE", queueApi(name, "?if_empty=true"));
       stopPolling();
       location.assign(`/?deleted=${encodeURIComponent(name)}`);
     });
@@ -1124,6 +1155,79 @@
       fillRules(rules, true);
       showMessage("ok", `Rules of ${name} cleared: it keeps a fixed size.`);
       pollNow();
+    });
+  }
+
+  // ------------------------------------------------------------------ consumer groups (queue page)
+
+  const groupButtons = new Map(); // group → its row's buttons, made once (a poll keeps the same nodes)
+
+  function renderGroups(groups) {
+    for (const name of groupButtons.keys()) {
+      if (!groups.some((g) => g.name === name)) groupButtons.delete(name);
+    }
+    syncTable($("groups-body"), GROUP_COLUMNS, groups, (g) => g.name,
+      (g) => ({ "data-testid": `group-row-${g.name}` }), "No consumer group: members join one with group=NAME.");
+  }
+
+  function groupActions(name) {
+    if (!groupButtons.has(name)) {
+      groupButtons.set(name, h("span", { class: "row-actions" },
+        h("button", { type: "button", class: "ghost small", "data-testid": `group-reset-${name}`,
+          onclick: (event) => resetGroup(name, event.currentTarget) }, "Reset"),
+        h("button", { type: "button", class: "ghost small danger-text", "data-testid": `group-delete-${name}`,
+          onclick: (event) => deleteGroup(name, event.currentTarget) }, "Delete")));
+    }
+    return groupButtons.get(name);
+  }
+
+  /** The messages an admin command's results say it dropped, over the exchanges. */
+  function dropped(status, key) {
+    return Object.values(status.results).reduce((total, result) => total + (result[key] || 0), 0);
+  }
+
+  /** Say what a command did; a 202 (some exchange has not answered yet) says which apply it later. */
+  function reportCommand(status, done) {
+    const late = status.waiting.length;
+    showMessage(late ? "info" : "ok", late ? `${done} ${status.waiting.join(", ")} `
+      + `${late === 1 ? "has" : "have"} not answered yet: the command applies there as soon as it can.` : done);
+    pollNow();
+  }
+
+  async function resetGroup(name, button) {
+    const queue = queuePage.name;
+    const sure = await confirmAction(`Reset group ${name} of ${queue}?`,
+      "Its ready and delayed messages are dropped. Its members stay, and keep what they hold in flight "
+      + "until they ack it.", "Reset group");
+    if (!sure) return;
+    await act(`reset group ${name}`, button, async () => {
+      const status = await api("POST", queueApi(queue, `/groups/${encodeURIComponent(name)}/reset`));
+      reportCommand(status, `Group ${name} reset: ${plural(dropped(status, "dropped"), "message")} dropped.`);
+    });
+  }
+
+  async function deleteGroup(name, button) {
+    const queue = queuePage.name;
+    const sure = await confirmAction(`Delete group ${name} of ${queue}?`,
+      "The group goes with every message it holds. It is refused while members are connected: stop them first.",
+      "Delete group");
+    if (!sure) return;
+    await act(`delete group ${name}`, button, async () => {
+      const status = await api("DELETE", queueApi(queue, `/groups/${encodeURIComponent(name)}`));
+      reportCommand(status, `Group ${name} deleted with ${plural(dropped(status, "dropped"), "message")}.`);
+    });
+  }
+
+  async function purgeQueue() {
+    const name = queuePage.name;
+    const sure = await confirmAction(`Purge queue ${name}?`,
+      "Its retained messages and every consumer group's ready and delayed messages are dropped, on its "
+      + "replicas and journals too. Messages members hold in flight stay theirs.", "Purge");
+    if (!sure) return;
+    await act(`purge queue ${name}`, $("purge-queue"), async () => {
+      const status = await api("POST", queueApi(name, "/purge"));
+      reportCommand(status, `Queue ${name} purged: ${plural(dropped(status, "messages"), "retained message")} and `
+        + `${plural(dropped(status, "group_messages"), "group message")} dropped.`);
     });
   }
 
