@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from exchange.forwarder import Forwarder
 from exchange.groups import Groups, GroupSettings
-from exchange.replica import Replica, _final, _minus
+from exchange.replica import Replica
+from exchange.replica_adoption import _final, _minus
 from roq import protocol
 from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
