@@ -92,9 +92,7 @@ class Replica:
             gatekeeper.guard(replay, "replay")
         repl_port = self.repl.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
-        ex = config.exchange
-        self.replay = ReplayServer(replay, None, None, "", ex.fetch_max_bytes, ex.replay_budget_bytes,
-                                   2 * ex.fetch_max_bytes, self._count, archives=self.copies,
+        self.replay = ReplayServer(replay, config.exchange, self._count, archives=self.copies,
                                    on_ended=self.seal_ended)
         self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
