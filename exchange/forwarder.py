@@ -50,6 +50,7 @@ GROUP_POLL_MS = 50
 class Forwarder:
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
+        # The parts main.py, the tests and the fuzz targets reach, by their names.
         self.config = parts.config
         self.exchange_id, self.incarnation = parts.stream.exchange_id, parts.stream.incarnation
         self.copy_secret = parts.stream.copy_secret
