@@ -10,7 +10,7 @@ failover must not bring purged messages back, whichever exchange it reaches.
 
 This module keeps what an exchange knows of them: the commands waiting to be applied, those this
 exchange applied (this incarnation, or an earlier one as its replica says: protocol section 7.6),
-and the purge marks with their expiry. The forwarder applies them (exchange/forwarder.py). An
+and the purge marks with their expiry. The forwarder applies them (exchange/admin.py). An
 entry of the line that does not parse is logged and skipped; nothing on the line can stop the
 exchange, and a line from a thread other than the loop's only queues work for the loop.
 """

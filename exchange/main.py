@@ -40,7 +40,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +48,10 @@ import zmq
 
 from exchange.forwarder import Forwarder
 from exchange.journal import JOURNAL_DIR, load_archives
+from exchange.parts import Site
 from exchange.replica import Replica
 from exchange.retention import Retention
+from exchange.stats import rss_bytes
 from roq import protocol
 from roq.config import Config, config_from_json, load_config
 from roq.daemon import Stop, run_daemon
@@ -126,15 +127,6 @@ def read_config_line() -> str:
     line, _, rest = data.partition(b"\n")
     _after_config[:] = rest
     return line.decode()
-
-
-def _rss_bytes() -> int:
-    """This process's resident memory (Linux), so a leak shows in the statistics."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def every(interval: float, action: Callable[[], None]) -> Callable[[], None]:
@@ -228,8 +220,9 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         advertise = config.hcm.advertise or config.hcm.bind
         directory = journal_dir(config, queue, exchange_id)
         archives = load_journal_archives(config, directory)
-        forwarder = Forwarder(context, config.exchange, exchange_id, config.hcm.bind, advertise, gatekeeper,
-                              replicas=replicas, cluster_config=config, journal_dir=str(directory), archives=archives)
+        site = Site(exchange_id, config.hcm.bind, advertise, gatekeeper, replicas=replicas, cluster_config=config,
+                    journal_dir=str(directory), archives=archives)
+        forwarder = Forwarder.open(context, config.exchange, site)
     except BaseException:
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
         raise
@@ -239,22 +232,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
     gatekeeper.start()
 
     def report() -> None:
-        retention = forwarder.retention
-        stats = replace(forwarder.stats.snapshot(), refused_connections=gatekeeper.refused,
-                        refused_over_limit=gatekeeper.refused_limit, refused_permission=gatekeeper.refused_permission,
-                        permissions_version=gatekeeper.permissions_version,
-                        retained_frames=retention.served_frames, retained_bytes=retention.bytes,
-                        evicted_frames=retention.evicted, known_publishers=len(forwarder.sessions.sessions),
-                        expired_publishers=forwarder.sessions.expired,
-                        tracked_prefixes=len(forwarder.chains.last), replay_held_bytes=forwarder.replay.held,
-                        rss_bytes=_rss_bytes(), held_acks=len(forwarder.gate),
-                        replicated_to=forwarder.link.held if forwarder.link else 0,
-                        next_pos=retention.next_pos, consumers=forwarder.consumers.lags(retention),
-                        groups=forwarder.groups.stats(), storage_full=forwarder.storage_full,
-                        storage_error=forwarder.storage_error,
-                        journal_errors=forwarder.journal.errors if forwarder.journal else 0,
-                        journal_pending_bytes=forwarder.journal.pending_bytes if forwarder.journal else 0)
-        emit({"event": "stats", **stats.to_dict()})
+        emit({"event": "stats", **forwarder.report().to_dict()})
 
     on_tick = every(config.exchange.stats_interval, report)
 
@@ -273,9 +251,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
-        moved = forwarder.ask_publishers_to_move("exchange cut off from its replica" if forwarder.sealed else
-                                                 forwarder.storage.reason if forwarder.journal_failed
-                                                 and forwarder.storage else "exchange shutting down")
+        moved = forwarder.ask_publishers_to_move()  # why: cut off from its replica, its disk, or shutting down
         if moved:
             deadline = time.monotonic() + MOVE_GRACE
             forwarder.run(lambda: time.monotonic() > deadline, lambda: None, until_sealed=False)
@@ -355,7 +331,7 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id
     gatekeeper.start()
     on_tick = every(config.exchange.stats_interval,
                     lambda: emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(),
-                                  "rss_bytes": _rss_bytes()}))
+                                  "rss_bytes": rss_bytes()}))
     try:
         await_permissions(gatekeeper, config, stop, watch_parent)
         emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,

@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import zmq
 
 from exchange.chains import PrefixChains
 from exchange.retention import Retention
 from roq import protocol
+from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -31,24 +33,32 @@ log = logging.getLogger(__name__)
 REPLAY_HWM = 64  # replies queued per connection; small ones only, the byte budget bounds the rest
 
 
+class LiveStream(NamedTuple):
+    """The stream an exchange is writing (a replica has none: it serves only stored copies)."""
+    retention: Retention
+    chains: PrefixChains
+    incarnation: str
+
+
 class ReplayServer:
-    def __init__(self, sock: zmq.Socket, retention: Retention | None, chains: PrefixChains | None,
-                 incarnation: str, fetch_max_bytes: int, budget_bytes: int, per_connection_bytes: int,
-                 count: Callable[[str, int], None], archives: Mapping[str, Retention] | None = None,
+    def __init__(self, sock: zmq.Socket, limits: ExchangeConfig, count: Callable[[str, int], None],
+                 live: LiveStream | None = None, archives: Mapping[str, Retention] | None = None,
                  on_ended: Callable[[str], bool] | None = None,
                  on_progress: Callable[[protocol.Progress], None] | None = None) -> None:
-        """`count(name, n)` adds to the exchange's counters (fetches, fetched_frames, malformed, busy).
-        `retention` and `chains` are None on a replica, which only serves `archives`."""
+        """`limits`: the fetch and reply byte bounds (`exchange.fetch_max_bytes`, `replay_budget_bytes`;
+        a connection holds at most two fetches' worth). `count(name, n)` adds to the exchange's
+        counters (fetches, fetched_frames, malformed, busy). `live` is None on a replica, which only
+        serves `archives`."""
         self.sock = sock
-        self.retention = retention
-        self.chains = chains
-        self.incarnation = incarnation
+        self.retention = live.retention if live is not None else None
+        self.chains = live.chains if live is not None else None
+        self.incarnation = live.incarnation if live is not None else ""
         self.archives: Mapping[str, Retention] = archives if archives is not None else {}
         self.on_ended = on_ended  # may a stored incarnation be read as ended (sealing it)? False: `running`
         self.on_progress = on_progress  # a durable subscriber's report (consumer lag); never answered
-        self.fetch_max_bytes = fetch_max_bytes
-        self.budget = budget_bytes
-        self.per_connection = per_connection_bytes
+        self.fetch_max_bytes = limits.fetch_max_bytes
+        self.budget = limits.replay_budget_bytes
+        self.per_connection = 2 * limits.fetch_max_bytes
         self._count = count
         self._in_flight: deque[tuple[zmq.MessageTracker, bytes, int]] = deque()  # (tracker, peer, bytes)
         self.held = 0  # reply bytes libzmq still holds

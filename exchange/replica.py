@@ -14,20 +14,15 @@ are refused (`sealed`), so an exchange cut off from the cluster (its live znode 
 still running) can confirm nothing the subscriber's tail fetch would not see. A `follow` of a new
 incarnation of the same exchange seals the older ones too.
 
-Who may copy: every frame on `repl` carries the incarnation's copy secret (`proof`, protocol 6.1),
-which the primary made at start and of which only the SHA-256 (`copy_digest`) was published, in
-its live znode. This replica's HCM follows that znode and writes each `{"primary": {"incarnation",
-"copy_digest"}}` (or `{"primary": null}`) to our stdin (`learn_primary`, from the stdin thread:
-handed to the loop through a queue). A frame whose proof does not hash to its incarnation's digest
-is dropped and counted (`refused_copies`); a `follow` of an incarnation whose digest has not come
-yet waits (at most `MAX_WAITING`) and is answered once it comes. So a peer that reaches `repl`
+Who may copy: every frame on `repl` carries the incarnation's copy secret (protocol 6.1), checked
+against the digest the cluster published (exchange/replica_trust.py). So a peer that reaches `repl`
 cannot follow, continue, jump or replace a copy, nor send group state, whatever it read in
 ZooKeeper. The same knowledge decides sealing: a position request for the incarnation the cluster
 lists as running is refused (`running`), so only an ended incarnation's copy is ever sealed.
 
 Consumer groups: the primary also sends its groups' state and acks (`groups`, `done`, protocol
 section 7.6), and a `mark`, answered `marked` once those are held, which is what lets a member's
-ack free its room; a restarted primary asks for them (`adopt`).
+ack free its room; a restarted primary asks for them (`adopt`, exchange/replica_adoption.py).
 
 Admin commands (protocol section 2: a group reset or deleted, the queue purged) reach the replica
 from its primary as `applied` frames, each with the groups' state right after the command: the
@@ -45,9 +40,7 @@ daemons (the server key) may say anything on `repl`, on top of the proofs.
 
 from __future__ import annotations
 
-import hmac
 import logging
-import queue
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,6 +49,8 @@ from typing import Any
 import zmq
 
 from exchange.replay import ReplayServer, replay_socket
+from exchange.replica_adoption import adoption_reply
+from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
 from roq import protocol
@@ -68,11 +63,7 @@ log = logging.getLogger(__name__)
 POLL_MS = 100
 MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
 MAX_SEALED = 4096  # sealed incarnations remembered
-MAX_DIGESTS = 64  # primary incarnations whose copy digest is remembered (the newest)
-MAX_WAITING = 16  # follows waiting for their incarnation's digest; the oldest give way
 MAX_APPLIED = 256  # admin commands remembered per exchange (the newest)
-ProofFrame = (protocol.Follow | protocol.Copy | protocol.GroupState | protocol.GroupsDone | protocol.Mark
-              | protocol.Adopt | protocol.Applied)
 
 
 class Replica:
@@ -89,16 +80,8 @@ class Replica:
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
-        # What the cluster says of our primary (from our HCM): each incarnation's copy digest, and
-        # the incarnation listed as running (None: none; `told` False: nothing heard yet).
-        self.digests: OrderedDict[str, str] = OrderedDict()
-        self.proven: dict[str, bytes] = {}  # incarnation → its proof, once checked against the digest
-        self.running: str | None = None
-        self.told = False
-        self._news: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()  # from the stdin thread
-        self.waiting: OrderedDict[str, tuple[bytes, protocol.Follow]] = OrderedDict()  # incarnation → follow
         self.counters: dict[str, int] = {}
-        self._proof_warned = -1e9
+        self.trust = PrimaryTrust(exchange_id, self.counters)  # which primary frames to take
         self.curve = load_keys(config.security) is not None
         self.repl = context.socket(zmq.ROUTER)
         self.repl.linger = 0
@@ -109,9 +92,7 @@ class Replica:
             gatekeeper.guard(replay, "replay")
         repl_port = self.repl.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
-        ex = config.exchange
-        self.replay = ReplayServer(replay, None, None, "", ex.fetch_max_bytes, ex.replay_budget_bytes,
-                                   2 * ex.fetch_max_bytes, self._count, archives=self.copies,
+        self.replay = ReplayServer(replay, config.exchange, self._count, archives=self.copies,
                                    on_ended=self.seal_ended)
         self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
@@ -185,61 +166,20 @@ class Replica:
     def learn_primary(self, primary: dict[str, Any] | None) -> None:
         """Our HCM's news of the primary's live znode (any thread): `{"incarnation", "copy_digest"}`
         while one runs, None while none does."""
-        self._news.put(primary)
+        self.trust.learn(primary)
 
     def _take_news(self) -> None:
-        while True:
-            try:
-                primary = self._news.get_nowait()
-            except queue.Empty:
-                return
-            self.told = True
-            incarnation = primary.get("incarnation") if isinstance(primary, dict) else None
-            digest = primary.get("copy_digest") if isinstance(primary, dict) else None
-            if not isinstance(incarnation, str) or not isinstance(digest, str):
-                self.running = None
-                continue
-            self.running = incarnation
-            if self.digests.get(incarnation) != digest:
-                self.digests[incarnation] = digest
-                self.proven.pop(incarnation, None)
-            self.digests.move_to_end(incarnation)
-            while len(self.digests) > MAX_DIGESTS:
-                dropped, _ = self.digests.popitem(last=False)
-                self.proven.pop(dropped, None)
-            waiting = self.waiting.pop(incarnation, None)
-            if waiting is not None and self.proof_holds(*waiting):
-                self._answer(waiting[0], self.handle(*waiting))
+        for route, follow in self.trust.take_news():  # follows that waited for their digest
+            if self.trust.proof_holds(route, follow):
+                self._answer(route, self.handle(route, follow))
 
     def proof_holds(self, route: bytes, request: ProofFrame) -> bool:
-        """Does the frame carry its incarnation's copy secret? A follow of an incarnation whose
-        digest we do not know yet waits for it; anything else unproven is dropped and counted."""
-        incarnation = request.incarnation
-        digest = self.digests.get(incarnation)
-        if digest is None:
-            if isinstance(request, protocol.Follow) and incarnation.rsplit(".", 1)[0] == self.exchange_id:
-                self.waiting.pop(incarnation, None)
-                self.waiting[incarnation] = (route, request)
-                while len(self.waiting) > MAX_WAITING:
-                    self.waiting.popitem(last=False)
-            else:
-                self._count("refused_copies", 1)  # no digest known for that incarnation
-            return False
-        known = self.proven.get(incarnation)
-        if known is not None:
-            held = hmac.compare_digest(known, request.proof)
-        else:
-            held = hmac.compare_digest(protocol.copy_digest(request.proof), digest)
-            if held:
-                self.proven[incarnation] = request.proof
-        if not held:
-            self._count("refused_copies", 1)
-            now = time.monotonic()
-            if now >= self._proof_warned + 10:  # a peer sending many must not flood the log
-                self._proof_warned = now
-                log.warning("dropped a %s frame for %s without its copy secret (%d so far)",
-                            type(request).__name__.lower(), incarnation, self.counters["refused_copies"])
-        return held
+        """Does the frame carry its incarnation's copy secret (exchange/replica_trust.py)?"""
+        return self.trust.proof_holds(route, request)
+
+    @property
+    def digests(self) -> dict[str, str]:
+        return self.trust.digests
 
     def handle(self, route: bytes, request: ProofFrame) -> bytes | None:
         """The answer to a primary's frame whose proof held (None: `groups` and `done` get none, a
@@ -353,37 +293,9 @@ class Replica:
                  incarnation, upto, frames, messages)
 
     def _adopt(self, adopt: protocol.Adopt) -> bytes:
-        """A restarted exchange asks for the groups its earlier incarnation left: the newest state
-        held, with the frames of its pending messages and each publisher's highest sequence number
-        in that copy (its resends up to there are not new to the groups)."""
-        ended = next((inc for inc in reversed(self.copies) if inc != adopt.incarnation and inc in self.group_state
-                      and inc.rsplit(".", 1)[0] == adopt.exchange), "")
-        applied = tuple(self.applied)
-        if not ended:
-            return protocol.encode_adoption(adopt.incarnation, "", [], {}, [], applied)
-        copy = self.copies[ended]
-        entries: list[tuple[int, bytes, bytes, int]] = []
-        for pos, (topic, body, messages) in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest):
-            assert isinstance(topic, bytes) and isinstance(body, bytes) and isinstance(messages, int)
-            entries.append((pos, topic, body, messages))
-        index = [(pos, topic, messages) for pos, topic, _, messages in entries]
-        done = self.group_done.get(ended, {})
-        groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in self.group_state[ended]]
-        pending = {p[0] for g in groups for p in g.pending}
-        high: dict[str, int] = {}
-        frames = []
-        for pos, topic, body, _ in entries:
-            try:
-                delivery = protocol.decode_delivery(body)
-            except ProtocolError:
-                continue
-            if delivery.seqs:
-                high[delivery.publisher] = max(high.get(delivery.publisher, 0), delivery.seqs[-1])
-            if pos in pending:
-                frames.append((pos, topic, body))
-        log.info("%s adopts the %d consumer groups of %s (%d frames)", adopt.incarnation, len(groups), ended,
-                 len(frames))
-        return protocol.encode_adoption(adopt.incarnation, ended, groups, high, frames, applied)
+        """A restarted exchange asks for the groups its earlier incarnation left
+        (exchange/replica_adoption.py)."""
+        return adoption_reply(adopt, self.copies, self.group_state, self.group_done, tuple(self.applied))
 
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange
@@ -402,7 +314,7 @@ class Replica:
     def seal_ended(self, incarnation: str) -> bool:
         """A subscriber asks where the copy of `incarnation` ends: seal it, unless the cluster (our
         HCM) still lists it as running, or has told us nothing yet. Returns whether it is sealed."""
-        if not self.told or incarnation == self.running:
+        if not self.trust.told or incarnation == self.trust.running:
             self._count("refused_seals", 1)
             return False
         self.seal(incarnation)
@@ -425,36 +337,3 @@ class Replica:
     def report(self) -> dict[str, int]:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.counters}
-
-
-def _final(record: protocol.GroupRecord, done: list[tuple[int, int, int]],
-           frames: list[tuple[int, bytes, int]], next_pos: int) -> protocol.GroupRecord:
-    """A group's state as the adopting exchange reads it: every pending message listed, up to the
-    copy's end. Frames from the state's `upto` on were pending whole (those of the group's topics);
-    what left the group since the state (acked, dead-lettered) is taken out."""
-    gone: dict[int, list[tuple[int, int]]] = {}
-    for pos, idx, count in done:
-        gone.setdefault(pos, []).append((idx, idx + count))
-    pending = list(record.pending)
-    pending += [(pos, 0, messages, 0) for pos, topic, messages in frames
-                if pos >= record.upto and messages and topic.startswith(record.prefixes)]
-    kept = []
-    for pos, idx, count, deliveries in pending:
-        for start, end in _minus((idx, idx + count), sorted(gone.get(pos, ()))):
-            kept.append((pos, start, end - start, deliveries))
-    return protocol.GroupRecord(record.name, record.prefixes, record.ack_timeout_ms, record.max_deliveries,
-                                record.dead_letter, max(next_pos, record.upto), kept)
-
-
-def _minus(span: tuple[int, int], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """`span` without the (sorted) `holes`."""
-    out, start = [], span[0]
-    for lo, hi in holes:
-        if hi <= start or lo >= span[1]:
-            continue
-        if lo > start:
-            out.append((start, lo))
-        start = max(start, hi)
-    if start < span[1]:
-        out.append((start, span[1]))
-    return out

@@ -6,6 +6,7 @@ typed report (`roq.records.ExchangeStats`), whose fields include every counter.
 
 from __future__ import annotations
 
+import os
 import time
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
@@ -101,3 +102,12 @@ class ExchangeStats:
         self._last = Counters(**asdict(t))
         self._last_time = now
         return report
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux), so a leak shows in the statistics."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -108,9 +108,10 @@ def _forwarder():
     import zmq
 
     from exchange.forwarder import Forwarder
+    from exchange.parts import Site
     from roq.config import ExchangeConfig
     config = ExchangeConfig(max_message_bytes=1024, max_batch_bytes=65536, retention_bytes=1 << 20)
-    return Forwarder(zmq.Context.instance(), config, "x1", "127.0.0.1", "127.0.0.1")
+    return Forwarder.open(zmq.Context.instance(), config, Site("x1", "127.0.0.1", "127.0.0.1"))
 
 
 def envelope(data: bytes) -> None:

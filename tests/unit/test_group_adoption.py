@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from exchange.forwarder import Forwarder
 from exchange.groups import Groups, GroupSettings
-from exchange.replica import Replica, _final, _minus
+from exchange.parts import Site
+from exchange.replica import Replica
+from exchange.replica_adoption import _final, _minus
 from roq import protocol
 from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
@@ -172,33 +174,33 @@ def turn(fw: Forwarder, replica: Replica, *, killed_after_pump: bool = False) ->
         replica._drain_primary()
     assert fw.link is not None
     if fw.link.sock is not None and fw.link.sock.poll(0):
-        fw._drain_replica(fw.link.sock)
-    if fw.adopting:
-        fw._adoption_step()
+        fw.durability.drain_replica(fw.link.sock)
+    if fw.group_sync.adopting:
+        fw.group_sync.adoption_step()
         return
     if fw.front.poll(0):
-        fw._drain_publishers()
+        fw.ingest.drain()
     if fw.work.sock.poll(0):
         fw.work.drain()
     fw.groups.tick()
-    fw._settle_acks()
+    fw.group_sync.settle_acks()
     fw.work.pump()
     if not killed_after_pump:
         now = time.monotonic()
-        fw._replicate_groups(now)
-        fw._make_durable(now)
+        fw.group_sync.replicate(now)
+        fw.durability.make_durable(now)
 
 
 def incarnation(ctx: zmq.Context, replica: Replica) -> Forwarder:
     """A replicated exchange's new incarnation, following `replica`, having adopted what the
     previous one left there (as its HCM and run loop would do)."""
-    fw = Forwarder(ctx, ExchangeConfig(), X, "127.0.0.1", "127.0.0.1", replicas=2, cluster_config=config())
+    fw = Forwarder.open(ctx, ExchangeConfig(), Site(X, "127.0.0.1", "127.0.0.1", replicas=2, cluster_config=config()))
     replica.learn_primary({"incarnation": fw.incarnation, "copy_digest": protocol.copy_digest(fw.copy_secret)})
     replica._take_news()
     assert fw.link is not None
     fw.link.point_to(replica.repl_endpoint)
     deadline = time.monotonic() + WAIT
-    while fw.adopting:
+    while fw.group_sync.adopting:
         assert time.monotonic() < deadline, "the replica did not answer the adoption"
         turn(fw, replica)
     return fw

@@ -111,10 +111,10 @@ def test_applied_recorded_and_the_adoption_s_commands_on_the_wire() -> None:
 
 
 @contextlib.contextmanager
-def replicated_exchange() -> Iterator[Exchange]:
+def replicated_exchange(replicas: int = 2) -> Iterator[Exchange]:
     """A forwarder with replicas 2 and its replica (tests/unit/test_replication.py), in a context of its own."""
     context = zmq.Context()
-    made = Exchange(context)
+    made = Exchange(context, replicas)
     try:
         yield made
     finally:
@@ -128,9 +128,9 @@ def step_until(e: Exchange, done: Any) -> None:
     while not done():
         assert time.monotonic() < deadline, "no progress"
         e.turn(replicate=True)
-        e.fw._command_step(time.monotonic())
+        e.fw.admin.step(time.monotonic())
         if e.fw.link is not None and e.fw.link.sock is not None and e.fw.link.sock.poll(5):
-            e.fw._drain_replica(e.fw.link.sock)
+            e.fw.durability.drain_replica(e.fw.link.sock)
 
 
 def test_a_replicated_exchange_reports_a_command_once_its_replica_recorded_it() -> None:
@@ -158,14 +158,14 @@ def check_commands_recorded(e: Exchange) -> None:
     reported: list[tuple[str, dict[str, Any]]] = []
     fw.on_command = lambda command_id, result: reported.append((command_id, result))
     fw.commands.deliver({"commands": [{"id": "c-reset", "op": "group.reset", "group": "workers"}]})
-    fw._command_step(time.monotonic())
+    fw.admin.step(time.monotonic())
     assert reported == [] and fw.groups.groups["workers"].ready == 0  # applied here, not yet recorded there
     step_until(e, lambda: reported)
     assert reported == [("c-reset", {"dropped": 8})]
     (state,) = e.replica.group_state[fw.incarnation]
     assert sum(p[2] for p in state.pending) == 2 and "c-reset" in e.replica.applied
     fw.commands.deliver({"commands": [{"id": "c-reset", "op": "group.reset", "group": "workers"}]})
-    fw._command_step(time.monotonic())
+    fw.admin.step(time.monotonic())
     assert len(reported) == 1  # heard again: applied once
 
     fw.commands.deliver({"commands": [{"id": "c-purge", "op": "queue.purge"}]})
@@ -191,12 +191,10 @@ def check_commands_recorded(e: Exchange) -> None:
 
 
 def test_resends_at_or_below_a_purge_mark_are_duplicates_and_the_rest_is_new() -> None:
-    with replicated_exchange() as e:
+    with replicated_exchange(replicas=1) as e:  # unreplicated: acks at once
         fw = e.fw
-        fw.link = None  # unreplicated: acks at once
-        fw.gated = False
         fw.commands.deliver({"commands": [], "purged": {e.pid: 6}})
-        fw._command_step(time.monotonic())
+        fw.admin.step(time.monotonic())
         pub, _ = e.publisher(1)
         pub.send(batch(e, 1, 10))  # a publisher resending its window to an exchange that never had it
         assert e.answer(pub).seq == 10  # confirmed whole

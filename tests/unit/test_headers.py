@@ -186,13 +186,14 @@ def test_an_exchange_that_adopts_a_group_forwards_its_pending_messages_with_thei
     import zmq
 
     from exchange.forwarder import Forwarder
+    from exchange.parts import Site
     from roq.config import ExchangeConfig
-    forwarder = Forwarder(zmq.Context.instance(), ExchangeConfig(), "x1", "127.0.0.1", "127.0.0.1")
+    forwarder = Forwarder.open(zmq.Context.instance(), ExchangeConfig(), Site("x1", "127.0.0.1", "127.0.0.1"))
     try:
         body = protocol.encode_delivery("x1", "x1.0ld", 1, [], PID, 5, [1, 2], [b"a", b"b"],
                                         [[1, 3, 0, b"k", {"trace-id": b"4bf9"}]])
         record = protocol.GroupRecord("g", (b"jobs",), 30_000, 5, b"dead", 2, [(1, 1, 1, 2)])
-        forwarder._adopt(protocol.Adoption("x1.new", "x1.0ld", [record], {PID: 2}, [(1, b"jobs", body)]))
+        forwarder.group_sync.adopt(protocol.Adoption("x1.new", "x1.0ld", [record], {PID: 2}, [(1, b"jobs", body)]))
         (unit,) = forwarder.groups.groups["g"].levels[3].queues[b"k"]
         assert unit.entry()[6:] == [[2], [b"b"], 3, b"k", {"trace-id": b"4bf9"}] and unit.deliveries == 2
         frames, _, _ = forwarder.retention.read(0, forwarder.retention.next_pos, [b"jobs"], 1 << 20)

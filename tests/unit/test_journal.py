@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from exchange import journal as journal_module
+from exchange import journal_format
 from exchange.journal import RECORD_OVERHEAD, Archive, ArchivedFrame, Journal, load_archives
 from tests.profiles import examples
 
@@ -270,14 +271,14 @@ def test_a_failed_write_leaves_the_files_whole_and_the_commit_can_be_retried(
     for frame in frames[:2]:
         journal.append(*frame)
     journal.commit()
-    monkeypatch.setattr(journal_module.os, "write", filling_disk)
+    monkeypatch.setattr(os, "write", filling_disk)
     calls[0] = 0
     for frame in frames[2:]:
         journal.append(*frame)
     with pytest.raises(OSError):
         journal.commit()
     assert journal.committed_pos == 3
-    monkeypatch.setattr(journal_module.os, "write", real_write)
+    monkeypatch.setattr(os, "write", real_write)
     journal.commit()
     assert journal.committed_pos == 13
     journal.close()
@@ -473,8 +474,8 @@ def test_what_is_loaded_is_exactly_what_was_committed_whatever_the_crash(tmp_pat
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # Syncs are what a crash of the machine needs; a simulated crash of the process does not
     # (and real ones make this test ten times slower). They are still called, in the same order.
-    monkeypatch.setattr(journal_module.os, "fdatasync", lambda fd: None)
-    monkeypatch.setattr(journal_module, "_fsync_directory", lambda path: None)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: None)
+    monkeypatch.setattr(journal_format, "fsync_directory", lambda path: None)
     monkeypatch.setattr(JournalMachine, "base", tmp_path)
     run_state_machine_as_test(JournalMachine, settings=settings(
         max_examples=examples(50), stateful_step_count=30, deadline=None,
@@ -494,7 +495,7 @@ def test_a_background_sync_moves_committed_pos_only_once_the_disk_has_it(tmp_pat
         assert gate.wait(10), "the test never let the sync finish"
         real_fdatasync(fd)
 
-    monkeypatch.setattr(journal_module.os, "fdatasync", slow_fdatasync)
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
     journal = open_journal(tmp_path, "current", mode="fsync", segment_bytes=300)
     frames = make_frames(20)
     for frame in frames[:10]:
@@ -519,7 +520,7 @@ def test_a_background_sync_moves_committed_pos_only_once_the_disk_has_it(tmp_pat
     def failing_fdatasync(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(journal_module.os, "fdatasync", failing_fdatasync)
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
     failed = open_journal(tmp_path, "failing", mode="fsync")
     failed.append(*frames[0])
     synced.clear()

@@ -1,4 +1,4 @@
-"""Replication (issue 18): the replica process's store and server (exchange/replica.py) and the
+"""Replication: the replica process's store and server (exchange/replica.py) and the
 primary's side (exchange/replication.py), with real ZeroMQ sockets on 127.0.0.1 in this process.
 
 The Replica is driven by calling its drains (`_drain_primary`, `replay.drain`) rather than its
@@ -31,6 +31,7 @@ from exchange import replica as replica_module
 from exchange import replication
 from exchange.confirms import ConfirmGate
 from exchange.forwarder import Forwarder
+from exchange.parts import Site
 from exchange.replica import MAX_COPIES, Replica
 from exchange.replication import RESYNC_AFTER, ReplicaLink
 from exchange.retention import Retention
@@ -269,8 +270,8 @@ def test_a_follow_of_another_exchanges_incarnation_is_refused(ctx: zmq.Context, 
 
 def test_frames_without_the_copy_secret_are_dropped_unanswered_and_change_nothing(
         ctx: zmq.Context, replica: Replica) -> None:
-    """Issue 31: a peer that reached `repl` followed the running incarnation and sent one copy with
-    `jump`; the replica threw its copy away for the attacker's. Every frame must carry the
+    """A peer that reached `repl` once could follow the running incarnation and send one copy with
+    `jump`, and the replica threw its copy away for the attacker's. Every frame must carry the
     incarnation's copy secret now: another incarnation's secret, or any other bytes, will not do."""
     primary, attacker = dealer(ctx, replica.repl_endpoint), dealer(ctx, replica.repl_endpoint)
     follow(replica, primary)
@@ -320,7 +321,7 @@ def test_a_follow_waits_for_its_incarnations_digest_and_is_answered_when_it_come
 
 
 def test_only_an_ended_incarnation_is_sealed_by_a_position_request(ctx: zmq.Context) -> None:
-    """Issue 31: any subscriber's `position` naming the running incarnation sealed it, and the
+    """Any subscriber's `position` naming the running incarnation once sealed it, and the
     exchange restarted (six times in 22 s made it FAILED). The replica's HCM says which one runs:
     that one is refused `running`; once it ended (or another runs), the request seals it."""
     replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
@@ -881,9 +882,10 @@ class Exchange:
     """A Forwarder with replicas = 2, its replica and a publisher, driven step by step as its run
     loop would drive them."""
 
-    def __init__(self, ctx: zmq.Context) -> None:
+    def __init__(self, ctx: zmq.Context, replicas: int = 2) -> None:
         self.ctx = ctx
-        self.fw = Forwarder(ctx, ExchangeConfig(), X, "127.0.0.1", "127.0.0.1", replicas=2, cluster_config=config())
+        self.fw = Forwarder.open(ctx, ExchangeConfig(), Site(X, "127.0.0.1", "127.0.0.1", replicas=replicas,
+                                                             cluster_config=config()))
         self.replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
         self.replica.learn_primary({"incarnation": self.fw.incarnation,
                                     "copy_digest": protocol.copy_digest(self.fw.copy_secret)})
@@ -913,13 +915,13 @@ class Exchange:
     def turn(self, replicate: bool) -> None:
         fw = self.fw
         if fw.front.poll(0):
-            fw._drain_publishers()
+            fw.ingest.drain()
         if replicate:
             if self.replica.repl.poll(0):
                 self.replica._drain_primary()
             if fw.link is not None and fw.link.sock is not None and fw.link.sock.poll(0):
-                fw._drain_replica(fw.link.sock)
-        fw._make_durable(time.monotonic())
+                fw.durability.drain_replica(fw.link.sock)
+        fw.durability.make_durable(time.monotonic())
 
     def quiet(self, sock: zmq.Socket, replicate: bool = False, turns: int = 20) -> bool:
         """No answer reaches `sock` while the loop turns a while."""
@@ -1091,7 +1093,7 @@ class ReplicationModel(RuleBasedStateMachine):
 
     @rule()
     def release(self) -> None:
-        """What Forwarder._make_durable does with the gate."""
+        """What Durability.make_durable does with the gate."""
         if self.link.sealed:
             return
         durable = min(self.retention.next_pos, self.link.held)

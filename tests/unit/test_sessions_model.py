@@ -1,5 +1,5 @@
 """Model-based test of the exchange's publisher path (exchange/sessions.py), driven the way
-exchange/forwarder.py drives it (issue 16).
+exchange/ingest.py drives it.
 
 Publishers own ids derived from secret tokens; they say hello (right or wrong token, any from_seq)
 on any of a few connections and move between them; they send batches in order, replayed,

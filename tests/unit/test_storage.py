@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from exchange import journal as journal_module
 from exchange.journal import Journal
 from exchange.storage import RESTART_AFTER, STORAGE_FULL, JournalHealth
 
@@ -44,7 +43,7 @@ def test_a_journal_broken_for_good_ends_the_incarnation_after_a_while(tmp_path, 
     def failing_fdatasync(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(journal_module.os, "fdatasync", failing_fdatasync)
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
     journal = Journal(tmp_path, "x1.a", "fsync", 64 << 10, FOREVER, 1 << 40)
     health = JournalHealth(journal, "q/x1")
     synced = threading.Event()
@@ -55,5 +54,5 @@ def test_a_journal_broken_for_good_ends_the_incarnation_after_a_while(tmp_path, 
     assert health.error_text.startswith("EIO: ")
     assert not health.must_restart(1.0 + RESTART_AFTER - 0.1)
     assert health.must_restart(1.0 + RESTART_AFTER)
-    monkeypatch.setattr(journal_module.os, "fdatasync", os.fdatasync)
+    monkeypatch.setattr(os, "fdatasync", os.fdatasync)
     journal.close()  # logged, never raised

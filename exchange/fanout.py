@@ -1,0 +1,121 @@
+"""The subscribers' side: every accepted frame numbered, retained, journaled and published.
+
+Each frame sent to subscribers gets the next position of this incarnation's stream, carries the
+chains of the subscribed prefixes it matches (exchange/chains.py), is kept in the retention
+buffer (and the journal) and goes out on XPUB as [topic, body], so libzmq filters by topic
+prefix. Slow subscribers: XPUB keeps at most `exchange.sub_hwm` frames per subscriber and drops
+beyond that for that subscriber only; the subscriber sees the broken chain and fetches the
+missing frames from retention through the replay socket (exchange/replay.py). A subscription to a
+sync marker topic is answered with the next position, so a subscriber knows from where on its
+subscription is live; beats tell idle subscribers where the stream is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from exchange.parts import Parts
+from roq import protocol
+
+MAX_SUBSCRIBERS = 100_000  # sync markers remembered (the subscriber count)
+# A plain int: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
+_MORE = int(zmq.SNDMORE)
+ZERO_COPY_BYTES = 64 << 10  # frames this big are sent without copying (smaller: the copy is cheaper)
+
+
+class Fanout:
+    def __init__(self, parts: Parts) -> None:
+        self.exchange_id = parts.stream.exchange_id
+        self.incarnation = parts.stream.incarnation
+        self.back = parts.back
+        self.retention = parts.retention
+        self.chains = parts.chains
+        self.stats = parts.stats
+        self.groups = parts.groups
+        self.offer = parts.feed.offer
+        self.journal = parts.journal  # None once the journal is switched off (exchange/durability.py)
+        # Sync markers subscribed, counted: one per RoQ subscriber (a reconnecting subscriber's new
+        # subscription may arrive before its old connection's unsubscription).
+        self.subscribers: dict[bytes, int] = {}
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self.subscribers)
+
+    def send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
+             attrs: list[list[Any]] | None = None, offer: bool = True, block: Any = None) -> int:
+        """Number, retain and publish one frame of accepted messages (and offer it to the groups);
+        `size` is the payloads' total. `attrs`: [index, priority, not_before_ms, key] of messages
+        published with attributes. `block`: the payloads as the publisher encoded them (a two-part
+        batch), spliced into the frame as they are. Returns the frame's position."""
+        pos = self.retention.next_pos
+        links = self.chains.links(topic, pos)
+        if block is not None:
+            body = protocol.encode_delivery_spliced(self.exchange_id, self.incarnation, pos, links, pub, sent_ns,
+                                                    seqs, block)
+        else:
+            body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, links, pub, sent_ns, seqs,
+                                            payloads, attrs)
+        self.retention.add(topic, body, len(seqs))
+        if self.groups and offer:
+            self.offer(pos, topic, pub, sent_ns, seqs, payloads, [tuple(a) for a in attrs] if attrs else None)
+        if self.journal is not None:
+            self.journal.append(pos, topic, body, len(seqs))
+        self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
+        # A big frame goes to libzmq without a copy: retention keeps the bytes alive anyway.
+        self.back.send(body, 0, copy=len(body) < ZERO_COPY_BYTES)
+        totals = self.stats.totals
+        totals.msgs_out += len(seqs)
+        totals.bytes_in += size  # every accepted payload is sent once, here
+        totals.bytes_out += size
+        totals.frames_out += 1
+        return pos
+
+    def drain_subscriptions(self) -> None:
+        while True:
+            try:
+                event = self.back.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, topic = event[:1], event[1:]
+            if topic[:1] == b"\x00":  # our own marker topics, not a user's subscription
+                if topic.startswith(protocol.SYNC_PREFIX):
+                    self._on_marker(kind, topic)
+            elif kind == b"\x01":
+                self.stats.subscriptions += 1
+                self.chains.subscribe(topic, self.retention.next_pos)
+            elif kind == b"\x00":
+                self.stats.subscriptions = max(0, self.stats.subscriptions - 1)
+                self.chains.unsubscribe(topic)
+
+    def _on_marker(self, kind: bytes, marker: bytes) -> None:
+        subscribers = self.subscribers
+        if kind == b"\x00":
+            left = subscribers.get(marker, 0) - 1
+            if left > 0:
+                subscribers[marker] = left
+            else:
+                subscribers.pop(marker, None)
+            self.stats.subscribers = len(subscribers)
+            return
+        if kind != b"\x01":
+            return
+        if marker in subscribers or len(subscribers) < MAX_SUBSCRIBERS:
+            subscribers[marker] = subscribers.get(marker, 0) + 1
+            self.stats.subscribers = len(subscribers)
+        # The subscriber's subscriptions arrived together with (before) its marker, so they are
+        # active now: every frame from the next position on reaches it live.
+        body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos)
+        try:
+            self.back.send_multipart([marker, body], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the subscriber falls back to its sync timeout
+
+    def beat(self) -> None:
+        body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos, protocol.BEAT)
+        try:
+            self.back.send_multipart([protocol.BEAT_TOPIC, body], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass

@@ -1,0 +1,278 @@
+"""The publishers' side: their ROUTER socket read, batches checked and forwarded, acks sent.
+
+A publisher first says `hello` (proving it owns its id) on its connection; its batches are then
+checked against what this exchange holds of it (exchange/sessions.py): a batch must continue
+where the last one ended, or it is refused with `resend` and changes nothing, so an ack never
+covers a message that was not forwarded. Messages are validated one by one (oversize payloads
+and bad topics are rejected one by one and counted), grouped into runs of one topic and handed
+to the fan-out (exchange/fanout.py). Then the publisher gets a cumulative ack: at once, one per
+connection per drain, or, when acks wait for durability (a replica, an fsync'ed journal), from
+the confirm gate once what the stream held when it was earned is durable (exchange/durability.py).
+Nothing a publisher sends ends the loop: an unexpected error on one frame is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from exchange.fanout import Fanout
+from exchange.parts import Parts
+from roq import protocol
+from roq.errors import ProtocolError
+from roq.names import MAX_TOPIC_BYTES
+
+log = logging.getLogger(__name__)
+
+# Plain ints: or-ing pyzmq's enum flags costs microseconds on the per-frame path.
+_NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+DRAIN_BUDGET = 256  # publisher frames handled per wake-up
+
+
+class PublisherIngest:
+    def __init__(self, parts: Parts, fanout: Fanout, gated: bool) -> None:
+        """`gated`: acks wait in the confirm gate until what they cover is durable."""
+        self.config = parts.config
+        self.exchange_id = parts.stream.exchange_id
+        self.front = parts.front
+        self.sessions = parts.sessions
+        self.stats = parts.stats
+        self.commands = parts.commands
+        self.retention = parts.retention
+        self.gate = parts.gate
+        self.gated = gated
+        self._send = fanout.send
+        self._subscribers = fanout.subscribers  # its length is the count every ack carries
+        self._acks: dict[bytes, tuple[int, float]] = {}  # connection → (ack due, batch received) this drain
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    def drain(self, budget: int = DRAIN_BUDGET) -> None:
+        """Handle queued publisher frames, a bounded number per wake-up."""
+        try:
+            self._drain_frames(self.front, budget)
+        finally:
+            if self._acks:
+                self._send_acks()
+
+    def _drain_frames(self, front: zmq.Socket, budget: int) -> None:
+        for _ in range(budget):
+            try:
+                ident = front.recv(_NOBLOCK)
+            except zmq.Again:
+                return
+            frame, block, extra = _rest_of_message(front)
+            if frame is None or extra:
+                self.stats.totals.malformed += 1
+                self.reply(ident, protocol.encode_publisher_error(
+                    protocol.MALFORMED, "expected one frame per message, or two for a batch of one topic"))
+                continue
+            try:
+                self._handle(ident, frame, block)
+            except Exception:  # never end the exchange on one frame
+                self.stats.totals.internal_errors += 1
+                log.exception("unexpected error while handling a publisher frame; going on")
+
+    def handle(self, ident: bytes, payload: bytes, block: Any = None) -> None:
+        """One publisher message, answered (the drain holds acks back to send one per connection)."""
+        self._handle(ident, payload, block)
+        self._send_acks()
+
+    def _handle(self, ident: bytes, payload: bytes, block: Any = None) -> None:
+        try:
+            frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes, block)
+        except protocol.RefusedBatch as err:
+            self.stats.totals.malformed += 1
+            self.reply(ident, protocol.encode_resend(self.sessions.refusal_point(ident, err.publisher),
+                                                     protocol.MALFORMED, f"{err} (sequence numbers from "
+                                                     f"{err.first_seq} refused)"))
+            return
+        except ProtocolError as err:
+            self.stats.totals.malformed += 1
+            self.reply(ident, protocol.encode_publisher_error(err.code, str(err)))
+            return
+        if isinstance(frame, protocol.Batch):
+            self._forward(ident, frame)
+        elif isinstance(frame, protocol.Hello):
+            self._hello(ident, frame)
+        elif self.sessions.bye(ident, frame.publisher):  # only the owner's bye counts
+            self.stats.publishers.pop(frame.publisher, None)
+
+    def _hello(self, ident: bytes, hello: protocol.Hello) -> None:
+        last, refusal = self.sessions.hello(ident, hello)
+        if refusal:
+            self.stats.totals.refused_hellos += 1
+            self.reply(ident, protocol.encode_publisher_error("refused", refusal))
+            return
+        self.stats.publishers[hello.publisher] = time.monotonic()
+        if self.gated:  # a welcome counts as an ack: name only what is durable
+            last = self.gate.welcome_seq(hello.publisher, hello.from_seq - 1)
+        self.reply(ident, protocol.encode_welcome(self.exchange_id, last, len(self._subscribers)))
+
+    def _forward(self, ident: bytes, batch: protocol.Batch) -> None:
+        pub = batch.publisher
+        now = time.monotonic()
+        verdict = self.sessions.batch(ident, batch, now)
+        if verdict.refused:
+            self.stats.totals.refused_batches += 1
+            self.reply(ident, protocol.encode_resend(verdict.resend, verdict.code, verdict.message))
+            return
+        self.stats.publishers[pub] = now
+        count = batch.count
+        skip = verdict.skip
+        purged = self.commands.purged_through(pub)
+        if purged >= batch.first_seq + skip:  # resent after a purge dropped them: never again
+            skip = min(count, purged - batch.first_seq + 1)
+        totals = self.stats.totals
+        totals.duplicates += skip
+        if skip < count:
+            block = None
+            if batch.payloads is not None:  # one topic, its payloads as one block
+                payloads = batch.payloads[skip:] if skip else batch.payloads
+                topics = [batch.topic]
+                block = None if skip else batch.block  # resent duplicates: pack the rest again
+            else:
+                topics, payloads = batch.flat[2 * skip::2], batch.flat[2 * skip + 1::2]
+            size = _one_valid_topic(topics, payloads, self.config.max_message_bytes)
+            if size >= 0:
+                # The common case, checked with C-level calls instead of a loop per message.
+                first = batch.first_seq + skip
+                self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size,
+                           block=block)
+            else:
+                self._forward_one_by_one(ident, batch, skip)
+            totals.msgs_in += count - skip
+            by_publisher = self.stats.interval_by_publisher
+            by_publisher[pub] = by_publisher.get(pub, 0) + count - skip
+            if batch.sent_ns:  # 0: the publisher does not say when it sent
+                self.stats.note_latency(time.time_ns() - batch.sent_ns)
+        last = self.sessions.advance(pub, batch.first_seq + count - 1)
+        if self.gated:
+            self.gate.hold(self.retention.next_pos, ident, pub, last, now)
+        else:
+            # Acks are cumulative: one per connection per drain, sent once the drain's deliveries went.
+            self._acks[ident] = (last, now)
+
+    def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
+        """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""
+        pub, flat, totals = batch.publisher, batch.messages(), self.stats.totals
+        count = len(flat) // 2
+        run_topic: Any = None
+        seqs: list[int] = []
+        payloads: list[bytes] = []
+        attrs: list[list[Any]] = []  # [index in the run, priority, not_before_ms, key(, headers)]
+        run_size = 0
+        max_size = self.config.max_message_bytes
+        for i in range(skip, count):
+            topic, payload = flat[2 * i], flat[2 * i + 1]
+            seq = batch.first_seq + i
+            attributes = None
+            headers_size = 0
+            if isinstance(topic, list):  # [topic, priority, not_before_ms, key(, headers)]
+                try:
+                    attributes = protocol.message_attributes(topic)
+                    if attributes[4]:
+                        headers_size = protocol.headers_size(attributes[4])
+                except ProtocolError as err:
+                    totals.rejected += 1
+                    self.reply(ident, protocol.encode_reject(seq, protocol.MALFORMED, str(err)))
+                    continue
+                topic = attributes[0]
+            problem = _check_message(topic, payload, max_size, headers_size)
+            if problem:
+                totals.rejected += 1
+                self.reply(ident, protocol.encode_reject(seq, problem[0], problem[1]))
+                continue
+            if topic != run_topic and seqs:
+                self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
+                seqs, payloads, attrs, run_size = [], [], [], 0
+            run_topic = topic
+            if attributes is not None and attributes[1:] != (0, 0, b"", None):
+                attrs.append([len(seqs), *attributes[1:4]] if attributes[4] is None
+                             else [len(seqs), *attributes[1:]])
+            seqs.append(seq)
+            payloads.append(payload)
+            run_size += len(payload)
+        if seqs:
+            self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        now = time.monotonic()
+        for ident, (seq, received) in acks.items():
+            self.send_ack(ident, seq, received, now)
+
+    def send_ack(self, ident: bytes, seq: int, received: float, now: float) -> None:
+        self._send_reply(ident, protocol.encode_ack(seq, len(self._subscribers)))
+        self.stats.note_confirm(now - received)
+
+    def reply(self, ident: bytes, frame: bytes) -> None:
+        """Replies leave in the order of the frames they answer: an ack still held for this
+        connection goes first."""
+        if ident in self._acks:
+            self.send_ack(ident, *self._acks.pop(ident), time.monotonic())
+        self._send_reply(ident, frame)
+
+    def _send_reply(self, ident: bytes, frame: bytes) -> None:
+        try:
+            self.front.send(ident, _MORE_NOBLOCK)  # once the first part went, the rest goes too
+            self.front.send(frame, _NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the publisher is gone or not reading; acks are cumulative anyway
+
+    def ask_to_move(self, reason: str) -> int:
+        """Tell every connected publisher to go to another exchange (before shutdown)."""
+        routes = self.sessions.routes()
+        for ident in routes:
+            self.reply(ident, protocol.encode_move(reason))
+        return len(routes)
+
+
+def _rest_of_message(sock: zmq.Socket) -> tuple[bytes | None, Any, bool]:
+    """The parts after the routing id: the frame, a two-part batch's payload block (not copied out
+    of libzmq's message: it is spliced into the delivery as it is) and whether more parts followed
+    (refused)."""
+    more = sock.getsockopt
+    if not more(_RCVMORE):
+        return None, None, False
+    frame = sock.recv()
+    if not more(_RCVMORE):
+        return frame, None, False
+    block = sock.recv(copy=False).buffer
+    extra = False
+    while more(_RCVMORE):
+        sock.recv()
+        extra = True
+    return frame, block, extra
+
+
+def _one_valid_topic(topics: list[Any], payloads: list[Any], max_size: int) -> int:
+    """The payloads' total size if every message has the same valid topic and a bytes payload
+    within the size limit, else -1."""
+    topic = topics[0]
+    if _check_message(topic, b"", max_size) is not None or topics.count(topic) != len(topics) \
+            or set(map(type, payloads)) != {bytes}:
+        return -1
+    size = sum(map(len, payloads))
+    # A total within the limit means every payload is: the max is only needed for big batches.
+    return size if size <= max_size or max(map(len, payloads)) <= max_size else -1
+
+
+def _check_message(topic: Any, payload: Any, max_size: int, headers_size: int = 0) -> tuple[str, str] | None:
+    """Why one message is refused (code, text), None if it is not; its headers count against the
+    size limit with its payload."""
+    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES or topic[:1] == b"\x00":
+        return ("invalid_name", f"topic must be 1-{MAX_TOPIC_BYTES} bytes, not starting with NUL")
+    if not isinstance(payload, bytes):
+        return ("malformed", "payload must be bytes (msgpack bin)")
+    if len(payload) + headers_size > max_size:
+        with_headers = f" and {headers_size} bytes of headers" if headers_size else ""
+        return ("too_large", f"payload of {len(payload)} bytes{with_headers} exceeds "
+                             f"exchange.max_message_bytes={max_size}")
+    return None
