@@ -178,13 +178,15 @@ async def read_envelope(chunks: AsyncIterator[bytes], limits: BodyLimits, reserv
 
 
 def without_line_ends(lines: list[bytes]) -> list[bytes]:
-    """Lines cut at LF: the CR of CRLF dropped (in place: each long line goes as its copy comes),
-    and the empty piece after a final line ending too."""
-    if lines and lines[-1] == b"":
-        lines.pop()
+    """Pieces of a body cut at LF as lines: the CR of CRLF dropped (in place: each long line goes as
+    its copy comes), and the empty piece after a final line ending too. The last piece ends with no
+    LF, so a CR at its end is the line's own and stays."""
+    last = lines.pop() if lines else b""
     for i, line in enumerate(lines):
         if line.endswith(b"\r"):
             lines[i] = line[:-1]
+    if last:
+        lines.append(last)
     return lines
 
 

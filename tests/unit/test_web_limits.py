@@ -39,8 +39,11 @@ def test_up_to_the_bound_the_lines_are_the_messages_however_the_body_is_cut(
     body = end.join(lines) + (end if final and lines else b"")
     messages, reserved = read(body, cuts)
     # One CR before the LF belongs to the line ending: a line's own last CR goes only when the body
-    # ends its lines with LF alone (with CRLF, that CR is the ending's and the line's stays).
-    want = [line[:-1] if line.endswith(b"\r") and not crlf else line for line in lines]
+    # ends its lines with LF alone (with CRLF, that CR is the ending's and the line's stays), and
+    # never from a last line with no ending after it.
+    ended = [i < len(lines) - 1 or final for i in range(len(lines))]
+    want = [line[:-1] if line.endswith(b"\r") and not crlf and has_end else line
+            for line, has_end in zip(lines, ended, strict=True)]
     if lines and not final and lines[-1] == b"":
         want.pop()  # an empty last line without its ending is no line
     assert messages == want
