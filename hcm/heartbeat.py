@@ -14,7 +14,7 @@ second for 2 hosts and 5 queues, each one logged to disk and sent to every watch
 * an exchange that stops reporting for `SILENT_AFTER` report intervals (frozen, stuck) is a change
   too: its znode is written once with `"silent": true` and its last report (whose `at` ages), and
   nothing more until it reports again. Publishers rank such an exchange last at once
-  (roq/client/link.py) instead of waiting for its `at` to age past the heartbeat. The HCM does
+  (roq/client/publisher/exchange_choice.py) instead of waiting for its `at` to age past the heartbeat. The HCM does
   not judge silence on a tick that comes late (it was held up itself, and has not read the
   reports that came meanwhile): see hcm/endpoints.py.
 

@@ -42,10 +42,10 @@ from kazoo.client import KazooClient
 from roq import protocol
 from roq.client import Publisher, Subscriber
 from roq.client.envelope import message_json, rfc3339
-from roq.client.position import SAVED_RUNS, Position
-from roq.client.replay import ReplayClient
-from roq.client.streams import FetchFailed
 from roq.client.subscriber import Message
+from roq.client.subscriber.checkpoint import SAVED_RUNS, Checkpoint
+from roq.client.subscriber.replay import ReplayClient
+from roq.client.subscriber.streams import FetchFailed
 from roq.config import Config
 from roq.errors import ConfigError, QueueNotFoundError, RoqError, UnavailableError, UserError
 from roq.names import check_queue_name, check_topic
@@ -113,7 +113,7 @@ def decode_token(token: str) -> dict[str, Any]:
             raise _too_much(f"it inflates to more than {MAX_POSITION_BYTES} bytes")
         if not inflater.eof:
             raise ValueError("truncated")
-        position = Position.from_json(_unpack_bounded(raw))  # validates every field
+        position = Checkpoint.from_json(_unpack_bounded(raw))  # validates every field
         _check_named(position)
         if delta:
             _apply_delta(position, msgpack.unpackb(_unb64(delta), raw=False, max_array_len=DELTA_EVERY,
@@ -161,7 +161,7 @@ def _unpack_bounded(raw: bytes) -> Any:
         raise
 
 
-def _check_named(position: Position) -> None:
+def _check_named(position: Checkpoint) -> None:
     """Only what a stream of this cluster could have seen, and no more of it than a token holds."""
     if len(position.publishers) > MAX_TOKEN_PUBLISHERS:
         raise _too_much(f"it names {len(position.publishers)} publishers")
@@ -178,7 +178,7 @@ def _check_publisher(publisher: str) -> None:
         raise ValueError(f"{publisher[:40]!r} is no publisher id of this cluster")
 
 
-def _apply_delta(position: Position, delta: Any) -> None:
+def _apply_delta(position: Checkpoint, delta: Any) -> None:
     """Mark as seen the messages a delta lists: [[publisher, first_seq, last_seq], ...]."""
     if not isinstance(delta, list) or len(delta) > DELTA_EVERY:
         raise ValueError("bad delta")

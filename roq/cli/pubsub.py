@@ -121,8 +121,8 @@ def subscribe(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int
         received, interrupted = _print_messages(sub, count, timeout, formatter(output))
         stats = sub.stats()
     click.echo(f"received {received} message{'s' if received != 1 else ''} (duplicates dropped "
-               f"{stats['duplicates']}, recovered frames {stats['recovered_frames']}, unrecoverable gaps "
-               f"{stats['gaps']})", err=True)
+               f"{stats.duplicates}, recovered frames {stats.recovered_frames}, unrecoverable gaps "
+               f"{stats.gaps})", err=True)
     if interrupted:
         click.echo("interrupted", err=True)
         sys.exit(Exit.INTERRUPTED)
@@ -132,13 +132,13 @@ def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, ti
           prefetch: int | None, command: str | None, concurrency: int, line: Callable[[Any], bytes]) -> None:
     """`roq subscribe --group`: print this member's share, or run `command` for each message
     (roq/tools/work_cli.py). Nothing is acked that the reader or the command did not finish."""
-    from roq.client.worker import GroupSubscriber
+    from roq.client.group_member import GroupMember
     from roq.tools.work_cli import LineOut, Stop, exec_share, print_share
     out = LineOut(sys.stdout.buffer) if command is None else None
     prefetch = prefetch or (concurrency if command is not None else CLI_PREFETCH)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(Exit.OK))  # leaves through the with-block below
     stop, done, interrupted = Stop.DONE, 0, False
-    with GroupSubscriber(queue_name, ctx.config, topics, group=group, prefetch=prefetch, auto_ack=False) as sub:
+    with GroupMember(queue_name, ctx.config, topics, group=group, prefetch=prefetch, auto_ack=False) as sub:
         try:
             if out is not None:
                 done, stop = print_share(sub, out, count, timeout, line)
@@ -151,8 +151,8 @@ def _work(ctx: Context, queue_name: str, topics: tuple[str, ...], count: int, ti
     if stop is Stop.PIPE_CLOSED:  # nothing more can go there, not even at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     what = "printed" if out is not None else "ran the command for"
-    click.echo(f"{what} {done} messages of group {group} (acked {stats['acked']}, nacked {stats['nacked']}, "
-               f"redelivered to us {stats['redelivered']}){'; ' + stop.value if stop is not Stop.DONE else ''}",
+    click.echo(f"{what} {done} messages of group {group} (acked {stats.acked}, nacked {stats.nacked}, "
+               f"redelivered to us {stats.redelivered}){'; ' + stop.value if stop is not Stop.DONE else ''}",
                err=True)
     if interrupted:
         click.echo("interrupted", err=True)
@@ -182,10 +182,10 @@ def _print_messages(sub: Any, count: int, timeout: float, line: Callable[[Any], 
 def _start_point(ctx: Context, queue_name: str, durable: str | None,
                  start_from: str | None) -> tuple[str, dict[str, Any] | None]:
     """`--from` as (start, position): a saved durable position wins over it."""
-    from roq.client.position import load_position, position_file
+    from roq.client.subscriber.checkpoint import checkpoint_file, load_checkpoint
     from roq.names import check_subscriber_name
     if durable is not None and start_from is not None:
-        saved = position_file(ctx.config.client.state_dir, queue_name, check_subscriber_name(durable))
+        saved = checkpoint_file(ctx.config.client.state_dir, queue_name, check_subscriber_name(durable))
         if saved.is_file():
             click.echo(f"roq: note: {durable!r} resumes from its saved position ({saved}); --from applies "
                        f"to a new name only (delete that file to start over)", err=True)
@@ -194,7 +194,7 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
     if choice in ("now", "beginning"):
         return choice, None
     path = Path(start_from or "")
-    position = load_position(path) if path.is_file() else None
+    position = load_checkpoint(path) if path.is_file() else None
     if position is None:
         raise click.BadParameter(f"expected beginning, now or a position file; there is no file {start_from!r}",
                                  param_hint="--from")

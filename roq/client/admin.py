@@ -25,6 +25,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from zmq.utils.monitor import recv_monitor_message
 
+from roq.client.lifecycle import ClientLifecycle
 from roq.config import Config
 from roq.errors import (
     GroupNotFoundError,
@@ -41,7 +42,7 @@ from roq.permissions import check_pattern
 from roq.protocol import decode_reply, encode_request
 from roq.records import ExchangeStats, group_totals, queue_groups
 from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
-from roq.zk import read_json_within, start_client, stop_client
+from roq.zk import read_json_within
 
 log = logging.getLogger(__name__)
 
@@ -54,27 +55,18 @@ ZK_REFUSED_FOR = 1.5
 LEADER_READ_TIMEOUT = 3.0  # seconds: the leader's znode is read on every call
 
 
-class Admin:
+class Admin(ClientLifecycle):
     def __init__(self, config: Config, client: KazooClient | None = None) -> None:
         self.config = config
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
         self.paths = Paths(config.zk.root)
-        self._own_client = client is None
-        self.zk = client or start_client(config, refused_for=ZK_REFUSED_FOR)
+        self._use_zk(config, client, refused_for=ZK_REFUSED_FOR)
         self._context = zmq.Context()
         self._ids = itertools.count(1)
         self._last_leader: str | None = None
 
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         self._context.destroy(linger=0)
-        if self._own_client:
-            stop_client(self.zk)
-
-    def __enter__(self) -> Admin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------ operations
 

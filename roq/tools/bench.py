@@ -180,7 +180,7 @@ class RoqAdapter(Adapter):
 
     def stats(self) -> dict[str, Any]:
         sub = getattr(self, "sub", None)
-        return sub.stats() if sub is not None else {}
+        return sub.stats().as_dict() if sub is not None else {}
 
 
 class RoqBatchAdapter(RoqAdapter, BatchAdapter):

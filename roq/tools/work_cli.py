@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from roq.client.envelope import headers_json, text_line
-from roq.client.worker import GroupSubscriber, WorkMessage
+from roq.client.group_member import GroupMember, WorkMessage
 from roq.config import MESSAGE_ENV
 from roq.errors import UserError
 
@@ -95,7 +95,7 @@ def _unread(fd: int) -> int:
     return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True)
 
 
-def print_share(member: GroupSubscriber, out: LineOut, count: int, timeout: float,
+def print_share(member: GroupMember, out: LineOut, count: int, timeout: float,
                 line: Callable[[WorkMessage], bytes] | None = None) -> tuple[int, Stop]:
     """Print messages, one `line(msg)` each (default: roq.client.envelope.text_line), acking each once
     the reader has it; (printed, why stopped)."""
@@ -178,7 +178,7 @@ class Run:
         return False
 
 
-def exec_share(member: GroupSubscriber, command: str, concurrency: int, count: int, timeout: float) -> int:
+def exec_share(member: GroupMember, command: str, concurrency: int, count: int, timeout: float) -> int:
     """Run `command` for each message, `concurrency` at a time, until `count` are settled or
     `timeout` idle seconds (no message, nothing running); returns how many were settled. Whatever
     stops it, the commands still running are stopped and their messages nacked."""

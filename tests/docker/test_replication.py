@@ -248,7 +248,7 @@ def test_g_publisher_killed_with_its_exchange_host(lab, subscriber):
             survivor_confirmed=survivor_report["confirmed"], survivor_lost=survivor_report["lost"],
             survivor_duplicated=survivor_report["duplicated"], survivor_moves=moves,
             traffic_resumed_s=seconds(resumed), dropped_duplicates=sub.duplicates, gaps=sub.gaps,
-            recovered_frames=sub.recovered)
+            recovered_frames=sub.recovered_frames)
     check(victim_report)
     check(survivor_report)
     assert moves >= 1
@@ -367,7 +367,7 @@ class DurableReader:
             self._thread.join(timeout=10)
         stats: dict[str, int] = {}
         if self.sub is not None:
-            stats = self.sub.stats()
+            stats = self.sub.stats().as_dict()
             self.sub.close()
             self.sub = None
         return stats
@@ -441,7 +441,7 @@ def test_i_every_host_restarted_with_the_journal(lab, tmp_path, replicas, restar
         expected = {**c1, second.pub.id: second.pub.confirmed}
         settle_all(tallies, expected, timeout=30 if all(v is not None for v in resumed.values()) else 5)
         stats = {name: reader.close() for name, reader in readers.items()}
-        stats["through"] = through.stats()
+        stats["through"] = through.stats().as_dict()
     finally:
         for reader in readers.values():
             reader.close()

@@ -117,7 +117,7 @@ def test_1_a_forged_publisher_id_is_refused_and_the_victim_loses_nothing(lone, z
             got = [sub.receive(timeout=5) for _ in range(201)]
             assert None not in got
             assert [m.payload for m in got[1:]] == [b"%d" % i for i in range(200)]
-            assert sub.stats()["gaps"] == 0 and victim.confirmed == 201
+            assert sub.stats().gaps == 0 and victim.confirmed == 201
     finally:
         stop_client(zk)
     assert proc.poll() is None
@@ -386,7 +386,7 @@ def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, pro
             stop.set()
             traffic.join()
         pub.flush(30)
-        stats = sub.stats()
+        stats = sub.stats().as_dict()
     fresh = [t for t in got if t != b"busy"]
     record_figures("stalled subscriber, 20,000 new topics", delivered=len(fresh), gaps=stats["gaps"],
                    recovered_frames=stats["recovered_frames"], duplicates=stats["duplicates"])
@@ -407,13 +407,13 @@ def test_5_a_quiet_stream_after_long_traffic_reports_no_false_gap(config, zk, pa
             sent += 1
             time.sleep(0.002)
         pub.flush(10)
-        wait_until(lambda: sub.stats()["received"] == sent, timeout=10, message="all messages")
-        checks = sub.stats()["position_checks"]
+        wait_until(lambda: sub.stats().received == sent, timeout=10, message="all messages")
+        checks = sub.stats().position_checks
         # The first beat after the traffic finds the stream quiet and checks where it ends: the
         # old code fetched from a floor live traffic never advanced, long evicted: a false gap.
-        wait_until(lambda: sub.stats()["position_checks"] > checks, timeout=10,
+        wait_until(lambda: sub.stats().position_checks > checks, timeout=10,
                    message="a position check on the quiet stream")
-        assert sub.stats()["gaps"] == 0
+        assert sub.stats().gaps == 0
 
 
 # ------------------------------------------------------------------ 7: frozen exchanges

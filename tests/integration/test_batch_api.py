@@ -81,7 +81,7 @@ def test_publish_many_reaches_batch_and_single_subscribers_exactly_once_in_order
             assert msg is not None, f"stalled at {sum(map(len, got.values()))} messages"
             got[msg.publisher].append(int(msg.payload))
         assert got == {pub_a.id: list(range(total)), pub_b.id: list(range(total))}
-        assert batch_sub.stats()["duplicates"] == 0 and batch_sub.stats()["gaps"] == 0
+        assert batch_sub.stats().duplicates == 0 and batch_sub.stats().gaps == 0
 
 
 def test_publish_many_checks_every_payload_before_queueing_any(config, zk, paths, cluster):
@@ -137,7 +137,7 @@ def test_batch_subscriber_sees_each_message_once_across_a_publisher_move(config,
         pub.flush(30)
         wait_until(lambda: collector.count() >= 40_000, timeout=30, message="all delivered")
         assert collector.by_publisher == {pub.id: list(range(40_000))}  # the replayed ones dropped, in order
-        assert pub.replayed > 0 and sub.stats()["duplicates"] >= pub.replayed
+        assert pub.replayed > 0 and sub.stats().duplicates >= pub.replayed
 
 
 def test_a_failing_batch_callback_is_counted_and_the_stream_goes_on(config, zk, paths, cluster):
@@ -156,7 +156,7 @@ def test_a_failing_batch_callback_is_counted_and_the_stream_goes_on(config, zk, 
         pub.wait_for_subscribers(1)
         pub.publish_many("t", [b"0"])
         pub.flush(10)
-        wait_until(lambda: sub.stats()["callback_errors"] == 1, timeout=10, message="the failure counted")
+        wait_until(lambda: sub.stats().callback_errors == 1, timeout=10, message="the failure counted")
         pub.publish_many("t", payloads(1, 10))
         pub.flush(10)
         wait_until(lambda: collector.count() >= 9, timeout=10, message="the rest delivered")

@@ -109,7 +109,7 @@ def test_a_cluster_restarted_keeps_its_journal_and_a_durable_subscriber_resumes_
         try:
             wait_until(lambda: back.received(range(TAKEN, TAKEN + AWAY)) == AWAY, timeout=60,
                        message="the messages confirmed while the subscriber was away")
-            stats = back.sub.stats()
+            stats = back.sub.stats().as_dict()
             record_figures(f"cluster restarted ({'plain up' if not second_up else 'journal off'})",
                            confirmed=AWAY, received=back.received(range(TAKEN, TAKEN + AWAY)),
                            gaps=stats["gaps"], duplicates=stats["duplicates"])

@@ -21,9 +21,9 @@ import pytest
 import zmq
 
 from roq import protocol
+from roq.client.group_member import WorkMessage
 from roq.client.publisher import Publisher
 from roq.client.subscriber import EMPTY_HEADERS, Message, MessageBatch, Subscriber
-from roq.client.worker import WorkMessage
 from roq.config import Config
 from roq.errors import MessageTooLargeError, UserError
 from roq.paths import Paths

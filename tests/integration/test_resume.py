@@ -50,7 +50,7 @@ def test_a_subscriber_resumes_from_its_position_with_nothing_lost_or_repeated(co
         with Subscriber("resume", config, zk=zk, position=position) as second:
             after = take(second, 2 * 10_000 - 3_000)
             assert second.receive(timeout=0.5) is None
-            stats = second.stats()
+            stats = second.stats().as_dict()
         everything = {(p.id, i) for p in pubs for i in range(10_000)}
         assert len(before) + len(after) == len(everything)
         assert set(before) | set(after) == everything
@@ -87,7 +87,7 @@ def test_a_stalled_subscriber_refills_dropped_frames_from_retention(config, zk, 
         pub.flush(30)
         release.set()
         wait_until(lambda: len(got) >= total, timeout=30, message=f"all {total} messages")
-        stats = sub.stats()
+        stats = sub.stats().as_dict()
     assert got == list(range(total))
     assert stats["recovered_frames"] > 0 and stats["gaps"] == 0
     record_figures("stalled subscriber", messages=total, recovered_frames=stats["recovered_frames"],
@@ -110,7 +110,7 @@ def test_beyond_retention_the_loss_is_counted_not_hidden(config, zk, paths, proc
         pub.flush(30)
         with Subscriber("short", small, zk=zk, position=position) as second:
             second.wait_connected(1)
-            wait_until(lambda: second.stats()["gaps"] >= 1, timeout=10, message="the gap reported")
+            wait_until(lambda: second.stats().gaps >= 1, timeout=10, message="the gap reported")
             resumed = []
             while (msg := second.receive(timeout=0.5)) is not None:
                 resumed.append(int.from_bytes(msg.payload[:4], "big"))

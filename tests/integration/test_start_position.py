@@ -139,8 +139,8 @@ def test_a_hole_open_when_the_position_is_saved_is_fetched_on_resume(config, zk,
     """The exchange does not answer fetches (a busy replay socket: the fault is injected in the
     client) while a durable subscriber resumes and takes a live frame: its saved position stays
     below the hole, so the next resume fetches what it missed while away."""
-    from roq.client.replay import ReplayClient
-    from roq.client.streams import FetchFailed
+    from roq.client.subscriber.replay import ReplayClient
+    from roq.client.subscriber.streams import FetchFailed
 
     durable = config.replace(client={"state_dir": str(tmp_path / "state"), "position_save_interval": 0.2})
     with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as first:
@@ -162,5 +162,5 @@ def test_a_hole_open_when_the_position_is_saved_is_fetched_on_resume(config, zk,
     monkeypatch.setattr(ReplayClient, "fetch", real_fetch)
     with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as third:
         got += drain(third)
-        assert third.stats()["gaps"] == 0
+        assert third.stats().gaps == 0
     assert set(away) <= set(got) and not set(got) & history

@@ -24,9 +24,9 @@ from kazoo.client import KazooClient
 
 from roq import protocol
 from roq.client.admin import Admin
+from roq.client.group_member import GroupMismatchError, WorkMessage
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.client.worker import GroupMismatchError, WorkMessage
 from roq.config import Config
 from roq.paths import Paths
 from roq.state import read_live

@@ -497,10 +497,10 @@ def subscribe_program(argv: Sequence[str]) -> int:
                 continue
         say("ready")
         while not stop.wait(args.interval):
-            say("stats " + json.dumps({**sub.stats(), "connected": sorted(sub.connected)}))
+            say("stats " + json.dumps({**sub.stats().as_dict(), "connected": sorted(sub.connected)}))
     finally:
         sub.close()
-        say("stats " + json.dumps({**sub.stats(), "connected": []}))
+        say("stats " + json.dumps({**sub.stats().as_dict(), "connected": []}))
         say("closed")
     return 0
 
@@ -515,10 +515,10 @@ def work_program(argv: Sequence[str]) -> int:
     parser.add_argument("--prefetch", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.005, help="seconds of work per message")
     args = parser.parse_args(argv)
-    from roq.client.worker import GroupSubscriber
+    from roq.client.group_member import GroupMember
     config, say, stop = _client_setup("work")
-    member = GroupSubscriber(args.queue, config, args.topic, group=args.group, prefetch=args.prefetch,
-                             auto_ack=False)
+    member = GroupMember(args.queue, config, args.topic, group=args.group, prefetch=args.prefetch,
+                         auto_ack=False)
     try:
         say("ready")
         while not stop.is_set():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from roq.client.publisher import _checked_payloads
+from roq.client.publisher.checks import checked_payloads as _checked_payloads
 from roq.client.subscriber import Message, MessageBatch, Subscriber
 from roq.config import Config
 from roq.errors import MessageTooLargeError

@@ -137,7 +137,7 @@ def test_an_application_gets_a_clear_error_for_headers_it_cannot_send() -> None:
 def test_a_publishers_slot_is_sized_with_its_headers_and_packs_as_the_list() -> None:
     slot = protocol.attributed_topic(b"t", 0, 0, b"k", {"trace": b"x" * 100})
     sized = protocol.Attributed(slot, 1 + 1 + 105)
-    assert len(sized) == 107  # what batch sizing (roq/client/chunks.py) counts
+    assert len(sized) == 107  # what batch sizing (roq/client/publisher/chunks.py) counts
     assert protocol.encode_batch(PID, 1, 0, [sized, b"p"]) == protocol.encode_batch(PID, 1, 0, [slot, b"p"])
 
 
@@ -163,8 +163,8 @@ def test_a_group_keeps_headers_per_unit_and_says_why_it_dead_letters() -> None:
 def test_a_message_without_headers_shares_one_empty_mapping_that_cannot_change_and_pickles() -> None:
     import pickle
 
+    from roq.client.group_member import WorkMessage
     from roq.client.subscriber import EMPTY_HEADERS, Message, MessageBatch
-    from roq.client.worker import WorkMessage
     msg = Message("orders", b"p", PID, 1, "x1", 0)
     again = pickle.loads(pickle.dumps(msg))
     assert again == msg and again.headers is EMPTY_HEADERS and EMPTY_HEADERS == {} and not EMPTY_HEADERS

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roq.client.position import Position, SeenSequences, load_position, run_share, save_position
+from roq.client.subscriber.checkpoint import Checkpoint, SeenSequences, load_checkpoint, run_share, save_checkpoint
 from roq.errors import ConfigError
 
 
@@ -38,13 +38,13 @@ def test_older_messages_recovered_late_are_still_new() -> None:
 
 
 def test_position_round_trips_through_a_file(tmp_path) -> None:
-    position = Position()
+    position = Checkpoint()
     for seq in (1, 2, 3, 7):
         position.seen("pub-a").add(seq)
     position.advance("x1.abcd", 41)
     path = tmp_path / "q" / "billing.json"
-    save_position(path, position.to_json())
-    loaded = load_position(path)
+    save_checkpoint(path, position.to_json())
+    loaded = load_checkpoint(path)
     assert loaded is not None and loaded.to_json() == position.to_json()
     assert not loaded.seen("pub-a").add(7) and loaded.seen("pub-a").add(4)
 
@@ -53,19 +53,19 @@ def test_a_damaged_position_file_is_a_clear_error(tmp_path) -> None:
     path = tmp_path / "bad.json"
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not a subscriber position"):
-        load_position(path)
+        load_checkpoint(path)
     path.write_text(json.dumps({"version": 1, "publishers": {"p": {"floor": 0, "runs": [[5, 9], [7, 12]]}},
                                 "streams": {}}))
     with pytest.raises(ConfigError, match="overlapping"):
-        load_position(path)
-    assert load_position(tmp_path / "missing.json") is None
+        load_checkpoint(path)
+    assert load_checkpoint(tmp_path / "missing.json") is None
 
 
 def test_a_long_lived_publisher_is_not_forgotten_after_many_short_lived_ones() -> None:
     """Issue 16 point 4: the dedup memory evicted the first publisher inserted, not the least
     recently seen, so 10,000 one-message publishers made a busy publisher's replay a duplicate."""
-    from roq.client.position import Position
-    position = Position()
+    from roq.client.subscriber.checkpoint import Checkpoint
+    position = Checkpoint()
     for seq in range(1, 1101):
         position.seen("long-lived", now=0.0).add(seq)
     for i in range(12_000):
@@ -77,8 +77,8 @@ def test_a_long_lived_publisher_is_not_forgotten_after_many_short_lived_ones() -
 
 
 def test_publishers_are_forgotten_only_once_idle_beyond_the_limit() -> None:
-    from roq.client import position as module
-    position = module.Position()
+    from roq.client.subscriber import checkpoint as module
+    position = module.Checkpoint()
     old_limit = module.PUBLISHER_LIMIT
     module.PUBLISHER_LIMIT = 10
     try:
@@ -92,7 +92,7 @@ def test_publishers_are_forgotten_only_once_idle_beyond_the_limit() -> None:
 
 
 def test_a_bounded_position_keeps_the_most_recently_seen_publishers_and_shares_the_runs() -> None:
-    position = Position()
+    position = Checkpoint()
     for i in range(5):
         seen = position.seen(f"p{i}")
         for seq in range(1, 2 * (10 + i), 2):  # 10 + i runs each: only odd numbers
@@ -104,9 +104,9 @@ def test_a_bounded_position_keeps_the_most_recently_seen_publishers_and_shares_t
     assert kept == {"p3": 6, "p4": 6, "p1": 6} and sum(kept.values()) <= 20
     p1 = data["publishers"]["p1"]
     assert p1["runs"][-1] == [21, 21] and p1["floor"] == p1["runs"][0][0] - 1  # the latest kept, older folded
-    restored = Position.from_json(data).seen("p1")
+    restored = Checkpoint.from_json(data).seen("p1")
     assert [restored.add(s) for s in (1, 9, 21, 22)] == [False, False, False, True]
-    assert position.to_json() == Position.from_json(position.to_json()).to_json()  # unbounded: unchanged
+    assert position.to_json() == Checkpoint.from_json(position.to_json()).to_json()  # unbounded: unchanged
 
 
 @pytest.mark.parametrize("counts, budget, share", [

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roq.client.chunks import Chunk, ChunkLog, merge
+from roq.client.publisher.chunks import Chunk, ChunkLog, merge
 from tests.profiles import examples
 
 
@@ -117,7 +117,7 @@ def test_a_move_requested_by_a_watch_thread_is_never_lost() -> None:
     loop lost requests; now a request is taken atomically, and one made after a take is kept."""
     import threading
 
-    from roq.client.link import PublisherLink
+    from roq.client.publisher.exchange_link import PublisherLink
     pub = PublisherLink.__new__(PublisherLink)  # the request itself needs no socket
     from roq.client.wake import WakePipe
     pub._move_lock, pub._move_request, pub._wake = threading.Lock(), None, WakePipe()

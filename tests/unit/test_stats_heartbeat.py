@@ -1,6 +1,6 @@
 """When the HCM writes statistics to ZooKeeper (hcm/heartbeat.py): on a material change, on an
 exchange going silent or reporting again, else on the heartbeat; and how publishers judge a stale
-exchange from that (roq/client/link.py is_stale). The supervisor and the registration are driven
+exchange from that (roq/client/publisher/exchange_choice.py is_stale). The supervisor and the registration are driven
 with the test's clock and a stand-in ZooKeeper client that counts writes, so every count is exact;
 tests/integration/test_zk_writes.py does it with real processes."""
 
@@ -20,7 +20,7 @@ from hcm.heartbeat import SILENT_AFTER, exchange_changed, host_changed, write_du
 from hcm.hoststats import disk_space, host_figures
 from hcm.registration import HostRegistration
 from hcm.supervisor import Supervisor
-from roq.client.link import STALE_STATS, is_stale
+from roq.client.publisher.exchange_choice import STALE_STATS, is_stale
 from roq.config import Config
 from roq.paths import Paths
 from roq.records import ExchangeStats, HostStats

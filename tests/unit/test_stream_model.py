@@ -1,4 +1,4 @@
-"""Model-based test of the subscriber's stream logic (roq/client/streams.py) against a simulated
+"""Model-based test of the subscriber's stream logic (roq/client/subscriber/streams.py) against a simulated
 exchange (issue 16).
 
 The simulated exchange numbers, chains and retains frames with the real exchange/chains.py and
@@ -11,14 +11,14 @@ other subscribers subscribe and unsubscribe (forged unsubscriptions included) an
 prefixes out of the chain table's small limit. The application behind `deliver` drops duplicates
 by (publisher, seq), as roq/client/subscriber.py does.
 
-When the exchange restarts, the subscriber does what roq/client/receiver.py does when the topology
+When the exchange restarts, the subscriber does what roq/client/subscriber/receiver.py does when the topology
 shows it: it `end()`s every stream it followed whose incarnation no longer runs (and, later,
 one it came to follow since), and `drain_ended()` (a rule, and the settle) asks
 `ended_position` for a stored copy of it. Sometimes the exchange had a replica: it keeps a copy of
 the ended incarnation (every frame up to the last one or two, which were never copied; within its
 own byte bound, smaller or larger than the exchange's), which `ended_position` answers from
 (NoCopy when there is none, FetchFailed while the replay is down) and later fetches of that
-incarnation read, as roq/client/replay.py routes them.
+incarnation read, as roq/client/subscriber/replay.py routes them.
 
 What is asserted, at teardown, after a settle (the replay answers again, the connection is up,
 every frame still in the network is delivered, the stream is synced, beats until two in a row
@@ -45,7 +45,7 @@ what it had evicted before was never the subscriber's to lose.
    is never handed over afterwards. `unknown_gaps` only grows when a stream with open holes is
    forgotten, by their number (tombstones never run out here, so every other count is exact).
 4. Per (incarnation, publisher, topic) the application gets sequence numbers in increasing order,
-   with two exceptions, both deliberate in roq/client/streams.py ("better late than lost"): a
+   with two exceptions, both deliberate in roq/client/subscriber/streams.py ("better late than lost"): a
    message from a range whose fetch failed (later frames were handed over meanwhile), and one
    older than a frame of its prefix that came without a chain (the exchange was not following the
    prefix; that frame is handed over at once, what is missing before it is found by the position
@@ -85,7 +85,7 @@ from hypothesis.stateful import (
 from exchange.chains import PrefixChains
 from exchange.retention import Retention
 from roq import protocol
-from roq.client.streams import (
+from roq.client.subscriber.streams import (
     END_DRAIN_TIMEOUT,
     END_RETRY,
     SYNC_TIMEOUT,
@@ -214,7 +214,7 @@ class StreamModel(RuleBasedStateMachine):
         self.excused: set[tuple[str, int]] = set()
         self.strict_lost = 0  # messages strict fetches reported lost
         self.unknown_gaps_allowed = 0
-        # ended incarnations (roq/client/receiver.py: end(), then drain_ended())
+        # ended incarnations (roq/client/subscriber/receiver.py: end(), then drain_ended())
         self.now = 1000.0  # StreamSet's clock for end() and drain_ended()
         self.ending: set[str] = set()  # ended, not yet forgotten: drained from a copy
         self.copy_answered: set[str] = set()  # ended_position answered: fetches go to the copy
@@ -365,7 +365,7 @@ class StreamModel(RuleBasedStateMachine):
 
     def fetch(self, exchange: str, incarnation: str, after: int, before: int,
               prefix: bytes) -> Iterator[protocol.Frames]:
-        """exchange/replay.py's fetch, paged as roq/client/replay.py's ReplayClient pages it; an
+        """exchange/replay.py's fetch, paged as roq/client/subscriber/replay.py's ReplayClient pages it; an
         ended incarnation's from its copy once `ended_position` found one (else the running
         exchange answers unknown_incarnation)."""
         assert exchange == EXCHANGE and prefix in self.streams.prefixes and after < before
@@ -707,7 +707,7 @@ class StreamModel(RuleBasedStateMachine):
 
 @pytest.mark.timeout(60)
 def test_stream_model() -> None:
-    log = logging.getLogger("roq.client.streams")
+    log = logging.getLogger("roq.client.subscriber.streams")
     level = log.level
     log.setLevel(logging.ERROR)  # a warning per counted gap: thousands of them
     try:

@@ -1,4 +1,4 @@
-"""An incarnation that ended while a durable subscriber was away (roq/client/streams.py, issue 31).
+"""An incarnation that ended while a durable subscriber was away (roq/client/subscriber/streams.py, issue 31).
 
 Reported: a subscriber resumed from its saved position after its exchange's journal was dropped
 got nothing and said gaps 0. A stream resumed from a saved position that ended with no copy left
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from roq import protocol
-from roq.client.streams import NoCopy, StreamSet
+from roq.client.subscriber.streams import NoCopy, StreamSet
 
 
 class Transport:

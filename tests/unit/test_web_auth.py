@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roq.client.position import Position
+from roq.client.subscriber.checkpoint import Checkpoint
 from roq.errors import ConfigError
 from web.auth import Guard, add_token, cross_site, read_tokens, token_hash, trusted_host
 from web.gateway import DELTA_MARK, ResumeTokenError, _b64, decode_token, encode_token
@@ -106,7 +106,7 @@ positions = st.builds(
 def test_a_resume_token_round_trips_any_position(position: dict) -> None:
     token = encode_token(position)
     assert token.isascii() and "\n" not in token  # it goes into an SSE id line and an HTTP header
-    assert Position.from_json(decode_token(token)).to_json() == Position.from_json(position).to_json()
+    assert Checkpoint.from_json(decode_token(token)).to_json() == Checkpoint.from_json(position).to_json()
 
 
 @given(st.one_of(st.text(max_size=400), st.binary(max_size=400).map(lambda b: "r1." + b.hex()),
@@ -131,7 +131,7 @@ def test_without_auth_only_addresses_localhost_and_listed_names_are_trusted_host
 def test_a_token_with_a_delta_marks_the_listed_messages_seen(position: dict, runs: list) -> None:
     delta = [[p, first, first + extra] for p, first, extra in runs]
     token = encode_token(position) + DELTA_MARK + _b64(msgpack.packb(delta))
-    resumed = Position.from_json(decode_token(token))
+    resumed = Checkpoint.from_json(decode_token(token))
     for publisher, first, last in delta:
         seen = resumed.seen(publisher)
         assert all(not seen.add(seq) for seq in range(first, last + 1))

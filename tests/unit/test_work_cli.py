@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from roq.client.worker import WorkMessage
+from roq.client.group_member import WorkMessage
 from roq.config import MESSAGE_ENV, load_config
 from roq.tools.work_cli import LineOut, message_env
 

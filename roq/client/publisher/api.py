@@ -1,18 +1,19 @@
 """Publisher: thread-safe `publish()`, adaptive batching, confirms, backpressure, failover.
 
-`publish()` only appends to the unconfirmed log (roq.client.chunks) and wakes the I/O thread
-(roq.client.link, `PublisherLink`), which owns the ZeroMQ socket. Batching needs no timer: while
-batches are in flight, new messages accumulate and leave together in the next batch; an idle
-publisher's lone message leaves at once. Every message has a sequence number; the exchange acks
-cumulatively and confirmed messages leave the log. The log is only touched under the
-Publisher's lock, by the application's threads and the I/O thread alike.
+`publish()` only appends to the unconfirmed log (roq.client.publisher.chunks) and wakes the I/O
+thread (roq.client.publisher.exchange_link, `PublisherLink`), which owns the ZeroMQ socket.
+Batching needs no timer: while batches are in flight, new messages accumulate and leave together
+in the next batch; an idle publisher's lone message leaves at once. Every message has a sequence
+number; the exchange acks cumulatively and confirmed messages leave the log. The log is only
+touched under the Publisher's lock, by the application's threads and the I/O thread alike.
 
 When more than `client.max_unconfirmed` messages wait, `publish()` blocks, and
 raises BackpressureError after `client.publish_timeout` — nothing is dropped; StorageFullError
 (a BackpressureError) when the exchange said it cannot store them (its journal's disk is full).
 The link says hello to each exchange, resends from its welcome, and moves to another exchange
 (resending the replay window and everything unconfirmed) when one asks, disappears or stops
-confirming: see roq.client.link. A deleted queue makes `publish()` raise QueueNotFoundError.
+confirming: see roq.client.publisher.exchange_link. A deleted queue makes `publish()` raise
+QueueNotFoundError.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from kazoo.client import KazooClient
 
 from roq import protocol
-from roq.client.chunks import ChunkLog
-from roq.client.link import PublisherLink
+from roq.client.lifecycle import ClientLifecycle
+from roq.client.publisher.checks import TopicChecks, checked_payloads
+from roq.client.publisher.chunks import ChunkLog
+from roq.client.publisher.exchange_link import PublisherLink
+from roq.client.stats import PublisherStats
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import (
@@ -41,18 +45,39 @@ from roq.errors import (
     UserError,
     error_from_code,
 )
-from roq.names import check_topic
-from roq.protocol import Attributed
 from roq.security import load_keys
-from roq.zk import start_client, stop_client
 
-TOPIC_CACHE = 10_000  # validated topics remembered; the cache starts again when full
 # publish() looks for a full batch (to wake the I/O thread while batches are in flight) once per
 # this many + 1 messages: a batch of up to client.max_batch is noticed within that many.
 FULL_CHECK_EVERY = 127
 
+T = TypeVar("T")
 
-class Publisher:
+
+class _FromLink(Generic[T]):
+    """A read-only attribute of the publisher's link: the I/O thread's state, read from outside."""
+
+    def __init__(self, doc: str, attr: str = "") -> None:
+        self.__doc__ = doc
+        self.attr = attr  # the link's name for it, when not the same
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = self.attr or name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _FromLink[T]: ...
+
+    @overload
+    def __get__(self, obj: Publisher, owner: type) -> T: ...
+
+    def __get__(self, obj: Publisher | None, owner: type) -> T | _FromLink[T]:
+        if obj is None:
+            return self
+        value: T = getattr(obj._link, self.attr)
+        return value
+
+
+class Publisher(ClientLifecycle):
     def __init__(self, queue: str, config: Config, zk: KazooClient | None = None,
                  token: bytes | None = None, prefer: str | None = None) -> None:
         """`prefer` names an exchange id to use while it runs (default: least loaded). `token` is
@@ -62,14 +87,14 @@ class Publisher:
         self.queue = queue
         token = token if token is not None else secrets.token_bytes(16)
         self.id = protocol.publisher_id_for(token)
-        self._own_zk = zk is None
-        self.zk = zk or start_client(config)
+        self._use_zk(config, zk)
         # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         client = config.client
         self._log = ChunkLog(client.max_batch, client.max_batch_bytes, client.replay_seconds, client.replay_bytes)
-        self._topics: dict[str | bytes, bytes] = {}  # validated topics, so publish() checks each once
+        self._checks = TopicChecks(config.exchange.max_message_bytes)
+        self._topics = self._checks.known  # publish() looks a topic up here before checking it
         self._max_message = config.exchange.max_message_bytes
         self._max_unconfirmed = config.client.max_unconfirmed
         self._closed = False
@@ -78,8 +103,7 @@ class Publisher:
             self._link = PublisherLink(queue, config, self.zk, self.id, token, self._log, self._cond, prefer,
                                        self._queue_changed)
         except Exception:
-            if self._own_zk:
-                stop_client(self.zk)
+            self._release_zk()
             raise
 
     # ------------------------------------------------------------ API
@@ -103,9 +127,9 @@ class Publisher:
             except TypeError:  # unhashable: check_topic explains
                 checked = None
             if checked is None:
-                checked = self._remember_topic(topic)
+                checked = self._checks.remember(topic)
         else:
-            checked, headers_size = self._attributed_slot(topic, priority, not_before, key, headers)
+            checked, headers_size = self._checks.attributed_slot(topic, priority, not_before, key, headers)
         if type(payload) is not bytes:
             if not isinstance(payload, (bytes, bytearray, memoryview)):
                 raise TypeError("payload must be bytes")
@@ -135,28 +159,6 @@ class Publisher:
             link.wake()
         return seq
 
-    def _attributed_slot(self, topic: str | bytes, priority: int | None, not_before: float | None,
-                         key: str | bytes | None, headers: Mapping[str, bytes | str] | None = None
-                         ) -> tuple[Attributed, int]:
-        """The topic slot of a message with attributes: [topic, priority, not_before_ms, key] or
-        [topic, priority, not_before_ms, key, headers] (protocol section 3.2), sized as it travels
-        (its headers' bytes count in the batch's size), and the size of its headers."""
-        priority = 0 if priority is None else priority
-        if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= protocol.MAX_PRIORITY:
-            raise UserError(f"priority must be an integer from 0 (first) to {protocol.MAX_PRIORITY}, got {priority!r}")
-        not_before_ms = 0
-        if not_before is not None:
-            if not isinstance(not_before, (int, float)) or isinstance(not_before, bool) or not 0 <= not_before < 1e15:
-                raise UserError(f"not_before must be a Unix time in seconds, got {not_before!r}")
-            not_before_ms = round(not_before * 1000)
-        raw_key = key.encode() if isinstance(key, str) else b"" if key is None else key
-        if not isinstance(raw_key, bytes) or len(raw_key) > protocol.MAX_KEY:
-            raise UserError(f"key must be str or bytes of at most {protocol.MAX_KEY} bytes, got {key!r}")
-        checked = protocol.check_headers(headers)
-        headers_size = protocol.headers_size(checked) if checked else 0
-        slot = protocol.attributed_topic(self._remember_topic(topic), priority, not_before_ms, raw_key, checked)
-        return Attributed(slot, len(slot[0]) + len(raw_key) + headers_size), headers_size
-
     def publish_many(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None) -> range:
         """Queue `payloads` as consecutive messages of one topic, in order; returns their sequence numbers.
 
@@ -167,21 +169,15 @@ class Publisher:
         (`client.publish_timeout` by default) BackpressureError is raised, and its `queued`
         attribute says how many leading payloads were queued (those will be delivered).
         """
-        checked = self._remember_topic(topic)  # once per list: no need for publish()'s cache lookup
-        items = _checked_payloads(payloads, self._max_message)
+        checked = self._checks.remember(topic)  # once per list: no need for publish()'s cache lookup
+        items = checked_payloads(payloads, self._max_message)
         wait = self.config.client.publish_timeout if timeout is None else timeout
-        link = self._link
         with self._lock:
             first = self._log.next_seq
             done = 0
             while done < len(items):
                 done += self._append_part(checked, items, done, wait)
-                if not link.wake_pending:
-                    link.wake_pending = True
-                    link.wake()  # before waiting for room: the I/O thread must send what is queued
-                elif not link.full_signalled and self._log.full_batch_waiting():
-                    link.full_signalled = True
-                    link.wake()
+                self._wake_link()  # before waiting for room: the I/O thread must send what is queued
         return range(first, first + len(items))
 
     def publish_all(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None,
@@ -190,12 +186,12 @@ class Publisher:
         `client.max_unconfirmed`, then queues it in one step. BackpressureError after `timeout`
         with nothing queued; a list longer than the limit is a UserError. `headers[i]`: message i's
         headers (as `publish()` takes them), checked before anything is queued."""
-        checked: Any = self._remember_topic(topic)
-        items = _checked_payloads(payloads, self._max_message)
+        checked: Any = self._checks.remember(topic)
+        items = checked_payloads(payloads, self._max_message)
         if headers is not None:
             if len(headers) != len(items):
                 raise UserError(f"{len(headers)} headers for {len(items)} payloads")
-            checked = self._slots(topic, items, headers)
+            checked = self._checks.slots(topic, items, headers)
         limit = self._max_unconfirmed
         if len(items) > limit:
             raise UserError(f"{len(items)} messages at once exceed client.max_unconfirmed={limit}")
@@ -207,31 +203,24 @@ class Publisher:
             if self._closed or self.queue_deleted:
                 self._raise_closed()
             if not fits:
-                raise self._backpressure(f"{log.unconfirmed} messages unconfirmed for {wait:.1f}s, no room for "
-                                         f"{len(items)} more")
+                raise _backpressure(self._link, f"{log.unconfirmed} messages unconfirmed for {wait:.1f}s, no room "
+                                                f"for {len(items)} more")
             first = log.next_seq
             if items:
                 self._append_part(checked, items, 0, wait)  # it fits: one part
-                if not self._link.wake_pending:
-                    self._link.wake_pending = True
-                    self._link.wake()
+                self._wake_link()
         return range(first, first + len(items))
 
-    def _slots(self, topic: str | bytes, items: list[bytes], headers: list[Mapping[str, bytes | str]]) -> list[Any]:
-        """Each message's topic slot (with its headers, if any); MessageTooLargeError for a payload
-        whose headers take it over the limit."""
-        slots: list[Any] = []
-        plain = self._remember_topic(topic)
-        for i, (payload, own) in enumerate(zip(items, headers)):
-            if not own:
-                slots.append(plain)
-                continue
-            slot, size = self._attributed_slot(topic, None, None, None, own)
-            if len(payload) + size > self._max_message:
-                raise MessageTooLargeError(f"payload {i} of {len(payload)} bytes and {size} bytes of headers exceeds "
-                                           f"exchange.max_message_bytes={self._max_message}")
-            slots.append(slot)
-        return slots
+    def _wake_link(self) -> None:
+        """Wake the I/O thread for what was queued: once until it takes more, and again when a full
+        batch may go while others are in flight (what publish() does inline, its hot path)."""
+        link = self._link
+        if not link.wake_pending:
+            link.wake_pending = True
+            link.wake()
+        elif not link.full_signalled and self._log.full_batch_waiting():
+            link.full_signalled = True
+            link.wake()
 
     def _append_part(self, topic: bytes | list[Any], items: list[bytes], done: int, wait: float) -> int:
         """Append as many of items[done:] as the unconfirmed limit allows (caller holds the lock);
@@ -260,47 +249,23 @@ class Publisher:
         the lock): BackpressureError after `wait` seconds, RoqError if closed meanwhile."""
         limit = self._max_unconfirmed
         if not self._cond.wait_for(lambda: self._log.unconfirmed < limit or self._closed, wait):
-            self._raise_refused()
-            raise self._backpressure(f"{self._log.unconfirmed} messages unconfirmed for {wait:.1f}s{detail}")
+            _raise_if_refused(self._link, self._log)
+            raise _backpressure(self._link, f"{self._log.unconfirmed} messages unconfirmed for {wait:.1f}s{detail}")
         if self._closed or self.queue_deleted:
             self._raise_closed()
 
-    def _backpressure(self, waiting: str) -> BackpressureError:
-        """The error for confirms that did not come in time: StorageFullError when the exchange said
-        it cannot store what it takes, with its reason."""
-        if self._link.storage_full:
-            return StorageFullError(f"{waiting}: {self._link.storage_full}")
-        return BackpressureError(f"{waiting}; is the queue's exchange reachable?")
-
-    def _raise_refused(self) -> None:
-        """A wait timed out while our exchange refuses our handshake: say that, not a timeout."""
-        refusal = self._link.refusal
-        if refusal is not None:
-            raise RefusedError(f"{refusal}; {self._log.unconfirmed} messages unconfirmed")
-
     def _raise_closed(self) -> None:
         if self.queue_deleted:
-            raise QueueNotFoundError(f"queue {self.queue!r} was deleted: {self.unconfirmed_unlocked} messages "
+            raise QueueNotFoundError(f"queue {self.queue!r} was deleted: {self._log.unconfirmed} messages "
                                      "are unconfirmed (they are sent if the queue is created again)")
         raise RoqError("publisher is closed")
-
-    @property
-    def unconfirmed_unlocked(self) -> int:
-        return self._log.unconfirmed
-
-    def _remember_topic(self, topic: str | bytes) -> bytes:
-        checked = check_topic(topic)
-        if len(self._topics) >= TOPIC_CACHE:
-            self._topics.clear()
-        self._topics[topic] = checked
-        return checked
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every message published so far is confirmed."""
         with self._cond:
             target = self._log.next_seq - 1
             if not self._cond.wait_for(lambda: self._log.acked >= target, timeout):
-                self._raise_refused()
+                _raise_if_refused(self._link, self._log)
                 why = f": {self._link.storage_full}" if self._link.storage_full else ""
                 left = target - self._log.acked
                 raise RequestTimeoutError(f"{left} message{'s' if left != 1 else ''} still unconfirmed after "
@@ -317,7 +282,7 @@ class Publisher:
         with self._cond:
             log = self._log
             if not self._cond.wait_for(lambda: log.acked >= seq or self._closed or self.queue_deleted, timeout):
-                self._raise_refused()
+                _raise_if_refused(self._link, self._log)
                 raise RequestTimeoutError(f"message {seq} not confirmed after {timeout:.1f}s: it may still be "
                                           "delivered (the exchange may be failing over)")
             if log.acked < seq:
@@ -334,7 +299,7 @@ class Publisher:
             while self._link.subscribers < count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self._raise_refused()
+                    _raise_if_refused(self._link, self._log)
                     raise RequestTimeoutError(f"exchange reports {self.subscribers} subscribers, "
                                               f"wanted {count}, after {timeout:.1f}s")
                 self._link.request_hello()
@@ -349,30 +314,40 @@ class Publisher:
     def confirmed(self) -> int:
         return self._log.acked
 
+    def stats(self) -> PublisherStats:
+        link, log = self._link, self._log
+        with self._cond:
+            published, confirmed, unconfirmed = log.next_seq - 1, log.acked, log.unconfirmed
+        return PublisherStats(exchange=link.xid, subscribers=link.subscribers, published=published,
+                              confirmed=confirmed, unconfirmed=unconfirmed, moves=link.moves,
+                              relocations=link.relocations, resends=link.resends, reconnects=link.reconnects,
+                              replayed=link.replayed, rejected=len(link.rejected))
+
     def close(self, timeout: float = 10.0) -> None:
         """Flush (up to `timeout`), say goodbye, stop the I/O thread."""
         try:
             if not self._closed and timeout > 0:
                 self.flush(timeout)
         finally:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-            self._link.close()
-            if self._own_zk:
-                stop_client(self.zk)
+            super().close()
 
-    def __enter__(self) -> Publisher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _shut_down(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._link.close()
 
     # ------------------------------------------------------------ the link's state, read from outside
 
-    @property
-    def topology(self) -> QueueTopology:
-        return self._link.topology
+    exchange = _FromLink[str | None]("Id of the exchange we publish to (None while choosing).", "xid")
+    subscribers = _FromLink[int]("RoQ subscribers connected to our exchange, as it last reported.")
+    topology = _FromLink[QueueTopology]("The running exchanges of the queue, as the link follows them.")
+    moves = _FromLink[int]("Times we moved to another exchange.")
+    resends = _FromLink[int]("Times an exchange asked us to resend (lost bytes, a refused batch).")
+    reconnects = _FromLink[int]("Connections ZeroMQ re-established under us (each followed by a hello).")
+    replayed = _FromLink[int]("Confirmed messages resent after moves.")
+    rejected = _FromLink[list[tuple[int, str, str]]]("(seq, code, message) of each message an exchange rejected.")
+    relocations = _FromLink[int]("Moves the leader asked for.")
 
     @property
     def prefer(self) -> str | None:
@@ -382,45 +357,6 @@ class Publisher:
     @prefer.setter
     def prefer(self, value: str | None) -> None:
         self._link.prefer = value
-
-    @property
-    def exchange(self) -> str | None:
-        """Id of the exchange we publish to (None while choosing)."""
-        return self._link.exchange
-
-    @property
-    def subscribers(self) -> int:
-        """RoQ subscribers connected to our exchange, as it last reported."""
-        return self._link.subscribers
-
-    @property
-    def moves(self) -> int:
-        return self._link.moves
-
-    @property
-    def resends(self) -> int:
-        """Times an exchange asked us to resend (lost bytes, a refused batch)."""
-        return self._link.resends
-
-    @property
-    def reconnects(self) -> int:
-        """Connections ZeroMQ re-established under us (each followed by a hello)."""
-        return self._link.reconnects
-
-    @property
-    def replayed(self) -> int:
-        """Confirmed messages resent after moves."""
-        return self._link.replayed
-
-    @property
-    def rejected(self) -> list[tuple[int, str, str]]:
-        """(seq, code, message) of each message an exchange rejected."""
-        return self._link.rejected
-
-    @property
-    def relocations(self) -> int:
-        """Moves the leader asked for."""
-        return self._link.relocations
 
     def _request_move(self, reason: str) -> None:
         """Ask the I/O thread to move (any thread); the first reason since the last move wins."""
@@ -433,17 +369,15 @@ class Publisher:
             self._cond.notify_all()
 
 
-def _checked_payloads(payloads: Iterable[bytes], max_size: int) -> list[bytes]:
-    """The payloads as a list of bytes, checked with C-level calls; raises TypeError or
-    MessageTooLargeError (naming the first offender) before anything is queued."""
-    items = payloads if type(payloads) is list else list(payloads)
-    if items and set(map(type, items)) != {bytes}:
-        for i, payload in enumerate(items):
-            if not isinstance(payload, (bytes, bytearray, memoryview)):
-                raise TypeError(f"payload {i} must be bytes, not {type(payload).__name__}")
-        items = list(map(bytes, items))
-    if items and max(map(len, items)) > max_size:
-        i = next(i for i, payload in enumerate(items) if len(payload) > max_size)
-        raise MessageTooLargeError(f"payload {i} of {len(items[i])} bytes exceeds "
-                                   f"exchange.max_message_bytes={max_size}")
-    return items
+def _backpressure(link: PublisherLink, waiting: str) -> BackpressureError:
+    """The error for confirms that did not come in time: StorageFullError when the exchange said
+    it cannot store what it takes, with its reason."""
+    if link.storage_full:
+        return StorageFullError(f"{waiting}: {link.storage_full}")
+    return BackpressureError(f"{waiting}; is the queue's exchange reachable?")
+
+
+def _raise_if_refused(link: PublisherLink, log: ChunkLog) -> None:
+    """A wait timed out while our exchange refuses our handshake: say that, not a timeout."""
+    if link.refusal is not None:
+        raise RefusedError(f"{link.refusal}; {log.unconfirmed} messages unconfirmed")

@@ -3,9 +3,10 @@
 `SeenSequences` holds one publisher's sequence numbers as sorted, disjoint
 runs, so a message that arrives twice (a publisher replayed it through another
 exchange, or a fetch from retention overlapped the live stream) is recognised
-whatever the order of arrival. `Position` adds, per exchange incarnation, the
+whatever the order of arrival. A `Checkpoint` adds, per exchange incarnation, the
 stream position handled so far; saved to a file it lets a durable subscriber
-resume after a restart.
+resume after a restart. Its JSON form is what `Subscriber.position()` returns and
+`position=` takes (the names of the public API and the file format stay "position").
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class SeenSequences:
         return cls(floor, runs)
 
 
-class Position:
+class Checkpoint:
     """Per publisher: sequences seen. Per exchange incarnation: position handled."""
 
     def __init__(self) -> None:
@@ -150,8 +151,8 @@ class Position:
             if len(self.streams) > STREAM_LIMIT:
                 self.streams.popitem(last=False)
 
-    def copy(self) -> Position:
-        return Position.from_json(self.to_json())
+    def copy(self) -> Checkpoint:
+        return Checkpoint.from_json(self.to_json())
 
     def to_json(self, max_publishers: int | None = None, max_runs: int | None = None) -> dict[str, Any]:
         """The position as plain data. Bounded (what a resume token of the HTTP gateway may hold):
@@ -169,24 +170,24 @@ class Position:
                 "streams": dict(self.streams), "start_at_sync": list(self.start_at_sync)}
 
     @classmethod
-    def from_json(cls, data: Any) -> Position:
-        position = cls()
+    def from_json(cls, data: Any) -> Checkpoint:
+        checkpoint = cls()
         try:
             if data.get("version") != FORMAT_VERSION:
                 raise ValueError(f"format version {data.get('version')!r}, expected {FORMAT_VERSION}")
             for publisher, seqs in data["publishers"].items():
-                position.publishers[str(publisher)] = SeenSequences.from_json(seqs)
+                checkpoint.publishers[str(publisher)] = SeenSequences.from_json(seqs)
             for incarnation, pos in data["streams"].items():
                 if not isinstance(pos, int) or pos < 0:
                     raise ValueError(f"bad position {pos!r}")
-                position.streams[str(incarnation)] = pos
+                checkpoint.streams[str(incarnation)] = pos
             pending = data.get("start_at_sync", [])  # absent in positions saved before it existed
             if not isinstance(pending, list) or not all(isinstance(inc, str) for inc in pending):
                 raise ValueError(f"bad start_at_sync {pending!r}")
-            position.start_at_sync = pending[:STREAM_LIMIT]
+            checkpoint.start_at_sync = pending[:STREAM_LIMIT]
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a subscriber position: {exc}") from None
-        return position
+        return checkpoint
 
 
 def run_share(counts: list[int], budget: int) -> int:
@@ -201,11 +202,11 @@ def run_share(counts: list[int], budget: int) -> int:
     return max(counts, default=0)
 
 
-def position_file(state_dir: str, queue: str, name: str) -> Path:
+def checkpoint_file(state_dir: str, queue: str, name: str) -> Path:
     return Path(state_dir) / queue / f"{name}.json"
 
 
-def load_position(path: Path) -> Position | None:
+def load_checkpoint(path: Path) -> Checkpoint | None:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -214,11 +215,11 @@ def load_position(path: Path) -> Position | None:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{path}: not a subscriber position ({exc})") from None
-    return Position.from_json(data)
+    return Checkpoint.from_json(data)
 
 
-def save_position(path: Path, data: dict[str, Any]) -> None:
-    """Write a position (`Position.to_json()` form) atomically: a crash leaves the old file or
+def save_checkpoint(path: Path, data: dict[str, Any]) -> None:
+    """Write a checkpoint (`Checkpoint.to_json()` form) atomically: a crash leaves the old file or
     the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

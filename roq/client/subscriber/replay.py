@@ -1,4 +1,4 @@
-"""A subscriber's way to its exchanges' retention (the `ReplayTransport` of roq/client/streams.py).
+"""A subscriber's way to its exchanges' retention (the `ReplayTransport` of roq/client/subscriber/streams.py).
 
 One DEALER per exchange on its replay endpoint, created on first use by the subscriber's I/O
 thread (which owns them all). A request waits for its own answer up to `client.fetch_timeout`:
@@ -7,7 +7,7 @@ that answers `busy` (too many reply bytes it has not yet sent) is asked again af
 pause within the same deadline. Anything else raises FetchFailed and the connection is dropped,
 so the next request starts on a fresh one.
 
-An ended incarnation is read from a stored copy instead (roq/client/streams.py `end`): `copies(x)`
+An ended incarnation is read from a stored copy instead (roq/client/subscriber/streams.py `end`): `copies(x)`
 names the replay endpoints that may hold one (the replica of exchange x, and x's running
 incarnation, which serves what its journal reloaded). The first that knows the incarnation
 answers `ended_position` and serves that incarnation's later fetches.
@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from roq import protocol
-from roq.client.streams import FetchFailed, NoCopy
+from roq.client.subscriber.streams import FetchFailed, NoCopy
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.security import secure_client
@@ -60,28 +60,28 @@ class ReplayClient:
         if fetcher is not None:
             fetcher.close(linger=0)
 
-    def fetch(self, exchange: str, incarnation: str, after: int, before: int,
+    def fetch(self, xid: str, incarnation: str, after: int, before: int,
               prefix: bytes) -> Iterator[protocol.Frames]:
         max_bytes = self.config.exchange.fetch_max_bytes
-        where = self._copy_of.get(incarnation, exchange)
+        where = self._copy_of.get(incarnation, xid)
         while after < before - 1 and not self._closed():
             page = self._ask(where, _fetch_request(incarnation, after, before, prefix, max_bytes))
             if not isinstance(page, protocol.Frames):
-                raise FetchFailed(f"{exchange} answered a fetch with {type(page).__name__}")
+                raise FetchFailed(f"{xid} answered a fetch with {type(page).__name__}")
             yield page
             if page.done:
                 return
             after = max(after + 1, page.scanned_to)
 
-    def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
-        answer = self._ask(exchange, lambda rid: protocol.encode_position_request(rid, prefixes))
+    def position(self, xid: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+        answer = self._ask(xid, lambda rid: protocol.encode_position_request(rid, prefixes))
         if not isinstance(answer, protocol.StreamPosition):
-            raise FetchFailed(f"{exchange} answered a position request with {type(answer).__name__}")
+            raise FetchFailed(f"{xid} answered a position request with {type(answer).__name__}")
         return answer
 
-    def ended_position(self, exchange: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+    def ended_position(self, xid: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
         unanswered = False
-        for endpoint in self._copies(exchange):
+        for endpoint in self._copies(xid):
             try:
                 answer = self._ask(endpoint, lambda rid: protocol.encode_position_request(rid, prefixes, incarnation))
             except NoCopy:
@@ -98,36 +98,36 @@ class ReplayClient:
             raise FetchFailed(f"no stored copy of {incarnation} answered")
         raise NoCopy(f"no stored copy of {incarnation}")
 
-    def report(self, exchange: str, name: str, incarnation: str, pos: int) -> None:
-        """Tell exchange `exchange` how far durable subscriber `name` took its stream (consumer
+    def report(self, xid: str, name: str, incarnation: str, pos: int) -> None:
+        """Tell exchange `xid` how far durable subscriber `name` took its stream (consumer
         lag, protocol 5.5). Not answered, never waited for: dropped if it cannot leave now."""
-        fetcher = self._fetcher(exchange)
+        fetcher = self._fetcher(xid)
         if fetcher is not None:
             try:
                 fetcher.send(protocol.encode_progress(name, incarnation, pos), zmq.NOBLOCK)
             except zmq.Again:
                 pass
 
-    def _ask(self, exchange: str, encode: Callable[[int], bytes]) -> Answer:
-        """`exchange` is an exchange id (its running incarnation) or a copy's replay endpoint."""
+    def _ask(self, target: str, encode: Callable[[int], bytes]) -> Answer:
+        """`target` is an exchange id (its running incarnation) or a copy's replay endpoint."""
         deadline = time.monotonic() + self.config.client.fetch_timeout
         while not self._closed():
-            fetcher = self._fetcher(exchange)
+            fetcher = self._fetcher(target)
             if fetcher is None:
-                raise FetchFailed(f"{exchange} has no replay endpoint")
+                raise FetchFailed(f"{target} has no replay endpoint")
             self._request_id += 1
             request_id = self._request_id
             fetcher.send(encode(request_id))
             try:
                 return self._await(fetcher, request_id, deadline)
             except protocol.ReplayRefused as refused:
-                if refused.refusal == "unknown_incarnation" and _is_endpoint(exchange):
+                if refused.refusal == "unknown_incarnation" and _is_endpoint(target):
                     raise NoCopy(str(refused)) from None
                 if refused.refusal != "busy" or time.monotonic() + BUSY_RETRY > deadline:
                     raise FetchFailed(str(refused)) from None
                 time.sleep(BUSY_RETRY)  # the exchange holds too many unsent replies: let them go
             except FetchFailed:
-                self.drop(exchange)
+                self.drop(target)
                 raise
         raise FetchFailed("subscriber closed")
 

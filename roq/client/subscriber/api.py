@@ -1,12 +1,12 @@
 """Subscriber: receives every message of its topics from all exchanges of a queue.
 
-One SUB socket, owned by the I/O thread (roq/client/receiver.py), is connected
+One SUB socket, owned by the I/O thread (roq.client.subscriber.receiver), is connected
 to every running exchange; ZooKeeper watches add new exchanges and drop removed
 ones while it runs. Topic filtering is by prefix, inside libzmq. The Subscriber
 drops duplicates and hands messages over to the application.
 
 Nothing is lost between the exchanges and the application while the
-exchanges' retention lasts (roq/client/streams.py has the rules):
+exchanges' retention lasts (roq.client.subscriber.streams has the rules):
 * Each exchange incarnation numbers its frames. With its topics the subscriber
   subscribes to a private sync marker; the exchange answers with the next
   position once the subscriptions are active. Frames before it are fetched from
@@ -22,14 +22,14 @@ exchanges' retention lasts (roq/client/streams.py has the rules):
   a message arriving twice (a publisher replayed it elsewhere after a move, or a
   fetch overlapped the live stream) reaches the application once. Publishers
   are forgotten least recently seen first, and only once unseen for longer
-  than any replay could come later (roq/client/position.py).
+  than any replay could come later (roq.client.subscriber.checkpoint).
 `gaps` counts the messages that retention no longer held when fetched;
 `stats()` has the rest.
 
 Durable subscribers (`durable="name"`) save what the application has taken to
-`client.state_dir/<queue>/<name>.json` every `client.position_save_interval`
-and on close, and resume from it. `position()` returns the same thing for
-applications that store it themselves (pass it back as `position=`).
+`client.state_dir/<queue>/<name>.json` every `client.position_save_interval` and on
+close, and resume from it (roq.client.subscriber.progress). `position()` returns the same
+checkpoint for applications that store it themselves (pass it back as `position=`).
 
 Iterator style: `for msg in sub` / `sub.receive(timeout)`. Callback style:
 `Subscriber(..., callback=fn)`; `fn` runs on the I/O thread, keep it short.
@@ -45,27 +45,31 @@ from __future__ import annotations
 
 import logging
 import queue as queue_module
-import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from kazoo.client import KazooClient
 
 from roq import protocol
-from roq.client.position import Position, load_position, position_file, save_position
-from roq.client.receiver import SubscriberReceiver
-from roq.client.replay import ReplayClient
-from roq.client.streams import FetchFailed, Stream, StreamSet
+from roq.client.headers import EMPTY_HEADERS
+from roq.client.lifecycle import ClientLifecycle
+from roq.client.stats import SubscriberStats
+from roq.client.subscriber.checkpoint import Checkpoint, checkpoint_file, load_checkpoint
+from roq.client.subscriber.copies import StoredCopies
+from roq.client.subscriber.messages import Message, MessageBatch
+from roq.client.subscriber.progress import Progress
+from roq.client.subscriber.receiver import SubscriberReceiver
+from roq.client.subscriber.replay import ReplayClient
+from roq.client.subscriber.streams import Stream, StreamSet
 from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import RefusedError, UserError
 from roq.names import check_subscriber_name, check_topic, topic_text
 from roq.paths import Paths
 from roq.security import load_keys
-from roq.zk import read_json, start_client, stop_client
 
 log = logging.getLogger(__name__)
 
@@ -74,86 +78,18 @@ START_POINTS = ("now", "beginning")  # where a subscriber without a position sta
 PROGRESS_REFRESH = 30.0  # a durable subscriber re-reports an unchanged position this often (s)
 
 
-class _NoHeaders(Mapping[str, bytes]):
-    """The headers of a message that has none: an empty mapping that cannot be changed (every such
-    message shares it), equal to {} and picklable (as itself)."""
-
-    __slots__ = ()
-
-    def __getitem__(self, key: str) -> bytes:
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-    def __repr__(self) -> str:
-        return "{}"
-
-    def __reduce__(self) -> str:
-        return "EMPTY_HEADERS"  # the module's one instance
-
-
-EMPTY_HEADERS: Mapping[str, bytes] = _NoHeaders()
-
-
-class Message(NamedTuple):  # a tuple: cheap to build, once per message
-    """One message. `topic` is text (str, as given to `publish()`); `topic_bytes` the exact bytes.
-    `headers`: the publisher's headers (str → bytes), an empty mapping when it gave none."""
-    topic: str
-    payload: bytes
-    publisher: str
-    seq: int
-    exchange: str
-    sent_ns: int
-    incarnation: str = ""
-    pos: int = 0
-    headers: Mapping[str, bytes] = EMPTY_HEADERS
-
-    @property
-    def topic_bytes(self) -> bytes:
-        return self.topic.encode("utf-8", "surrogateescape")
-
-
-class MessageBatch(NamedTuple):
-    """Consecutive messages of one publisher and topic, as one exchange frame brought them
-    (duplicates already removed): what a `batch_callback` gets, with no object per message.
-    `headers[i]` are message i's headers when any message of the batch has some (else None)."""
-    topic: str
-    payloads: list[bytes]
-    publisher: str
-    seqs: list[int]  # seqs[i] is the sequence number of payloads[i], ascending
-    exchange: str
-    sent_ns: int
-    incarnation: str = ""
-    pos: int = 0
-    headers: list[Mapping[str, bytes]] | None = None
-
-    @property
-    def topic_bytes(self) -> bytes:
-        return self.topic.encode("utf-8", "surrogateescape")
-
-    def messages(self) -> Iterator[Message]:
-        """The batch as one Message each, for code written against the per-message API."""
-        headers = self.headers or [EMPTY_HEADERS] * len(self.seqs)
-        for payload, seq, own in zip(self.payloads, self.seqs, headers):
-            yield Message(self.topic, payload, self.publisher, seq, self.exchange, self.sent_ns,
-                          self.incarnation, self.pos, own or EMPTY_HEADERS)
-
-
-class Subscriber:
+class Subscriber(ClientLifecycle):
     def __new__(cls, *args: Any, group: str | None = None, **kwargs: Any) -> Any:
-        """`group="name"` makes this a member of a consumer group (roq.client.worker): each message
-        of the group's topics goes to one member, which acks it (docs/work-queues.md)."""
+        """Deprecated: `group="name"` made this a consumer group member; use GroupMember."""
         if group is not None:
-            from roq.client.worker import GroupSubscriber
+            warnings.warn("Subscriber(group=...) is deprecated: use roq.client.GroupMember(...)", DeprecationWarning,
+                          stacklevel=2)
+            from roq.client.group_member import GroupMember
             fanout_only = sorted(set(kwargs) & {"durable", "position", "start", "batch_callback"})
             if fanout_only:
                 raise UserError(f"a consumer group member takes no {', '.join(fanout_only)}: the group keeps its "
                                 "own state (docs/work-queues.md)")
-            return GroupSubscriber(*args, group=group, **kwargs)
+            return GroupMember(*args, group=group, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
@@ -182,51 +118,46 @@ class Subscriber:
         self.batch_callback = batch_callback
         self.id = uuid.uuid4().hex
         self._sync_topic = protocol.sync_topic(self.id)  # our private marker (docs/protocol.md)
-        self._position_path: Path | None = None
-        saved = Position.from_json(position) if position is not None else None
+        saved = Checkpoint.from_json(position) if position is not None else None
         self.durable = durable
-        self._reported: dict[str, tuple[int, float]] = {}  # exchange → (pos, when) last reported
+        self._reported: dict[str, tuple[int, float]] = {}  # xid → (pos, when) last reported
+        path = None
         if durable is not None:
-            self._position_path = position_file(config.client.state_dir, queue, check_subscriber_name(durable))
+            path = checkpoint_file(config.client.state_dir, queue, check_subscriber_name(durable))
             if saved is None:
-                saved = load_position(self._position_path)
+                saved = load_checkpoint(path)
         self.resumed = saved is not None
-        self._taken = saved or Position()  # what the application has taken (saved, returned by position())
-        self._taken_lock = threading.Lock()
-        # Iterator style: incarnation → {position: messages of that frame still in the inbox}. A saved
-        # position never passes a frame the application has not taken all of.
-        self._in_inbox: dict[str, dict[int, int]] = {}
-        self._handed = self._taken.copy()  # what the I/O thread has handed over (dedup)
-        self._copies_cache: dict[str, tuple[float, list[str] | FetchFailed]] = {}
-        self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed, self._copies_of)
+        taken = saved or Checkpoint()  # what the application has taken (saved, returned by position())
+        self._handed = taken.copy()  # what the I/O thread has handed over (dedup)
+        self._replay = ReplayClient(config, self.topology_snapshot, lambda: self._closed, lambda xid: self._copies(xid))
         self._streams = StreamSet(self.topics, self._replay, self._hand_over)
-        for inc, pos in self._taken.streams.items():
+        for inc, pos in taken.streams.items():
             self._streams.resume(inc, pos)
+        self._progress = Progress(taken, self._streams, path, callback is not None or batch_callback is not None)
         self.topics = self._streams.prefixes  # subscribed as normalised: "a" covers "ab"
-        self._own_zk = zk is None
-        self.zk = zk or start_client(config)
+        self._use_zk(config, zk)
+        self._copies = StoredCopies(self.zk, Paths(config.zk.root), queue, self.topology_snapshot)
         self._inbox: queue_module.Queue[Message] = queue_module.Queue(inbox_limit)
         self.received = 0
         self.duplicates = 0
-        self.recovered = 0  # frames fetched from retention and handed over
+        self.recovered_frames = 0  # frames fetched from retention and handed over
         self.callback_errors = 0
         self._closed = False
         try:
             self._receiver = SubscriberReceiver(queue, config, self.zk, self.topics, self._sync_topic, self._streams,
-                                                self._replay, self._save_tick if self._position_path else None)
+                                                self._replay, self._save_tick if path else None)
         except Exception:
-            if self._own_zk:
-                stop_client(self.zk)
+            self._release_zk()
             raise
         # A new subscriber starts at the sync point of the exchanges running now (start="now"); an
         # exchange that appears later is read from the start of its retention. What came before a
         # sync point goes into the position as taken: a durable subscriber never replays history
         # from before it existed, even from an exchange it has not yet received anything from.
         self.start = "resume" if self.resumed else start
-        self._streams.started = self._note_started
+        self._streams.started = self._progress.started
         running = {live["incarnation"] for live in self.topology.snapshot().values()
                    if isinstance(live.get("incarnation"), str)}
-        self._streams.start_at_sync = (set(self._taken.start_at_sync) & running if self.resumed
+        self._streams.start_at_sync = (set(taken.start_at_sync) & running if self.resumed
                                        else running if self.start == "now" else set())
         self._receiver.start()
 
@@ -246,18 +177,6 @@ class Subscriber:
         """Messages of our topics that retention no longer held when we fetched them."""
         return self._streams.gaps
 
-    @property
-    def fetches(self) -> int:
-        return self._streams.fetches
-
-    @property
-    def fetch_failures(self) -> int:
-        return self._streams.fetch_failures
-
-    @property
-    def resyncs(self) -> int:
-        return self._streams.resyncs
-
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after `timeout`. Raises QueueNotFoundError when the queue
         has been deleted (and not created again) for a few seconds and nothing is left to take, and
@@ -271,7 +190,7 @@ class Subscriber:
             if refusal is not None:
                 raise RefusedError(refusal)
             return None
-        self._note_taken(msg)
+        self._progress.took(msg)
         return msg
 
     def __iter__(self) -> Iterator[Message]:
@@ -281,46 +200,18 @@ class Subscriber:
                 yield msg
 
     def position(self, max_publishers: int | None = None, max_runs: int | None = None) -> dict[str, Any]:
-        """Where this subscriber would resume: pass it back as `position=`. With `max_publishers` or
-        `max_runs`, bounded as `Position.to_json` says (the HTTP gateway's resume tokens)."""
-        return self._position(quiet=False, max_publishers=max_publishers, max_runs=max_runs)
+        """Where this subscriber would resume (its checkpoint): pass it back as `position=`. With
+        `max_publishers` or `max_runs`, bounded as `Checkpoint.to_json` says (the HTTP gateway's
+        resume tokens)."""
+        return self._progress.to_json(quiet=False, max_publishers=max_publishers, max_runs=max_runs)
 
-    def _position(self, quiet: bool, max_publishers: int | None = None, max_runs: int | None = None) -> dict[str, Any]:
-        """`quiet`: called where the I/O thread is not handing anything over (on it, or after it
-        stopped), so the streams' floors can be brought up to date first."""
-        if quiet:
-            self._streams.refresh_floors()
-        with self._taken_lock:
-            data = self._taken.to_json(max_publishers, max_runs)
-            data["streams"] = self._resume_points(quiet)
-        data["start_at_sync"] = sorted(set(self._streams.start_at_sync))  # not synced yet: started "now"
-        return data
-
-    def _resume_points(self, quiet: bool) -> dict[str, int]:
-        """Per incarnation, where a resume starts (lock held): every frame of our prefixes at or below
-        it was handed over (no hole open below it) and taken by the application in full. Frames of
-        other topics count as handled, so a subscriber to a few topics is not behind on the rest."""
-        points = dict(self._taken.streams)
-        for inc, stream in list(self._streams.streams.items()):
-            if not stream.known:
-                continue  # not synced yet: nothing handled from it
-            handled = stream.floor
-            in_inbox = self._in_inbox.get(inc)
-            if in_inbox:
-                handled = min(handled, min(in_inbox) - 1)
-            elif not quiet and (self.callback or self.batch_callback):
-                handled = min(handled, points.get(inc, handled))  # a callback may still be running
-            points[inc] = handled
-        return points
-
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> SubscriberStats:
         streams = self._streams
-        return {"received": self.received, "duplicates": self.duplicates, "gaps": streams.gaps,
-                "unknown_gaps": streams.unknown_gaps,
-                "recovered_frames": self.recovered, "fetches": streams.fetches,
-                "fetch_failures": streams.fetch_failures, "resyncs": streams.resyncs,
-                "position_checks": streams.position_checks, "callback_errors": self.callback_errors,
-                "exchanges": len(self.connected)}
+        return SubscriberStats(received=self.received, duplicates=self.duplicates, gaps=streams.gaps,
+                               unknown_gaps=streams.unknown_gaps, recovered_frames=self.recovered_frames,
+                               fetches=streams.fetches, fetch_failures=streams.fetch_failures,
+                               resyncs=streams.resyncs, position_checks=streams.position_checks,
+                               callback_errors=self.callback_errors, exchanges=len(self.connected))
 
     def wait_connected(self, count: int | None = None, timeout: float = 10.0) -> None:
         """Wait until the subscriptions are live on `count` exchanges (default: all running ones)."""
@@ -333,93 +224,16 @@ class Subscriber:
             time.sleep(0.02)
         raise TimeoutError(f"subscriptions live on {sorted(self.connected)} after {timeout:.1f}s")
 
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         self._closed = True
         self._receiver.close()
-        self._save_position(quiet=True)  # the I/O thread has stopped
-        if self._own_zk:
-            stop_client(self.zk)
+        self._progress.save(quiet=True)  # the I/O thread has stopped
 
-    def __enter__(self) -> Subscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------ application side
-
-    def _note_taken(self, msg: Message) -> None:
-        with self._taken_lock:
-            self._taken.seen(msg.publisher).add(msg.seq)
-            if not msg.incarnation:
-                return
-            in_inbox = self._in_inbox.get(msg.incarnation)
-            left = in_inbox.pop(msg.pos, 1) - 1 if in_inbox is not None else 0
-            if left > 0:  # re-read that frame on resume: the application has not taken all of it
-                assert in_inbox is not None
-                in_inbox[msg.pos] = left
-                self._taken.advance(msg.incarnation, msg.pos - 1)
-                return
-            if in_inbox is not None and not in_inbox:
-                del self._in_inbox[msg.incarnation]
-            self._taken.advance(msg.incarnation, msg.pos)
-
-    def _note_started(self, incarnation: str, pos: int) -> None:
-        """I/O thread: the stream of `incarnation` starts after `pos` for us."""
-        with self._taken_lock:
-            self._taken.advance(incarnation, pos)
-        self._save_position(quiet=True)  # a durable name exists from its first sync, not its first message
-
-    def _note_frame_taken(self, d: protocol.Delivery, fresh: range | list[int]) -> None:
-        """Callback style: the application took these messages of one frame."""
-        with self._taken_lock:
-            seen = self._taken.seen(d.publisher)
-            seqs = d.seqs
-            if not (isinstance(fresh, range) and seen.add_run(seqs[0], seqs[-1])):
-                for i in fresh:
-                    seen.add(seqs[i])
-            self._taken.advance(d.incarnation, d.pos)
+    # ------------------------------------------------------------ the I/O thread's side
 
     def topology_snapshot(self) -> dict[str, dict[str, Any]]:
         receiver = getattr(self, "_receiver", None)  # None until the constructor made it
         return receiver.topology.snapshot() if receiver is not None else {}
-
-    def _copies_of(self, xid: str) -> list[str]:
-        """Replay endpoints that may hold ended incarnations of exchange `xid` (I/O thread): its
-        replica, and its running incarnation (what a journal reloaded). Looked up at most every
-        half second per exchange: a resumed subscriber may drain many incarnations of one."""
-        now = time.monotonic()
-        cached = self._copies_cache.get(xid)
-        if cached is None or now - cached[0] > 0.5:
-            try:
-                found: list[str] | FetchFailed = self._look_up_copies(xid)
-            except FetchFailed as failed:
-                found = failed
-            cached = self._copies_cache[xid] = (now, found)
-            if len(self._copies_cache) > 1000:
-                self._copies_cache.clear()
-        if isinstance(cached[1], FetchFailed):
-            raise cached[1]
-        return cached[1]
-
-    def _look_up_copies(self, xid: str) -> list[str]:
-        if not self.zk.connected:  # kazoo would block this thread until it reconnects
-            raise FetchFailed("ZooKeeper is unreachable: the replica cannot be looked up")
-        endpoints = []
-        try:
-            replica = read_json(self.zk, Paths(self.config.zk.root).replica_live(self.queue, xid))
-        except Exception as exc:  # ZooKeeper unreachable: the drain is tried again
-            raise FetchFailed(f"could not read the replica of {self.queue}/{xid}: {exc}") from None
-        if isinstance(replica, dict) and isinstance(replica.get("replay"), str):
-            endpoints.append(replica["replay"])
-        running = self.topology_snapshot().get(xid)
-        if running is None or (running.get("replicas") == 2 and not endpoints):
-            # Not running yet (it may come back with its journal), or its replica is restarting:
-            # ask again (until END_DRAIN_TIMEOUT) rather than give the ended incarnation up.
-            raise FetchFailed(f"{self.queue}/{xid} or its replica is not running now")
-        if isinstance(running.get("replay"), str) and running.get("archived"):
-            endpoints.append(running["replay"])
-        return endpoints
 
     def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
         inc = live.get("incarnation")
@@ -430,7 +244,7 @@ class Subscriber:
 
     def _save_tick(self) -> None:
         """I/O thread, every client.position_save_interval: save, and tell the exchanges."""
-        saved = self._save_position(quiet=True)
+        saved = self._progress.save(quiet=True)
         if saved is not None:
             self._report_progress(saved["streams"])
 
@@ -450,17 +264,6 @@ class Subscriber:
                 self._replay.report(xid, self.durable, inc, pos)
                 self._reported[xid] = (pos, now)
 
-    def _save_position(self, quiet: bool = False) -> dict[str, Any] | None:
-        """A durable subscriber's position, saved to its file (kept going if the file cannot be)."""
-        if self._position_path is None:
-            return None
-        data = self._position(quiet)
-        try:
-            save_position(self._position_path, data)
-        except OSError as exc:
-            log.warning("could not save the subscriber position to %s: %s", self._position_path, exc)
-        return data
-
     # ------------------------------------------------------------ the I/O thread's hand-over
 
     def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
@@ -478,32 +281,30 @@ class Subscriber:
         if not fresh:
             return
         if recovered:
-            self.recovered += 1
+            self.recovered_frames += 1
         self.received += len(fresh)
         name = topic_text(topic)
         if self.batch_callback:
             self._hand_over_batch(self.batch_callback, name, d, fresh)
             return
-        payloads, publisher, exchange, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
+        payloads, publisher, xid, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
             d.incarnation, d.pos
         headers = d.headers() if d.attrs else None
         if self.callback:
             callback = self.callback
             for i in fresh:
                 try:
-                    callback(Message(name, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos,
+                    callback(Message(name, payloads[i], publisher, seqs[i], xid, sent_ns, inc, pos,
                                      headers[i] or EMPTY_HEADERS if headers else EMPTY_HEADERS))
                 except Exception:
                     self.callback_errors += 1
                     log.exception("subscriber callback failed on %s/%d (the message counts as taken)",
                                   publisher, seqs[i])
-            self._note_frame_taken(d, fresh)
+            self._progress.took_frame(d, fresh)
             return
-        with self._taken_lock:  # the frame is taken when its last message is
-            in_inbox = self._in_inbox.setdefault(inc, {})
-            in_inbox[pos] = in_inbox.get(pos, 0) + len(fresh)
+        self._progress.queued(inc, pos, len(fresh))  # the frame is taken when its last message is
         for i in fresh:
-            msg = Message(name, payloads[i], publisher, seqs[i], exchange, sent_ns, inc, pos,
+            msg = Message(name, payloads[i], publisher, seqs[i], xid, sent_ns, inc, pos,
                           headers[i] or EMPTY_HEADERS if headers else EMPTY_HEADERS)
             while not self._closed:
                 try:
@@ -530,4 +331,4 @@ class Subscriber:
             self.callback_errors += 1
             log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",
                           d.publisher, seqs[0], seqs[-1])
-        self._note_frame_taken(d, fresh)
+        self._progress.took_frame(d, fresh)

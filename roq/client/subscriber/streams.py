@@ -54,14 +54,14 @@ class NoCopy(FetchFailed):
 
 
 class ReplayTransport(Protocol):
-    def fetch(self, exchange: str, incarnation: str, after: int, before: int,
+    def fetch(self, xid: str, incarnation: str, after: int, before: int,
               prefix: bytes) -> Iterator[protocol.Frames]:
         """Pages of frames after < pos < before of `prefix`; raises FetchFailed."""
 
-    def position(self, exchange: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+    def position(self, xid: str, prefixes: list[bytes]) -> protocol.StreamPosition:
         """Where the stream is and where each prefix's chain ends; raises FetchFailed."""
 
-    def ended_position(self, exchange: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
+    def ended_position(self, xid: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
         """Where a stored copy of the ended `incarnation` ends (sealing it); later fetches of it go
         to that copy. Raises NoCopy if nothing holds one, FetchFailed if it did not answer."""
 
@@ -78,9 +78,17 @@ def normalise(prefixes: Iterable[bytes]) -> list[bytes]:
     return result
 
 
+def prefix_of(prefixes: list[bytes], topic: bytes) -> bytes | None:
+    """The one of the normalised `prefixes` that `topic` starts with, if any."""
+    for prefix in prefixes:
+        if topic.startswith(prefix):
+            return prefix
+    return None
+
+
 @dataclass
 class Stream:
-    exchange: str
+    xid: str  # the exchange's id
     incarnation: str
     done: dict[bytes, int]  # per prefix: every frame of it at or below this position is handled
     known: bool = False  # followed before (or resumed from a saved position): catch up from `done`
@@ -102,6 +110,28 @@ class Stream:
     # position may resume. Read by the application's thread: it may lag (raised at quiet moments,
     # `refresh_floor`), never lead (lowered at once when a hole stays open).
     floor: int = 0
+
+    def refresh_floor(self) -> None:
+        """Raise the floor to what is handled now (the I/O thread, between frames)."""
+        if self.known:
+            self.floor = min([*self.done.values(), *(hole[1] for hole in self.holes)])
+
+    def keep(self, prefix: bytes, d: protocol.Delivery) -> None:
+        """A frame handed over that a later fetch may cover: that fetch must not count it lost."""
+        in_hand = self.in_hand.setdefault(prefix, {})
+        if len(in_hand) < IN_HAND_LIMIT:
+            in_hand[d.pos] = len(d.seqs)
+
+    def held(self, prefix: bytes, after: int, handled: int, fetched: set[int]) -> int:
+        """Messages of the frames kept at after < pos <= handled that a fetch did not bring again
+        (evicted since we handed them over: not lost); they are no longer kept."""
+        in_hand = self.in_hand.get(prefix, {})
+        held = 0
+        for pos in [p for p in in_hand if after < p <= handled]:
+            count = in_hand.pop(pos)
+            if pos not in fetched:
+                held += count
+        return held
 
 
 @dataclass
@@ -131,16 +161,10 @@ class StreamSet:
                                            {p: pos for p in self.prefixes}, known=True, high=pos, floor=pos,
                                            seen=False)
 
-    def prefix_of(self, topic: bytes) -> bytes | None:
-        for prefix in self.prefixes:
-            if topic.startswith(prefix):
-                return prefix
-        return None
-
-    def stream(self, incarnation: str, exchange: str) -> Stream:
+    def stream(self, incarnation: str, xid: str) -> Stream:
         stream = self.streams.get(incarnation)
         if stream is None:
-            stream = self.streams[incarnation] = Stream(exchange, incarnation, {p: 0 for p in self.prefixes})
+            stream = self.streams[incarnation] = Stream(xid, incarnation, {p: 0 for p in self.prefixes})
         return stream
 
     # ------------------------------------------------------------ events
@@ -165,10 +189,10 @@ class StreamSet:
         if not stream.synced and stream.ended_at is None:
             self._catch_up(stream, sync.next_pos)
 
-    def on_disconnect(self, exchange: str) -> None:
+    def on_disconnect(self, xid: str) -> None:
         """A dropped connection loses what was in flight: catch up at the next sync."""
         for stream in self.streams.values():
-            if stream.exchange == exchange and stream.synced:
+            if stream.xid == xid and stream.synced:
                 stream.synced = False
                 stream.unsynced_since = time.monotonic()
 
@@ -194,21 +218,16 @@ class StreamSet:
         stream.active.clear()
         if check:
             self.check(stream, check)
-        self.refresh_floor(stream)
-
-    def refresh_floor(self, stream: Stream) -> None:
-        """Raise the stream's floor to what is handled now (the I/O thread, between frames)."""
-        if stream.known:
-            stream.floor = min([*stream.done.values(), *(hole[1] for hole in stream.holes)])
+        stream.refresh_floor()
 
     def refresh_floors(self) -> None:
         for stream in list(self.streams.values()):
-            self.refresh_floor(stream)
+            stream.refresh_floor()
 
     def check(self, stream: Stream, prefixes: list[bytes]) -> None:
         self.position_checks += 1
         try:
-            answer = self.replay.position(stream.exchange, prefixes)
+            answer = self.replay.position(stream.xid, prefixes)
         except FetchFailed:
             self.fetch_failures += 1
             return
@@ -252,24 +271,24 @@ class StreamSet:
         stream.synced = stream.known = True
         for topic, d in pending:
             self._accept(stream, topic, d)
-        self.refresh_floor(stream)
+        stream.refresh_floor()
 
     def _accept(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
         """A live frame: fill the hole before it in its prefix's chain, then hand it over."""
-        prefix = self.prefix_of(topic)
+        prefix = prefix_of(self.prefixes, topic)
         if prefix is None:
             return  # not ours (another subscriber's marker)
         if d.pos <= stream.done[prefix]:
             if any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
                 # In a hole the exchange did not answer for (a frame held up on the way): hand it
                 # over late rather than drop it and count it lost when the hole is fetched.
-                self._keep(stream, prefix, d)
+                stream.keep(prefix, d)
                 self._hand_over(stream, topic, d, recovered=False)
             return  # else fetched already
         prev = d.chains.get(len(prefix))
         if prev is None:
             stream.unverified.add(prefix)  # the exchange was not following our prefix: check at the beat
-            self._keep(stream, prefix, d)
+            stream.keep(prefix, d)
         else:
             if prev > stream.done[prefix]:
                 self._fill_or_remember(stream, prefix, stream.done[prefix], d.pos)
@@ -295,7 +314,7 @@ class StreamSet:
         self.fetches += 1
         handled, lost, inexact, unknown, fetched = after, 0, 0, 0, set()
         try:
-            for page in self.replay.fetch(stream.exchange, stream.incarnation, after, before, prefix):
+            for page in self.replay.fetch(stream.xid, stream.incarnation, after, before, prefix):
                 lost += page.lost
                 if not page.lost_exact:
                     inexact += 1
@@ -311,11 +330,9 @@ class StreamSet:
                 handled = before - 1 if page.done else min(max(handled, page.scanned_to), before - 1)
         except FetchFailed:
             pass
-        in_hand = stream.in_hand.get(prefix, {})
-        for pos in [p for p in in_hand if after < p <= handled]:
-            count = in_hand.pop(pos)
-            if pos not in fetched and not inexact:
-                lost -= count  # handed over before, evicted since: counted in `lost`, yet not lost
+        held = stream.held(prefix, after, handled, fetched)
+        if not inexact:
+            lost -= held  # handed over before, evicted since: counted in `lost`, yet not lost
         lost = max(lost, 0)
         if strict and (lost or inexact):
             self.gaps += lost + unknown
@@ -324,11 +341,6 @@ class StreamSet:
                         stream.incarnation, lost + unknown, prefix)
         stream.done[prefix] = max(stream.done[prefix], handled)
         return handled
-
-    def _keep(self, stream: Stream, prefix: bytes, d: protocol.Delivery) -> None:
-        in_hand = stream.in_hand.setdefault(prefix, {})
-        if len(in_hand) < IN_HAND_LIMIT:
-            in_hand[d.pos] = len(d.seqs)
 
     def end(self, incarnation: str, now: float | None = None) -> None:
         """The incarnation is no longer running: drain it from a stored copy, then forget it."""
@@ -351,7 +363,7 @@ class StreamSet:
     def _drain(self, stream: Stream) -> bool:
         """Fetch what a stored copy holds beyond what we handled; True when nothing is left to try."""
         try:
-            answer = self.replay.ended_position(stream.exchange, stream.incarnation, self.prefixes)
+            answer = self.replay.ended_position(stream.xid, stream.incarnation, self.prefixes)
         except NoCopy:
             return True
         except FetchFailed:
@@ -379,7 +391,7 @@ class StreamSet:
             if end - 1 > stream.done[prefix] and not any(h[0] == prefix and h[2] >= end for h in stream.holes):
                 # What we never followed (an exchange that died before we synced) was not ours to lose.
                 self._fill_or_remember(stream, prefix, stream.done[prefix], end, strict=stream.known)
-        self.refresh_floor(stream)
+        stream.refresh_floor()
         if not stream.holes:
             log.info("%s ended: drained from its copy up to position %d", stream.incarnation, end - 1)
         return not stream.holes
@@ -408,7 +420,7 @@ class StreamSet:
 
     def _late(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
         """A frame of a forgotten incarnation: no chain can be followed any more."""
-        prefix = self.prefix_of(topic)
+        prefix = prefix_of(self.prefixes, topic)
         if prefix is not None and d.pos <= stream.done[prefix] \
                 and any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
             self._hand_over(stream, topic, d, recovered=False)  # from a hole never filled: late, not lost

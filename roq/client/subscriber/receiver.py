@@ -4,7 +4,7 @@ The socket is connected to every running exchange of the queue; ZooKeeper watche
 QueueTopology, which the receiver owns) wake the thread, and it connects to new exchanges and
 disconnects from removed ones while it runs. Topic filtering is by prefix, inside libzmq: the
 receiver subscribes to the topics, the beat topic and, last, the subscriber's private sync
-marker. Every frame goes to the stream rules (roq.client.streams), which fetch what was dropped
+marker. Every frame goes to the stream rules (roq.client.subscriber.streams), which fetch what was dropped
 and hand the rest over to the Subscriber (roq.client.subscriber); a dropped connection makes
 the stream catch up at its next sync. A durable subscriber's position is saved from this thread
 every `client.position_save_interval`. A handshake an exchange refuses (no subscribe right on the
@@ -24,26 +24,22 @@ from kazoo.client import KazooClient
 from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
-from roq.client.replay import ReplayClient
-from roq.client.streams import StreamSet
-from roq.client.topology import QueueTopology
-from roq.client.wake import WakePipe
+from roq.client.io_thread import QueueIoThread
+from roq.client.subscriber.replay import ReplayClient
+from roq.client.subscriber.streams import StreamSet
 from roq.config import Config
 from roq.errors import ProtocolError
-from roq.paths import Paths
 from roq.security import HANDSHAKE_FAILED, refusal_text, secure_client
 
 log = logging.getLogger(__name__)
 _NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
 
 
-class SubscriberReceiver:
+class SubscriberReceiver(QueueIoThread):
     def __init__(self, queue: str, config: Config, zk: KazooClient, topics: list[bytes], sync_topic: bytes,
                  streams: StreamSet, replay: ReplayClient, save_position: Callable[[], None] | None) -> None:
         """Watch the queue; `start()` starts the I/O thread. `save_position` (durable subscribers
         only) is called from the I/O thread every `client.position_save_interval`."""
-        self.config = config
-        self.queue = queue
         self._topics = topics
         self._sync_topic = sync_topic
         self._streams = streams
@@ -51,29 +47,14 @@ class SubscriberReceiver:
         self._save_position = save_position
         self.connected: set[str] = set()  # exchange ids we are connected to
         self._refused: dict[str, bool] = {}  # endpoint → whether its last handshake was refused
-        self._closed = False
-        self._wake = WakePipe()
-        try:
-            self.topology = QueueTopology(zk, Paths(config.zk.root), queue, self._wake.wake)
-        except Exception:
-            self._wake.close()
-            raise
         self._ready = threading.Event()
         self._endpoints: dict[str, str] = {}  # exchange id → the endpoint followed, as the I/O thread last saw
-        self._thread = threading.Thread(target=self._run, name=f"subscriber-{queue}", daemon=True)
+        super().__init__(zk, config, queue, f"subscriber-{queue}")
 
     def start(self) -> None:
         """Start the I/O thread; returns once its socket is subscribed (at most 5 s)."""
-        self._thread.start()
+        self._start_thread()
         self._ready.wait(5)
-
-    def close(self) -> None:
-        """Stop the I/O thread and the watches; close the wake-up pipe."""
-        self._closed = True
-        self._wake.wake()
-        self._thread.join(timeout=5)
-        self.topology.close()
-        self._wake.close()
 
     # ------------------------------------------------------------ I/O thread
 
@@ -142,7 +123,7 @@ class SubscriberReceiver:
         for stream in list(self._streams.streams.values()):
             # `known`: followed before, so an incarnation missing from `running` has ended (a new
             # one is only ever met through an endpoint the topology already showed).
-            if stream.exchange not in live or (stream.incarnation not in running and stream.known):
+            if stream.xid not in live or (stream.incarnation not in running and stream.known):
                 # That process is gone: read what it left from a stored copy, then forget it.
                 self._streams.end(stream.incarnation)
         return wanted
