@@ -75,7 +75,7 @@ def gateway(config_json: str, workdir: Path) -> Iterator[tuple[str, int]]:
     from roq.config import config_from_json
     config_path = workdir / "web.toml"
     config_path.write_text(config_from_json(config_json).to_toml())
-    proc = servers._spawn([sys.executable, "-m", "web.daemon", "--config", str(config_path),
+    proc = servers._spawn([sys.executable, "-m", "roq_web.daemon", "--config", str(config_path),
                            "--set", "web.port=0", "--set", "web.auth=false"], workdir)
     try:
         yield _wait_serving(proc, workdir / "server.log"), proc.pid

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
 source docker/image-cache.sh
 bash docker/build-base.sh
-hash=$(cat setup.cfg docker/Dockerfile docker/entrypoint.sh tests/support/docker_launcher.py $(git ls-files --cached --others --exclude-standard roq gcm hcm exchange 2>/dev/null || find roq gcm hcm exchange -name '*.py') \
+hash=$(cat setup.cfg docker/Dockerfile docker/entrypoint.sh tests/support/docker_launcher.py $(git ls-files --cached --others --exclude-standard roq gcm hcm exchange roq_web 2>/dev/null || find roq gcm hcm exchange roq_web -name '*.py') \
        | sha256sum | cut -c1-16)
 reuse_image roq "$hash" && exit 0
 context=$(mktemp -d /tmp/roq-image.XXXXXX)

@@ -30,7 +30,7 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None) -> None:
     from roq.client.admin import ZK_REFUSED_FOR
     from roq.daemon import Stop, install_signal_handlers
     from roq.zk import start_client, stop_client
-    from web.daemon import serve
+    from roq_web.daemon import serve
     # As every command: one line, at once, when no ZooKeeper listens (roq-web, a daemon, waits for it).
     # Logging stays as main() set it: warnings, without the ZooKeeper client's reconnect chatter.
     zk = start_client(config, refused_for=ZK_REFUSED_FOR)
@@ -59,7 +59,7 @@ def token() -> None:
 @handle_errors
 def token_add(ctx: Context, name: str, role: str, path: str | None) -> None:
     """Make a token for NAME, print it once (only its hash is stored in the tokens file)."""
-    from web.auth import add_token
+    from roq_web.auth import add_token
     path = path or ctx.config.web.tokens_file
     if not path:
         fail("give --file, or set web.tokens_file", Exit.USAGE)

@@ -118,7 +118,7 @@ class Processes:
         self.logs: dict[str, Path] = {}
 
     def start(self, role: str, name: str, *settings: str) -> subprocess.Popen[bytes]:
-        module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon", "web": "web.daemon"}[role]
+        module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon", "web": "roq_web.daemon"}[role]
         log = self.workdir / f"{name}.log"
         args = [sys.executable, "-m", module, "--config", str(self.config_path)]
         if role == "hcm":  # each host its own files (journals), in the test's directory

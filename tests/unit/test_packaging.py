@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("roq", "gcm", "hcm", "exchange", "web")
+PACKAGES = ("roq", "gcm", "hcm", "exchange", "roq_web")
 
 
 def test_the_build_packs_the_console_and_warns_of_nothing(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_the_build_packs_the_console_and_warns_of_nothing(tmp_path: Path) -> Non
     warnings = [line for line in run.stderr.splitlines()
                 if "warn" in line.lower() and "byte-compiling is disabled" not in line]
     assert not warnings, run.stderr
-    static = sorted(p.name for p in (ROOT / "web" / "static").iterdir())
-    assert sorted(p.name for p in (built / "web" / "static").iterdir()) == static
+    static = sorted(p.name for p in (ROOT / "roq_web" / "static").iterdir())
+    assert sorted(p.name for p in (built / "roq_web" / "static").iterdir()) == static
     assert {"index.html", "queue.html", "docs.html", "console.js"} <= set(static)
     assert (built / "roq" / "py.typed").is_file()

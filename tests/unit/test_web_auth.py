@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from roq.client.subscriber.checkpoint import Checkpoint
 from roq.errors import ConfigError
-from web.auth import Guard, add_token, cross_site, read_tokens, token_hash, trusted_host
-from web.gateway import DELTA_MARK, ResumeTokenError, _b64, decode_token, encode_token
+from roq_web.auth import Guard, add_token, cross_site, read_tokens, token_hash, trusted_host
+from roq_web.gateway import DELTA_MARK, ResumeTokenError, _b64, decode_token, encode_token
 
 
 def test_a_new_token_is_stored_only_as_its_hash_in_a_private_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The HTTP answer to an admin command's status, and the group rows of the gateway (web/groups.py)."""
+"""The HTTP answer to an admin command's status, and the group rows of the gateway (roq_web/groups.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from roq.errors import GroupNotFoundError, PreconditionFailedError
-from web.groups import command_status_code, group_detail, group_rows
+from roq_web.groups import command_status_code, group_detail, group_rows
 
 
 def status(results: dict[str, Any], waiting: list[str]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The gateway's bounds as pure logic (web/limits.py): lines counted exactly at the bound, in
+"""The gateway's bounds as pure logic (roq_web/limits.py): lines counted exactly at the bound, in
 chunks cut anywhere; what a request reserves; per-caller and total slots."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from roq.config import PUBLISH_MESSAGE_COST
 from roq.errors import MessageTooLargeError
-from web.limits import BodyLimits, Budget, CallerLimitError, GatewayBusyError, Reservation, Slots, read_messages
+from roq_web.limits import BodyLimits, Budget, CallerLimitError, GatewayBusyError, Reservation, Slots, read_messages
 
 LIMITS = BodyLimits(max_bytes=10_000, max_messages=5, max_message_bytes=100)
 

@@ -15,9 +15,9 @@ from roq.paths import Paths
 from roq.state import read_hosts, read_leader
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
+from roq_web.auth import add_token
 from tests.conftest import failed
 from tests.support.helpers import Processes, fast_config, wait_until
-from web.auth import add_token
 
 
 @dataclass

@@ -22,11 +22,11 @@ import pytest
 from roq.client import Subscriber
 from roq.paths import Paths
 from roq.state import read_live
+from roq_web.gateway import decode_token, encode_token
 from tests.conftest import unavailable
 from tests.support.helpers import record_figures, wait_until
 from tests.support.hostile import forged_token
 from tests.web.conftest import WebCluster, start_gateway
-from web.gateway import decode_token, encode_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 T = TypeVar("T")

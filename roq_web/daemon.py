@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
 from roq.errors import ConfigError
-from web.app import create_app
+from roq_web.app import create_app
 
 log = logging.getLogger(__name__)
 

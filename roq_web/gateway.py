@@ -51,7 +51,7 @@ from roq.errors import ConfigError, QueueNotFoundError, RoqError, UnavailableErr
 from roq.names import check_queue_name, check_topic
 from roq.paths import Paths
 from roq.state import read_live
-from web.limits import Slots
+from roq_web.limits import Slots
 
 TOKEN_VERSION = "r1."
 MAX_TOKEN_CHARS = 256 << 10  # a resume token longer than this is refused before decoding

@@ -1,6 +1,6 @@
 """Consumer groups over HTTP (docs/http.md "Consumer groups and purges"), for the API and the console.
 
-Reads come from the leader's aggregate that the sampler holds (`cluster.stats`, web/history.py), as
+Reads come from the leader's aggregate that the sampler holds (`cluster.stats`, roq_web/history.py), as
 `roq stats` shows it, so a page polled by many browsers costs the leader nothing more: a queue's
 groups summed over its running exchanges (members and lag: the largest at one exchange,
 roq.records.group_totals), and one group's figures on each exchange.

@@ -1,9 +1,9 @@
 """The web console and HTTP API (docs/http.md): a FastAPI application over one RoQ client.
 
-Reads are served from the sampler's latest view of the cluster (web/history.py); admin actions
+Reads are served from the sampler's latest view of the cluster (roq_web/history.py); admin actions
 go to the leader through `Admin`, with the gateway's own identity (`security.identity`), once
-the caller showed an admin credential (web/auth.py); publishing and streaming go through
-web/gateway.py, within the bounds of web/limits.py (per caller and in all: slots, a memory budget,
+the caller showed an admin credential (roq_web/auth.py); publishing and streaming go through
+roq_web/gateway.py, within the bounds of roq_web/limits.py (per caller and in all: slots, a memory budget,
 bodies counted as they arrive). Errors are JSON, `{"error": code, "message": text}`, the codes of
 the control API (docs/protocol.md), with the HTTP status that fits.
 """
@@ -52,11 +52,11 @@ from roq.names import check_group_name, check_queue_name, check_topic
 from roq.permissions import MAX_PATTERNS, check_key_name
 from roq.protocol import check_headers
 from roq.zk import start_client, stop_client
-from web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
-from web.gateway import Publishers, Streams, TokenWriter, next_events, peek
-from web.groups import command_status_code, group_detail, group_rows
-from web.history import Sampler
-from web.limits import CallerLimitError, Limits, read_envelope, read_messages
+from roq_web.auth import CSRF_HEADER, SESSION_COOKIE, UNSAFE_METHODS, Guard, Identity, cross_site, trusted_host
+from roq_web.gateway import Publishers, Streams, TokenWriter, next_events, peek
+from roq_web.groups import command_status_code, group_detail, group_rows
+from roq_web.history import Sampler
+from roq_web.limits import CallerLimitError, Limits, read_envelope, read_messages
 
 STATIC = Path(__file__).parent / "static"
 # Swagger UI 5 (it renders OpenAPI 3.1, which FastAPI writes; 4.x cannot), as fastapi-offline ships it.
@@ -502,7 +502,7 @@ Wait = Annotated[float, Query(ge=0, le=60, description="seconds to wait for ever
 
 
 def _install_command_routes(app: FastAPI, gateway: Gateway) -> None:
-    """Admin commands the exchanges apply (web/groups.py): 200 once all running ones did, 202 before."""
+    """Admin commands the exchanges apply (roq_web/groups.py): 200 once all running ones did, 202 before."""
     admin = gateway.admin
 
     def answer(status: dict[str, Any], response: Response) -> dict[str, Any]:
