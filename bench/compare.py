@@ -67,10 +67,10 @@ ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.Zmq
             "rabbitmq": "bench.peers.RabbitAdapter"}
 ALL = list(ADAPTERS)
 # What each RoQ system runs with: the queue's `replicas` and configuration overrides. Durability
-# (issue 18), each with both APIs: replicas 2 (a replica process on the other host, an ack once it
-# holds the frame) and `exchange.journal`. The batch API with every batch in one frame
-# (client.payload_blocks off): the exchange then unpacks and packs each payload again, as before
-# two-part batches (issue 23's zero-copy path).
+# (what a confirm costs when it means more), each with both APIs: replicas 2 (a replica process on
+# the other host, an ack once it holds the frame) and `exchange.journal`. The batch API with every
+# batch in one frame (client.payload_blocks off): the exchange then unpacks and packs each payload
+# again, as before two-part batches (the zero-copy path it is compared with).
 FSYNC = {"exchange": {"journal": "fsync"}}
 ROQ_SETUPS: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {
     "roq": (1, {}), "roq-batch": (1, {}), "roq-batch-oneframe": (1, {"client": {"payload_blocks": False}}),
@@ -234,7 +234,7 @@ def _key(system: str) -> str:
 
 
 def durability_targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The cost of replication and of the journal (issue 18; 100 B, 1 → 1), within rounds: each
+    """The cost of replication and of the journal (100 B, 1 → 1), within rounds: each
     durable system's throughput over the same API's without durability and over NATS's, and its p50
     at the paced rate minus that one's. Replication has goals (≥ 0.6×, ≥ 3× NATS, p50 ≤ +500 µs)
     for either API; the fsync journal's figures are reported without one."""
@@ -258,7 +258,7 @@ def durability_targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The goals of issue 6 (100-byte messages, 1 → 1), as ratios within each round. RoQ's
+    """The throughput goals against NATS and raw ZeroMQ (100-byte messages, 1 → 1), as ratios within each round. RoQ's
     batch API is what the goals are judged on; its single-message figures are given beside.
     Then the cost of durability (durability_targets)."""
     found: dict[str, Any] = {}
@@ -281,7 +281,7 @@ def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def zero_copy_targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 23, within rounds: the batch API over raw single-message ZeroMQ at 1000 B (goal 1.0)
+    """Zero-copy forwarding, within rounds: the batch API over raw single-message ZeroMQ at 1000 B (goal 1.0)
     and 64 KiB (0.8); at 100 B over the same API with one-frame batches (not worse: 1.0); and each
     RoQ API's p99 at the paced rate over NATS's (at most 1.2)."""
     found: dict[str, Any] = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where RoQ's latency goes, stage by stage, at a paced rate (issue 23, point 3).
+"""Where RoQ's latency goes, stage by stage, at a paced rate (to find what the tail is made of).
 
 One invocation, same machine, 100-byte messages paced at `--rate` (10,000/s), each run in its own
 publisher and subscriber processes, interleaved over `--repeat` rounds:

@@ -1,4 +1,4 @@
-"""Work queues side by side: one producer, four worker processes, every message acked (issue 22).
+"""Work queues side by side: one producer, four worker processes, every message acked.
 
 Each system is used as its Python client normally runs a work queue:
 * roq-workqueue: a consumer group (`Subscriber(group=...)`, callback style), `msg.ack()` per

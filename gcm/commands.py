@@ -6,7 +6,7 @@ ZooKeeper, so the leader cannot change them itself. It writes the command, in on
 transaction, as `<root>/commands/<queue>/<id>` = {id, op, queue, group, at, exchanges} (`exchanges`:
 every exchange the queue has then), rewriting `<root>/commands/<queue>` in the same transaction so
 that the HCMs' watches fire. Each HCM hands it to its exchanges of the queue (hcm/commands.py);
-each exchange applies it once (exchange/forwarder.py `apply_command`) and reports what it did, which
+each exchange applies it once (exchange/admin.py `AdminCommands.apply`) and reports what it did, which
 its HCM records as `<id>/<xid>`. The request is answered at once with the command's status;
 `queue.command` reads it again (the CLI waits for every running exchange's result). An exchange
 that is not running applies it when it starts, before it takes any publisher or member.

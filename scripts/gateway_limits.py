@@ -1,4 +1,4 @@
-"""What hostile HTTP clients cost the gateway (issue 31, point 7): peak RSS and CPU of `roq-web`.
+"""What hostile HTTP clients cost the gateway, which must stay bounded: peak RSS and CPU of `roq-web`.
 
 Starts a real ZooKeeper, a GCM, an HCM and one `roq-web` process (auth off, a free port) in a
 scratch directory, then runs each scenario against the gateway and reports, per scenario, the

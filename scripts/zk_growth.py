@@ -1,4 +1,4 @@
-"""ZooKeeper transaction-log growth of an idle local cluster (issue 19, point 3).
+"""ZooKeeper transaction-log growth of an idle local cluster (an idle cluster should write next to nothing).
 
 Starts the cluster of `roq cluster up` with its defaults (1 ZooKeeper, 2 GCMs, 2 HCMs; roq/tools/cluster.py
 LocalCluster) in a scratch directory, creates `--queues` queues (1 exchange each), waits until they

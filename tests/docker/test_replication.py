@@ -1,4 +1,4 @@
-"""Replicated exchanges and the journal (issue 18 point 5) on a containerised cluster.
+"""Replicated exchanges and the journal on a containerised cluster: whole hosts killed, cut off, restarted.
 
 * g: a publisher's container and the host container of its exchange killed at the same
   moment, under load (replicas=2, 3 hosts);

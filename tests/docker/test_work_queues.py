@@ -1,4 +1,4 @@
-"""A consumer group member's container killed under work (issue 22).
+"""A consumer group member's container killed under work: its unacked messages go to the others.
 
 Three member containers share a queue's work; the publisher runs in the test process. One member's
 container is killed (SIGKILL to the whole container: its network namespace goes with it, so the

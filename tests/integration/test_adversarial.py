@@ -1,4 +1,4 @@
-"""Regression tests for what an adversarial run found (issue 16): forged publisher ids, acks over
+"""Regression tests for what adversarial runs found: forged publisher ids, acks over
 holes, new topics lost by a slow subscriber, false gaps, frames that crashed an exchange, frozen
 exchanges chosen again, memory pinned by hoarded fetches and floods of ids, a deleted queue.
 
@@ -319,7 +319,7 @@ def test_9_a_flood_of_hellos_is_capped_per_connection(lone):
 
 
 def test_31_one_frame_per_request_answered_with_its_id_and_one_publisher_id_rule(lone):
-    """Issue 31 point 10 (a, l, n): a replay request of two frames is answered `malformed` with the
+    """A hostile peer's findings: a replay request of two frames is answered `malformed` with the
     request id its first frame names (it was nil); a publisher id of another shape than "p-" and 24
     hex digits is `error malformed` in a batch as in a hello (a batch took any 1-128 characters and
     was answered `resend hello_required`, a hello `error refused`)."""

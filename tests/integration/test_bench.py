@@ -76,10 +76,10 @@ def test_comparison_script_runs_every_system(tmp_path):
     targets = report["targets"]
     assert {"roq_batch_vs_raw_zeromq", "roq_vs_raw_zeromq", "roq_batch_vs_nats", "roq_p99_us_at_rate",
             "python_hop_p99_us_at_rate"} <= set(targets)
-    # Issue 23: two-part batches against one-frame ones at 100 B, and the tail against NATS's.
+    # Zero-copy forwarding: two-part batches against one-frame ones at 100 B, and the tail against NATS's.
     assert targets["roq_batch_vs_oneframe_100"]["goal"] == 1.0 and targets["roq_batch_vs_oneframe_100"]["ratio"] > 0
     assert targets["roq_p99_over_nats"]["goal"] == 1.2 and targets["roq_batch_p99_over_nats"]["ratio"] > 0
-    # The cost of durability (issue 18), like against like: replication has goals, the journal none.
+    # The cost of durability, like against like: replication has goals, the journal none.
     for durable, plain in (("roq_replicated", "roq"), ("roq_replicated_batch", "roq_batch"),
                            ("roq_journal_fsync", "roq"), ("roq_journal_fsync_batch", "roq_batch")):
         assert targets[f"{durable}_vs_{plain}"]["ratio"] > 0 and targets[f"{durable}_vs_nats"]["ratio"] > 0
@@ -114,7 +114,7 @@ def test_work_queue_comparison_runs_every_system(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_latency_stages_script_runs(tmp_path):
-    """bench/stages.py (issue 23): every stage of every system has percentiles, RoQ's split into
+    """bench/stages.py (where the latency goes): every stage of every system has percentiles, RoQ's split into
     the publisher's hand-over and the delivery."""
     done = subprocess.run([sys.executable, "bench/stages.py", "--smoke", "--out", str(tmp_path)],
                           cwd=Path(__file__).resolve().parents[2], capture_output=True, timeout=220)

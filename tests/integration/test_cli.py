@@ -95,8 +95,8 @@ def test_config_show_layers(tmp_path):
 
 def test_local_cluster_survives_killing_the_leader(tmp_path):
     from roq.tools.cluster import ClusterState
-    """The issue's acceptance path: cluster up, queue create, SIGKILL the leader, queue list; with
-    the default configuration, so the figure is what a user gets (issue 19: at most 3 s)."""
+    """The acceptance path: cluster up, queue create, SIGKILL the leader, queue list; with
+    the default configuration, so the figure is what a user gets (the goal: at most 3 s)."""
     env: dict[str, str] = {}
     try:
         up = roq("cluster", "up", cwd=tmp_path, env=env)
@@ -113,7 +113,8 @@ def test_local_cluster_survives_killing_the_leader(tmp_path):
         new = json.loads(roq("cluster", "status", "--json", cwd=tmp_path, env=env).stdout)
         assert new["leader"]["pid"] != status["leader"]["pid"]
         record_figures("roq cluster: leader SIGKILL → queue list (default configuration)", seconds=round(took, 2))
-        # The killed GCM is started again by the next `up` (issue 32), which refuses only once all runs.
+        # The killed GCM is started again by the next `up` (a cluster with a dead process is repaired,
+        # not refused), which refuses only once all runs.
         killed_name = next(g["name"] for g in ClusterState.load(tmp_path / ".roq" / "cluster").processes
                            if g["pid"] == status["leader"]["pid"])
         again = roq("cluster", "up", cwd=tmp_path, env=env)

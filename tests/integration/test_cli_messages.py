@@ -1,4 +1,4 @@
-"""`roq publish` and `roq subscribe` for more than lines (issue 32 point 5, and its polish items): a
+"""`roq publish` and `roq subscribe` for more than lines (docs/cli.md): a
 message as an argument with headers, priority, delay and key; `--format text|json|base64`, where a
 payload never comes out as two lines; `--timeout` bounding the whole publish; `--count -1` refused;
 "1 message"; Ctrl-C saying "interrupted". Real `roq` processes, real pipes, one real exchange."""

@@ -1,4 +1,4 @@
-"""What a new user trips over (issue 20, points 3-7): rules that never shrink a queue below the size
+"""What a new user trips over: rules that never shrink a queue below the size
 its operator chose, Ctrl-C and bad --set without tracebacks, whole rows when piped, fast failures
 outside a cluster, `cluster down --purge`, secret keys kept private."""
 
@@ -40,7 +40,7 @@ def exchanges_of(config, zk, queue: str) -> int:
         return len(admin.describe_queue(queue)["exchanges"])
 
 
-# ---------------------------------------------------------------- point 3: rules
+# ---------------------------------------------------------------- rules
 
 
 @pytest.mark.timeout(90)
@@ -74,7 +74,7 @@ def test_rules_without_min_keep_the_queue_at_its_size(tmp_path, config, zk, path
     record_figures("idle 2-exchange queue: --min 1 → scaled in", seconds=round(time.monotonic() - allowed, 2))
 
 
-# ---------------------------------------------------------------- point 4: no tracebacks
+# ---------------------------------------------------------------- no tracebacks
 
 
 def test_a_bad_set_is_bad_usage(tmp_path):
@@ -123,7 +123,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-# ---------------------------------------------------------------- point 5: piped output
+# ---------------------------------------------------------------- piped output
 
 
 @pytest.mark.timeout(120)
@@ -164,7 +164,7 @@ def test_piped_listings_are_whole(tmp_path, config, zk, paths, procs):
     assert "p99.9 µs" in bench.stderr and "…" not in bench.stderr, bench.stderr
 
 
-# ---------------------------------------------------------------- point 6: outside a cluster
+# ---------------------------------------------------------------- outside a cluster
 
 
 def test_outside_a_cluster_commands_fail_fast_and_say_how_to_name_one(tmp_path):
@@ -193,7 +193,7 @@ def test_outside_a_cluster_commands_fail_fast_and_say_how_to_name_one(tmp_path):
 # which already runs the one slow up/down cycle.
 
 
-# ---------------------------------------------------------------- point 7: keys
+# ---------------------------------------------------------------- keys
 
 
 def test_secret_keys_are_private_and_a_checkout_is_warned(tmp_path):

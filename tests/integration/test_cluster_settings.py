@@ -1,4 +1,4 @@
-"""A local cluster keeps the settings it was started with, and its journals (issue 31, point 9).
+"""A local cluster keeps the settings it was started with, and its journals.
 
 Reported: a cluster restarted with a plain `roq cluster up` after it ran with
 `--set exchange.journal=fsync` moved its exchange at once to another host, and a durable

@@ -1,4 +1,4 @@
-"""A journal on a full disk (issue 31, point 4): backpressure with a clear reason, then a move.
+"""A journal on a full disk (docs/guarantees.md "A full disk"): backpressure with a clear reason, then a move.
 
 One host's `hcm.data_dir` is a real tmpfs of a few MiB, its exchanges journal with fsync. When
 the disk fills, the exchange must not crash: its acks wait, it stops reading publishers, it says

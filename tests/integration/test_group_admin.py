@@ -1,4 +1,4 @@
-"""Consumer groups seen and managed from outside (issue 32, points 2 and 3): exact figures in the
+"""Consumer groups seen and managed from outside (docs/work-queues.md): exact figures in the
 leader's aggregate, `roq group`, group reset and delete, queue purge, create --if-not-exists and
 delete --if-empty / --if-unused, on one cluster of real processes (a GCM, two HCMs) for the module;
 each test its own queue. Members that are paused or killed run as their own processes (MEMBER), so

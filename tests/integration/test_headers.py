@@ -1,4 +1,4 @@
-"""Message headers end to end (issue 32 point 4): publisher, exchange, subscribers (live, fetched,
+"""Message headers end to end (protocol section 3.2.1): publisher, exchange, subscribers (live, fetched,
 batches), group members, dead letters that say where they came from; hostile publishers whose
 headers lie are refused one message at a time. Topics and keys come back as text (polish).
 

@@ -1,4 +1,4 @@
-"""The replica's sockets under attack, and a replica that hangs (issue 31, points 1-3), with real
+"""The replica's sockets under attack, and a replica that hangs, with real
 GCM, HCM, exchange and replica processes.
 
 1. A peer that reaches a replica's `repl` endpoint (it is in ZooKeeper) cannot follow, continue,
@@ -93,7 +93,7 @@ def test_2_position_requests_for_the_running_incarnation_seal_nothing(config, zk
         with Publisher("steady", config, zk=zk) as pub:
             pub.publish("t", b"first")
             pub.flush(15)  # the replica follows, and holds a copy of the running incarnation
-            for attempt in range(6):  # issue 31: six in 22 s made the exchange FAILED
+            for attempt in range(6):  # six seals in 22 s once made the exchange FAILED (counted as crashes)
                 sock.send(protocol.encode_position_request(attempt + 1, [b"t"], live["incarnation"]))
                 assert sock.poll(5000), "no answer from the replica"
                 with pytest.raises(protocol.ReplayRefused) as refused:

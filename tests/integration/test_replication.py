@@ -1,4 +1,4 @@
-"""Replicated queues and the journal, with real processes (issue 18).
+"""Replicated queues and the journal, with real processes: what a confirm means survives the loss of what held it.
 
 A confirm means "held by two exchange processes on two hosts" (replicas = 2), or "fsync'ed"
 (exchange.journal = fsync). Each test kills what held a confirmed message and checks that every

@@ -1,4 +1,4 @@
-"""A replicated queue's consumer groups outlive their exchange (issue 22, protocol section 7.6).
+"""A replicated queue's consumer groups outlive their exchange (protocol section 7.6).
 
 The exchange copies its groups' state to its replica; the exchange's next incarnation (restarted
 on its host, or moved to another after a host loss) adopts it. Each test kills the exchange while

@@ -1,4 +1,4 @@
-"""Work queues: consumer groups with acks, redelivery, priorities, delays and fair keys (issue 22).
+"""Work queues: consumer groups with acks, redelivery, priorities, delays and fair keys (docs/work-queues.md).
 
 One cluster (a GCM, two HCMs) for the module; each test its own queue, deleted after it. Workers
 that are killed run as their own processes (WORKER below), so SIGKILL is real; the others are
@@ -435,7 +435,7 @@ def test_a_raw_member_asking_a_prefetch_of_100000_holds_at_most_the_cap(lab: Lab
 
 
 def test_a_raw_member_nacking_in_a_loop_dead_letters_nothing_an_honest_member_can_do(lab: Lab) -> None:
-    """The report of issue 31: a raw member with a huge prefetch nacks everything with requeue, in
+    """A reported attack: a raw member with a huge prefetch nacks everything with requeue, in
     a loop, beside a slow honest member (the real client, prefetch 1): every message must reach the
     honest member, none the dead letters (max_deliveries 5)."""
     queue = lab.queue("nack-loop")
@@ -471,7 +471,7 @@ def roq_cli(lab: Lab) -> list[str]:
 
 
 def test_a_piped_member_acks_only_what_its_reader_took(lab: Lab) -> None:
-    """The report of issue 31: `roq subscribe pq --topic j --group g | head -3`, then 200 messages,
+    """A reported loss: `roq subscribe pq --topic j --group g | head -3`, then 200 messages,
     then a second member: head prints 3, the second member gets the 197 others, none is lost."""
     queue = lab.queue("pq")
     member = subprocess.Popen([*roq_cli(lab), "subscribe", queue, "--topic", "j", "--group", "g"],

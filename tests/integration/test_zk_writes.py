@@ -1,6 +1,7 @@
-"""ZooKeeper hygiene with real processes (issue 19): an idle HCM does not rewrite its exchanges'
-znodes between heartbeats, a change is written at once, and a frozen exchange is published as
-silent, so publishers still choose another (hcm/heartbeat.py, roq/client/publisher/exchange_choice.py is_stale).
+"""ZooKeeper hygiene with real processes (an idle cluster writes next to nothing): an idle HCM
+does not rewrite its exchanges' znodes between heartbeats, a change is written at once, and a
+frozen exchange is published as silent, so publishers still choose another (hcm/heartbeat.py,
+roq/client/publisher/exchange_choice.py is_stale).
 Everything polls with a deadline; a quiet window is a poll that must time out."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The settings of `roq cluster up` persist with the cluster (roq/tools/cluster.py, issue 31).
+"""The settings of `roq cluster up` persist with the cluster (roq/tools/cluster.py), so a restart keeps its journals.
 
 The end-to-end scenario (a restart keeps the journal and a durable subscriber whole) is
 tests/integration/test_cluster_settings.py; here the rules, on real files.

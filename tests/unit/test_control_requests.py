@@ -65,7 +65,7 @@ def test_a_fresh_write_is_served() -> None:
 
 
 def test_a_request_of_two_frames_is_refused_with_its_id_over_a_real_socket() -> None:
-    """Issue 31 point 10 (l): the id of a request sent in two frames was not echoed (nil), so the
+    """A regression: the id of a request sent in two frames was not echoed (nil), so the
     client could not match the `malformed` answer to its request."""
     api = ControlServer(Config(), "127.0.0.1", 0, "127.0.0.1", lambda op: (lambda args: "done"))
     api.start()

@@ -62,7 +62,7 @@ def test_a_damaged_position_file_is_a_clear_error(tmp_path) -> None:
 
 
 def test_a_long_lived_publisher_is_not_forgotten_after_many_short_lived_ones() -> None:
-    """Issue 16 point 4: the dedup memory evicted the first publisher inserted, not the least
+    """A regression: the dedup memory evicted the first publisher inserted, not the least
     recently seen, so 10,000 one-message publishers made a busy publisher's replay a duplicate."""
     from roq.client.subscriber.checkpoint import Checkpoint
     position = Checkpoint()

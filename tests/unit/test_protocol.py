@@ -46,7 +46,7 @@ def test_batch_round_trip_and_validation() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    ["batch", 2, PID, 1, 1.5, [b"t", b"x"]],  # a float sent_ns (issue 16 point 2)
+    ["batch", 2, PID, 1, 1.5, [b"t", b"x"]],  # a float sent_ns (a hostile publisher's)
     ["batch", 2, PID, 1, -1, [b"t", b"x"]],
     ["batch", 2, PID, 1, 1, [b"odd"]],
     ["batch", 2, PID, 1, 1, []],
@@ -62,7 +62,7 @@ def test_refused_batches_name_their_publisher_and_first_seq(bad: list) -> None:
 
 @pytest.mark.parametrize("first_seq", [2**63, 2**64 - 1, 0, -5])
 def test_sequence_numbers_out_of_range_are_refused_at_decode(first_seq: int) -> None:
-    """Issue 16 point 6: 2**64-1 used to overflow msgpack inside the exchange and end it."""
+    """A regression: 2**64-1 used to overflow msgpack inside the exchange and end it."""
     with pytest.raises(ProtocolError):
         protocol.decode_publisher_frame(msgpack.packb(["batch", 2, PID, first_seq, 0, [b"t", b"x"]]), 1 << 20)
 
@@ -79,7 +79,7 @@ def test_publisher_ids_are_derived_from_their_token() -> None:
 @pytest.mark.parametrize("pid", ["p", "x" * 128, PID.upper(), "P" + PID[1:], PID + "0", PID[:-1], PID[:-1] + "g",
                                  " " + PID, PID + "\n", "dl-x1.0badf00d"])
 def test_a_publisher_id_of_another_shape_is_malformed_in_every_publisher_frame(pid: str) -> None:
-    """Issue 31 point 10 (n): one rule for hello, batch and bye. A batch used to take any id of 1-128
+    """One rule for hello, batch and bye. A batch used to take any id of 1-128
     characters (then answered `resend hello_required`), a hello any such id (then `error refused`)."""
     head, block = protocol.encode_batch_parts(pid, 1, 0, b"t", [b"x"])
     for frame, second in ((protocol.encode_hello(pid, b"t" * 16, 1), None),

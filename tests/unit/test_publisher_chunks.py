@@ -113,7 +113,7 @@ def test_every_message_is_unconfirmed_or_in_the_window_exactly_once(steps: list[
 
 
 def test_a_move_requested_by_a_watch_thread_is_never_lost() -> None:
-    """Issue 16 point 11: a flag set by kazoo watch threads and cleared unconditionally by the I/O
+    """A regression: a flag set by kazoo watch threads and cleared unconditionally by the I/O
     loop lost requests; now a request is taken atomically, and one made after a take is kept."""
     import threading
 

@@ -45,7 +45,7 @@ def check_rules(capacities: dict[str, int], placements: Slots) -> None:
 
 
 def test_a_host_back_gets_a_share_of_a_replicated_queue() -> None:
-    """The issue's case: 2 exchanges with replicas on 3 hosts; host h2 was lost and its slot went to
+    """The reported case: 2 exchanges with replicas on 3 hosts; host h2 was lost and its slot went to
     h3, so h2 came back empty while h1 and h3 hold two slots of the queue each."""
     caps = {"h1": 8, "h2": 8, "h3": 8}
     placed = {("q", "x1"): "h1", ("q", "x1~r"): "h3", ("q", "x2"): "h3", ("q", "x2~r"): "h1"}

@@ -96,22 +96,23 @@ def test_records_survive_json_and_msgpack(record: Record) -> None:
 def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
     report = ExchangeStats.from_dict(OLD_EXCHANGE_REPORT).to_dict()
     assert report.items() >= OLD_EXCHANGE_REPORT.items()
-    assert set(report) - set(OLD_EXCHANGE_REPORT) == {"held_acks", "replicated_to", "next_pos",  # issue 18, added
-                                                      "confirm_buckets", "confirm_seconds_sum",  # issue 20
-                                                      "consumers",  # issue 20: consumer lag
-                                                      "groups",  # issue 22: consumer groups
-                                                      # issue 31: a replica's copies and refusals, a full disk
+    # Each key added since the old readers, with what it serves.
+    assert set(report) - set(OLD_EXCHANGE_REPORT) == {"held_acks", "replicated_to", "next_pos",  # replication
+                                                      "confirm_buckets", "confirm_seconds_sum",  # confirm latency
+                                                      "consumers",  # consumer lag
+                                                      "groups",  # consumer groups
+                                                      # a replica's copies and refusals, a full disk
                                                       "copies", "copied_frames", "refused_copies", "refused_seals",
                                                       "storage_full", "storage_error", "journal_errors",
                                                       "journal_pending_bytes",
-                                                      "refused_permission", "permissions_version"}  # issue 31, point 6
+                                                      "refused_permission", "permissions_version"}  # permissions
     host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
     assert host.items() >= OLD_HOST_FIGURES.items()
-    assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # issue 31
+    assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # a full disk
     summary = queue_summary().to_dict()
-    assert set(summary) == OLD_QUEUE_KEYS | {"subscribers",  # issue 20: consumer lag, added
-                                             "replicas",  # issue 32: the console lists each queue's
-                                             "groups"}  # issue 32: consumer groups in the aggregate
+    assert set(summary) == OLD_QUEUE_KEYS | {"subscribers",  # consumer lag, added
+                                             "replicas",  # the console lists each queue's
+                                             "groups"}  # consumer groups in the aggregate
     assert all(set(row) == OLD_ROW_KEYS | {"consumers", "groups"} for row in summary["by_exchange"])
     assert set(cluster().to_dict()["hosts"]["h1"]) == set(host) | {"capacity"}
     # Keys only some reports carry are left out while unknown; a row of the aggregate keeps them as null.

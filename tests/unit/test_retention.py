@@ -61,7 +61,7 @@ def test_empty_and_inverted_ranges_return_nothing() -> None:
 
 
 def test_scanned_to_is_what_protocol_5_1_says() -> None:
-    """docs/protocol.md 5.1 (issue 31 point 10 m): with `end` = before, or the next position when
+    """docs/protocol.md 5.1: with `end` = before, or the next position when
     before is 0 or beyond the stream, a done page has scanned_to = max(after, end - 1); an empty
     range (after >= before - 1) is answered, not refused: nothing, scanned_to = after, [0, exact]."""
     kept = filled(10)  # positions 1..10, next 11

@@ -222,7 +222,7 @@ def test_a_silent_exchange_is_written_once_as_silent_and_again_when_it_reports(r
 
 @pytest.mark.parametrize("running", [5.0], indirect=True)
 def test_a_hung_exchange_is_killed_after_hung_timeout_and_started_again(running) -> None:
-    """Issue 31: a frozen replica stalled its primary's confirms for as long as it hung."""
+    """A frozen replica once stalled its primary's confirms for as long as it hung."""
     sup, zk = running
     first = sup.children[KEY].process
     run(sup, T0 + TICK, 5.0 - 2 * TICK, stats=None)  # silent, not yet hung
@@ -303,7 +303,7 @@ def test_publishers_judge_age_against_the_heartbeat_and_believe_silence() -> Non
 
 
 def test_publishers_take_the_report_interval_from_the_znode() -> None:
-    """Issue 31 point 10 (h): a client cannot read the cluster's exchange.stats_interval; the znode
+    """A client cannot read the cluster's exchange.stats_interval; the znode
     says it (`stats_interval`), and our own setting stands in only when an older HCM did not."""
     newest = T0 + 100
     slow = {"heartbeat": HEARTBEAT, "stats_interval": 10 * INTERVAL}

@@ -1,5 +1,5 @@
 """Model-based test of the subscriber's stream logic (roq/client/subscriber/streams.py) against a simulated
-exchange (issue 16).
+exchange, where adversarial runs once found lost and duplicated messages.
 
 The simulated exchange numbers, chains and retains frames with the real exchange/chains.py and
 exchange/retention.py, and answers fetches and position checks the way exchange/replay.py does.
@@ -138,7 +138,7 @@ class Mirror:
 
 
 class SimExchange:
-    """One exchange: positions, chains and retention as exchange/forwarder.py keeps them."""
+    """One exchange: positions, chains and retention as exchange/fanout.py keeps them."""
 
     def __init__(self, clock: float) -> None:
         self.generation = 0

@@ -1,4 +1,4 @@
-"""An incarnation that ended while a durable subscriber was away (roq/client/subscriber/streams.py, issue 31).
+"""An incarnation that ended while a durable subscriber was away (roq/client/subscriber/streams.py).
 
 Reported: a subscriber resumed from its saved position after its exchange's journal was dropped
 got nothing and said gaps 0. A stream resumed from a saved position that ended with no copy left

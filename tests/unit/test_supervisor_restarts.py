@@ -111,7 +111,7 @@ def test_crashes_spread_wider_than_the_window_never_mark_it_failed(supervisor) -
 
 def test_an_incarnation_sealed_by_its_replica_is_started_again_at_once_and_never_counts_as_a_crash(
         supervisor, monkeypatch) -> None:
-    """Issue 31: a sealed exchange exited with code 4, a crash: six seals in 22 s made it FAILED.
+    """A regression: a sealed exchange exited with code 4, a crash: six seals in 22 s made it FAILED.
     `Exit.ENDED` means the cluster saw the incarnation end: a new one starts on the next tick."""
     monkeypatch.setattr(FakeProcess, "crash_at_start", False)
     starts = []

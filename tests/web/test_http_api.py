@@ -345,7 +345,7 @@ def test_curl_publishes_and_streams_as_docs_http_md_shows(web_cluster: WebCluste
 
 def test_headers_travel_through_http_both_ways(web_cluster: WebCluster) -> None:
     """Request headers `RoQ-Header-*` and the JSON envelope publish headers; SSE events carry them
-    (issue 32 point 4), with the payload's encoding rules, and the publisher's time."""
+    as a native subscriber's messages do, with the payload's encoding rules, and the publisher's time."""
     web = web_cluster
     make_queue(web, "headers-q")
     sent = publish_lines(web, "headers-q", "h", ["one", "two"], **{"RoQ-Header-Trace-Id": "4bf9", "roq-header-n": "1"})

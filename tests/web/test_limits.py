@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 T = TypeVar("T")
 
 MIB = 1 << 20
-NEWLINES = 50 * MIB  # the issue's body: 50 MiB of newlines, 52 million empty lines
+NEWLINES = 50 * MIB  # the reported body: 50 MiB of newlines, 52 million empty lines
 TOKEN_PUBLISHERS = 1_000  # what a resume token may name (docs/http.md "Limits")
 # The small gateway's bounds, so that tests reach them with a few requests.
 SMALL = {"max_streams": 3, "max_streams_per_client": 2, "max_publish_requests": 3,
@@ -314,7 +314,7 @@ def test_a_body_over_web_max_body_bytes_is_refused(web_cluster: WebCluster, smal
 # ------------------------------------------------------------------ resume tokens
 
 def test_a_token_naming_72000_made_up_publishers_is_refused_and_costs_nothing(web_cluster: WebCluster) -> None:
-    """The issue's token: 262K characters, 72,000 publishers. Before: accepted, and each stream
+    """The reported token: 262K characters, 72,000 publishers. Before: accepted, and each stream
     resumed with it held them all (60-100 MB each)."""
     web = web_cluster
     make_queue(web, "token-q")
