@@ -1,41 +1,11 @@
 """The replica process: a second copy of one exchange's stream, on another host.
 
-Placed by the leader on a host other than its exchange's (`<q>~<x>~r` assignments), spawned by
-that host's HCM as `roq-exchange --role replica`, published at `replicas/<q>/<x>`. It binds two
-ROUTER sockets: `repl`, where its exchange (the primary) copies every frame it retains (protocol
-section 6: follow / copy, answered following / copied / sealed), and `replay`, where subscribers
-fetch from the copies exactly as from an exchange's retention (same positions, same bodies).
-
-It keeps one copy per primary incarnation (a restarted or moved exchange is a new one), each
-bounded like the exchange's retention, at most `MAX_COPIES` of them. A copy stays fetchable after
-its incarnation ended: that is its point. A subscriber that saw an incarnation end asks this
-replica for its position with the incarnation named, which **seals** the copy: later copies of it
-are refused (`sealed`), so an exchange cut off from the cluster (its live znode gone, the process
-still running) can confirm nothing the subscriber's tail fetch would not see. A `follow` of a new
-incarnation of the same exchange seals the older ones too.
-
-Who may copy: every frame on `repl` carries the incarnation's copy secret (protocol 6.1), checked
-against the digest the cluster published (exchange/replica_trust.py). So a peer that reaches `repl`
-cannot follow, continue, jump or replace a copy, nor send group state, whatever it read in
-ZooKeeper. The same knowledge decides sealing: a position request for the incarnation the cluster
-lists as running is refused (`running`), so only an ended incarnation's copy is ever sealed.
-
-Consumer groups: the primary also sends its groups' state and acks (`groups`, `done`, protocol
-section 7.6), and a `mark`, answered `marked` once those are held, which is what lets a member's
-ack free its room; a restarted primary asks for them (`adopt`, exchange/replica_adoption.py).
-
-Admin commands (protocol section 2: a group reset or deleted, the queue purged) reach the replica
-from its primary as `applied` frames, each with the groups' state right after the command: the
-replica keeps that state, remembers the command's id for the exchange's later incarnations (so a
-restarted exchange neither loses the command's effect nor applies it twice), and for a purge
-drops its copies of the exchange's earlier incarnations and stops serving the running one's copy
-below the purge point (exchange/retention.py `purge`); then it answers `recorded`, and only then
-does the primary report the command done.
-
-Peers may lie: frames are decoded with range checks, a copy must continue what is held (else the
-answer is `following next_pos`, and the primary resends; a copy of an incarnation not followed
-here is answered `following 0`, and the primary says follow again). With CURVE only the cluster's
-daemons (the server key) may say anything on `repl`, on top of the proofs.
+Binds `repl`, where its primary copies every frame it retains, and `replay`, where subscribers fetch
+from the copies as from an exchange's retention. It keeps one copy per primary incarnation (at most
+MAX_COPIES), sealed once a subscriber asks for an ended incarnation's position; only the primary
+incarnation the cluster vouches for may copy (exchange/replica_trust.py). It also holds the
+primary's consumer groups and admin commands (exchange/replica_adoption.py). Frames are range-checked
+and a copy must continue what is held. The whole design: docs/replication.md.
 """
 
 from __future__ import annotations

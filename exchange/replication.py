@@ -1,35 +1,12 @@
 """The primary's side of replication: every retained frame is copied to the replica, and a
 publisher's ack waits until the replica holds everything the stream held when it was earned.
 
-The exchange (primary) connects a DEALER to its replica's `repl` endpoint, which its HCM tells it
-on stdin, and says `follow`. Every frame it sends there ends with this incarnation's copy secret
-(`proof`), made at start and known to the replica only by its digest, published in our live znode:
-it is what makes the replica take copies from us and from nobody else (protocol section 6.1).
-The replica answers `following next_pos` (what it needs of this incarnation), and the primary
-copies its retention from there on, page by page, at most `WINDOW_PAGES` pages unacknowledged;
-the replica acks each page cumulatively (`copied next_pos`).
-`held` is the position below which the current replica holds the whole stream: the confirm gate
-(exchange/confirms.py) releases an ack once `held` reaches the stream position it was earned at.
-
-Frames the replica has not acknowledged are never evicted from retention (`protect_from`), so the
-replica always gets every frame that could still be confirmed; when retention is over its byte
-bound because of that, the exchange stops reading publishers (`blocked`) until the replica catches
-up. A replica that does not answer within `RESYNC_AFTER` while pages are out is asked to `follow`
-again (a lost page would otherwise stall the stream), and duplicates are skipped on its side.
-
-Consumer groups' state and acks go on the same connection (protocol section 7.6), followed by a
-`mark` the replica answers once it holds them (`marked`): a member's ack frees its room only then.
-A mark unanswered for `RESYNC_AFTER` also makes the link say `follow` again.
-
-An admin command the exchange applied (a group reset or deleted, the queue purged) goes to the
-replica as `applied`, with the groups' state right after it; the replica answers `recorded`, and
-`recorded` says which commands it holds: the exchange reports a command done only then, so its
-effect outlives the exchange (protocol section 7.6).
-
-A replica that answers `sealed` has been told, by a subscriber asking for this incarnation's copy
-after it saw the incarnation end (protocol section 6.3), to take nothing more of it: this process
-is cut off from the cluster's view. It stops confirming anything and `sealed` is set; the exchange
-then exits and is restarted as a new incarnation.
+A DEALER to the replica's `repl` endpoint (the HCM says where, on stdin); every frame carries this
+incarnation's copy secret, pages go out at most WINDOW_PAGES unacknowledged, and `held` is what the
+confirm gate (exchange/confirms.py) releases acks by. Frames the replica lacks stay in retention
+(`protect_from`); a replica silent for RESYNC_AFTER is asked to `follow` again; `sealed` means this
+incarnation must confirm nothing more. Consumer groups' state, marks and admin commands go on the
+same connection. The whole design: docs/replication.md.
 """
 
 from __future__ import annotations
