@@ -1,41 +1,12 @@
 """Choosing hosts for exchanges and their replicas. Pure functions: no ZooKeeper, easy to test.
 
-Rules, in order: never exceed a host's capacity; spread one queue's exchanges
-over distinct hosts (so one host loss takes out as little of a queue as
-possible); then least loaded (assigned / capacity); then by name, so the
-result is deterministic.
-
-Replicas (a queue with replicas 2): every exchange has a second slot, its replica, that runs as a
-process on a host like the exchange itself and counts against that host's capacity the same way.
-An exchange and its replica never share a host: the replica exists to outlive its primary's host.
-So a replica is placed on a host other than its primary's, and a primary that is moved (its host was
-lost) goes to a host other than its replica's; with no such host that has room, the slot stays
-unplaced (None) until one has. Primaries are placed before replicas: a primary serves without its
-replica, a replica serves nobody without its primary.
-
-Full disks: an exchange on a host whose exchanges journal writes to that host's disk; a replica
-keeps nothing on disk. A host whose data disk is full (gcm.view `full_hosts`) gets no exchange,
-new or moved; an exchange whose journal's disk refuses writes (`relocate`) is moved to another
-host that has room, or, with none, stays where it is.
-
-Zones (`hcm.zone`, the EC2 availability zone in a deployment): a queue's slots are spread over
-zones before hosts, and a slot never shares its partner's zone (an exchange and its replica) when
-another zone has room, so that the loss of a whole zone leaves a copy of every exchange. Hosts
-with no zone ("") form one zone of their own: a cluster without zones places as before.
-
-Placements are keyed by slot: (queue, "x1") is exchange x1, (queue, "x1~r") its replica
-(roq.paths.replica_slot). `plan_moves` is the leader's whole decision on a tick (gcm.reconciler):
-which slots go where after host losses and full disks, given where every slot is.
-
-Rebalancing (`plan_rebalance`, docs/elasticity.md): failover puts slots wherever there is room,
-and nothing brings them back when a host returns or joins. The plan moves slots between live
-hosts so that the spread gets better by a measure (`spread_cost`), compared in this order: an
-exchange and its replica in one zone; a queue's exchanges, then all its slots, per zone; the same
-per host; the hosts' loads overall. Each move must lower that measure strictly, so plans never
-oscillate (a sequence of plans ends, whatever the order they run in); a move that only evens the
-overall load is made only from a host loaded beyond its fair share by more than `margin` slots
-(hysteresis: a host one slot above the mean is left alone). A plan moves at most one slot of an
-exchange (its other copy keeps serving meanwhile) and at most `max_moves` slots.
+Never over a host's capacity; a queue's slots spread over zones, then hosts; an exchange and its
+replica never on one host (and in different zones when one has room); primaries before replicas;
+no exchange on a full disk; then least loaded, then by name. Placements are keyed by slot:
+(queue, "x1") is exchange x1, (queue, "x1~r") its replica (roq.paths.replica_slot). `plan_moves` is
+the leader's decision on a tick (gcm.reconciler); `plan_rebalance` evens the spread by a measure
+each move lowers strictly, so plans never oscillate. The rules in full: docs/elasticity.md
+("Placement", "Rebalancing", "Zones").
 """
 
 from __future__ import annotations

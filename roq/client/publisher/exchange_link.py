@@ -2,30 +2,11 @@
 
 The link chooses the exchange, says hello, sends the log's batches, reads the replies and moves;
 `Publisher` (roq.client.publisher.api) only appends to the log and wakes it through a pipe. The log
-and its condition belong to the Publisher: the link touches the log only under that lock.
-
-Every connection starts with `hello`: the publisher proves it owns its id (derived from a
-secret token, roq.protocol.publisher_id_for) and says the lowest sequence number it will send;
-the exchange's `welcome` names the highest it already holds, and the publisher sends everything
-it has above that. Batches are only sent after the welcome. An exchange that receives a batch
-that does not continue where the last one ended (bytes lost with a broken connection) answers
-`resend`, and the publisher says hello again and resends from the welcome: an ack never covers
-a message the exchange did not get.
-
-When the exchange asks us to move, disappears from ZooKeeper, or confirms nothing for
-`client.confirm_timeout`, we connect to another exchange of the queue (roq.client.publisher.
-exchange_choice says which) and resend every unconfirmed message, preceded by the replay window:
-the messages confirmed in the last `client.replay_seconds` (at most `client.replay_bytes`), which a
-dying exchange may have confirmed without its subscribers getting them. Exchanges and subscribers drop what they already
-had, by sequence number, so the application sees each message once.
-
-An exchange that cannot store what it takes tells us `move` with a reason starting
-`storage_full` (or its statistics say `storage_full` when it stops answering): we
-log it once, avoid it, and keep the reason in `storage_full` until a confirm
-arrives, so that `publish()` and `flush()` say why they wait.
-
-Moves are requested by ZooKeeper watch threads and by the I/O thread itself through one
-lock-guarded request (`request_move` / `_take_move`): a request is never lost.
+and its condition belong to the Publisher: the link touches the log only under that lock. A move
+(asked, the exchange gone, or no confirm for `client.confirm_timeout`) resends the replay window and
+everything unconfirmed to another exchange; a `storage_full` exchange is avoided; move requests from
+watch threads are never lost (`request_move` / `_take_move`). The rules: docs/client.md "How a
+publisher's link works", docs/protocol.md section 3.
 """
 
 from __future__ import annotations

@@ -1,44 +1,11 @@
 """Subscriber: receives every message of its topics from all exchanges of a queue.
 
-One SUB socket, owned by the I/O thread (roq.client.subscriber.receiver), is connected
-to every running exchange; ZooKeeper watches add new exchanges and drop removed
-ones while it runs. Topic filtering is by prefix, inside libzmq. The Subscriber
-drops duplicates and hands messages over to the application.
-
-Nothing is lost between the exchanges and the application while the
-exchanges' retention lasts (roq.client.subscriber.streams has the rules):
-* Each exchange incarnation numbers its frames. With its topics the subscriber
-  subscribes to a private sync marker; the exchange answers with the next
-  position once the subscriptions are active. Frames before it are fetched from
-  the exchange's retention (replay socket) when the subscriber knows where it
-  left off: a reconnect, a restart with a saved position, an exchange that
-  appeared after the subscriber started.
-* Every frame carries, for each subscribed prefix it matches, the position of
-  the previous frame of that prefix. A broken chain means frames were dropped
-  on the way (a full XPUB queue, a network cut): they are fetched before the
-  frame that revealed the hole is handed over. A dropped tail is found by a
-  position check on the exchange's heartbeat.
-* What was handed over is tracked per publisher as runs of sequence numbers, so
-  a message arriving twice (a publisher replayed it elsewhere after a move, or a
-  fetch overlapped the live stream) reaches the application once. Publishers
-  are forgotten least recently seen first, and only once unseen for longer
-  than any replay could come later (roq.client.subscriber.checkpoint).
-`gaps` counts the messages that retention no longer held when fetched;
-`stats()` has the rest.
-
-Durable subscribers (`durable="name"`) save what the application has taken to
-`client.state_dir/<queue>/<name>.json` every `client.position_save_interval` and on
-close, and resume from it (roq.client.subscriber.progress). `position()` returns the same
-checkpoint for applications that store it themselves (pass it back as `position=`).
-
-Iterator style: `for msg in sub` / `sub.receive(timeout)`. Callback style:
-`Subscriber(..., callback=fn)`; `fn` runs on the I/O thread, keep it short.
-Batch style: `Subscriber(..., batch_callback=fn)`; `fn` gets a `MessageBatch`
-(one frame's fresh messages: payloads and seqs as lists) with no Python work
-per message, the fastest way to consume.
-The hand-off queue is bounded: a slow application slows the socket, and the
-exchange's high-water mark and retention (not this process's memory) absorb
-the rest.
+One SUB socket, owned by the I/O thread (roq.client.subscriber.receiver), follows every running
+exchange; the stream rules (roq.client.subscriber.streams) fetch what was dropped from retention,
+and the checkpoint (roq.client.subscriber.checkpoint) hands each message over once. Durable
+subscribers save it and resume from it (roq.client.subscriber.progress). Iterator, callback and
+batch styles; the hand-off queue is bounded, so a slow application slows the socket. How it all
+fits: docs/client.md "How a subscriber works".
 """
 
 from __future__ import annotations

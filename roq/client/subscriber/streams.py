@@ -2,28 +2,12 @@
 
 Pure logic, no sockets: the Subscriber feeds it what arrives (live frames, sync answers, beats,
 disconnections) and gives it a `ReplayTransport` to reach the exchanges' retention; the
-model-based tests give it a simulated exchange instead.
-
-The subscriber's topics are normalised to prefixes none of which starts with another, so every
-frame it receives matches exactly one of them. Per stream and prefix, `done[prefix]` is the
-position up to which every frame of that prefix was handed over (or counted lost). A frame
-carries, per subscribed prefix it matches, the position of the previous frame of that prefix
-(exchange/chains.py): a `prev` above `done` is a hole, fetched before the frame is handed over,
-so each (publisher, topic) is handed over in order. A hole at the tail (nothing of the prefix
-follows it) is found by a position check: on each beat, for every prefix that got no frame since
-the previous beat while the stream moved on, the exchange is asked where the prefix's chain
-ends. What retention no longer holds is counted in `gaps`, exactly (in messages) when the
-exchange still remembers what it evicted; a frame we hold ourselves is never counted lost.
-
-When an incarnation ends (its exchange died, was moved or restarted), its stream is not forgotten
-at once: `end()` marks it, and `drain_ended()` asks where a stored copy of it ends (the replica
-of a replicated exchange, or the journal a restarted exchange reloaded: `ReplayTransport.
-ended_position`) and fetches every frame of our prefixes up to there, the frames the dead
-exchange confirmed but never sent us included. Only then is it forgotten. With no copy anywhere
-it is forgotten at once, as before; a copy that does not answer is asked again until
-`END_DRAIN_TIMEOUT`. A stream resumed from a saved position that ended while we were away (we
-never saw it run) and that no copy drained cannot be verified: what it held after that position
-may be lost, so it counts one unknown gap (at least 1 in `gaps`), with a warning, never 0.
+model-based tests give it a simulated exchange instead. Per stream and normalised prefix, `done`
+is the position up to which every frame was handed over (or counted lost); a chain's `prev` above
+it is a hole, fetched before the frame is handed over; a beat's position check finds a dropped
+tail; an ended incarnation is drained from a stored copy before it is forgotten (END_DRAIN_TIMEOUT).
+What retention no longer holds is counted in `gaps`, never 0 for a stream that cannot be verified.
+The rules, one by one: docs/protocol.md section 4.4.
 """
 
 from __future__ import annotations
