@@ -1,32 +1,13 @@
 """`roq-exchange`: one exchange process, normally spawned by an HCM.
 
-Talks to its parent through stdout, one JSON object per line: first
-{"event": "ready", "pub": ..., "sub": ..., "replay": ...} once its sockets are bound, then
-{"event": "stats", ...} every `exchange.stats_interval`. Logs go to stderr,
-as JSON lines under an HCM (`--json-logs`), which re-logs them.
-It dies with its parent: PR_SET_PDEATHSIG on Linux, and EOF on stdin
-everywhere (the parent holds the other end). After the configuration line the
-parent may write more JSON lines: `{"replica": {"repl": endpoint, ...}}` or
-`{"replica": null}` tells an exchange with `--replicas 2` where its replica is;
-`{"permissions": {"version": N, "table": {...}}}` is the cluster's permission
-table (roq/permissions.py), which the gatekeeper judges new connections by;
-`{"commands": [...], "purged": {...}}` are the queue's admin commands
-(exchange/commands.py), each applied once and reported done as
-{"event": "command", "id": ..., "result": {...}}; until the first such line came
-the exchange reads no publisher and no member (at most COMMANDS_WAIT).
-With CURVE on, the process reports ready only once the first table came (a
-client key gets in nowhere before); a table that does not parse is logged and
-the previous one kept. Run by hand, without a parent, it applies
-`security.default_permissions` to every key.
-With `--role replica` the process is a replica (exchange/replica.py) instead:
-its ready event names `repl` and `replay` endpoints. An exchange whose replica
-sealed its incarnation exits (code 6, `Exit.ENDED`: not a crash) so that it
-restarts as a new one; one whose journal broke for good and was not moved in
-time exits with `Exit.STORAGE` (7), which its HCM does not count as a crash
-either (a full disk never ends the process: exchange/storage.py). On SIGTERM it
-asks its publishers to move, then exits. A configuration it refuses (including
-CURVE keys it cannot read) exits with `Exit.CONFIG`, before it reports ready;
-entry point, signals and exit codes: roq/daemon.py.
+Talks to its parent through its pipes, one JSON object per line: the configuration, then the
+replica's endpoint, the permission table and the queue's admin commands on stdin; `ready`, `stats`
+and `command` events on stdout. It dies with its parent (PR_SET_PDEATHSIG, and EOF on stdin); on
+SIGTERM it asks its publishers to move, then exits. With `--role replica` it is a replica
+(exchange/replica.py). Exit codes that are not crashes: `Exit.ENDED` (its replica sealed the
+incarnation) and `Exit.STORAGE` (its journal broke for good); `Exit.CONFIG` before ready. The
+lines and codes in full: docs/architecture.md "An exchange and its HCM"; entry point and signals:
+roq/daemon.py.
 """
 
 from __future__ import annotations

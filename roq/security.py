@@ -1,37 +1,13 @@
 """Who may talk to the cluster: CURVE keys on ZeroMQ, digest ACLs on ZooKeeper, connection limits.
 
-Keys (`roq keys generate DIR`, pyzmq's certificate files)::
-
-    DIR/server.key, DIR/server.key_secret   the cluster's keypair: GCMs and exchanges serve with it
-    DIR/clients/<name>.key[_secret]         publishers and subscribers
-    DIR/admins/<name>.key[_secret]          administrators: may also create, delete, scale queues, set rules,
-                                            grant permissions; every right on every queue
-
-A daemon needs `server.key_secret` and the public halves under `clients/` and `admins/`; a client
-needs `server.key` and its own `<name>.key_secret`. Secret files are written mode 0600.
-
-With `security.curve` on, every ZeroMQ server socket (the control API, an exchange's publisher,
-subscriber, replay and work sockets, a replica's replication and replay sockets) is a CURVE server
-and its context runs a `Gatekeeper`: a ZAP handler that admits only the public keys found under
-`clients/` and `admins/` (and the server's own), and tags each connection with its role and key
-name (`role:name`), which the control API reads from the frames. An exchange's or replica's
-gatekeeper also knows its queue and the permission table (roq/permissions.py, set by its HCM
-through `set_permissions`): a client key is admitted to a data socket only with the right that
-socket needs (SOCKET_RIGHTS) on that queue; until the first table arrives it admits no client key.
-Admin keys and the server's have every right; a replica's replication socket admits the server's
-key alone. A refused handshake never reaches the application: libzmq drops the connection, the
-gatekeeper counts it. Unknown keys make it re-read the key directories (at once if they changed,
-else at most once a second), so a client added with `roq keys generate` is admitted without
-restarting anything. A changed table or a removed key refuses new connections; open ones stay.
-
-Whatever the mechanism, the gatekeeper also caps the connections one peer address may hold on one
-socket (`security.max_connections_per_client`): it learns which connections are open from the
-socket's monitor events (accepted, disconnected), and refuses the handshake of one too many.
-
-ZooKeeper: with `zk.auth` set, every znode a process creates carries a digest ACL granting all
-rights to that identity and read rights to `zk.readers`; the world gets nothing. Daemons use the
-cluster identity; publishers, subscribers and admin tools use a reader identity (they change
-cluster state only through the control API, where roles are checked).
+Keys are pyzmq certificate files under one directory (`roq keys generate DIR`): the cluster's
+keypair, `clients/` and `admins/`. With `security.curve` on, every ZeroMQ server socket is a CURVE
+server whose context runs a `Gatekeeper`: a ZAP handler that admits the known keys, tags each
+connection `role:name`, at a data socket judges a client key by the queue's permission table, and
+re-reads the key directories for an unknown key. With or without CURVE it caps the connections one
+peer address holds on a socket (`security.max_connections_per_client`), from the socket's monitor
+events. With `zk.auth`, every znode a process creates carries a digest ACL. The whole design:
+docs/security.md.
 """
 
 from __future__ import annotations
