@@ -1,31 +1,14 @@
 """Consumer groups: every message of a group's topics goes to one member, which acks it.
 
-Pure logic, no sockets (exchange/work.py talks to the members). An exchange runs the groups of
-its own stream: every frame it forwards whose topic starts with one of a group's prefixes is
-offered to that group, from the group's first join on (or, for a group created with
-`from_beginning`, from the oldest frame still retained).
-
-One group's queues and members are exchange/group.py's.
-
-What is ready is served lowest priority number first, and within one priority round-robin over
-the keys that have work (one message per key per turn while several keys wait), so one key's
-thousand jobs do not starve the others. A message with a not-before time waits in a heap until
-the exchange's clock reaches it. A member holds at most `prefetch` unacked messages, and never
-more than `max_prefetch` whatever its join asked (a larger join is clamped). A message not acked
-within the group's ack timeout, nacked, or held by a member that went away goes back to the front
-of its queue with its delivery count, remembering the member it came back from; after
-`max_deliveries` counted deliveries it is dead-lettered: handed to `on_dead` with the reason
-(`max_deliveries`, or `nack` for a nack without requeue; the forwarder publishes it on the group's
-dead-letter topic, saying where it came from in its headers).
-
-A message that came back goes to a member it has not come back from whenever one has credit; only
-when none has may it go back to one it came back from, and that repeat does not count toward
-`max_deliveries` while the group has a member it has not come back from: one member's nack loop
-(or a member that lets everything time out) cannot dead-letter work that others could do.
-
-With `hold_acks` (a replicated exchange) an acked message keeps its room in its member's prefetch
-until the replica holds the ack (`settled`): what a failover can hand out again of what a member
-processed is at most its prefetch.
+Pure logic, no sockets (exchange/work.py talks to the members; one group's queues and members are
+exchange/group.py's). An exchange runs the groups of its own stream: every frame it forwards whose
+topic starts with one of a group's prefixes is offered to that group, from the group's first join on
+(or, with `from_beginning`, from the oldest frame still retained). Ready work is served by priority,
+then round-robin over keys; a member holds at most its prefetch unacked; what times out, is nacked or
+was held by a member that went away comes back, to another member when one has credit, and is
+dead-lettered after `max_deliveries` (`on_dead`). With `hold_acks` (a replicated exchange) an ack
+keeps its room until the replica holds it. The rules and why: docs/work-queues.md "What the exchange
+does"; on the wire: docs/protocol.md section 7.
 """
 
 from __future__ import annotations

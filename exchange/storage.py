@@ -1,28 +1,13 @@
 """An exchange's journal on a disk that refuses writes: backpressure with a reason, never a crash.
 
-With `exchange.journal = fsync` an ack waits until the journal holds what it covers
-(exchange/confirms.py). When the disk refuses a write (full: ENOSPC or EDQUOT; failing: EIO,
-EROFS, ...) nothing may be confirmed, and nothing is lost either: what was not written stays in
-the journal's buffer and `Journal.try_commit` tries again every `STORAGE_RETRY` seconds. Meanwhile
-the exchange is **storage full**:
-
-* acks wait (the journal's `committed_pos` does not move);
-* the forwarder reads no publisher frames (as for a lagging replica), so the buffer grows by at
-  most what one drain of the publishers' socket had already taken;
-* every connected publisher is told `move` with the reason `storage_full: ...` (protocol 3.3) and
-  goes to another exchange of the queue, if one runs;
-* the statistics say so (`storage_full`, `storage_error`), and the leader moves the exchange to a
-  host with room once they have said so for `gcm.storage_full_grace` (gcm/reconciler.py).
-
-Once a write goes through (space freed: the retention's trim deletes old segments, an operator
-deleted files) the exchange carries on by itself: the acks that waited leave, publishers are read
-again. A journal broken for good (a failed fsync: the kernel may have dropped the dirty pages) never
-recovers in this process: after `RESTART_AFTER` seconds without being moved the incarnation ends
-with `Exit.STORAGE`, which its HCM restarts without counting it as a crash (a new incarnation writes
-new files; its publishers resend what was not confirmed).
-
-Failures are logged once when they start (ERROR, with the error and what happens), every
-`LOG_EVERY` seconds while they last, and once when they end (INFO, with how long they lasted).
+With `exchange.journal = fsync` an ack waits until the journal holds what it covers. While the disk
+refuses writes the exchange is **storage full**: acks wait, no publisher frame is read, publishers
+are told `move storage_full: ...`, the statistics say so (the leader moves it after
+`gcm.storage_full_grace`), and `Journal.try_commit` retries every `STORAGE_RETRY` seconds; a write
+that goes through ends it by itself. A journal broken for good (a failed fsync) ends the incarnation
+with `Exit.STORAGE` after RESTART_AFTER seconds unmoved, not counted as a crash. Failures are logged
+when they start, every LOG_EVERY seconds while they last, and when they end. The rules and why:
+docs/guarantees.md "A full disk".
 """
 
 from __future__ import annotations

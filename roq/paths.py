@@ -1,28 +1,9 @@
 """Where everything lives in ZooKeeper. The only module that spells znode paths.
 
-    <root>/gcm/election                 kazoo Election contenders
-    <root>/gcm/epoch                    data = epoch number; every leader write checks its version
-    <root>/gcm/leader                   ephemeral: {id, endpoint, epoch, pid}
-    <root>/gcm/requests/<key>           persistent: {op, name, at} of an applied control write (gcm.fence)
-    <root>/hosts/<host>                 ephemeral (HCM session): {address, capacity, pid, journal, journals, stats}
-    <root>/queues/<queue>               persistent: queue settings (incl. replicas: 1 or 2, absent = 1)
-    <root>/queues/<queue>/exchanges/<x> persistent: placement {host} ({host, replica} with replicas 2),
-                                        written by the leader; a host is null while unplaced
-    <root>/assignments/<host>           persistent: data {journals: true} while the host keeps journals (the leader's)
-    <root>/assignments/<host>/<q>~<x>   persistent: the HCM's work list, written with the placement
-    <root>/assignments/<host>/<q>~<x>~r persistent: the same for the replica of exchange <x>
-    <root>/live/<queue>/<x>             ephemeral (HCM session): endpoints of a running exchange
-    <root>/replicas/<queue>/<x>         ephemeral (HCM session): endpoints of exchange <x>'s running replica
-    <root>/relocations/<queue>          persistent: {publisher: {to, from, at}}, written by the leader
-    <root>/permissions                  persistent: the permission table {format, keys: {name: entry}}
-                                        (roq/permissions.py), written by the leader; absent = no entries
-    <root>/events                       persistent: {events: [{seq, time, kind, detail, queue}]}, the
-                                        cluster's recent events (gcm/events.py), written by the leader
-    <root>/commands/<queue>             persistent: {latest, at}, rewritten by the leader with each command
-                                        (HCMs watch it); deleted with its queue
-    <root>/commands/<queue>/<id>        persistent: an admin command {id, op, queue, group, at, exchanges}
-                                        (gcm/commands.py), written by the leader, the newest kept
-    <root>/commands/<queue>/<id>/<x>    persistent: exchange <x>'s result of it, written by its HCM
+Under `<root>` (`zk.root`): `gcm/` (election, epoch, leader, request keys), `hosts/`, `queues/` (with
+their exchanges' placements), `assignments/` (each host's work list), `live/` and `replicas/` (running
+exchanges and replicas), `relocations/`, `permissions`, `events` and `commands/`. Every znode, its
+kind, data, writer and readers: docs/architecture.md "The ZooKeeper layout".
 
 A host's work list names slots: an exchange id ("x1") runs the exchange, its replica slot ("x1~r",
 `replica_slot`) runs that exchange's replica. The HCM's key for an assignment is (queue, slot).

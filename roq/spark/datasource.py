@@ -1,32 +1,12 @@
 """RoQ as a Spark data source (Python Data Source API, PySpark 4): `format("roq")`.
 
-Options (roq.spark.options) follow Spark's Kafka source; docs/spark.md lists them.
-
-Reading (`spark.readStream.format("roq")` or `spark.read.format("roq")`):
-* An offset is, per exchange of the queue, its incarnation and a stream position:
-  `{"x1": {"inc": "x1.3fa2", "pos": 1200, "replay": ...}, ...}`: every frame up to
-  `pos`, and, with `"msgs": k`, the first k messages of frame pos+1 (a frame holds a
-  batch of messages; `maxOffsetsPerTrigger` counts messages, so a micro-batch may end
-  inside one). Frames stay in the exchange's retention, so any range of offsets can be
-  read again: a query restarted from its checkpoint re-reads exactly the ranges Spark
-  had not committed; nothing is lost and nothing is read twice, within the retention.
-* One partition per exchange and micro-batch. An executor fetches its range from the
-  exchange's replay endpoint (no ZooKeeper on executors). It yields one row per
-  message: topic, payload and value (the same bytes), publisher, sequence, exchange,
-  timestamp (the publisher's send time) and headers (as Kafka's source has them: an
-  array of (key, value) structs, null for a message without). A schema given with
-  `.schema(...)` may name a subset of these columns.
-* An exchange keeps each (publisher, sequence) once. The same message can reach two
-  exchanges only when its publisher moved and resent it; use
-  `dropDuplicates(["publisher", "sequence"])` if that matters.
-
-Writing (`df.write.format("roq")`, `df.writeStream.format("roq")`): every task
-publishes its rows (`value` or `payload`, string or binary; `topic` from the column or
-the `topic` option; `headers`, if there is such a column, as Kafka's sink takes them or
-as a map of string to binary or string) with a `roq.client.Publisher` (which finds the
-exchanges through ZooKeeper) and returns only when all of them are confirmed. So a batch, or a
-micro-batch, commits only after its messages are confirmed. Only appending exists:
-published messages cannot be replaced, so `mode("overwrite")` is refused.
+Options (roq.spark.options) follow Spark's Kafka source. Reading: an offset is, per exchange, its
+incarnation and a stream position (plus `msgs`, the messages already read of the next frame), so
+any range can be read again from retention; one partition per exchange and micro-batch, fetched
+from the exchange's replay endpoint (no ZooKeeper on executors), one row per message. Writing:
+each task publishes its rows with a `roq.client.Publisher` and returns only once all are
+confirmed, so a batch commits only after its messages are; only appending exists. The options,
+columns, offsets and guarantees: docs/spark.md.
 """
 
 from __future__ import annotations
