@@ -1,31 +1,12 @@
 """The leader's cache of the cluster's tree, kept current by ZooKeeper: reads without a round trip.
 
-One kazoo TreeCache per subtree the leader reads on its tick or in answers (`<root>/hosts`, `queues`,
-`assignments`, `live`, `replicas`, `commands`; not `gcm/`, whose request keys change with every keyed write).
-A TreeCache reads each znode once with a watch and again only when the watch fires, so the
-leader's reads follow how often the cluster changes (mostly the exchanges', replicas' and hosts'
-statistics, once a second each), not how often it ticks. `ClusterCache` answers roq.state's
-readers (`children`, `read_json`).
-
-Consistency, and what happens on failure:
-
-* Built from ZooKeeper at its first read in a term: dropped at every claim and release (a fence
-  term listener), so a new leader never inherits a predecessor's or its own earlier view. A read
-  waits until every subtree is loaded; if that takes over BUILD_TIMEOUT, or the connection is
-  SUSPENDED or LOST meanwhile, it raises ZooKeeperUnavailableError and the next read starts over.
-* Dropped whenever the connection is SUSPENDED or LOST: kazoo forgets its watches then, so changes
-  may be missed. The next read builds it again (a read during the outage raises, like a read of
-  ZooKeeper would).
-* The leader reads its own writes: the fence tells the cache the operations of every committed
-  transaction (`expect`), and a read first waits until the cache shows them. If that takes over
-  CATCH_UP_TIMEOUT (another client changed the same znode meanwhile), the cache is built again.
-* Changes by other clients (a host registering, an exchange going live) show after one watch
-  notification and one read: milliseconds. Decisions that must not act on a stale view read
-  ZooKeeper itself or rely on the fenced transaction failing (gcm/queues.py, gcm/assignments.py).
-
-Only state is read from the TreeCaches, never their events, whose order can be wrong
-(python-zk/kazoo#645); the state converges. Thread-safe: the tick, the control API and kazoo's
-threads use it at once.
+One kazoo TreeCache per subtree the leader reads (`hosts`, `queues`, `assignments`, `live`,
+`replicas`, `commands`), so its reads follow how often the cluster changes, not how often it ticks;
+`ClusterCache` answers roq.state's readers. Built anew in each term and after a SUSPENDED or LOST
+connection (a read meanwhile raises ZooKeeperUnavailableError, as a read of ZooKeeper would); a read
+waits until the cache shows the leader's own committed writes (CATCH_UP_TIMEOUT, else rebuilt).
+Only state is read from the TreeCaches, never their events (python-zk/kazoo#645). Thread-safe.
+Consistency and failure in full: docs/leader.md "The cache".
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """Admin commands on what the exchanges of a queue hold: reset or delete a consumer group, purge
 the queue (docs/protocol.md section 2, docs/work-queues.md "Managing groups").
 
-Groups and retained messages live in the exchanges' memory (and their replicas'), not in
-ZooKeeper, so the leader cannot change them itself. It writes the command, in one fenced
-transaction, as `<root>/commands/<queue>/<id>` = {id, op, queue, group, at, exchanges} (`exchanges`:
-every exchange the queue has then), rewriting `<root>/commands/<queue>` in the same transaction so
-that the HCMs' watches fire. Each HCM hands it to its exchanges of the queue (hcm/commands.py);
-each exchange applies it once (exchange/admin.py `AdminCommands.apply`) and reports what it did, which
-its HCM records as `<id>/<xid>`. The request is answered at once with the command's status;
-`queue.command` reads it again (the CLI waits for every running exchange's result). An exchange
-that is not running applies it when it starts, before it takes any publisher or member.
-
-Idempotent: with a request key (roq.client.admin sends one with every write) the command's id is
-`k-<key>`, written in the transaction that records the key (gcm.fence), so a retry, to this
-leader or the next, is answered with that command's status and writes nothing. Without a key a
-retry is a second command (a second reset drops what arrived in between); an exchange applies one
-command once however often it hears of it.
-
-Checks before writing, against the exchanges' latest statistics in the leader's cache (as fresh as
-their HCMs write them: within a report interval of a change): a group command's group runs on a
-running exchange of the queue, and a group to delete has no member (they would join again at once
-and make it anew). An exchange checks again when it applies the command: a group that gained a
-member meanwhile is not deleted there, and the result says so.
-
-Bounds: the leader keeps the newest MAX_COMMANDS commands per queue and drops those older than
-COMMAND_TTL, in the transaction of the next command; `queue.delete` deletes them with the queue.
+Groups and retained messages live in the exchanges' memory, so the leader writes the command in one
+fenced transaction as `<root>/commands/<queue>/<id>`; each HCM hands it to its exchanges
+(hcm/commands.py), each exchange applies it once (exchange/admin.py `AdminCommands.apply`) and its
+HCM records the result as `<id>/<xid>`. A keyed request's command id is `k-<key>`, so a retry writes
+nothing. Checked against the exchanges' latest statistics before writing, and again by each
+exchange; the newest MAX_COMMANDS per queue are kept, none older than COMMAND_TTL. The whole
+design: docs/leader.md "Admin commands".
 """
 
 from __future__ import annotations

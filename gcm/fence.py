@@ -1,31 +1,13 @@
 """Leader fencing: the one place that decides whether this GCM may write, and the only writer of
 the leader's changes.
 
-Every write the leader makes — queue operations (gcm.queues), the reconcile tick (gcm.reconciler),
-the autoscaler, the directories those writes need (`ensure_path`) — is `write()` or `ensure_path()`
-here: one ZooKeeper transaction that checks the epoch the leader was elected with. Nothing in gcm/
-calls the client's create, set, delete or ensure_path itself (tests/unit/test_fence_only_writer.py).
-The rest of the answer to "may this GCM write?" lives here too: `may_write()` (a term is held and
-ZooKeeper is connected; gcm.leader's `can_write()` asks it), and the request's deadline, checked
-before anything is sent. The control API refuses a write that waited past that deadline before its
-handler even starts (gcm.api), with the same REQUEST_DEADLINE.
-
-A new leader bumps `<root>/gcm/epoch` (a compare-and-set on the znode's
-version) in the same transaction that creates the ephemeral leader record.
-From then on, any transaction of an older leader fails its version check and
-is refused as a whole: a paused, partitioned or expired ex-leader cannot
-change anything, even if its own session is still alive. A term ends at `release()` or when the
-session is LOST; after either, this fence refuses every write without sending it.
-
-Idempotent retries: a client sends one key with every attempt of one logical call
-(roq.client.admin). The first fenced write made while serving a keyed request also creates
-`<root>/gcm/requests/<key>` in the same transaction, so a retry — to this leader or, after a
-failover, to the next — finds it (`already_applied()`) and is answered with success instead of
-`queue_exists` or `queue_not_found`. The leader keeps the newest KEEP_KEYS keys (`prune_keys()`).
-
-Listeners: term listeners hear the epoch at each claim and None at each release; commit listeners
-hear the operations of every committed transaction, in the writer's thread, before `write()`
-returns (gcm.cache uses both: built anew each term, it lets the leader read its own writes).
+Every leader write is `write()` or `ensure_path()` here: one ZooKeeper transaction that checks the
+version of `<root>/gcm/epoch` the leader was elected with, so a deposed leader changes nothing.
+`may_write()` (a term is held and ZooKeeper is connected) and the request deadline
+(REQUEST_DEADLINE) are decided here too. A keyed request's first write also records
+`<root>/gcm/requests/<key>`, so a retry to any leader is answered with success (`already_applied()`;
+the newest KEEP_KEYS kept). Term and commit listeners let gcm.cache start anew each term and read
+the leader's own writes. The whole design: docs/leader.md "Fencing".
 """
 
 from __future__ import annotations

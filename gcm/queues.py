@@ -1,30 +1,10 @@
 """Queue operations of the leader: create, delete, scale, list, describe.
 
-Every change is one fenced transaction that writes the queue, its exchanges'
-placements and the hosts' assignment lists together (with replicas 2, each
-exchange's replica too: its host in the placement, its `~r` assignment on that
-host; gcm.placement), so ZooKeeper never holds a half-created queue and a
-deposed leader changes nothing; the directories
-those writes need are made through the fence too (`LeaderFence.ensure_path`). A
-retry of a change already applied (same request key, gcm.fence) gets the same
-success answer and changes nothing more.
-
-`create` with `exist_ok` answers an existing queue's description instead of `queue_exists` when the
-settings the request names (`exchanges`, `replicas`) are the queue's; one that differs is still
-`queue_exists`, naming the difference (a queue with autoscaling rules is not held to a number of
-exchanges: the autoscaler owns it). `delete` with `if_empty` or `if_unused` refuses
-(`precondition_failed`) a queue that holds messages or has clients, judged from every exchange's
-latest statistics in the cache (written by its HCM within a report interval of a change, so a
-client or a message of the last second may not be seen), and a queue one of whose exchanges is
-not running or has gone silent (what it holds cannot be told). A deleted queue's admin commands
-(gcm.commands) go in the same transaction.
-
-Reads come from the leader's cache (gcm.cache), which shows the leader's own
-writes: `list`, `describe`, the hosts and placements `create` and `scale` choose
-from, and create's check that the name is free — if the cache were behind, the
-create's transaction fails on the existing queue and is answered `queue_exists`
-after a read of ZooKeeper itself. `delete` and `scale` read the queue they
-change from ZooKeeper itself: what they delete or number must be exact.
+Every change is one fenced transaction that writes the queue, its exchanges' placements (and
+replicas') and the hosts' assignment lists together, so ZooKeeper never holds a half-created queue
+and a deposed leader changes nothing; a keyed retry changes nothing more. `create` with `exist_ok`
+and `delete` with `if_empty` / `if_unused` judge from the leader's cache; `delete` and `scale` read
+the queue they change from ZooKeeper itself. The rules in full: docs/leader.md "Queue operations".
 """
 
 from __future__ import annotations
