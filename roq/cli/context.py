@@ -32,6 +32,8 @@ def fail(message: str, code: Exit) -> None:
 
 
 def interrupted() -> None:
+    from roq.interrupts import interrupt_handled
+    interrupt_handled()
     click.echo("interrupted", err=True)
     sys.exit(Exit.INTERRUPTED)
 
@@ -52,11 +54,27 @@ class RoqGroup(click.Group):
     """The `roq` group: a Ctrl-C that comes while click itself runs (between commands, in a group's
     own set-up) is "interrupted" and 130 too, not click's "Aborted!" and 1."""
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        from roq.interrupts import take_ctrl_c
+        take_ctrl_c()  # even if started with SIGINT ignored: `roq bench` would run on, its queue left
+        return super().main(*args, **kwargs)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:  # while click parses `roq`'s own options
+            interrupted()
+            raise  # not reached: interrupted() exits
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             interrupted()
+        except RuntimeError as exc:  # Python 3.11 wraps one that comes as a class is made (a lazy import)
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                interrupted()
+            raise
 
 
 def _explained(exc: RoqError) -> str:

@@ -7,7 +7,8 @@
 * `views` — the CLI's rich tables; `demo` — `roq demo`; `data_cli`,
   `work_cli` — `roq publish` and `roq subscribe [--group]`'s input and output.
 * `bench`, `bench_cli` — the benchmark harness and `roq bench` (bench/ adds
-  the peer systems).
+  the peer systems); `own_queue` — a queue a command creates for itself and
+  deletes on its way out, Ctrl-C included.
 
 What only the tests use (helpers, the Docker launcher, hostile peers, fuzz
 targets) is in tests/support/, outside the installed package. The core and

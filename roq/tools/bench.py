@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import multiprocessing as mp
-import signal
 import struct
 import threading
 import time
@@ -32,11 +31,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from roq.interrupts import ctrl_c_held, ignore_ctrl_c, raise_if_interrupted
+
 HEADER = struct.Struct("<Bq")  # kind, send time in monotonic nanoseconds
 WARMUP, DATA = 0, 1
 WARMUP_INTERVAL = 0.005
 IDLE_END = 3.0  # a subscriber gives up this long after its last message (a system that dropped some)
 PROGRESS_EVERY = 1024
+WORKER_STOP_WAIT = 5.0  # s the workers have to exit after SIGTERM (Ctrl-C, a failure) before SIGKILL
 
 
 # ---------------------------------------------------------------- adapters
@@ -271,6 +273,7 @@ def _load(adapter_path: str, settings: dict[str, Any]) -> Adapter:
 
 def subscriber_worker(adapter_path: str, settings: dict[str, Any], expected: int, ready: Any,
                       progress: Any, results: Any) -> None:
+    ignore_ctrl_c()  # run() started it with SIGINT blocked: the parent stops it on Ctrl-C
     adapter = _load(adapter_path, settings)
     latencies = array("q")
     state = {"received": 0, "first": 0, "last": 0, "warm": False}  # written by the receiving thread only
@@ -343,6 +346,7 @@ def subscriber_worker(adapter_path: str, settings: dict[str, Any], expected: int
 
 def publisher_worker(adapter_path: str, settings: dict[str, Any], size: int, count: int, rate: float,
                      go: Any, results: Any, opened: Any) -> None:
+    ignore_ctrl_c()  # as subscriber_worker
     adapter = _load(adapter_path, settings)
     pad = b"x" * max(0, size - HEADER.size)
     pack = HEADER.pack
@@ -397,11 +401,12 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
     procs += [ctx.Process(target=publisher_worker, args=(adapter_path, pub_settings[i], size, messages,
                                                          per_pub_rate, go, results, opened[i]), daemon=True)
               for i in range(publishers)]
-    _start_ignoring_sigint(procs)
     deadline = time.monotonic() + timeout
     finished = False
     try:
+        _start_workers(procs)
         while not all(event.is_set() for event in readies + opened):
+            raise_if_interrupted()
             if any(p.exitcode not in (None, 0) for p in procs):
                 raise RuntimeError(f"{name}: a worker process failed before the start")
             if time.monotonic() > deadline:
@@ -411,6 +416,7 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
         pubs: list[dict[str, Any]] = []
         subs: list[dict[str, Any]] = []
         while len(pubs) + len(subs) < len(procs):
+            raise_if_interrupted()
             if on_progress:
                 on_progress(sum(c.value for c in counters), expected * subscribers)
             try:
@@ -424,28 +430,35 @@ def run(adapter_path: str, settings: dict[str, Any], size: int, messages: int, p
             (pubs if kind == "pub" else subs).append(value)
         finished = True
     finally:
-        for proc in procs:
-            if not finished:  # Ctrl-C or a failure: nothing left to wait for
-                proc.terminate()
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+        _stop_workers(procs, terminate=not finished)  # Ctrl-C or a failure: nothing left to wait for
     return _summarise(name, size, messages, publishers, subscribers, rate, pubs, subs)
 
 
-def _start_ignoring_sigint(procs: list[Any]) -> None:
-    """Start the workers with SIGINT ignored (they inherit it through exec): a Ctrl-C reaches the
-    terminal's whole process group, and only this process should act on it (by terminating them)."""
-    if threading.current_thread() is not threading.main_thread():
+def _start_workers(procs: list[Any]) -> None:
+    """Start the workers so that only this process acts on a Ctrl-C (a terminal's reaches the whole
+    process group): they are born with SIGINT blocked and ignore it (ignore_ctrl_c), and one that comes
+    meanwhile is raised here once all have started, so every one of them is stopped."""
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()  # not from within the block: starting it unblocks SIGINT
+    with ctrl_c_held(block_in_children=True):
         for proc in procs:
             proc.start()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        for proc in procs:
-            proc.start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_workers(procs: list[Any], terminate: bool) -> None:
+    """Wait for the workers that were started; with `terminate`, SIGTERM them first and give them
+    WORKER_STOP_WAIT in all (else 10 s, to exit once they sent their results), then SIGKILL the rest."""
+    started = [proc for proc in procs if proc.pid is not None]
+    if terminate:
+        for proc in started:
+            proc.terminate()
+    deadline = time.monotonic() + (WORKER_STOP_WAIT if terminate else 10.0)
+    for proc in started:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in started:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=1.0)
 
 
 def _summarise(name: str, size: int, messages: int, publishers: int, subscribers: int, rate: float,

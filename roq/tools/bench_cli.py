@@ -1,9 +1,10 @@
 """`roq bench` against a running cluster: a queue, the harness of roq.tools.bench, a table and JSON.
 
 Throughput is measured at full rate (the default); latency means what it says at a rate the cluster
-keeps up with (--rate), and the output says so. Ctrl-C at any point stops the worker processes,
-deletes the queue if `roq bench` created it, and leaves through `KeyboardInterrupt` (the command
-prints "interrupted" and exits 130)."""
+keeps up with (--rate), and the output says so. Ctrl-C at any point stops the worker processes
+(within roq.tools.bench.WORKER_STOP_WAIT), deletes the queue if `roq bench` created it (within
+roq.tools.own_queue.CLEANUP_WAIT, else a line says it is left) and leaves through
+`KeyboardInterrupt` (the command prints "interrupted" and exits 130)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from roq.client.admin import Admin
 from roq.config import Config
 from roq.errors import QueueNotFoundError, RequestTimeoutError
 from roq.tools.bench import RunResult, run
+from roq.tools.own_queue import delete_queue_within, maybe_applied
 
 console = Console(stderr=True)
 
@@ -26,9 +28,10 @@ console = Console(stderr=True)
 def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: int, publishers: int,
               subscribers: int, rate: float, json_out: str | None, batch: bool = False) -> RunResult:
     """One run of the harness; `batch` measures the batch API (publish_many, batch_callback)."""
-    created = ensure_queue(config, queue, exchanges)
     adapter = "roq.tools.bench.RoqBatchAdapter" if batch else "roq.tools.bench.RoqAdapter"
+    created = False
     try:
+        created = ensure_queue(config, queue, exchanges)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
             task = progress.add_task("deliveries", total=messages * publishers * subscribers)
@@ -37,8 +40,7 @@ def run_bench(config: Config, queue: str, exchanges: int, size: int, messages: i
                          on_progress=lambda done, total: progress.update(task, completed=done))
     finally:
         if created:
-            with Admin(config) as admin:
-                admin.delete_queue(queue)
+            delete_queue_within(config, queue)
     from roq.tools.views import out
     out(stderr=True).print(result_table([result]))  # whole rows when stderr is not a terminal
     note = latency_note(result)
@@ -74,20 +76,25 @@ def latency_note(result: RunResult) -> str | None:
 def ensure_queue(config: Config, queue: str, exchanges: int, replicas: int | None = None,
                  timeout: float = 30.0) -> bool:
     """Create the queue if needed and wait for its exchanges (and, with `replicas` 2, for every
-    exchange's replica: until then nothing is confirmed); True if we created it."""
-    with Admin(config) as admin:
-        try:
-            admin.describe_queue(queue)
-            return False
-        except QueueNotFoundError:
+    exchange's replica: until then nothing is confirmed); True if we created it. Should that fail or
+    a Ctrl-C come meanwhile, the queue is deleted again (see delete_queue_within)."""
+    asked = created = False
+    try:
+        with Admin(config) as admin:
+            try:
+                admin.describe_queue(queue)
+                return False
+            except QueueNotFoundError:
+                asked = True
             admin.create_queue(queue, exchanges=exchanges, replicas=replicas)
-        try:
+            created = True
             info = admin.wait_running(queue, exchanges, timeout=timeout)
             if replicas == 2:
                 _wait_replicas(admin, queue, [x["id"] for x in info["exchanges"]], timeout)
-        except BaseException:  # Ctrl-C or a time-out: the caller never learns it created the queue
-            admin.delete_queue(queue)
-            raise
+    except BaseException as exc:  # Ctrl-C or a time-out: the caller never learns it created the queue
+        if created or (asked and maybe_applied(exc)):
+            delete_queue_within(config, queue)
+        raise
     return True
 
 
