@@ -50,23 +50,28 @@ def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration:
     The leader publishes the stream while queue gcm.stats_queue exists: a queue this command
     created is deleted when it ends (create it yourself to keep the stream going)."""
     from roq.spark.pipeline import require_extra, require_java, run_stats_job
+    from roq.tools.own_queue import maybe_applied
     require_extra("pyspark", "pyarrow", "pandas")
     require_java()
     queue_name = ctx.config.gcm.stats_queue
     if not queue_name:
         raise UserError("gcm.stats_queue is empty: the statistics stream is off")
     created = False
-    with ctx.admin() as admin:
-        try:
-            admin.create_queue(queue_name, exchanges=1)
-            created = True
-            click.echo(f"created queue {queue_name}: the leader publishes statistics to it until this pipeline "
-                       "ends", err=True)
-        except QueueExistsError:
-            pass
     args = ["--zk", ctx.config.zk.hosts, "--root", ctx.config.zk.root, "--queue", queue_name, "--output", output,
             "--window", str(window), "--duration", str(duration), "--master", master] + (["--once"] if once else [])
     try:
+        with ctx.admin() as admin:
+            try:
+                admin.create_queue(queue_name, exchanges=1)
+            except QueueExistsError:
+                pass
+            except BaseException as exc:
+                created = maybe_applied(exc)  # then delete it on the way out all the same
+                raise
+            else:
+                created = True
+                click.echo(f"created queue {queue_name}: the leader publishes statistics to it until this "
+                           "pipeline ends", err=True)
         code = run_stats_job(args)
     finally:
         if created:  # also on Ctrl-C: nothing else would stop the leader's 6 records a second
@@ -79,13 +84,9 @@ def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration:
 
 
 def _delete_stats_queue(ctx: Context, queue_name: str) -> None:
-    from roq.errors import QueueNotFoundError
-    with ctx.admin() as admin:
-        try:
-            admin.delete_queue(queue_name)
-        except QueueNotFoundError:
-            return  # deleted meanwhile: the stream has stopped all the same
-    click.echo(f"deleted queue {queue_name}: the leader no longer publishes statistics", err=True)
+    from roq.tools.own_queue import delete_queue_within
+    if delete_queue_within(ctx.config, queue_name):  # bounded: a line says so if it could not
+        click.echo(f"deleted queue {queue_name}: the leader no longer publishes statistics", err=True)
 
 
 @pipeline.command("report")

@@ -15,7 +15,8 @@ It replaces the aggregates, the newest window possibly partial. Do not point
 it at the `--output` of a running continuous pipeline.
 
 SIGTERM or SIGINT stops it cleanly: each query once its running micro-batch is
-done, then the session, then exit 130 (`--duration`: exit 0). `roq pipeline
+done (within STOP_GRACE), then the session, then exit 130 (`--duration`: exit 0);
+while the session is still starting, at once. `roq pipeline
 stats` runs it as a child process (roq/spark/pipeline.py says why). A failure
 is one line on stderr. It also runs under spark-submit:
 
@@ -29,7 +30,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,8 @@ import click
 PARENT_ENV = "ROQ_PIPELINE_PARENT"
 SHUFFLE_PARTITIONS = 4  # fixed by a streaming query's first checkpoint: the value local[*] always had
 RESTARTS = 3  # failed queries started again from their checkpoints in one run, before it fails
-STOP_GRACE = 15.0  # seconds a running micro-batch may take to finish before its query is stopped anyway
+STOP_GRACE = 5.0  # seconds a running micro-batch may take to finish before its query is stopped anyway
+QUERY_STOP_WAIT = 5.0  # seconds a query's stop() waits for its thread (Spark's default: forever)
 AGGREGATES = ("exchanges", "hosts")  # the Parquet datasets under --output, one streaming query each
 SPARK_TYPES = {float: "double", int: "long", str: "string", bool: "boolean"}
 
@@ -117,9 +120,11 @@ def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, du
     early and cleanly, then raises KeyboardInterrupt; a failed query raises RoqError."""
     from roq.spark.session import quiet, spark_session
     stop = stop or threading.Event()
-    # A few records per exchange and tick: Spark's 200 shuffle partitions would cost seconds a batch.
-    spark = spark_session(master, "roq-stats-pipeline", log_level="ERROR",
-                          conf={"spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS)})
+    with abandoned_on_stop(stop):  # a start takes seconds, and there is nothing to finish yet
+        # A few records per exchange and tick: Spark's 200 shuffle partitions would cost seconds a batch.
+        spark = spark_session(master, "roq-stats-pipeline", log_level="ERROR",
+                              conf={"spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
+                                    "spark.sql.streaming.stopTimeout": str(int(QUERY_STOP_WAIT * 1000))})
     try:
         if once:
             cancel_when(stop, spark)
@@ -191,6 +196,29 @@ def cancel_when(stop: threading.Event, spark: Any) -> None:
     threading.Thread(target=cancel, name="roq-pipeline-cancel", daemon=True).start()
 
 
+@contextmanager
+def abandoned_on_stop(stop: threading.Event) -> Iterator[None]:
+    """In the block, SIGTERM and SIGINT also raise KeyboardInterrupt, as does a `stop` set before it:
+    the driver then ends at once, and its JVM with it (the JVM leaves once this process has; `roq`
+    kills what is left of the driver's process group)."""
+    if stop.is_set():
+        raise KeyboardInterrupt
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(*_: object) -> None:
+        stop.set()
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def stop_on_signals(stop: threading.Event) -> None:
     """SIGTERM (the `roq` command's Ctrl-C, forwarded) and SIGINT set `stop`; so does the end of
     the process named by ROQ_PIPELINE_PARENT (the `roq` command, should it die abruptly)."""
@@ -239,6 +267,7 @@ def main(zk: str, root: str, queue: str, output: str, window: int, once: bool, d
     try:
         run(zk, root, queue, output, window, once, duration, master or _default_master(), stop)
     except KeyboardInterrupt:
+        gate.close()  # what an abandoned start prints on its way out stays off the terminal too
         sys.exit(Exit.INTERRUPTED)
     except RoqError as exc:
         gate.say(f"roq: error: {exc}")
