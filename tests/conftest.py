@@ -73,12 +73,13 @@ def pytest_terminal_summary(terminalreporter):
 SHARED_WORKERS = {"docker": "engine", "deploy": "engine", "spark": "spark"}
 
 
+@pytest.hookimpl(wrapper=True)  # around xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        directory = item.path.parent.name
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKERS.get(directory, item.module.__name__)))
+        if not item.get_closest_marker("xdist_group"):
+            group = SHARED_WORKERS.get(item.path.parent.name, item.module.__name__)
+            item.add_marker(pytest.mark.xdist_group(group))
+    return (yield)
 
 
 def failed(request: pytest.FixtureRequest) -> bool:

@@ -179,7 +179,7 @@ def changed_checkout(into: Path, marker: str) -> Path:
     into.mkdir()
     for item in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(source / item, into / item)
-    for package in ("roq", "gcm", "hcm", "exchange", "web"):
+    for package in ("roq", "gcm", "hcm", "exchange", "roq_web"):
         shutil.copytree(source / package, into / package, ignore=shutil.ignore_patterns("__pycache__"))
     with (into / "roq" / "__init__.py").open("a") as f:
         f.write(f"# {marker}\n")
