@@ -27,7 +27,7 @@ ZERO_COPY_BYTES = 64 << 10  # frames this big are sent without copying (smaller:
 
 class Fanout:
     def __init__(self, parts: Parts) -> None:
-        self.exchange_id = parts.stream.exchange_id
+        self.xid = parts.stream.xid
         self.incarnation = parts.stream.incarnation
         self.back = parts.back
         self.retention = parts.retention
@@ -53,10 +53,10 @@ class Fanout:
         pos = self.retention.next_pos
         links = self.chains.links(topic, pos)
         if block is not None:
-            body = protocol.encode_delivery_spliced(self.exchange_id, self.incarnation, pos, links, pub, sent_ns,
+            body = protocol.encode_delivery_spliced(self.xid, self.incarnation, pos, links, pub, sent_ns,
                                                     seqs, block)
         else:
-            body = protocol.encode_delivery(self.exchange_id, self.incarnation, pos, links, pub, sent_ns, seqs,
+            body = protocol.encode_delivery(self.xid, self.incarnation, pos, links, pub, sent_ns, seqs,
                                             payloads, attrs)
         self.retention.add(topic, body, len(seqs))
         if self.groups and offer:
@@ -107,14 +107,14 @@ class Fanout:
             self.stats.subscribers = len(subscribers)
         # The subscriber's subscriptions arrived together with (before) its marker, so they are
         # active now: every frame from the next position on reaches it live.
-        body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos)
+        body = protocol.encode_sync(self.xid, self.incarnation, self.retention.next_pos)
         try:
             self.back.send_multipart([marker, body], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the subscriber falls back to its sync timeout
 
     def beat(self) -> None:
-        body = protocol.encode_sync(self.exchange_id, self.incarnation, self.retention.next_pos, protocol.BEAT)
+        body = protocol.encode_sync(self.xid, self.incarnation, self.retention.next_pos, protocol.BEAT)
         try:
             self.back.send_multipart([protocol.BEAT_TOPIC, body], zmq.NOBLOCK)
         except zmq.ZMQError:

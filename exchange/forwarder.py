@@ -52,7 +52,7 @@ class Forwarder:
         self.parts = parts
         # The parts main.py, the tests and the fuzz targets reach, by their names.
         self.config = parts.config
-        self.exchange_id, self.incarnation = parts.stream.exchange_id, parts.stream.incarnation
+        self.xid, self.incarnation = parts.stream.xid, parts.stream.incarnation
         self.copy_secret = parts.stream.copy_secret
         self.stats, self.retention, self.sessions, self.chains = parts.stats, parts.retention, parts.sessions, \
             parts.chains

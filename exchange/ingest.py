@@ -37,7 +37,7 @@ class PublisherIngest:
     def __init__(self, parts: Parts, fanout: Fanout, gated: bool) -> None:
         """`gated`: acks wait in the confirm gate until what they cover is durable."""
         self.config = parts.config
-        self.exchange_id = parts.stream.exchange_id
+        self.xid = parts.stream.xid
         self.front = parts.front
         self.sessions = parts.sessions
         self.stats = parts.stats
@@ -113,7 +113,7 @@ class PublisherIngest:
         self.stats.publishers[hello.publisher] = time.monotonic()
         if self.gated:  # a welcome counts as an ack: name only what is durable
             last = self.gate.welcome_seq(hello.publisher, hello.from_seq - 1)
-        self.reply(ident, protocol.encode_welcome(self.exchange_id, last, len(self._subscribers)))
+        self.reply(ident, protocol.encode_welcome(self.xid, last, len(self._subscribers)))
 
     def _forward(self, ident: bytes, batch: protocol.Batch) -> None:
         pub = batch.publisher

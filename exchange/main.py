@@ -128,7 +128,7 @@ def emit(event: dict) -> None:
 
 @click.command()
 @click.option("--queue", required=True)
-@click.option("--id", "exchange_id", required=True)
+@click.option("--id", "xid", required=True)
 @click.option("--host", default="", help="host name this exchange runs on (for reports)")
 @click.option("--role", type=click.Choice(["primary", "replica"]), default="primary",
               help="an exchange (primary), or the replica of exchange ID on another host")
@@ -141,7 +141,7 @@ def emit(event: dict) -> None:
 @click.option("--parent-pid", type=int, default=None)
 @click.option("--watch-stdin/--no-watch-stdin", "watch_parent", default=True)
 @click.option("--json-logs", is_flag=True, help="log JSON lines, for the HCM to re-log (as it passes)")
-def main(queue: str, exchange_id: str, host: str, role: str, replicas: int, config_json: str | None,
+def main(queue: str, xid: str, host: str, role: str, replicas: int, config_json: str | None,
          config_stdin: bool, parent_pid: int | None, watch_parent: bool, json_logs: bool) -> None:
     """Run one exchange of QUEUE (normally started by roq-hcm)."""
     die_with_parent(parent_pid)
@@ -152,15 +152,15 @@ def main(queue: str, exchange_id: str, host: str, role: str, replicas: int, conf
 
     def body(config: Config, stop: Stop) -> Exit:
         if role == "replica":
-            serve_replica(config, stop, queue, exchange_id, watch_parent)
+            serve_replica(config, stop, queue, xid, watch_parent)
             return Exit.OK
-        return serve(config, stop, queue, exchange_id, replicas, watch_parent)
+        return serve(config, stop, queue, xid, replicas, watch_parent)
 
-    run_daemon("roq-exchange", load, f"exchange {queue}/{exchange_id}", body, json_logs=json_logs)
+    run_daemon("roq-exchange", load, f"exchange {queue}/{xid}", body, json_logs=json_logs)
 
 
-def journal_dir(config: Config, queue: str, exchange_id: str) -> Path:
-    return Path(config.hcm.data_dir) / JOURNAL_DIR / queue / exchange_id
+def journal_dir(config: Config, queue: str, xid: str) -> Path:
+    return Path(config.hcm.data_dir) / JOURNAL_DIR / queue / xid
 
 
 def load_journal_archives(config: Config, directory: Path) -> dict[str, Retention]:
@@ -190,18 +190,18 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
     return archives
 
 
-def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, replicas: int = 1,
+def serve(config: Config, stop: threading.Event, queue: str, xid: str, replicas: int = 1,
           watch_parent: bool = False) -> Exit:
     """Bind, report ready, forward until `stop` is set, then ask publishers to move and close.
     Returns Exit.ENDED if the replica sealed this incarnation (the HCM starts a new one at once),
     Exit.STORAGE if its journal broke for good (the HCM starts a new one after its backoff)."""
     context = zmq.Context()
     try:
-        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{exchange_id}", queue)  # ConfigError: bad keys
+        gatekeeper = Gatekeeper(context, config, f"exchange {queue}/{xid}", queue)  # ConfigError: bad keys
         advertise = config.hcm.advertise or config.hcm.bind
-        directory = journal_dir(config, queue, exchange_id)
+        directory = journal_dir(config, queue, xid)
         archives = load_journal_archives(config, directory)
-        site = Site(exchange_id, config.hcm.bind, advertise, gatekeeper, replicas=replicas, cluster_config=config,
+        site = Site(xid, config.hcm.bind, advertise, gatekeeper, replicas=replicas, cluster_config=config,
                     journal_dir=str(directory), archives=archives)
         forwarder = Forwarder.open(context, config.exchange, site)
     except BaseException:
@@ -229,7 +229,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
               "incarnation": forwarder.incarnation, "pid": os.getpid(),
               "replicas": replicas, "archived": sorted(forwarder.archives),
               "copy_digest": protocol.copy_digest(forwarder.copy_secret)})
-        log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, exchange_id,
+        log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, xid,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
         forwarder.run(stop.is_set, on_tick)
         moved = forwarder.ask_publishers_to_move()  # why: cut off from its replica, its disk, or shutting down
@@ -242,7 +242,7 @@ def serve(config: Config, stop: threading.Event, queue: str, exchange_id: str, r
         forwarder.close()
         gatekeeper.stop()
         context.term()
-    log.info("exchange %s/%s stopped", queue, exchange_id)
+    log.info("exchange %s/%s stopped", queue, xid)
     if forwarder.sealed:
         return Exit.ENDED
     return Exit.STORAGE if forwarder.journal_failed else Exit.OK
@@ -296,14 +296,14 @@ def await_permissions(gatekeeper: Gatekeeper, config: Config, stop: threading.Ev
             raise ConfigError(f"no permission table from the HCM within {config.hcm.ready_timeout:.0f}s")
 
 
-def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id: str,
+def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
                   watch_parent: bool = False) -> None:
-    """Bind, report ready, keep copies of exchange_id's stream until `stop` is set."""
+    """Bind, report ready, keep copies of xid's stream until `stop` is set."""
     context = zmq.Context()
     try:
-        gatekeeper = Gatekeeper(context, config, f"replica {queue}/{exchange_id}", queue)
+        gatekeeper = Gatekeeper(context, config, f"replica {queue}/{xid}", queue)
         advertise = config.hcm.advertise or config.hcm.bind
-        replica = Replica(context, config, exchange_id, config.hcm.bind, advertise, gatekeeper)
+        replica = Replica(context, config, xid, config.hcm.bind, advertise, gatekeeper)
     except BaseException:
         context.destroy(linger=0)
         raise
@@ -317,7 +317,7 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id
         await_permissions(gatekeeper, config, stop, watch_parent)
         emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
               "incarnation": replica.incarnation, "pid": os.getpid()})
-        log.info("replica of %s/%s ready: copies at %s, fetches at %s", queue, exchange_id,
+        log.info("replica of %s/%s ready: copies at %s, fetches at %s", queue, xid,
                  replica.repl_endpoint, replica.replay_endpoint)
         replica.run(stop.is_set, on_tick)
     except BrokenPipeError:
@@ -326,7 +326,7 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, exchange_id
         replica.close()
         gatekeeper.stop()
         context.term()
-    log.info("replica of %s/%s stopped", queue, exchange_id)
+    log.info("replica of %s/%s stopped", queue, xid)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ class Site:
     before they bind; `replicas` = 2 copies every frame to a replica (`cluster_config` is then
     required, for the link's security); `journal_dir` keeps the journal there; `archives` are
     earlier incarnations' streams (from the journal) served on the replay socket."""
-    exchange_id: str
+    xid: str
     bind_host: str
     advertise_host: str
     gatekeeper: Gatekeeper | None = None
@@ -55,15 +55,15 @@ class Site:
 @dataclass(frozen=True)
 class Stream:
     """Who speaks in the frames this incarnation sends."""
-    exchange_id: str
+    xid: str
     # A restarted exchange keeps its id but starts a new stream of positions.
     incarnation: str
     # Proves to our replica that copies come from this incarnation: only its digest is published.
     copy_secret: bytes
 
     @classmethod
-    def new(cls, exchange_id: str) -> Stream:
-        return cls(exchange_id, f"{exchange_id}.{secrets.token_hex(4)}", secrets.token_bytes(32))
+    def new(cls, xid: str) -> Stream:
+        return cls(xid, f"{xid}.{secrets.token_hex(4)}", secrets.token_bytes(32))
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Parts:
 
 def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Parts:
     """Bind the sockets and make the parts (ValueError: replicas without the cluster configuration)."""
-    stream = Stream.new(site.exchange_id)
+    stream = Stream.new(site.xid)
     retention = Retention(config.retention_seconds, config.retention_bytes)
     link = _replica_link(context, site, retention, stream)
     journal, storage = _journal(config, site, stream)
@@ -133,7 +133,7 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
     # Members' acks wait for the replica (their credit is held meanwhile): exchange/group_sync.py.
     groups.hold_acks = link is not None
     feed = GroupFeed(groups)
-    work_server = WorkServer(work, groups, stream.exchange_id, stream.incarnation, retention, count, feed.offer)
+    work_server = WorkServer(work, groups, stream.xid, stream.incarnation, retention, count, feed.offer)
     work_server.gone = gone_fds
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()
@@ -162,7 +162,7 @@ def _replica_link(context: zmq.Context, site: Site, retention: Retention, stream
         return None
     if site.cluster_config is None:
         raise ValueError("replicas >= 2 needs the cluster configuration")
-    return ReplicaLink(context, site.cluster_config, retention, stream.incarnation, stream.exchange_id,
+    return ReplicaLink(context, site.cluster_config, retention, stream.incarnation, stream.xid,
                        stream.copy_secret)
 
 
@@ -171,7 +171,7 @@ def _journal(config: ExchangeConfig, site: Site, stream: Stream) -> tuple[Journa
         return None, None
     journal = Journal(site.journal_dir, stream.incarnation, config.journal, config.journal_segment_bytes,
                       config.retention_seconds, config.retention_bytes)
-    return journal, JournalHealth(journal, f"{Path(site.journal_dir).parent.name}/{site.exchange_id}")
+    return journal, JournalHealth(journal, f"{Path(site.journal_dir).parent.name}/{site.xid}")
 
 
 def _publisher_socket(context: zmq.Context, config: ExchangeConfig) -> zmq.Socket:

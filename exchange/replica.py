@@ -37,11 +37,11 @@ MAX_APPLIED = 256  # admin commands remembered per exchange (the newest)
 
 
 class Replica:
-    def __init__(self, context: zmq.Context, config: Config, exchange_id: str, bind_host: str,
+    def __init__(self, context: zmq.Context, config: Config, xid: str, bind_host: str,
                  advertise_host: str, gatekeeper: Gatekeeper | None = None) -> None:
         self.config = config
-        self.exchange_id = exchange_id
-        self.incarnation = f"{exchange_id}~r.{int(time.time() * 1000) % 10**9}"
+        self.xid = xid
+        self.incarnation = f"{xid}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
         # The newest consumer group state of an incarnation (protocol section 7.6): what a restarted
         # exchange adopts. Its pending messages' frames are kept in the copy (pinned) meanwhile.
@@ -51,7 +51,7 @@ class Replica:
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
         self.counters: dict[str, int] = {}
-        self.trust = PrimaryTrust(exchange_id, self.counters)  # which primary frames to take
+        self.trust = PrimaryTrust(xid, self.counters)  # which primary frames to take
         self.curve = load_keys(config.security) is not None
         self.repl = context.socket(zmq.ROUTER)
         self.repl.linger = 0
@@ -174,7 +174,7 @@ class Replica:
 
     def _follow(self, route: bytes, follow: protocol.Follow) -> bytes:
         incarnation = follow.incarnation
-        if incarnation in self.sealed or incarnation.rsplit(".", 1)[0] != self.exchange_id:
+        if incarnation in self.sealed or incarnation.rsplit(".", 1)[0] != self.xid:
             return protocol.encode_replica_reply(protocol.SEALED, incarnation)
         if incarnation not in self.copies:
             for older in list(self.copies):  # that exchange restarted: its older incarnations ended

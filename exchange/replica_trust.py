@@ -29,9 +29,9 @@ ProofFrame = (protocol.Follow | protocol.Copy | protocol.GroupState | protocol.G
 
 
 class PrimaryTrust:
-    def __init__(self, exchange_id: str, counters: dict[str, int]) -> None:
+    def __init__(self, xid: str, counters: dict[str, int]) -> None:
         """`counters`: the replica's, where refused frames are counted (`refused_copies`)."""
-        self.exchange_id = exchange_id
+        self.xid = xid
         self.counters = counters
         # What the cluster says of our primary (from our HCM): each incarnation's copy digest, and
         # the incarnation listed as running (None: none; `told` False: nothing heard yet).
@@ -81,7 +81,7 @@ class PrimaryTrust:
         incarnation = request.incarnation
         digest = self.digests.get(incarnation)
         if digest is None:
-            if isinstance(request, protocol.Follow) and incarnation.rsplit(".", 1)[0] == self.exchange_id:
+            if isinstance(request, protocol.Follow) and incarnation.rsplit(".", 1)[0] == self.xid:
                 self.waiting.pop(incarnation, None)
                 self.waiting[incarnation] = (route, request)
                 while len(self.waiting) > MAX_WAITING:

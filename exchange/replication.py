@@ -41,13 +41,13 @@ def max_copy_frame(config: Config) -> int:
 
 class ReplicaLink:
     def __init__(self, context: zmq.Context, config: Config, retention: Retention, incarnation: str,
-                 exchange_id: str, proof: bytes) -> None:
+                 xid: str, proof: bytes) -> None:
         self.context = context
         self.proof = proof
         self.config = config
         self.retention = retention
         self.incarnation = incarnation
-        self.exchange_id = exchange_id
+        self.xid = xid
         self.page_bytes = copy_page_bytes(config)
         self.endpoint: str | None = None
         self.sock: zmq.Socket | None = None
@@ -99,7 +99,7 @@ class ReplicaLink:
     def _follow(self) -> None:
         self._pages.clear()
         self._asked = time.monotonic()
-        self._send(protocol.encode_follow(self.incarnation, self.exchange_id, self.proof))
+        self._send(protocol.encode_follow(self.incarnation, self.xid, self.proof))
 
     def _send(self, frame: bytes) -> bool:
         if self.sock is None:
@@ -189,7 +189,7 @@ class ReplicaLink:
 
     def ask_adoption(self) -> bool:
         """Ask the replica for the consumer groups our exchange's earlier incarnation left."""
-        return self._send(protocol.encode_adopt(self.incarnation, self.exchange_id, self.proof))
+        return self._send(protocol.encode_adopt(self.incarnation, self.xid, self.proof))
 
     def send_groups(self, frame: bytes) -> bool:
         """Our consumer groups' state (protocol.encode_groups or encode_applied), replacing the last one sent."""

@@ -44,13 +44,13 @@ def work_socket(context: zmq.Context) -> zmq.Socket:
 
 
 class WorkServer:
-    def __init__(self, sock: zmq.Socket, groups: Groups, exchange_id: str, incarnation: str,
+    def __init__(self, sock: zmq.Socket, groups: Groups, xid: str, incarnation: str,
                  retention: Retention, count: Callable[[str, int], None], offer: Callable[..., None]) -> None:
         """`offer(pos, topic, publisher, sent_ns, seqs, payloads, attrs, only=group)` gives a retained
         frame to a group (the forwarder's, which leaves out what an adopted group had)."""
         self.sock = sock
         self.groups = groups
-        self.exchange_id = exchange_id
+        self.xid = xid
         self.incarnation = incarnation
         self.retention = retention
         self._count = count
@@ -148,7 +148,7 @@ class WorkServer:
             return
         if new and join.from_beginning:
             self._take_retained(group)
-        self._send(route, protocol.encode_joined(join.group, self.exchange_id, self.incarnation))
+        self._send(route, protocol.encode_joined(join.group, self.xid, self.incarnation))
 
     def _take_retained(self, group: Group) -> None:
         """A group created on an exchange its members did not know yet (it appeared, or restarted)
