@@ -169,9 +169,10 @@ def _print_messages(sub: Any, count: int, timeout: float, line: Callable[[Any], 
             msg = sub.receive(timeout=timeout or None)
             if msg is None:
                 break
-            out.write(line(msg))
+            text = line(msg)
+            received += 1  # before the write: a Ctrl-C just after it must not leave a printed line uncounted
+            out.write(text)
             out.flush()
-            received += 1
     except KeyboardInterrupt:
         return received, True
     except BrokenPipeError:  # `roq subscribe ... | head`: the reader has what it wanted
