@@ -3,13 +3,12 @@ and how their outcome is told."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from roq.cli.context import fail, handle_errors, pass_ctx
+from roq.cli.context import fail, handle_errors, json_or, pass_ctx
 from roq.errors import Exit
 
 
@@ -29,12 +28,11 @@ def exchange_command(parent: click.Group, command: str, of_group: bool) -> Calla
 def command_outcome(status: dict[str, Any], as_json: bool, what: str) -> None:
     """Say what each exchange did with an admin command; exit 1 if one refused it (a group that
     gained a member), 3 if a running one did not answer in time."""
-    from roq.tools.views import command_lines
-    if as_json:
-        click.echo(json.dumps(status, indent=2))
-    else:
-        for line in command_lines(status, what):
+    def say(answer: dict[str, Any]) -> None:
+        from roq.tools.views import command_lines
+        for line in command_lines(answer, what):
             click.echo(line)
+    json_or(status, as_json, say)
     refused = {x: r["refused"] for x, r in status["results"].items() if r.get("refused")}
     if refused:
         fail(f"refused by {', '.join(f'{x} ({why})' for x, why in refused.items())}", Exit.USER_ERROR)

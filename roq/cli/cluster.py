@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import Counter
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from roq.cli.context import Context, handle_errors, pass_ctx
+from roq.cli.context import Context, handle_errors, json_or, pass_ctx, shown_by
 from roq.errors import Exit
 
 if TYPE_CHECKING:
@@ -106,11 +105,7 @@ def cluster_status(ctx: Context, as_json: bool) -> None:
     """Show the leader, the GCMs, the hosts and the queues."""
     with ctx.admin() as admin:
         status = admin.status()
-    if as_json:
-        click.echo(json.dumps(status, indent=2))
-        return
-    from roq.tools.views import print_status
-    print_status(status)
+    json_or(status, as_json, shown_by("print_status"))
 
 
 

@@ -141,6 +141,14 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
+def shown_by(name: str) -> Callable[..., None]:
+    """roq/tools/views.py's `name`, imported when it is called: `roq --help` stays fast."""
+    def show(*args: Any) -> None:
+        from roq.tools import views
+        getattr(views, name)(*args)
+    return show
+
+
 def json_or(answer: Any, as_json: bool, view: Callable[[Any], None]) -> None:
     """The answer as JSON (--json), else through `view`."""
     if as_json:

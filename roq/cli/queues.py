@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from roq.cli.applied import command_outcome, exchange_command
-from roq.cli.context import Context, handle_errors, pass_ctx
+from roq.cli.context import Context, handle_errors, json_or, pass_ctx, shown_by
 from roq.names import MAX_EXCHANGES
 
 
@@ -112,11 +112,7 @@ def queue_list(ctx: Context, as_json: bool) -> None:
     """List the queues."""
     with ctx.admin() as admin:
         queues = admin.list_queues()
-    if as_json:
-        click.echo(json.dumps(queues, indent=2))
-        return
-    from roq.tools.views import print_queue_list
-    print_queue_list(queues)
+    json_or(queues, as_json, shown_by("print_queue_list"))
 
 
 @queue.command("show")
@@ -132,11 +128,7 @@ def queue_show(ctx: Context, name: str, as_json: bool) -> None:
     consumer groups (members, ready, in flight, acked, lag)."""
     with ctx.admin() as admin:
         info = admin.describe_queue(name)
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    from roq.tools.views import print_queue
-    print_queue(info)
+    json_or(info, as_json, shown_by("print_queue"))
 
 
 @queue.command("rules")
@@ -164,8 +156,4 @@ def queue_rules(ctx: Context, name: str, clear: bool, as_json: bool, **values: A
     changes = {k: v for k, v in values.items() if v is not None}
     with ctx.admin() as admin:
         rules = admin.queue_rules(name, changes if changes or clear else None, clear)
-    if as_json:
-        click.echo(json.dumps(rules, indent=2))
-        return
-    from roq.tools.views import print_rules
-    print_rules(name, rules)
+    json_or(rules, as_json, lambda answer: shown_by("print_rules")(name, answer))
