@@ -15,6 +15,11 @@ when it is tracked again its chain restarts at the current position, which only 
 subscriber fetch more than it needed. So prefixes are forgotten when their subscription count
 falls to zero, and beyond `limit` prefixes the least recently matched are forgotten first.
 Unsubscribe events can be forged by any peer of the XPUB socket; the worst they do is this.
+
+The same matches decide how a batch of many topics is cut into frames (exchange/grouping.py): a
+topic's `key` is the tuple of tracked prefixes it starts with. That is exact only while every
+subscribed prefix is tracked: `complete` says so (a prefix dropped over `limit` while still
+subscribed makes it False until it is unsubscribed or tracked again).
 """
 
 from __future__ import annotations
@@ -31,12 +36,23 @@ class PrefixChains:
         self.counts: dict[bytes, int] = {}  # subscriptions seen per prefix (may be forged: a hint)
         self._lengths: list[int] = []  # distinct lengths of tracked prefixes
         self._matches: dict[bytes, tuple[bytes, ...]] = {}  # topic → tracked prefixes it starts with
+        self.dropped: dict[bytes, int] = {}  # subscribed prefixes forgotten over `limit`, their counts
+
+    @property
+    def complete(self) -> bool:
+        """Every prefix some subscriber is subscribed to is tracked."""
+        return not self.dropped
 
     def subscribe(self, prefix: bytes, next_pos: int) -> None:
-        self.counts[prefix] = self.counts.get(prefix, 0) + 1
         self.track(prefix, next_pos)
+        self.counts[prefix] = self.counts.get(prefix, 0) + 1
 
     def unsubscribe(self, prefix: bytes) -> None:
+        if prefix in self.dropped:
+            left = self.dropped.pop(prefix) - 1
+            if left > 0:
+                self.dropped[prefix] = left
+            return
         count = self.counts.get(prefix, 0) - 1
         if count > 0:
             self.counts[prefix] = count
@@ -50,11 +66,22 @@ class PrefixChains:
         last = self.last.get(prefix)
         if last is None:
             last = self.last[prefix] = next_pos - 1  # no frame of it after this was sent untracked
+            if prefix in self.dropped:
+                self.counts[prefix] = self.dropped.pop(prefix)
             if len(self.last) > self.limit:
                 dropped, _ = self.last.popitem(last=False)
-                self.counts.pop(dropped, None)
+                subscribed = self.counts.pop(dropped, 0)
+                if subscribed > 0:
+                    self.dropped[dropped] = subscribed
             self._changed()
         return last
+
+    def keys(self, topics: list[bytes]) -> list[tuple[bytes, ...]]:
+        """Each topic's key: the tracked prefixes it starts with (C-level lookups when cached)."""
+        keys = list(map(self._matches.get, topics))
+        if None in keys:
+            keys = [self._match(t) if k is None else k for t, k in zip(topics, keys)]
+        return keys  # type: ignore[return-value]
 
     def links(self, topic: bytes, pos: int) -> list[list[int]]:
         """The chains a frame at `pos` on `topic` carries, and advance them to it."""

@@ -1,7 +1,8 @@
 """The subscribers' side: every accepted frame numbered, retained, journaled and published.
 
-Each frame sent to subscribers gets the next position of this incarnation's stream, carries the
-chains of the subscribed prefixes it matches (exchange/chains.py), is kept in the retention
+Each frame sent to subscribers (the messages of one group, exchange/grouping.py) gets the next
+position of this incarnation's stream, carries the chains of the subscribed prefixes its routing
+topic matches (exchange/chains.py), is kept in the retention
 buffer (and the journal) and goes out on XPUB as [topic, body], so libzmq filters by topic
 prefix. Slow subscribers: XPUB keeps at most `exchange.sub_hwm` frames per subscriber and drops
 beyond that for that subscriber only; the subscriber sees the broken chain and fetches the
@@ -45,22 +46,26 @@ class Fanout:
         return len(self.subscribers)
 
     def send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
-             attrs: list[list[Any]] | None = None, offer: bool = True, block: Any = None) -> int:
+             attrs: list[list[Any]] | None = None, offer: bool = True, block: Any = None,
+             topics: list[bytes] | None = None) -> int:
         """Number, retain and publish one frame of accepted messages (and offer it to the groups);
-        `size` is the payloads' total. `attrs`: [index, priority, not_before_ms, key] of messages
-        published with attributes. `block`: the payloads as the publisher encoded them (a two-part
-        batch), spliced into the frame as they are. Returns the frame's position."""
+        `topic` is its routing topic, `topics` each message's topic when they differ from it (a
+        frame of many topics, exchange/grouping.py), `size` the payloads' total. `attrs`: [index,
+        priority, not_before_ms, key] of messages published with attributes. `block`: the payloads
+        as the publisher encoded them (a two-part batch), spliced into the frame as they are.
+        Returns the frame's position."""
         pos = self.retention.next_pos
         links = self.chains.links(topic, pos)
         if block is not None:
             body = protocol.encode_delivery_spliced(self.xid, self.incarnation, pos, links, pub, sent_ns,
-                                                    seqs, block)
+                                                    seqs, block, topics)
         else:
             body = protocol.encode_delivery(self.xid, self.incarnation, pos, links, pub, sent_ns, seqs,
-                                            payloads, attrs)
-        self.retention.add(topic, body, len(seqs))
+                                            payloads, attrs, topics)
+        self.retention.add(topic, body, len(seqs), topics=protocol.topic_counts(topics) if topics else None)
         if self.groups and offer:
-            self.offer(pos, topic, pub, sent_ns, seqs, payloads, [tuple(a) for a in attrs] if attrs else None)
+            self.offer(pos, topic, pub, sent_ns, seqs, payloads, [tuple(a) for a in attrs] if attrs else None,
+                       topics=topics)
         if self.journal is not None:
             self.journal.append(pos, topic, body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself

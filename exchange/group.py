@@ -373,17 +373,19 @@ def _shown(topic: bytes) -> str:
 
 
 def frame_units(pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-           attrs: list[tuple[Any, ...]] | None, now: float, start: int = 0) -> Iterator[Unit]:
-    """Messages start.. of a frame as units: one when no message has attributes, else runs of equal ones."""
+           attrs: list[tuple[Any, ...]] | None, now: float, start: int = 0, end: int | None = None) -> Iterator[Unit]:
+    """Messages start..end-1 (default: to the last) of a frame as units: one when no message has
+    attributes, else runs of equal ones."""
+    end = len(seqs) if end is None else end
     if not attrs:
-        yield Unit(pos, start, len(seqs) - start, topic, publisher, sent_ns, seqs, payloads, arrived=now)
+        yield Unit(pos, start, end - start, topic, publisher, sent_ns, seqs, payloads, arrived=now)
         return
     # (priority, not_before_ms, key, headers or None) by index; headers' bytes count in a unit's size
     by_index = {a[0]: (a[1], a[2], a[3], a[4] if len(a) > 4 and a[4] else None) for a in attrs}
     plain = (DEFAULT_PRIORITY, 0, NO_KEY, None)
     current = by_index.get(start, plain)
-    for i in range(start + 1, len(seqs) + 1):
-        here = by_index.get(i, plain) if i < len(seqs) else None
+    for i in range(start + 1, end + 1):
+        here = by_index.get(i, plain) if i < end else None
         if here != current:
             priority, not_before_ms, key, headers = current
             size = None

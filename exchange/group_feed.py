@@ -26,7 +26,8 @@ class GroupFeed:
         self._adopted_until = until
 
     def offer(self, pos: int, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
-              attrs: list[tuple[Any, ...]] | None, only: Group | None = None) -> None:
+              attrs: list[tuple[Any, ...]] | None, only: Group | None = None,
+              topics: list[bytes] | None = None) -> None:
         """A frame to the groups, without the messages an adopted group already had."""
         start = 0
         if self.adopted_high:
@@ -34,4 +35,4 @@ class GroupFeed:
                 self.adopted_high = {}  # no publisher resends that late
             elif pub in self.adopted_high:
                 start = bisect_right(seqs, self.adopted_high[pub])
-        self.groups.offer(pos, topic, pub, sent_ns, seqs, payloads, attrs, only=only, start=start)
+        self.groups.offer(pos, topic, pub, sent_ns, seqs, payloads, attrs, only=only, start=start, topics=topics)

@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any
 
 from exchange.fanout import Fanout
+from exchange.grouping import frames_of
 from exchange.groups import Group, Member
 from exchange.parts import Parts
 from roq import protocol
@@ -39,6 +40,7 @@ class GroupSync:
         self.publisher_ttl = parts.config.publisher_ttl
         self.incarnation, self.copy_secret = parts.stream.incarnation, parts.stream.copy_secret
         self._send = fanout.send
+        self.chains = parts.chains
         self.adopting = self.link is not None  # until the replica answered (or ADOPT_TIMEOUT)
         self._adopt_asked = False
         self._adopt_deadline = time.monotonic() + ADOPT_TIMEOUT
@@ -104,11 +106,15 @@ class GroupSync:
             end = min(len(d.seqs), idx + length)
             if idx >= end:
                 continue
-            seqs, payloads = d.seqs[idx:end], d.payloads[idx:end]
             attrs = [[a[0] - idx, *a[1:]] for a in d.attrs or () if idx <= a[0] < end]
-            pos = self._send(topic, d.publisher, d.sent_ns, seqs, payloads, sum(map(len, payloads)), attrs, offer=False)
-            self.groups.offer(pos, topic, d.publisher, d.sent_ns, seqs, payloads,
-                              [tuple(a) for a in attrs] or None, only=group, deliveries=deliveries)
+            # Cut as a batch is (exchange/grouping.py): each frame reaches the subscribers of its messages.
+            for frame in frames_of(self.chains, d.seqs[idx:end], d.message_topics(topic)[idx:end],
+                                   d.payloads[idx:end], attrs):
+                pos = self._send(frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
+                                 sum(map(len, frame.payloads)), frame.attrs, offer=False, topics=frame.topics)
+                self.groups.offer(pos, frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
+                                  [tuple(a) for a in frame.attrs or ()] or None, only=group, deliveries=deliveries,
+                                  topics=frame.topics)
             count += end - idx
         return count
 

@@ -120,16 +120,29 @@ class Groups:
 
     def offer(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
               attrs: list[tuple[Any, ...]] | None = None, only: Group | None = None, start: int = 0,
-              deliveries: int = 0) -> None:
-        """A frame the exchange forwarded: every group whose prefixes match it takes it (or only
-        `only`), from message `start` on. `attrs`: (index, priority, not_before_ms, key) or (index,
+              deliveries: int = 0, topics: list[bytes] | None = None) -> None:
+        """A frame the exchange forwarded: every group whose prefixes match a message takes it (or
+        only `only`), from message `start` on. `topics`: each message's topic in a frame of many
+        (None: all have `topic`). `attrs`: (index, priority, not_before_ms, key) or (index,
         priority, not_before_ms, key, headers) of the messages published with some; `deliveries`:
         how often they were delivered already (adopted)."""
+        if topics is None:
+            self._offer_run(pos, topic, publisher, sent_ns, seqs, payloads, attrs, only, start, len(seqs), deliveries)
+            return
+        for run_topic, begin, end in _topic_runs(topics):
+            if end > start:
+                self._offer_run(pos, run_topic, publisher, sent_ns, seqs, payloads, attrs, only, max(begin, start),
+                                end, deliveries)
+
+    def _offer_run(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int],
+                   payloads: list[bytes], attrs: list[tuple[Any, ...]] | None, only: Group | None, start: int,
+                   end: int, deliveries: int) -> None:
+        """Messages start..end-1 of a frame, all of `topic`, to the groups that match it."""
         groups = [g for g in ((only,) if only is not None else self.groups.values()) if g.matches(topic)]
-        if not groups or start >= len(seqs):
+        if not groups or start >= end:
             return
         now, wall = self.clock(), self.wall()
-        units = list(frame_units(pos, topic, publisher, sent_ns, seqs, payloads, attrs, now, start))
+        units = list(frame_units(pos, topic, publisher, sent_ns, seqs, payloads, attrs, now, start, end))
         for group in groups:
             for unit in units:
                 if len(groups) > 1:  # each group needs its own unit objects (their state differs)
@@ -332,3 +345,14 @@ class Groups:
         """Each group's figures now (Group.stats)."""
         now = self.clock()
         return {name: group.stats(now) for name, group in self.groups.items()}
+
+
+def _topic_runs(topics: list[bytes]) -> list[tuple[bytes, int, int]]:
+    """(topic, first index, end index) of each run of equal topics in a frame of many."""
+    runs: list[tuple[bytes, int, int]] = []
+    begin = 0
+    for i in range(1, len(topics) + 1):
+        if i == len(topics) or topics[i] != topics[begin]:
+            runs.append((topics[begin], begin, i))
+            begin = i
+    return runs

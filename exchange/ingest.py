@@ -3,11 +3,12 @@
 A publisher first says `hello` (proving it owns its id) on its connection; its batches are then
 checked against what this exchange holds of it (exchange/sessions.py): a batch must continue
 where the last one ended, or it is refused with `resend` and changes nothing, so an ack never
-covers a message that was not forwarded. Messages are validated one by one (oversize payloads
-and bad topics are rejected one by one and counted), grouped into runs of one topic and handed
-to the fan-out (exchange/fanout.py). Then the publisher gets a cumulative ack: at once, one per
-connection per drain, or, when acks wait for durability (a replica, an fsync'ed journal), from
-the confirm gate once what the stream held when it was earned is durable (exchange/durability.py).
+covers a message that was not forwarded. Messages are validated (oversize payloads and bad topics
+are rejected one by one and counted), grouped into one frame per set of matching subscriptions
+(exchange/grouping.py) and handed to the fan-out (exchange/fanout.py). Then the publisher gets a
+cumulative ack: at once, one per connection per drain, or, when acks wait for durability (a
+replica, an fsync'ed journal), from the confirm gate once what the stream held when it was earned
+is durable (exchange/durability.py).
 Nothing a publisher sends ends the loop: an unexpected error on one frame is logged and counted.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import zmq
 
 from exchange.fanout import Fanout
+from exchange.grouping import frames_of
 from exchange.parts import Parts
 from roq import protocol
 from roq.errors import ProtocolError
@@ -46,6 +48,7 @@ class PublisherIngest:
         self.gate = parts.gate
         self.gated = gated
         self._send = fanout.send
+        self.chains = parts.chains
         self._subscribers = fanout.subscribers  # its length is the count every ack carries
         self._acks: dict[bytes, tuple[int, float]] = {}  # connection → (ack due, batch received) this drain
 
@@ -133,18 +136,22 @@ class PublisherIngest:
         totals.duplicates += skip
         if skip < count:
             block = None
-            if batch.payloads is not None:  # one topic, its payloads as one block
-                payloads = batch.payloads[skip:] if skip else batch.payloads
-                topics = [batch.topic]
-                block = None if skip else batch.block  # resent duplicates: pack the rest again
+            if batch.payloads is not None:  # the two-part form: the payloads as one block
+                topics = batch.topics()
+                payloads = batch.payloads
+                if skip:  # resent duplicates: pack the rest again
+                    topics, payloads = topics[skip:], payloads[skip:]
+                else:
+                    block = batch.block
             else:
                 topics, payloads = batch.flat[2 * skip::2], batch.flat[2 * skip + 1::2]
-            size = _one_valid_topic(topics, payloads, self.config.max_message_bytes)
-            if size >= 0:
+            distinct = _valid_topics(topics)
+            size = _valid_payloads(payloads, self.config.max_message_bytes) if distinct else -1
+            if distinct and size >= 0:
                 # The common case, checked with C-level calls instead of a loop per message.
                 first = batch.first_seq + skip
-                self._send(topics[0], pub, batch.sent_ns, list(range(first, first + len(payloads))), payloads, size,
-                           block=block)
+                self._send_grouped(pub, batch.sent_ns, list(range(first, first + len(payloads))), topics, distinct,
+                                   payloads, size, block)
             else:
                 self._forward_one_by_one(ident, batch, skip)
             totals.msgs_in += count - skip
@@ -159,15 +166,28 @@ class PublisherIngest:
             # Acks are cumulative: one per connection per drain, sent once the drain's deliveries went.
             self._acks[ident] = (last, now)
 
+    def _send_grouped(self, pub: str, sent_ns: int, seqs: list[int], topics: list[bytes], distinct: set[bytes],
+                      payloads: list[bytes], size: int, block: Any = None,
+                      attrs: list[list[Any]] | None = None) -> None:
+        """Accepted messages as one frame per set of matching subscriptions (exchange/grouping.py).
+        `block`: the payloads as the publisher encoded them, spliced when the batch is one frame.
+        `attrs`: [index, priority, not_before_ms, key(, headers)] of messages with attributes."""
+        for frame in frames_of(self.chains, seqs, topics, payloads, attrs, distinct):
+            if frame.whole:  # the fast path: one frame, the block spliced as it came
+                self._send(frame.topic, pub, sent_ns, seqs, payloads, size, frame.attrs, block=block,
+                           topics=frame.topics)
+            else:
+                self._send(frame.topic, pub, sent_ns, frame.seqs, frame.payloads, sum(map(len, frame.payloads)),
+                           frame.attrs, topics=frame.topics)
+
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
-        """Mixed topics or a bad message: check each, reject the bad ones, send runs of one topic."""
+        """Attributes or a bad message: check each, reject the bad ones, send the rest grouped."""
         pub, flat, totals = batch.publisher, batch.messages(), self.stats.totals
         count = len(flat) // 2
-        run_topic: Any = None
         seqs: list[int] = []
+        topics: list[bytes] = []
         payloads: list[bytes] = []
-        attrs: list[list[Any]] = []  # [index in the run, priority, not_before_ms, key(, headers)]
-        run_size = 0
+        attrs: list[list[Any]] = []  # [index among the accepted, priority, not_before_ms, key(, headers)]
         max_size = self.config.max_message_bytes
         for i in range(skip, count):
             topic, payload = flat[2 * i], flat[2 * i + 1]
@@ -189,18 +209,15 @@ class PublisherIngest:
                 totals.rejected += 1
                 self.reply(ident, protocol.encode_reject(seq, problem[0], problem[1]))
                 continue
-            if topic != run_topic and seqs:
-                self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
-                seqs, payloads, attrs, run_size = [], [], [], 0
-            run_topic = topic
             if attributes is not None and attributes[1:] != (0, 0, b"", None):
                 attrs.append([len(seqs), *attributes[1:4]] if attributes[4] is None
                              else [len(seqs), *attributes[1:]])
             seqs.append(seq)
+            topics.append(topic)
             payloads.append(payload)
-            run_size += len(payload)
         if seqs:
-            self._send(run_topic, pub, batch.sent_ns, seqs, payloads, run_size, attrs)
+            self._send_grouped(pub, batch.sent_ns, seqs, topics, set(topics), payloads, sum(map(len, payloads)),
+                               attrs=attrs or None)
 
     def _send_acks(self) -> None:
         acks, self._acks = self._acks, {}
@@ -252,12 +269,18 @@ def _rest_of_message(sock: zmq.Socket) -> tuple[bytes | None, Any, bool]:
     return frame, block, extra
 
 
-def _one_valid_topic(topics: list[Any], payloads: list[Any], max_size: int) -> int:
-    """The payloads' total size if every message has the same valid topic and a bytes payload
-    within the size limit, else -1."""
-    topic = topics[0]
-    if _check_message(topic, b"", max_size) is not None or topics.count(topic) != len(topics) \
-            or set(map(type, payloads)) != {bytes}:
+def _valid_topics(topics: list[Any]) -> set[bytes] | None:
+    """The distinct topics if every message has a valid plain topic (no attributes), else None."""
+    if set(map(type, topics)) != {bytes}:
+        return None
+    distinct = set(topics)
+    lowest = min(distinct)  # an empty topic or one starting with NUL sorts first
+    return distinct if lowest and lowest[0] != 0 and max(map(len, distinct)) <= MAX_TOPIC_BYTES else None
+
+
+def _valid_payloads(payloads: list[Any], max_size: int) -> int:
+    """The payloads' total size if each is a bytes within the size limit, else -1."""
+    if set(map(type, payloads)) != {bytes}:
         return -1
     size = sum(map(len, payloads))
     # A total within the limit means every payload is: the max is only needed for big batches.

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import NamedTuple
 from zlib import crc32
 
-FILE_HEADER = b"RoQJ" + struct.pack("<I", 1)
+FORMAT_VERSION = 2  # 2: bodies are data-path version 3 deliveries (frames of many topics); 1 held version 2
+FILE_HEADER = b"RoQJ" + struct.pack("<I", FORMAT_VERSION)
 RECORD_HEADER = struct.Struct("<II")  # payload length, CRC-32 of payload
 PAYLOAD_HEADER = struct.Struct("<QII")  # pos, messages, topic length
 RECORD_OVERHEAD = RECORD_HEADER.size + PAYLOAD_HEADER.size  # bytes of a record that are not topic or body
@@ -55,7 +56,11 @@ def read_segment(path: Path, first_pos: int) -> tuple[list[ArchivedFrame], str |
     except OSError as exc:
         return [], f"unreadable ({exc})"
     if data[:len(FILE_HEADER)] != FILE_HEADER:
-        return [], "no journal file header (torn at creation, or another version)"
+        if data[:4] == FILE_HEADER[:4] and len(data) >= len(FILE_HEADER):
+            version = struct.unpack_from("<I", data, 4)[0]
+            return [], (f"journal format version {version}, this exchange reads {FORMAT_VERSION} (its frames are of "
+                        "another data-path version): left on disk, not served")
+        return [], "no journal file header (torn at creation)"
     frames: list[ArchivedFrame] = []
     add = frames.append
     view = memoryview(data)

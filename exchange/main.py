@@ -177,7 +177,7 @@ def load_journal_archives(config: Config, directory: Path) -> dict[str, Retentio
         store = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=archive.lost_before)
         stored_at = time.monotonic()
         for frame in archive.frames:
-            store.add(frame.topic, frame.body, frame.messages, stored_at)
+            store.add(frame.topic, frame.body, frame.messages, stored_at, protocol.body_topics(frame.body))
         archives[archive.incarnation] = store
         log.info("journal: incarnation %s reloaded, positions %d-%d", archive.incarnation,
                  store.oldest, store.next_pos - 1)

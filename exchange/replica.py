@@ -202,7 +202,7 @@ class Replica:
             return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos)
         now = time.monotonic()
         for topic, body, messages in request.frames[skip:]:
-            copy.add(topic, body, messages, now)
+            copy.add(topic, body, messages, now, protocol.body_topics(body))
         self._count("copied_frames", max(0, len(request.frames) - skip))
         return protocol.encode_replica_reply(protocol.COPIED, incarnation, copy.next_pos)
 

@@ -7,7 +7,9 @@ A subscriber that reconnects, restarts from a saved position, or finds a hole
 in one of its prefix chains (exchange/chains.py), fetches the missing positions
 from here. Positions are consecutive, so a lookup is an index computation.
 
-An evicted frame leaves a tombstone (its topic and message count, no payload)
+A frame of many topics (exchange/grouping.py) is kept with its distinct topics and their message
+counts, so that a fetch of a prefix longer than its routing topic finds it without decoding it.
+An evicted frame leaves a tombstone (its topics and message counts, no payload)
 for a while longer, so a subscriber that asks too late is told exactly how many
 of its messages it lost, not just that it lost some.
 
@@ -30,6 +32,8 @@ from itertools import islice
 from typing import TypeVar
 
 T = TypeVar("T")
+# A frame's distinct topics with their message counts; None when all its messages have its routing topic.
+TopicCounts = tuple[tuple[bytes, int], ...] | None
 
 TOMBSTONES = 100_000  # evicted frames remembered for exact loss counts
 
@@ -38,12 +42,13 @@ class Retention:
     def __init__(self, seconds: float, max_bytes: int, tombstones: int = TOMBSTONES, first_pos: int = 1) -> None:
         self.seconds = seconds
         self.max_bytes = max_bytes
-        self._frames: deque[tuple[float, bytes, bytes, int]] = deque()  # (stored at, topic, body, messages)
+        # (stored at, routing topic, body, messages, topic counts)
+        self._frames: deque[tuple[float, bytes, bytes, int, TopicCounts]] = deque()
         self._first_pos = first_pos  # position of _frames[0]
         self.protect_from: int | None = None  # frames at or above this position are never evicted
         self.floor = first_pos  # frames below this position were purged: never served, evicted once unprotected
-        # Evicted: (topic, messages, messages before it, stored at).
-        self._tombs: deque[tuple[bytes, int, int, float]] = deque(maxlen=tombstones)
+        # Evicted: (routing topic, messages, messages before it, stored at, topic counts).
+        self._tombs: deque[tuple[bytes, int, int, float, TopicCounts]] = deque(maxlen=tombstones)
         # Messages ever added, and before each retained frame: how far behind a reader is, in messages.
         self.messages_total = 0
         self._messages_before: deque[int] = deque()
@@ -90,10 +95,12 @@ class Retention:
         index = pos - self._first_pos
         return self.messages_total if index >= len(self._messages_before) else self._messages_before[index]
 
-    def add(self, topic: bytes, body: bytes, messages: int = 1, now: float | None = None) -> int:
-        """Keep one frame of `messages` messages; returns its position."""
+    def add(self, topic: bytes, body: bytes, messages: int = 1, now: float | None = None,
+            topics: TopicCounts = None) -> int:
+        """Keep one frame of `messages` messages with routing topic `topic` (`topics`: its distinct
+        topics and their counts when it has more than one); returns its position."""
         pos = self.next_pos
-        self._frames.append((now if now is not None else time.monotonic(), topic, body, messages))
+        self._frames.append((now if now is not None else time.monotonic(), topic, body, messages, topics))
         self._messages_before.append(self.messages_total)
         self.messages_total += messages
         self.bytes += len(topic) + len(body)
@@ -108,8 +115,8 @@ class Retention:
         protected = self.protect_from
         while frames and (self.bytes > self.max_bytes or frames[0][0] < horizon or self._first_pos < self.floor) \
                 and (protected is None or self._first_pos < protected):
-            stored_at, topic, body, messages = frames.popleft()
-            self._tombs.append((topic, messages, self._messages_before.popleft(), stored_at))
+            stored_at, topic, body, messages, topics = frames.popleft()
+            self._tombs.append((topic, messages, self._messages_before.popleft(), stored_at, topics))
             self.bytes -= len(topic) + len(body)
             self._first_pos += 1
             self.evicted += 1
@@ -127,7 +134,7 @@ class Retention:
         if first >= 0:
             before, stored_at = self._messages_before[first], self._frames[first][0]
         elif self._tombs:
-            _, _, before, stored_at = self._tombs[max(0, first + len(self._tombs))]
+            _, _, before, stored_at, _ = self._tombs[max(0, first + len(self._tombs))]
         elif self._frames:  # nothing evicted is remembered (a store that began past position 1)
             before, stored_at = self._messages_before[0], self._frames[0][0]
         else:
@@ -139,7 +146,7 @@ class Retention:
         up to about `max_bytes`: what a replica is sent."""
         found: list[list[object]] = []
         size = 0
-        for _, topic, body, messages in _window(self._frames, max(start - self._first_pos, 0), len(self._frames)):
+        for _, topic, body, messages, _ in _window(self._frames, max(start - self._first_pos, 0), len(self._frames)):
             if found and size + len(body) > max_bytes:
                 break
             found.append([topic, body, messages])
@@ -148,10 +155,10 @@ class Retention:
 
     def read(self, after: int, before: int, prefixes: list[bytes],
              max_bytes: int) -> tuple[list[tuple[bytes, bytes]], int, bool]:
-        """Frames with after < pos < before whose topic starts with one of `prefixes` (all if
-        none). Returns (frames, scanned_to, done): every position up to `scanned_to` was looked
-        at; `done` is False when `max_bytes` cut the page short (at least one frame is always
-        returned, so paging makes progress)."""
+        """Frames with after < pos < before holding a message whose topic starts with one of
+        `prefixes` (all if none). Returns (frames, scanned_to, done): every position up to
+        `scanned_to` was looked at; `done` is False when `max_bytes` cut the page short (at least
+        one frame is always returned, so paging makes progress)."""
         before = min(before, self.next_pos)
         start = max(after + 1, self.served_from)
         found: list[tuple[bytes, bytes]] = []
@@ -159,8 +166,8 @@ class Retention:
         wanted = tuple(prefixes)
         match_all = not prefixes or b"" in prefixes
         window = _window(self._frames, start - self._first_pos, max(start, before) - self._first_pos)
-        for pos, (_, topic, body, _) in enumerate(window, start):
-            if match_all or topic.startswith(wanted):
+        for pos, (_, topic, body, _, topics) in enumerate(window, start):
+            if match_all or topic.startswith(wanted) or (topics is not None and _holds(topics, wanted)):
                 if found and size + len(body) > max_bytes:
                     return found, pos - 1, False
                 found.append((topic, body))
@@ -174,15 +181,31 @@ class Retention:
         match_all = not prefixes or b"" in prefixes
         # Purged but still held for the replica: lost to readers all the same.
         hidden = _window(self._frames, after + 1 - self._first_pos, min(before, self.served_from) - self._first_pos)
-        count = sum(messages for _, topic, _, messages in hidden if match_all or topic.startswith(wanted))
+        count = sum(_messages_of(topic, messages, topics, wanted, match_all)
+                    for _, topic, _, messages, topics in hidden)
         tomb_first = self._first_pos - len(self._tombs)
         upto = min(before, self._first_pos)
         if upto <= after + 1:
             return count, True
         start = max(after + 1, tomb_first)
-        count += sum(messages for topic, messages, _, _ in _window(self._tombs, start - tomb_first, upto - tomb_first)
-                     if match_all or topic.startswith(wanted))
+        count += sum(_messages_of(topic, messages, topics, wanted, match_all)
+                     for topic, messages, _, _, topics in _window(self._tombs, start - tomb_first, upto - tomb_first))
         return count, after + 1 >= tomb_first
+
+
+def _holds(topics: tuple[tuple[bytes, int], ...], wanted: tuple[bytes, ...]) -> bool:
+    """Some topic of a frame of many starts with one of `wanted`."""
+    return any(topic.startswith(wanted) for topic, _ in topics)
+
+
+def _messages_of(topic: bytes, messages: int, topics: TopicCounts, wanted: tuple[bytes, ...],
+                 match_all: bool) -> int:
+    """How many of a frame's messages have a topic starting with one of `wanted`."""
+    if match_all or topic.startswith(wanted):
+        return messages
+    if topics is None:
+        return 0
+    return sum(count for each, count in topics if each.startswith(wanted))
 
 
 def _window(items: deque[T], begin: int, end: int) -> Iterable[T]:

@@ -160,7 +160,7 @@ class WorkServer:
             except ProtocolError:
                 continue
             attrs = [tuple(a) for a in d.attrs] if d.attrs else None
-            self._offer(d.pos, topic, d.publisher, d.sent_ns, d.seqs, d.payloads, attrs, only=group)
+            self._offer(d.pos, topic, d.publisher, d.sent_ns, d.seqs, d.payloads, attrs, only=group, topics=d.topics)
 
     def pump(self) -> None:
         """Hand ready messages to members with credit."""

@@ -83,12 +83,14 @@ from roq.protocol.deliver import (  # noqa: F401
     SYNC_PREFIX,
     Delivery,
     Sync,
+    body_topics,
     decode_delivery,
     decode_sync,
     encode_delivery,
     encode_delivery_spliced,
     encode_sync,
     sync_topic,
+    topic_counts,
 )
 from roq.protocol.fields import (  # noqa: F401
     Conversation,

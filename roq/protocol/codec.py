@@ -14,7 +14,7 @@ import msgpack
 from roq.errors import ProtocolError
 
 VERSION = 1  # the control API's
-DATA_VERSION = 2
+DATA_VERSION = 3  # 3: frames carry many topics (a batch's and a delivery's per-message topics)
 MAX_CONTROL_FRAME = 1 << 20  # control requests are small; refuse anything bigger
 MAX_SEQ = (1 << 63) - 1  # sequence numbers, positions and request ids fit a signed 64-bit integer
 MAX_U64 = (1 << 64) - 1  # sent_ns: nanoseconds since the epoch, a msgpack uint64
@@ -57,8 +57,14 @@ def kind_and_version(msg: Any, what: str) -> str:
     if not isinstance(msg, list) or len(msg) < 2 or not isinstance(msg[0], str):
         raise ProtocolError(f"{what} must be an array [kind, version, ...]")
     if msg[1] != DATA_VERSION:
-        raise ProtocolError(f"unsupported protocol version {msg[1]!r}, this peer speaks {DATA_VERSION}")
+        raise ProtocolError(version_refusal(msg[1]))
     return msg[0]
+
+
+def version_refusal(version: Any) -> str:
+    """Why a data-path body of another version is refused: both versions named, and what to do."""
+    return (f"unsupported data-path protocol version {version!r}: this peer speaks {DATA_VERSION} "
+            f"(frames of many topics); upgrade the client")
 
 
 def is_incarnation(value: Any) -> bool:

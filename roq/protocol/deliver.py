@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +10,17 @@ import msgpack
 
 from roq.errors import ProtocolError
 from roq.protocol.attributes import MAX_KEY, MAX_PRIORITY, message_headers, valid_headers
-from roq.protocol.codec import DATA_VERSION, MAX_CONTROL_FRAME, MAX_TOPIC, MAX_U64, all_ints, is_int, pack, unpack
+from roq.protocol.codec import (
+    DATA_VERSION,
+    MAX_CONTROL_FRAME,
+    MAX_TOPIC,
+    MAX_U64,
+    all_ints,
+    is_int,
+    pack,
+    unpack,
+    version_refusal,
+)
 from roq.protocol.fields import Array, Bin, Conversation, Field, Int, ListOf, Nullable, Str, Test, frame
 
 DELIVERY, SYNC, BEAT = "delivery", "sync", "beat"
@@ -31,6 +42,34 @@ class Delivery:
     # [index, priority, not_before_ms, key] or [index, priority, not_before_ms, key, headers] of the messages
     # published with attributes (priority, not-before and key only matter to groups)
     attrs: list[list[Any]] | None = None
+    # Each message's topic when they differ (each starts with the frame's routing topic, the
+    # ZeroMQ frame before the body); None when every message has the routing topic.
+    topics: list[bytes] | None = None
+
+    def message_topics(self, routing: bytes) -> list[bytes]:
+        """Each message's topic, given the frame's routing topic."""
+        return self.topics if self.topics is not None else [routing] * len(self.seqs)
+
+    def matching(self, routing: bytes, prefixes: tuple[bytes, ...]) -> Delivery | None:
+        """The frame with only the messages whose topic starts with one of `prefixes` (all when
+        empty), None when it holds none: what of a fetched frame is a reader's (section 5)."""
+        if not prefixes or routing.startswith(prefixes):
+            return self
+        if self.topics is None:
+            return None
+        keep = [i for i, topic in enumerate(self.topics) if topic.startswith(prefixes)]
+        if not keep:
+            return None
+        return self if len(keep) == len(self.topics) else self.only(keep)
+
+    def only(self, keep: list[int]) -> Delivery:
+        """The same frame with messages `keep` (indexes, ascending) alone: what of a fetched frame
+        is a prefix's. The attrs' indexes are renumbered; topics stay per message."""
+        at = {old: new for new, old in enumerate(keep)}
+        attrs = [[at[a[0]], *a[1:]] for a in self.attrs if a[0] in at] if self.attrs else None
+        return Delivery(self.exchange, self.incarnation, self.pos, self.chains, self.publisher, self.sent_ns,
+                        [self.seqs[i] for i in keep], [self.payloads[i] for i in keep], attrs or None,
+                        [self.topics[i] for i in keep] if self.topics is not None else None)
 
     def headers(self) -> list[dict[str, bytes]] | None:
         """Each message's headers ({} for one without), None when no message has any."""
@@ -52,9 +91,18 @@ def _attrs_within(count: int, attrs: list[list[Any]] | None) -> bool:
 
 
 def _build_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]], publisher: str,
-                    sent_ns: int, seqs: list[int], payloads: list[bytes], attrs: list[list[Any]] | None) -> Delivery:
+                    sent_ns: int, seqs: list[int], payloads: list[bytes], topics: list[bytes] | None,
+                    attrs: list[list[Any]] | None = None) -> Delivery:
     return Delivery(exchange_id, incarnation, pos, {c[0]: c[1] for c in chains}, publisher, sent_ns, seqs, payloads,
-                    attrs)
+                    attrs, topics)
+
+
+def _topics_ok(topics: Any, count: int) -> bool:
+    """nil, or one bin topic (1-255 bytes) per message."""
+    if topics is None:
+        return True
+    return isinstance(topics, list) and len(topics) == count and (not topics or set(map(type, topics)) == {bytes}) \
+        and 0 < min(map(len, topics), default=1) and max(map(len, topics), default=0) <= MAX_TOPIC
 
 
 DELIVERIES = Conversation(
@@ -65,10 +113,12 @@ DELIVERIES = Conversation(
           Field("chains", ListOf(Array(Field("prefix_length", Int(0, MAX_TOPIC)), Field("prev", Int())))),
           Field("publisher_id", Str()), Field("sent_ns", Int(0, MAX_U64)),
           Field("seqs", ListOf(Int(1)), shown="[seq, ...]"), Field("payloads", ListOf(Bin()), shown="[payload, ...]"),
+          Field("topics", Nullable(ListOf(Bin(1, MAX_TOPIC))), shown="nil | [topic, ...]"),
           Field("attrs", Nullable(ATTRS), optional=True),
           rules=[(lambda x, i, pos, chains, *_: _chains_below(pos, chains), "chains' prev must be below pos"),
                  (lambda *v: len(v[6]) == len(v[7]), "seqs and payloads must be of equal length"),
-                 (lambda *v: _attrs_within(len(v[6]), v[8]), "attrs' index must be below the number of messages")],
+                 (lambda *v: v[8] is None or len(v[8]) == len(v[6]), "topics must be nil or one per message"),
+                 (lambda *v: _attrs_within(len(v[6]), v[9]), "attrs' index must be below the number of messages")],
           build=_build_delivery),
 )
 DELIVERY_FRAME = DELIVERIES.frames[DELIVERY]
@@ -76,25 +126,29 @@ DELIVERY_FRAME = DELIVERIES.frames[DELIVERY]
 
 def encode_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]], publisher: str,
                     sent_ns: int, seqs: list[int], payloads: list[bytes],
-                    attrs: list[list[Any]] | None = None) -> bytes:
-    """A frame of messages for subscribers; `chains` as PrefixChains.links gives them. `attrs`, when
-    some message has attributes, rides along as an eleventh element."""
+                    attrs: list[list[Any]] | None = None, topics: list[bytes] | None = None) -> bytes:
+    """A frame of messages for subscribers; `chains` as PrefixChains.links gives them. `topics`: one
+    per message when they differ from the routing topic (None: all have it). `attrs`, when some
+    message has attributes, rides along as a twelfth element."""
     if attrs:
         return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs,
-                     payloads, attrs])
-    return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads])
+                     payloads, topics, attrs])
+    return pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads,
+                 topics])
 
 
 _FIXARRAY = 0x90  # msgpack's array header for 0-15 elements: this byte + the count
+_NIL = b"\xc0"
 
 
 def encode_delivery_spliced(exchange_id: str, incarnation: str, pos: int, chains: list[list[int]],
-                            publisher: str, sent_ns: int, seqs: list[int], block: Any) -> bytes:
+                            publisher: str, sent_ns: int, seqs: list[int], block: Any,
+                            topics: list[bytes] | None = None) -> bytes:
     """encode_delivery's bytes, exactly, with the payloads given as their msgpack array already
     encoded (a two-part batch's second part): the array is copied once, not packed again."""
     head = pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs])
-    # The nine fields' array becomes a ten-field one whose last element is the block.
-    return b"".join((bytes((_FIXARRAY | 10,)), memoryview(head)[1:], block))
+    # The nine fields' array becomes an eleven-field one: the block, then the topics.
+    return b"".join((bytes((_FIXARRAY | 11,)), memoryview(head)[1:], block, _NIL if topics is None else pack(topics)))
 
 
 def unpack_delivery(frame: bytes | memoryview) -> Any:
@@ -108,10 +162,12 @@ def decode_delivery(frame: bytes | memoryview) -> Delivery:
     """A delivery body, every field checked (section 4.2): DELIVERY_FRAME's checks by hand, since
     every subscriber runs this once per frame."""
     msg = unpack_delivery(frame)
-    if not isinstance(msg, list) or len(msg) not in (10, 11) or msg[0] != DELIVERY or msg[1] != DATA_VERSION:
-        raise ProtocolError(f"delivery must be {DELIVERY_FRAME.layout}, attrs?")
-    _, _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads = msg[:10]
-    attrs = msg[10] if len(msg) == 11 else None
+    if not isinstance(msg, list) or len(msg) not in (11, 12) or msg[0] != DELIVERY or msg[1] != DATA_VERSION:
+        if isinstance(msg, list) and len(msg) > 1 and msg[0] == DELIVERY and msg[1] != DATA_VERSION:
+            raise ProtocolError(version_refusal(msg[1]))
+        raise ProtocolError(f"delivery must be {DELIVERY_FRAME.layout}")
+    _, _, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads, topics = msg[:11]
+    attrs = msg[11] if len(msg) == 12 else None
     if attrs is not None and not _delivery_attrs(attrs, len(seqs) if isinstance(seqs, list) else 0):
         raise ProtocolError("delivery attrs must be [[index, priority, not_before_ms, key], ...]")
     if not is_int(pos, 1) or not isinstance(incarnation, str) or not isinstance(exchange_id, str) \
@@ -124,7 +180,28 @@ def decode_delivery(frame: bytes | memoryview) -> Delivery:
     if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads) \
             or not all_ints(seqs, 1) or (payloads and set(map(type, payloads)) != {bytes}):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length (integers, bin)")
-    return _build_delivery(exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads, attrs)
+    if not _topics_ok(topics, len(seqs)):
+        raise ProtocolError(f"delivery topics must be nil or one bin (1-{MAX_TOPIC} bytes) per message")
+    return _build_delivery(exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs, payloads, topics, attrs)
+
+
+def topic_counts(topics: list[bytes]) -> tuple[tuple[bytes, int], ...] | None:
+    """A frame's distinct topics with their message counts, None for a frame of one topic: what
+    retention and tombstones keep so that a fetch finds a prefix's messages without decoding."""
+    counts = Counter(topics)
+    return tuple(counts.items()) if len(counts) > 1 else None
+
+
+def body_topics(body: bytes | memoryview) -> tuple[tuple[bytes, int], ...] | None:
+    """topic_counts of a retained delivery body (a replica's copy, a journal's record); None when
+    it holds one topic or cannot be read."""
+    try:
+        msg = msgpack.unpackb(body, raw=False)
+    except Exception:
+        return None
+    if isinstance(msg, list) and len(msg) > 10 and isinstance(msg[10], list) and msg[10]:
+        return topic_counts([t for t in msg[10] if isinstance(t, bytes)])
+    return None
 
 
 def _delivery_attrs(attrs: Any, count: int) -> bool:

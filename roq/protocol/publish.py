@@ -55,14 +55,15 @@ class Hello:
 @dataclass(frozen=True)
 class Batch:
     """Consecutive messages of one publisher (section 3.2); each message is checked by the exchange.
-    One frame holds them as `flat`; a batch of one topic may come in two parts instead: `topic`,
-    then its `payloads` as one msgpack array (`block`, kept as sent so that the exchange can pass it
-    on to subscribers without packing each payload again)."""
+    One frame holds them as `flat`; a batch without attributes may come in two parts instead: the
+    topics (`topic`: one for every message, or a list of one per message), then the `payloads` as
+    one msgpack array (`block`, kept as sent so that the exchange can pass it on to subscribers
+    without packing each payload again)."""
     publisher: str
     first_seq: int
     sent_ns: int
     flat: list[Any]  # topic, payload, topic, payload, ... (each message checked by the exchange)
-    topic: Any = None  # the two-part form: every message's topic (checked by the exchange) ...
+    topic: Any = None  # the two-part form: every message's topic, or a list of one per message ...
     payloads: list[Any] | None = None  # ... the payloads, decoded from ...
     block: Any = None  # ... the second part, a msgpack array of bin (bytes or a buffer)
 
@@ -70,11 +71,17 @@ class Batch:
     def count(self) -> int:
         return len(self.payloads) if self.payloads is not None else len(self.flat) // 2
 
+    def topics(self) -> list[Any]:
+        """A two-part batch's topics, one per message."""
+        assert self.payloads is not None
+        return self.topic if isinstance(self.topic, list) else [self.topic] * len(self.payloads)
+
     def messages(self) -> list[Any]:
         """The messages as a flat [topic, payload, ...] list, whatever the form."""
         if self.payloads is None:
             return self.flat
-        flat: list[Any] = [self.topic] * (2 * len(self.payloads))
+        flat: list[Any] = [None] * (2 * len(self.payloads))
+        flat[0::2] = self.topics()
         flat[1::2] = self.payloads
         return flat
 
@@ -112,8 +119,8 @@ PUBLISHER_FRAMES = Conversation(
     # docstring for why). `messages` is the flat [topic, payload, ...] array, or a two-part batch's topic.
     frame(BATCH, PUBLISHER, Field("first_seq", SEQ), Field("sent_ns", Int(0, MAX_U64)),
           Field("messages", Test(lambda v: _flat_messages(v) or isinstance(v, bytes),
-                                 "a non-empty flat array [topic, payload, ...], or a topic (bin) when the payloads "
-                                 "follow in a second part")),
+                                 "a non-empty flat array [topic, payload, ...], or, when the payloads follow in a "
+                                 "second part, their topics: one bin for all, or an array of bin, one per payload")),
           rules=[(lambda pid, first, ns, flat: first + (len(flat) // 2 if isinstance(flat, list) else 1) - 1 <= MAX_SEQ,
                   "sequence numbers would pass 2^63-1")],
           build=lambda pid, first, ns, flat: Batch(pid, first, ns, flat)),
@@ -134,11 +141,14 @@ def encode_batch(publisher: str, first_seq: int, sent_ns: int, flat: list[Any]) 
                          default=slot_of)
 
 
-def encode_batch_parts(publisher: str, first_seq: int, sent_ns: int, topic: bytes,
+def encode_batch_parts(publisher: str, first_seq: int, sent_ns: int, topics: bytes | list[bytes],
                        payloads: list[bytes]) -> tuple[bytes, bytes]:
-    """`batch` of one topic in two parts: the header, then the payloads as one msgpack array, which
-    the exchange splices into its delivery as it is (section 3.2)."""
-    return (pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, topic]),
+    """`batch` without attributes in two parts: the header with the topics (one bin when every
+    message has it, else one per payload), then the payloads as one msgpack array, which the
+    exchange splices into its deliveries as it is (section 3.2)."""
+    if isinstance(topics, list) and topics.count(topics[0]) == len(topics):
+        topics = topics[0]  # one topic: named once
+    return (pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, topics]),
             msgpack.packb(payloads, use_bin_type=True))
 
 
@@ -172,7 +182,7 @@ def decode_publisher_frame(frame: bytes, max_size: int, block: Any = None) -> He
     if kind == BATCH:
         return _decode_batch(msg, msg[2], block, max_size - len(frame))
     if block is not None:
-        raise ProtocolError(f"a {kind} is one frame; only a batch of one topic has two")
+        raise ProtocolError(f"a {kind} is one frame; only a batch has two")
     decoded: Hello | Bye = PUBLISHER_FRAMES.decode(msg)
     return decoded
 
@@ -188,7 +198,7 @@ def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int) 
     if not is_int(sent_ns, 0, MAX_U64):
         raise RefusedBatch("batch sent_ns must be an integer from 0 to 2^64-1 (a msgpack integer, "
                            "not a float)", publisher, first_seq)
-    if block is not None or isinstance(flat, bytes):
+    if block is not None or isinstance(flat, bytes):  # the two-part form (a list then names the topics)
         return _decode_two_part_batch(publisher, first_seq, sent_ns, flat, block, block_limit)
     if not _flat_messages(flat):
         raise RefusedBatch("batch messages must be a non-empty flat array [topic, payload, ...]",
@@ -198,14 +208,17 @@ def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int) 
     return Batch(publisher, first_seq, sent_ns, flat)
 
 
-def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topic: Any, block: Any,
+def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topics: Any, block: Any,
                            block_limit: int) -> Batch:
-    """A batch of one topic: the header names the topic, the second part holds the payloads as
-    one msgpack array. The block is decoded here (C-level) so that every payload is known to be a
-    bin before the exchange passes the block on."""
-    if not isinstance(topic, bytes) or block is None:
-        raise RefusedBatch("a two-part batch is [\"batch\", 2, publisher, first_seq, sent_ns, topic] "
-                           "then [payload, ...] in a second frame", publisher, first_seq)
+    """A batch in two parts: the header names the topics (one bin for all, or one per payload),
+    the second part holds the payloads as one msgpack array. The block is decoded here (C-level)
+    so that every payload is known to be a bin before the exchange passes the block on."""
+    one_topic = isinstance(topics, bytes)
+    if block is None or not (one_topic or (isinstance(topics, list) and topics
+                                           and set(map(type, topics)) == {bytes})):
+        raise RefusedBatch(f"a two-part batch is [\"batch\", {DATA_VERSION}, publisher, first_seq, sent_ns, topics] "
+                           "(topics: one bin, or an array of bin, one per payload) then [payload, ...] in a "
+                           "second frame", publisher, first_seq)
     if len(block) > block_limit:
         raise RefusedBatch(f"batch of {len(block)} payload bytes exceeds exchange.max_batch_bytes",
                            publisher, first_seq)
@@ -217,9 +230,14 @@ def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topic: 
                            publisher, first_seq) from None
     if not isinstance(payloads, list) or not payloads or set(map(type, payloads)) != {bytes}:
         raise RefusedBatch("batch payloads must be a non-empty array of bin", publisher, first_seq)
+    if not one_topic and len(topics) != len(payloads):
+        raise RefusedBatch(f"batch names {len(topics)} topics for {len(payloads)} payloads: one bin for all, "
+                           "or one per payload", publisher, first_seq)
     if first_seq + len(payloads) - 1 > MAX_SEQ:
         raise RefusedBatch("batch sequence numbers would pass 2^63-1", publisher, first_seq)
-    return Batch(publisher, first_seq, sent_ns, [], topic, payloads, block)
+    if not one_topic and topics.count(topics[0]) == len(topics):
+        topics = topics[0]  # one topic after all: the single-topic fast path
+    return Batch(publisher, first_seq, sent_ns, [], topics, payloads, block)
 
 
 def decode_batch_declared(msg: list[Any], publisher: str) -> Batch:

@@ -184,7 +184,7 @@ REPLICA_REQUESTS = Conversation(
     "replication request",
     frame(FOLLOW, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF, build=Follow),
     frame(COPY, INCARNATION, Field("first_pos", Int(1)),
-          Field("frames", ListOf(Array(Field("topic", Bin(1, MAX_TOPIC)), Field("body", Bin()),
+          Field("frames", ListOf(Array(Field("topic", Bin(0, MAX_TOPIC)), Field("body", Bin()),
                                        Field("messages", Int()))), shown="[[topic, body, messages], ...]"),
           Field("jump", Bool()), PROOF,
           rules=[(lambda inc, first_pos, frames, *_: first_pos + len(frames) <= MAX_SEQ, "copy positions overflow")],

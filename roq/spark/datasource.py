@@ -178,10 +178,10 @@ def read_range(part: ExchangeRange) -> Iterator[tuple[Any, ...]]:
 
 
 def _rows(topic: bytes, d: Any, first: int, stop: int | None) -> Iterator[tuple[Any, ...]]:
-    name = topic.decode("utf-8", "replace")
     sent = datetime.fromtimestamp(d.sent_ns / 1e9, tz=timezone.utc) if d.sent_ns else None
     headers = d.headers() or [None] * len(d.seqs)
-    for seq, payload, own in list(zip(d.seqs, d.payloads, headers))[first:stop]:
+    names = [t.decode("utf-8", "replace") for t in d.message_topics(topic)]  # each message's own topic
+    for name, seq, payload, own in list(zip(names, d.seqs, d.payloads, headers))[first:stop]:
         yield (name, payload, payload, d.publisher, seq, d.exchange, sent, list(own.items()) if own else None)
 
 

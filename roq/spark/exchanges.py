@@ -105,7 +105,8 @@ def ask_position(endpoint: str, config: Any) -> StreamEnd | None:
 
 def fetch_deliveries(exchange: str, replay: str, incarnation: str, after: int, upto: int,
                      topics: tuple[bytes, ...], conn: dict[str, str], fail_on_loss: bool) -> Iterator[Any]:
-    """(topic, roq.protocol.Delivery) of the frames after < pos <= upto, page by page."""
+    """(routing topic, roq.protocol.Delivery) of the frames after < pos <= upto, page by page, each
+    with only the messages of `topics` (none: every message)."""
     from roq import protocol
     sock = _socket(config_from(conn) if conn else None)
     sock.connect(replay)
@@ -123,7 +124,10 @@ def fetch_deliveries(exchange: str, replay: str, incarnation: str, after: int, u
                 raise RuntimeError(f"exchange {exchange}: positions {after + 1}..{page.oldest - 1} left its "
                                    "retention before this query read them (failOnDataLoss)")
             for topic, body in page.frames:
-                yield topic, protocol.decode_delivery(body)
+                # A frame of many topics may hold messages of other topics too: only ours count.
+                delivery = protocol.decode_delivery(body).matching(topic, tuple(topics))
+                if delivery is not None:
+                    yield topic, delivery
             after = upto if page.done else max(after + 1, page.scanned_to)
     finally:
         sock.close(linger=0)

@@ -55,9 +55,9 @@ def test_the_table_is_bounded_and_ignores_other_incarnations():
 def test_progress_reports_are_checked_field_by_field():
     report = protocol.decode_replay_request(protocol.encode_progress("audit", "x1.aa", 7))
     assert report == protocol.Progress("audit", "x1.aa", 7)
-    for bad in (["progress", 2, "", "x1.aa", 7], ["progress", 2, "a" * 64, "x1.aa", 7],
-                ["progress", 2, "audit", "", 7], ["progress", 2, "audit", "x1.aa", -1],
-                ["progress", 2, "audit", "x1.aa"], ["progress", 2, 5, "x1.aa", 7]):
+    for bad in (["progress", 3, "", "x1.aa", 7], ["progress", 3, "a" * 64, "x1.aa", 7],
+                ["progress", 3, "audit", "", 7], ["progress", 3, "audit", "x1.aa", -1],
+                ["progress", 3, "audit", "x1.aa"], ["progress", 3, 5, "x1.aa", 7]):
         with pytest.raises(ProtocolError, match="progress must be"):
             protocol.decode_replay_request(protocol.pack(bad))
 

@@ -98,7 +98,8 @@ def test_applied_recorded_and_the_adoption_s_commands_on_the_wire() -> None:
     assert protocol.decode_replica_reply(protocol.encode_recorded(INC, "k-abc")) == protocol.Recorded(INC, "k-abc")
     adoption = protocol.decode_replica_reply(protocol.encode_adoption(INC, "", [], {}, [], ("c-1", "k-abc")))
     assert isinstance(adoption, protocol.Adoption) and adoption.applied == ("c-1", "k-abc")
-    older = protocol.pack([protocol.ADOPTION, 2, INC, "", [], [], []])  # a replica from before: no commands
+    # a replica from before commands: no `applied` field
+    older = protocol.pack([protocol.ADOPTION, protocol.DATA_VERSION, INC, "", [], [], []])
     assert protocol.decode_replica_reply(older).applied == ()  # type: ignore[union-attr]
     for bad in (protocol.pack([protocol.APPLIED, 2, INC, "no spaces!", [], 0, proof]),
                 protocol.pack([protocol.APPLIED, 2, INC, "k-abc", [], -1, proof]),

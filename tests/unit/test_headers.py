@@ -102,7 +102,7 @@ def test_any_headers_slot_a_peer_sends_is_taken_only_when_valid_and_else_refused
 def test_maps_whose_keys_lie_are_refused_one_message_at_a_time(raw: bytes, says: str) -> None:
     """What msgpack's packer cannot write, written by hand: the batch still decodes (the other
     messages go on) and this message's headers are refused with the reason."""
-    head = msgpack.packb(["batch", 2, PID, 1, 0], use_bin_type=True)
+    head = msgpack.packb(["batch", 3, PID, 1, 0], use_bin_type=True)
     slot = b"\x95" + msgpack.packb(b"t", use_bin_type=True) + b"\x00\x00\xc4\x00" + raw
     frame = b"\x96" + head[1:] + b"\x94" + slot + msgpack.packb(b"x", use_bin_type=True) \
         + msgpack.packb(b"t", use_bin_type=True) + msgpack.packb(b"y", use_bin_type=True)

@@ -37,8 +37,8 @@ def test_errors_keep_their_code_across_the_wire() -> None:
 def test_batch_round_trip_and_validation() -> None:
     batch = protocol.decode_publisher_frame(protocol.encode_batch(PID, 7, 1, [b"t", b"x"]), 1 << 20)
     assert isinstance(batch, protocol.Batch) and batch.first_seq == 7 and batch.flat == [b"t", b"x"]
-    for bad in ([1], ["batch", 2, PID, 0, 1, [b"t", b"x"]], ["zzz", 2, "p"], ["hello", 9, "p"], ["hello", 2, ""],
-                ["hello", 2, PID, b"short", 1], ["batch", 1, PID, 1, 1, [b"t", b"x"]]):
+    for bad in ([1], ["batch", 3, PID, 0, 1, [b"t", b"x"]], ["zzz", 3, "p"], ["hello", 9, "p"], ["hello", 3, ""],
+                ["hello", 3, PID, b"short", 1], ["batch", 1, PID, 1, 1, [b"t", b"x"]]):
         with pytest.raises(ProtocolError):
             protocol.decode_publisher_frame(msgpack.packb(bad), 1 << 20)
     with pytest.raises(ProtocolError, match="exceeds"):
@@ -46,11 +46,11 @@ def test_batch_round_trip_and_validation() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    ["batch", 2, PID, 1, 1.5, [b"t", b"x"]],  # a float sent_ns (a hostile publisher's)
-    ["batch", 2, PID, 1, -1, [b"t", b"x"]],
-    ["batch", 2, PID, 1, 1, [b"odd"]],
-    ["batch", 2, PID, 1, 1, []],
-    ["batch", 2, PID, 2**63 - 1, 0, [b"t", b"x", b"t", b"y"]],  # would pass the largest sequence number
+    ["batch", 3, PID, 1, 1.5, [b"t", b"x"]],  # a float sent_ns (a hostile publisher's)
+    ["batch", 3, PID, 1, -1, [b"t", b"x"]],
+    ["batch", 3, PID, 1, 1, [b"odd"]],
+    ["batch", 3, PID, 1, 1, []],
+    ["batch", 3, PID, 2**63 - 1, 0, [b"t", b"x", b"t", b"y"]],  # would pass the largest sequence number
 ])
 def test_refused_batches_name_their_publisher_and_first_seq(bad: list) -> None:
     """A batch refused as a whole is attributed, so the exchange answers `resend` (never a silent
@@ -64,7 +64,7 @@ def test_refused_batches_name_their_publisher_and_first_seq(bad: list) -> None:
 def test_sequence_numbers_out_of_range_are_refused_at_decode(first_seq: int) -> None:
     """A regression: 2**64-1 used to overflow msgpack inside the exchange and end it."""
     with pytest.raises(ProtocolError):
-        protocol.decode_publisher_frame(msgpack.packb(["batch", 2, PID, first_seq, 0, [b"t", b"x"]]), 1 << 20)
+        protocol.decode_publisher_frame(msgpack.packb(["batch", 3, PID, first_seq, 0, [b"t", b"x"]]), 1 << 20)
 
 
 def test_publisher_ids_are_derived_from_their_token() -> None:

@@ -1,5 +1,5 @@
 """docs/protocol.md and the frame declarations (roq/protocol) say the same: every frame layout the
-docs write (`["kind", 2, field, ...]` in a code block or a table, and the `| # | field |` tables)
+docs write (`["kind", 3, field, ...]` in a code block or a table, and the `| # | field |` tables)
 matches the declaration of that kind in the conversation of its section, and every declared frame
 is written in the docs."""
 
@@ -80,7 +80,8 @@ def declared(conversation: str, kind: str) -> list[Frame]:
 def _optional_cuts(frame: Frame) -> set[str]:
     """The layout, and the layouts without its trailing optional fields."""
     required = sum(1 for f in frame.fields if not f.optional)
-    return {"[" + ", ".join([f'"{frame.kind}"', "2"] + [f.layout for f in frame.fields[:n]]) + "]"
+    head = [f'"{frame.kind}"', str(protocol.DATA_VERSION)]
+    return {"[" + ", ".join(head + [f.layout for f in frame.fields[:n]]) + "]"
             for n in range(required, len(frame.fields) + 1)}
 
 

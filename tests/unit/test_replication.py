@@ -366,35 +366,35 @@ def bad_frames() -> list[list[bytes]]:
         ["follow", 1, INC, X],  # old version
         ["follow", 3, INC, X],
         ["follow", "2", INC, X],
-        ["follow", 2, INC],
-        ["follow", 2, INC, X, "extra"],
-        ["follow", 2, "", X],
-        ["follow", 2, "x1." + "a" * 300, X],
-        ["follow", 2, 7, X],
-        ["follow", 2, INC.encode(), X],
-        ["copy", 2, INC, 0, [good_entry], False],  # positions start at 1
-        ["copy", 2, INC, -1, [good_entry], False],
-        ["copy", 2, INC, big, [good_entry], False],  # big + 1 frame overflows
-        ["copy", 2, INC, big + 1, [good_entry], True],
-        ["copy", 2, INC, (1 << 64) - 1, [good_entry], True],
-        ["copy", 2, INC, big - 1, [good_entry] * 2, True],
-        ["copy", 2, INC, 1.0, [good_entry], False],
-        ["copy", 2, INC, True, [good_entry], False],
-        ["copy", 2, INC, 1, [good_entry], 1],  # jump must be a bool
-        ["copy", 2, INC, 1, [good_entry]],  # no jump
-        ["copy", 2, INC, 1, good_entry, False],
-        ["copy", 2, INC, 1, [[TOPIC, b"b"]], False],
-        ["copy", 2, INC, 1, [[TOPIC, b"b", 1, 2]], False],
-        ["copy", 2, INC, 1, [["orders", b"b", 1]], False],
-        ["copy", 2, INC, 1, [[b"", b"b", 1]], False],
-        ["copy", 2, INC, 1, [[b"t" * 256, b"b", 1]], False],
-        ["copy", 2, INC, 1, [[TOPIC, "b", 1]], False],
-        ["copy", 2, INC, 1, [[TOPIC, b"b", -1]], False],
-        ["copy", 2, INC, 1, [[TOPIC, b"b", True]], False],
-        ["copy", 2, INC, 1, [[TOPIC, b"b", big + 1]], False],
-        ["copy", 2, INC, 1, [good_entry, None], False],
-        ["copied", 2, INC, 3],  # a reply kind, not a request
-        ["sealed", 2, INC],
+        ["follow", 3, INC],
+        ["follow", 3, INC, X, "extra"],
+        ["follow", 3, "", X],
+        ["follow", 3, "x1." + "a" * 300, X],
+        ["follow", 3, 7, X],
+        ["follow", 3, INC.encode(), X],
+        ["copy", 3, INC, 0, [good_entry], False],  # positions start at 1
+        ["copy", 3, INC, -1, [good_entry], False],
+        ["copy", 3, INC, big, [good_entry], False],  # big + 1 frame overflows
+        ["copy", 3, INC, big + 1, [good_entry], True],
+        ["copy", 3, INC, (1 << 64) - 1, [good_entry], True],
+        ["copy", 3, INC, big - 1, [good_entry] * 2, True],
+        ["copy", 3, INC, 1.0, [good_entry], False],
+        ["copy", 3, INC, True, [good_entry], False],
+        ["copy", 3, INC, 1, [good_entry], 1],  # jump must be a bool
+        ["copy", 3, INC, 1, [good_entry]],  # no jump
+        ["copy", 3, INC, 1, good_entry, False],
+        ["copy", 3, INC, 1, [[TOPIC, b"b"]], False],
+        ["copy", 3, INC, 1, [[TOPIC, b"b", 1, 2]], False],
+        ["copy", 3, INC, 1, [["orders", b"b", 1]], False],
+        ["copy", 3, INC, 1, [[b"", b"b", 1]], False],
+        ["copy", 3, INC, 1, [[b"t" * 256, b"b", 1]], False],
+        ["copy", 3, INC, 1, [[TOPIC, "b", 1]], False],
+        ["copy", 3, INC, 1, [[TOPIC, b"b", -1]], False],
+        ["copy", 3, INC, 1, [[TOPIC, b"b", True]], False],
+        ["copy", 3, INC, 1, [[TOPIC, b"b", big + 1]], False],
+        ["copy", 3, INC, 1, [good_entry, None], False],
+        ["copied", 3, INC, 3],  # a reply kind, not a request
+        ["sealed", 3, INC],
         {"copy": 2},
     ]
     packed = [[msgpack.packb(m, use_bin_type=True)] for m in lists]

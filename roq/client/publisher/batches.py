@@ -65,12 +65,12 @@ class BatchSender:
         return True
 
     def _send_batch(self, sock: zmq.Socket, first: int, flat: list[bytes]) -> bool:
-        """Messages first, first+1, ... as one batch: of one topic, in two parts; else as one frame."""
-        topic = flat[0]
-        if self.config.client.payload_blocks and type(topic) is bytes:
+        """Messages first, first+1, ... as one batch: without attributes, in two parts (the topics,
+        then the payloads' block the exchange splices); with some, as one frame."""
+        if self.config.client.payload_blocks and type(flat[0]) is bytes:
             topics = flat[0::2]
-            if topics.count(topic) == len(topics):
-                head, block = protocol.encode_batch_parts(self.id, first, time.time_ns(), topic, flat[1::2])
+            if set(map(type, topics)) == {bytes}:  # an attributed topic is a list (or an Attributed)
+                head, block = protocol.encode_batch_parts(self.id, first, time.time_ns(), topics, flat[1::2])
                 return _send_frame(sock, head, block)
         return _send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat))
 

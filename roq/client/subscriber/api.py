@@ -240,7 +240,8 @@ class Subscriber(ClientLifecycle):
             return
         seen = self._handed.seen(d.publisher)
         fresh: range | list[int]
-        if seen.add_run(seqs[0], seqs[-1]):
+        # A run only when consecutive: a frame of many topics may leave out the seqs of other frames.
+        if seqs[-1] - seqs[0] == len(seqs) - 1 and seen.add_run(seqs[0], seqs[-1]):
             fresh = range(len(seqs))
         else:
             fresh = [i for i, seq in enumerate(seqs) if seen.add(seq)]
@@ -250,10 +251,10 @@ class Subscriber(ClientLifecycle):
         if recovered:
             self.recovered_frames += 1
         self.received += len(fresh)
-        name = topic_text(topic)
         if self.batch_callback:
-            self._hand_over_batch(self.batch_callback, name, d, fresh)
+            self._hand_over_batch(self.batch_callback, topic, d, fresh)
             return
+        names = _topic_names(topic, d)
         payloads, publisher, xid, sent_ns, inc, pos = d.payloads, d.publisher, d.exchange, d.sent_ns, \
             d.incarnation, d.pos
         headers = d.headers() if d.attrs else None
@@ -261,7 +262,7 @@ class Subscriber(ClientLifecycle):
             callback = self.callback
             for i in fresh:
                 try:
-                    callback(Message(name, payloads[i], publisher, seqs[i], xid, sent_ns, inc, pos,
+                    callback(Message(names[i], payloads[i], publisher, seqs[i], xid, sent_ns, inc, pos,
                                      headers[i] or EMPTY_HEADERS if headers else EMPTY_HEADERS))
                 except Exception:
                     self.callback_errors += 1
@@ -271,7 +272,7 @@ class Subscriber(ClientLifecycle):
             return
         self._progress.queued(inc, pos, len(fresh))  # the frame is taken when its last message is
         for i in fresh:
-            msg = Message(name, payloads[i], publisher, seqs[i], xid, sent_ns, inc, pos,
+            msg = Message(names[i], payloads[i], publisher, seqs[i], xid, sent_ns, inc, pos,
                           headers[i] or EMPTY_HEADERS if headers else EMPTY_HEADERS)
             while not self._closed:
                 try:
@@ -280,22 +281,49 @@ class Subscriber(ClientLifecycle):
                 except queue_module.Full:
                     continue
 
-    def _hand_over_batch(self, callback: Callable[[MessageBatch], None], topic: str, d: protocol.Delivery,
+    def _hand_over_batch(self, callback: Callable[[MessageBatch], None], topic: bytes, d: protocol.Delivery,
                          fresh: range | list[int]) -> None:
-        """Batch callback style: the frame's fresh messages in one call. An exception in the
-        callback is logged and counted, and the whole batch counts as taken (as in callback style)."""
+        """Batch callback style: the frame's fresh messages, one call per run of one topic (a frame
+        of many topics makes several). An exception in the callback is logged and counted, and the
+        whole batch counts as taken (as in callback style)."""
         headers: list[Mapping[str, bytes]] | None = d.headers() if d.attrs else None  # type: ignore[assignment]
-        if isinstance(fresh, range):
-            payloads, seqs = d.payloads, d.seqs
-        else:
-            payloads, seqs = [d.payloads[i] for i in fresh], [d.seqs[i] for i in fresh]
-            if headers:
-                headers = [headers[i] for i in fresh]
-        try:
-            callback(MessageBatch(topic, payloads, d.publisher, seqs, d.exchange, d.sent_ns, d.incarnation, d.pos,
-                                  headers))
-        except Exception:
-            self.callback_errors += 1
-            log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",
-                          d.publisher, seqs[0], seqs[-1])
+        for name, run in _topic_runs(topic, d, fresh):
+            if isinstance(run, range) and len(run) == len(d.seqs):
+                payloads, seqs, own = d.payloads, d.seqs, headers
+            else:
+                payloads, seqs = [d.payloads[i] for i in run], [d.seqs[i] for i in run]
+                own = [headers[i] for i in run] if headers else None
+            try:
+                callback(MessageBatch(name, payloads, d.publisher, seqs, d.exchange, d.sent_ns, d.incarnation, d.pos,
+                                      own))
+            except Exception:
+                self.callback_errors += 1
+                log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",
+                              d.publisher, seqs[0], seqs[-1])
         self._progress.took_frame(d, fresh)
+
+
+def _topic_names(topic: bytes, d: protocol.Delivery) -> list[str]:
+    """Each message's topic as text (one conversion per distinct topic)."""
+    if d.topics is None:
+        return [topic_text(topic)] * len(d.seqs)
+    names = {t: topic_text(t) for t in set(d.topics)}
+    return list(map(names.__getitem__, d.topics))
+
+
+def _topic_runs(topic: bytes, d: protocol.Delivery, fresh: range | list[int]) -> list[tuple[str, range | list[int]]]:
+    """The fresh messages' indexes per run of one topic, with that topic as text."""
+    if d.topics is None:
+        return [(topic_text(topic), fresh)]
+    runs: list[tuple[str, range | list[int]]] = []
+    current: bytes | None = None
+    indexes: list[int] = []
+    for i in fresh:
+        if d.topics[i] != current and indexes:
+            runs.append((topic_text(current or b""), indexes))
+            indexes = []
+        current = d.topics[i]
+        indexes.append(i)
+    if indexes:
+        runs.append((topic_text(current or b""), indexes))
+    return runs

@@ -62,7 +62,8 @@ class Progress:
         with self._lock:
             seen = self.taken.seen(d.publisher)
             seqs = d.seqs
-            if not (isinstance(fresh, range) and seen.add_run(seqs[0], seqs[-1])):
+            consecutive = isinstance(fresh, range) and seqs[-1] - seqs[0] == len(seqs) - 1
+            if not (consecutive and seen.add_run(seqs[0], seqs[-1])):
                 for i in fresh:
                     seen.add(seqs[i])
             self.taken.advance(d.incarnation, d.pos)

@@ -308,9 +308,11 @@ class StreamSet:
                         d = protocol.decode_delivery(body)
                     except protocol.ProtocolError:
                         continue
-                    if after < d.pos < before and topic.startswith(prefix):
+                    # A frame of many topics may hold messages of other prefixes: only ours go on.
+                    mine = d.matching(topic, (prefix,)) if after < d.pos < before else None
+                    if mine is not None:
                         fetched.add(d.pos)
-                        self._hand_over(stream, topic, d, recovered=True)
+                        self._hand_over(stream, topic, mine, recovered=True)
                 handled = before - 1 if page.done else min(max(handled, page.scanned_to), before - 1)
         except FetchFailed:
             pass
