@@ -453,17 +453,20 @@ def _peek_exchange(replay: ReplayClient, xid: str, prefix: bytes, limit: int) ->
         messages: list[tuple[int, dict[str, Any]]] = []
         for page in replay.fetch(xid, where.incarnation, after, where.next_pos, prefix):
             for topic, body in page.frames:
-                messages += _frame_messages(topic, body)
+                messages += _frame_messages(topic, body, prefix)
             messages = messages[-limit:]
         return messages
     except (FetchFailed, RoqError):
         return []  # an exchange that does not answer now shows nothing: a peek is a glance
 
 
-def _frame_messages(topic: bytes, body: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
-    d = protocol.decode_delivery(body)
+def _frame_messages(routing: bytes, body: bytes, prefix: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The messages of `prefix` in a fetched frame (one of many topics may hold others too)."""
+    d = protocol.decode_delivery(body).matching(routing, (prefix,))
+    if d is None:
+        return
     headers = d.headers() or [{}] * len(d.seqs)
-    for seq, payload, own in zip(d.seqs, d.payloads, headers):
+    for topic, seq, payload, own in zip(d.message_topics(routing), d.seqs, d.payloads, headers):
         yield d.sent_ns, message_json(topic, payload, own, publisher=d.publisher, seq=seq, exchange=d.exchange,
                                       pos=d.pos, time=rfc3339(d.sent_ns))
 

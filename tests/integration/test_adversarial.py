@@ -140,7 +140,7 @@ def test_2_an_ack_never_covers_a_refused_batch_or_a_jump_ahead(lone):
         flat = [b"hole", b"m"] * 8
         sock.send(protocol.encode_batch(pid, 1, 0, flat))
         assert answer(sock).seq == 8
-        sock.send(msgpack.packb(["batch", 2, pid, 9, 1.5, [b"hole", b"float"]]))  # a float sent_ns
+        sock.send(msgpack.packb(["batch", protocol.DATA_VERSION, pid, 9, 1.5, [b"hole", b"float"]]))  # a float sent_ns
         refused = answer(sock)
         assert (refused.kind, refused.seq, refused.code) == ("resend", 9, "malformed")
         sock.send(protocol.encode_batch(pid, 10, 0, [b"hole", b"after-the-refused"]))
@@ -253,7 +253,7 @@ def test_6_sequence_numbers_at_the_edge_are_refused_and_the_exchange_lives(lone,
     sock = dealer(ready["pub"])
     try:
         pid = hello(sock)
-        sock.send(msgpack.packb(["batch", 2, pid, first_seq, 0, [b"t", b"x"] * count]))
+        sock.send(msgpack.packb(["batch", protocol.DATA_VERSION, pid, first_seq, 0, [b"t", b"x"] * count]))
         assert answer(sock).kind in ("resend", "error")
         sock.send(protocol.encode_batch(pid, 1, 0, [b"t", b"fine"]))
         assert answer(sock).kind == "ack"

@@ -195,7 +195,7 @@ frames = st.one_of(
         st.none() | st.booleans() | ints | st.text(max_size=20) | st.binary(max_size=50),
         lambda kids: st.lists(kids, max_size=6) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
         max_leaves=20)),
-    st.builds(lambda kind, pid, seq, flat: msgpack.packb([kind, 2, pid, seq, 0, flat]),
+    st.builds(lambda kind, pid, seq, flat: msgpack.packb([kind, protocol.DATA_VERSION, pid, seq, 0, flat]),
               st.sampled_from(["batch", "hello", "bye", "nope"]), st.text(max_size=10),
               st.integers(min_value=-5, max_value=2**64 - 1),
               st.lists(st.one_of(st.binary(max_size=2000), st.text(max_size=5), ints), max_size=8)),
@@ -219,10 +219,10 @@ def test_random_frames_never_break_an_exchange(lone_exchange, batch):
 fetches = st.one_of(
     frames,
     st.builds(lambda rid, inc, after, before, prefixes, size: msgpack.packb(
-        ["fetch", 2, rid, inc, after, before, prefixes, size]),
+        ["fetch", protocol.DATA_VERSION, rid, inc, after, before, prefixes, size]),
         ints, st.text(max_size=12), ints, ints, st.lists(st.one_of(st.binary(max_size=8), ints), max_size=4),
         ints),
-    st.builds(lambda rid, prefixes: msgpack.packb(["position", 2, rid, prefixes]),
+    st.builds(lambda rid, prefixes: msgpack.packb(["position", protocol.DATA_VERSION, rid, prefixes]),
               ints, st.lists(st.one_of(st.binary(max_size=8), ints), max_size=4)),
 )
 

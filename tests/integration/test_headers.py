@@ -293,7 +293,7 @@ def test_hostile_headers_are_rejected_one_message_at_a_time(lone: Lone) -> None:
     messages += [[b"hostile", 0, 0, b"", Raw(_str_map(("big", b"h" * 100)))], b"p" * (MAX_MESSAGE - 100),
                  b"hostile", b"last"]
     count = len(messages) // 2
-    sock.send(_pack(["batch", 2, pid, 1, 0, messages]))
+    sock.send(_pack(["batch", protocol.DATA_VERSION, pid, 1, 0, messages]))
     answers = replies(sock)
     rejected = {a.seq: (a.code, a.message) for a in answers if a.kind == "reject"}
     assert answers[-1].kind == "ack" and answers[-1].seq == count
@@ -306,7 +306,7 @@ def test_hostile_headers_are_rejected_one_message_at_a_time(lone: Lone) -> None:
     body = next_body(raw)  # one topic: the two good messages in one frame
     assert (body[8], body[9], body[10]) == ([1, count], [b"first", b"last"], [[0, 0, 0, b"", {"ok": b"1"}]])
     # A map header that claims more entries than the frame holds ends the frame: refused whole.
-    sock.send(_pack(["batch", 2, pid, count + 1, 0, [[b"hostile", 0, 0, b"", Raw(b"\xdf\xff\xff\xff\xff")],
+    sock.send(_pack(["batch", protocol.DATA_VERSION, pid, count + 1, 0, [[b"hostile", 0, 0, b"", Raw(b"\xdf\xff\xff\xff\xff")],
                                                      b"x"]]))
     refused = replies(sock, "error")
     assert refused[-1].code == "malformed" and len(refused) == 1

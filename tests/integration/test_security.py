@@ -294,7 +294,7 @@ def test_message_size_and_topic_length_are_enforced(limited_exchange: dict, conf
         while len(replies) < 3 and sock.poll(5000):
             replies.append(msgpack.unpackb(sock.recv()))
         assert {r[2]: r[3] for r in replies if r[0] == "reject"} == {1: "too_large", 2: "invalid_name"}
-        assert ["ack", 2, 3] == [replies[-1][0], replies[-1][1], replies[-1][2]]
+        assert ["ack", protocol.DATA_VERSION, 3] == [replies[-1][0], replies[-1][1], replies[-1][2]]
         sock.send(b"\x00" * 70_000)  # above max_batch_bytes: libzmq drops the connection, nothing else
         sock.send(protocol.encode_batch(pid, 4, 0, [b"t", b"after"]))
     finally:

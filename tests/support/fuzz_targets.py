@@ -151,6 +151,25 @@ def exchange_block_batch(data: bytes) -> None:
     forwarder.handle_publisher(BLOCK_ROUTE, head, data)
 
 
+def exchange_topics_batch(data: bytes) -> None:
+    """The `topics` field of a two-part batch (protocol 3.2: one bin, or one per payload) at a live
+    exchange, as any msgpack value, before a valid block of three payloads: refused whole, rejected
+    message by message, or cut into frames (exchange/grouping.py)."""
+    forwarder = _forwarder()
+    pid = protocol.publisher_id_for(BLOCK_TOKEN)
+    session = forwarder.sessions.sessions.get(pid)
+    if session is None or session.route != BLOCK_ROUTE:
+        forwarder.handle_publisher(BLOCK_ROUTE, protocol.encode_hello(pid, BLOCK_TOKEN, 1))
+        session = forwarder.sessions.sessions[pid]
+    try:
+        topics = protocol.msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:
+        return
+    head = protocol.msgpack.packb([protocol.BATCH, protocol.DATA_VERSION, pid, session.last + 1, 0, topics],
+                                  use_bin_type=True)
+    forwarder.handle_publisher(BLOCK_ROUTE, head, protocol.msgpack.packb([b"a", b"", b"c" * 40]))
+
+
 def exchange_fetch(data: bytes) -> None:
     """A subscriber's fetch or position request at a live exchange."""
     _forwarder().replay.handle(b"fuzz", data)
@@ -317,6 +336,7 @@ TARGETS: dict[str, Target] = {
     "envelope": envelope,
     "exchange_fetch": exchange_fetch,
     "exchange_block_batch": exchange_block_batch,
+    "exchange_topics_batch": exchange_topics_batch,
     "member_frame": _refused(protocol.decode_member_frame),
     "work_reply": _refused(lambda d: protocol.decode_work_reply(d, MAX_REPLY)),
     "exchange_work_frame": exchange_work_frame,
@@ -333,6 +353,8 @@ def seeds() -> dict[str, list[bytes]]:
     token = b"t" * 16
     pid = protocol.publisher_id_for(token)
     delivery = protocol.encode_delivery("x1", "x1.ab", 3, [[0, 1], [1, 2]], pid, 5, [1, 2], [b"a", b"b"])
+    mixed_delivery = protocol.encode_delivery("x1", "x1.ab", 3, [[1, 2]], pid, 5, [1, 3], [b"a", b"b"], None,
+                                              [b"t/1", b"t/2"])
     batch = protocol.encode_batch(pid, 1, 5, [b"t", b"one", b"t", b"two", b"u", b"three"])
     hello = protocol.encode_hello(pid, token, 1)
     fetch = protocol.encode_fetch(1, "x1.ab", 0, 10, [b"t"], 4096)
@@ -359,7 +381,7 @@ def seeds() -> dict[str, list[bytes]]:
     mark = protocol.encode_mark("x1.ab", 3, FUZZ_PROOF)
     return {
         "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed, headed],
-        "delivery": [delivery, headed_delivery],
+        "delivery": [delivery, headed_delivery, mixed_delivery],
         "sync": [protocol.encode_sync("x1", "x1.ab", 7)],
         "beat": [protocol.encode_sync("x1", "x1.ab", 7, protocol.BEAT)],
         "fetch": [fetch, protocol.encode_position_request(3, [b"t", b""]), ended],
@@ -385,6 +407,9 @@ def seeds() -> dict[str, list[bytes]]:
         "exchange_fetch": [fetch, protocol.encode_position_request(3, [b"t"]), ended],
         "exchange_block_batch": [protocol.encode_batch_parts(pid, 1, 5, b"t", [b"one", b"", b"x" * 300])[1],
                                  protocol.pack([b"ok", "a str"]), protocol.pack([b"x" * 2000])],
+        "exchange_topics_batch": [protocol.pack(b"t"), protocol.pack([b"t/1", b"t/2", b"u"]),
+                                  protocol.pack([b"t", b"", b"\x00x"]), protocol.pack([b"t", b"u"]),
+                                  protocol.pack([b"t", 5, b"u"])],
         "member_frame": [join, ack, nack, protocol.encode_leave("workers"), protocol.encode_ping()],
         "work_reply": [work, headed_work, protocol.encode_joined("workers", "x1", "x1.ab"),
                        protocol.encode_pong("x1.ab", ["w"]),

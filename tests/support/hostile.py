@@ -50,15 +50,15 @@ def forged_copy_frames(exchange: str, incarnation: str, next_pos: int, publisher
     wrong = os.urandom(32)
     record = ["g", [b"load"], 30_000, 5, b"dead", next_pos, []]
     return [
-        ["follow", 2, incarnation, exchange],  # the layout before proofs
-        ["copy", 2, incarnation, next_pos + 3, deliveries(next_pos + 3), True],
-        ["groups", 2, incarnation, [record]],
-        ["follow", 2, incarnation, exchange, wrong],
-        ["copy", 2, incarnation, next_pos + 3, deliveries(next_pos + 3), True, wrong],
-        ["copy", 2, incarnation, 1, deliveries(1), True, wrong],
-        ["groups", 2, incarnation, [record], wrong],
-        ["done", 2, incarnation, [["g", [[1, 0, 1_000_000]]]], wrong],
-        ["adopt", 2, f"{exchange}.ffffffff", exchange, wrong],
+        ["follow", protocol.DATA_VERSION, incarnation, exchange],  # the layout before proofs
+        ["copy", protocol.DATA_VERSION, incarnation, next_pos + 3, deliveries(next_pos + 3), True],
+        ["groups", protocol.DATA_VERSION, incarnation, [record]],
+        ["follow", protocol.DATA_VERSION, incarnation, exchange, wrong],
+        ["copy", protocol.DATA_VERSION, incarnation, next_pos + 3, deliveries(next_pos + 3), True, wrong],
+        ["copy", protocol.DATA_VERSION, incarnation, 1, deliveries(1), True, wrong],
+        ["groups", protocol.DATA_VERSION, incarnation, [record], wrong],
+        ["done", protocol.DATA_VERSION, incarnation, [["g", [[1, 0, 1_000_000]]]], wrong],
+        ["adopt", protocol.DATA_VERSION, f"{exchange}.ffffffff", exchange, wrong],
     ]
 
 
