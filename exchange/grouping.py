@@ -1,8 +1,11 @@
 """How a batch of many topics is cut into delivery frames (docs/protocol.md section 4.2).
 
-Messages whose topics start with the same tracked prefixes (the same `key`, exchange/chains.py)
-go into one frame, in order of first appearance; its routing topic (the ZeroMQ frame libzmq
-filters on) is the longest common prefix of its topics. A tracked prefix that matches one topic
+Consecutive messages whose topics start with the same tracked prefixes (the same `key`,
+exchange/chains.py) go into one frame; its routing topic (the ZeroMQ frame libzmq filters on) is
+the longest common prefix of its topics. Runs, not one frame per key: a subscriber may take
+frames of several keys (prefixes "a" and "b"; or "a", which frames of keys (a,) and (a, ab) both
+reach), and frames in batch order keep a publisher's messages in order across topics
+(docs/guarantees.md). A tracked prefix that matches one topic
 of a group matches all of them, so it is a prefix of that routing topic, and any prefix of the
 routing topic matches every message: XPUB's prefix filter hands the frame to exactly the
 subscribers whose prefixes match its messages, and each of them wants every message in it.
@@ -33,8 +36,8 @@ def routing_topic(distinct: Any) -> bytes:
 
 
 def groups_of(chains: PrefixChains, topics: list[bytes], distinct: set[bytes]) -> list[list[int]] | None:
-    """The messages' indexes per frame, in order of first appearance; None when the whole batch is
-    one frame. `distinct` is set(topics)."""
+    """The messages' indexes per frame (runs of one key, in batch order); None when the whole batch
+    is one frame. `distinct` is set(topics)."""
     if len(distinct) == 1:
         return None
     if chains.complete:
@@ -45,14 +48,15 @@ def groups_of(chains: PrefixChains, topics: list[bytes], distinct: set[bytes]) -
         per_message: Any = map(dict(zip(listed, keys)).__getitem__, topics)
     else:
         per_message = topics  # some subscribed prefix is not tracked: one frame per topic
-    groups: dict[Any, list[int]] = {}
+    runs: list[list[int]] = []
+    current: Any = None
     for index, key in enumerate(per_message):
-        members = groups.get(key)
-        if members is None:
-            groups[key] = [index]
+        if key != current or not runs:
+            runs.append([index])
+            current = key
         else:
-            members.append(index)
-    return list(groups.values())
+            runs[-1].append(index)
+    return runs
 
 
 class Frame(NamedTuple):

@@ -4,8 +4,8 @@ A publisher first says `hello` (proving it owns its id) on its connection; its b
 checked against what this exchange holds of it (exchange/sessions.py): a batch must continue
 where the last one ended, or it is refused with `resend` and changes nothing, so an ack never
 covers a message that was not forwarded. Messages are validated (oversize payloads and bad topics
-are rejected one by one and counted), grouped into one frame per set of matching subscriptions
-(exchange/grouping.py) and handed to the fan-out (exchange/fanout.py). Then the publisher gets a
+are rejected one by one and counted), cut into one frame per run of messages with the same
+matching subscriptions (exchange/grouping.py) and handed to the fan-out (exchange/fanout.py). Then the publisher gets a
 cumulative ack: at once, one per connection per drain, or, when acks wait for durability (a
 replica, an fsync'ed journal), from the confirm gate once what the stream held when it was earned
 is durable (exchange/durability.py).
@@ -169,7 +169,7 @@ class PublisherIngest:
     def _send_grouped(self, pub: str, sent_ns: int, seqs: list[int], topics: list[bytes], distinct: set[bytes],
                       payloads: list[bytes], size: int, block: Any = None,
                       attrs: list[list[Any]] | None = None) -> None:
-        """Accepted messages as one frame per set of matching subscriptions (exchange/grouping.py).
+        """Accepted messages as one frame per run of the same matching subscriptions (exchange/grouping.py).
         `block`: the payloads as the publisher encoded them, spliced when the batch is one frame.
         `attrs`: [index, priority, not_before_ms, key(, headers)] of messages with attributes."""
         for frame in frames_of(self.chains, seqs, topics, payloads, attrs, distinct):

@@ -114,7 +114,7 @@ def bodies_until(sock: zmq.Socket, count: int) -> dict[int, list[Any] | None]:
     out: dict[int, list[Any] | None] = {}
     while len(out) < count:
         body = next_body(sock)
-        attrs = {a[0]: a[1:] for a in body[10]} if len(body) == 11 else {}
+        attrs = {a[0]: a[1:] for a in body[11]} if len(body) == 12 else {}
         out.update((seq, attrs.get(i)) for i, seq in enumerate(body[8]))
     return out
 
@@ -146,8 +146,8 @@ def test_headers_reach_every_kind_of_subscriber_and_plain_messages_are_as_before
         # Late: fetched from retention, not live.
         with Subscriber(queue, config, ["orders"], zk=lone.zk, start="beginning") as late:
             fetched = [late.receive(timeout=5) for _ in range(3)]
-    # On the wire: a message without headers is a delivery of 10 fields, exactly as before headers.
-    assert len(plain_body) == 10
+    # On the wire: a message without headers is a delivery of 11 fields, exactly as before headers.
+    assert len(plain_body) == 11
     assert wire == {2: [0, 0, b"", {"trace-id": b"4bf9", "bin": b"\x00\xff", "empty": b""}],
                     3: [3, 0, b"customer-42", {"é": "ü".encode()}]}
     for messages in (received, got, fetched, [m for b in batches for m in b.messages()]):
@@ -304,10 +304,11 @@ def test_hostile_headers_are_rejected_one_message_at_a_time(lone: Lone) -> None:
     assert "RoQ's own" in rejected[2 + names.index("RoQ's own prefix")][1]
     assert "UTF-8" in rejected[2 + names.index("a key that is not UTF-8")][1]
     body = next_body(raw)  # one topic: the two good messages in one frame
-    assert (body[8], body[9], body[10]) == ([1, count], [b"first", b"last"], [[0, 0, 0, b"", {"ok": b"1"}]])
+    assert (body[8], body[9], body[10], body[11]) == ([1, count], [b"first", b"last"], None,
+                                                      [[0, 0, 0, b"", {"ok": b"1"}]])
     # A map header that claims more entries than the frame holds ends the frame: refused whole.
-    sock.send(_pack(["batch", protocol.DATA_VERSION, pid, count + 1, 0, [[b"hostile", 0, 0, b"", Raw(b"\xdf\xff\xff\xff\xff")],
-                                                     b"x"]]))
+    sock.send(_pack(["batch", protocol.DATA_VERSION, pid, count + 1, 0,
+                     [[b"hostile", 0, 0, b"", Raw(b"\xdf\xff\xff\xff\xff")], b"x"]]))
     refused = replies(sock, "error")
     assert refused[-1].code == "malformed" and len(refused) == 1
     sock.send(protocol.encode_batch(pid, count + 1, 0, [b"hostile", b"after"]))

@@ -159,13 +159,14 @@ def messages_of(frames: list[tuple[bytes, protocol.Delivery]], prefix: bytes) ->
 
 def check_live(sub: RawSubscriber, stream: dict[bytes, list[tuple[bytes, protocol.Delivery]]],
                expected: dict[bytes, dict[int, bytes]]) -> None:
-    """Live frames: each message the subscriber's, none twice, chains true to the stream."""
+    """Live frames: each message the subscriber's, none twice, in publisher order, chains true to the stream."""
     seen: set[int] = set()
     for routing, d in sub.live:
         prefix = next(p for p in sub.prefixes if routing.startswith(p))  # XPUB filtered on it
         topics = d.message_topics(routing)
         assert all(t.startswith(prefix) and t.startswith(routing) for t in topics), (prefix, routing, topics)
         assert not seen & set(d.seqs), "a message came twice"
+        assert not seen or d.seqs[0] > max(seen), "a publisher's messages out of order across topics"
         seen |= set(d.seqs)
         assert all(expected[prefix][s] == t for s, t in zip(d.seqs, topics))
         prev = d.chains.get(len(prefix))
