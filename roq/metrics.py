@@ -113,7 +113,7 @@ EXCHANGE_COUNTERS = {
                                                     "the number of subscribers)"),
     "roq_exchange_bytes_in_total": ("bytes_in", "payload bytes accepted from publishers"),
     "roq_exchange_bytes_out_total": ("bytes_out", "payload bytes forwarded to subscribers (once each)"),
-    "roq_exchange_frames_out_total": ("frames_out", "delivery frames forwarded (a frame holds a run of messages, of one topic or many)"),
+    "roq_exchange_frames_out_total": ("frames_out", "delivery frames forwarded (runs of messages, one topic or many)"),
     "roq_exchange_drops_total": ("drops", "messages refused (too large, bad topic) plus frames refused as "
                                           "malformed"),
     "roq_exchange_duplicates_total": ("duplicates", "replayed messages dropped as already forwarded"),
