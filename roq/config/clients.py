@@ -33,9 +33,9 @@ class ClientConfig:
     max_batch: int = setting(2_000, "messages per batch frame", positive=True)
     max_batch_bytes: int = setting(256 << 10, "bytes per batch frame; bounds what a slow subscriber can pin",
                                    positive=True)
-    # Off: one frame, for exchanges older than protocol 3.2's two-part form.
-    payload_blocks: bool = setting(True, "a batch of one topic goes as two parts, its payloads as one block the "
-                                   "exchange passes on without packing each again")
+    # Off: one frame per batch (protocol 3.2's one-frame form).
+    payload_blocks: bool = setting(True, "a batch without attributes goes as two parts, its payloads as one block "
+                                   "the exchange passes on without packing each again")
     publish_timeout: float = setting(30.0, "how long publish() blocks under backpressure", positive=True)
     confirm_timeout: float = setting(5.0, "no confirm this long: move to another exchange", positive=True)
     # An exchange that dies may have confirmed messages its subscribers never got: must outlast

@@ -142,6 +142,22 @@ def test_a_damaged_byte_stops_the_incarnation_at_the_last_good_record(tmp_path: 
     assert load(tmp_path)["x1.old"].frames == frames
 
 
+def test_a_segment_of_the_older_format_is_left_on_disk_and_not_served(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Format 1 held data-path version 2 bodies, which version 3 peers refuse: never served as 3."""
+    frames = make_frames(8)
+    write(tmp_path, "x1.old", frames, segment_bytes=130)
+    files = segments(tmp_path, "x1.old")
+    older = b"RoQJ" + (1).to_bytes(4, "little")
+    first = files[0].read_bytes()
+    files[0].write_bytes(older + first[FILE_HEADER_SIZE:])
+    with caplog.at_level(logging.WARNING):
+        archive = load(tmp_path).get("x1.old")
+    assert archive is None or archive.frames == []
+    assert any("format version 1, this exchange reads 2" in record.getMessage() for record in caplog.records)
+    assert files[0].read_bytes()[:FILE_HEADER_SIZE] == older  # left as it was
+
+
 def test_garbage_and_strange_entries_never_make_loading_raise(tmp_path: Path) -> None:
     write(tmp_path, "x1.good", make_frames(3))
     (tmp_path / "stray-file").write_bytes(b"not a directory")
