@@ -61,7 +61,7 @@ POLL_MS = 200  # how often the loop looks at the stop flag
 REQUEST_DEADLINE = 1.5
 MAX_PENDING = 1_000  # requests taken off the socket but not served yet; the rest wait in libzmq
 # Operations that change the cluster: an admin key is needed when CURVE is on.
-WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.rebalance", "queue.purge",
+WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.set", "queue.rebalance", "queue.purge",
                        "group.reset", "group.delete", "keys.grant", "keys.revoke", "keys.reset"})
 ADMIN_READS = frozenset({"keys.list"})  # who may do what is for admins to read
 QUEUE_READS = frozenset({"queue.describe", "queue.rules", "queue.command"})  # of queue `name`: a right on it is needed

@@ -39,6 +39,7 @@ from roq.metrics import Families, leader_metrics, serve_metrics
 from roq.paths import Paths
 from roq.permissions import RIGHTS
 from roq.state import queue_names, read_hosts, read_leader
+from roq.storage_policy import POLICY_ARGS, StoragePolicy
 from roq.zk import ensure_base_paths, start_client, stop_client
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,9 @@ class Gcm:
         self.leadership = Leadership(self.client, self.paths, identity, self.stopping)
         self.queues = QueueManager(self.client, self.paths, self.leadership.fence, self.write_lock,
                                    self.config.gcm.max_queues, self.config.gcm.default_replicas,
-                                   self.config.gcm.min_free_bytes)
+                                   self.config.gcm.min_free_bytes,
+                                   StoragePolicy(self.config.gcm.default_retention,
+                                                 self.config.gcm.default_retention_bytes))
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
                                      self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
         self.events = EventLog(self.client, self.paths, self.leadership.fence, self.write_lock)
@@ -149,7 +152,9 @@ class Gcm:
             return self._ping
         handler = {
             "cluster.status": self._status,
-            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges", "replicas", "exist_ok"])),
+            "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges", "replicas", "exist_ok",
+                                                                               *POLICY_ARGS])),
+            "queue.set": lambda a: self.queues.set_policy(**_args(a, ["name"], POLICY_ARGS)),
             "queue.delete": lambda a: self.queues.delete(**_args(a, ["name"], ["if_empty", "if_unused"])),
             "queue.purge": lambda a: self.commands.issue("queue.purge", **_args(a, ["name"])),
             "group.reset": lambda a: self.commands.issue("group.reset", **_args(a, ["name", "group"])),

@@ -45,6 +45,7 @@ from roq.state import (
     read_queue,
     replica_count,
 )
+from roq.storage_policy import StoragePolicy, check_retention, check_retention_bytes, policy_of
 from roq.zk import encode, read_json
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,11 @@ def check_flag(name: str, value: Any) -> bool:
 class QueueManager:
     def __init__(self, client: KazooClient, paths: Paths, fence: LeaderFence,
                  write_lock: threading.Lock, max_queues: int, default_replicas: int = 1,
-                 min_free_bytes: int = 0) -> None:
+                 min_free_bytes: int = 0, default_policy: StoragePolicy = StoragePolicy()) -> None:
         self.client = client
         self.max_queues = max_queues
         self.default_replicas = default_replicas
+        self.default_policy = default_policy  # gcm.default_retention, gcm.default_retention_bytes
         self.min_free_bytes = min_free_bytes  # gcm.min_free_bytes: a journaling host with less takes no exchange
         self.paths = paths
         self.fence = fence
@@ -92,24 +94,30 @@ class QueueManager:
             settings = self.cache.read_json(self.paths.queue(name)) or {}
             result.append({"name": name, "exchanges": len(exchanges), "replicas": replica_count(settings),
                            "placed": sum(1 for x in exchanges if x.host),
-                           "running": sum(1 for x in exchanges if x.id in live)})
+                           "running": sum(1 for x in exchanges if x.id in live), **policy_of(settings).to_dict()})
         return result
 
     def describe(self, name: Any) -> dict[str, Any]:
         info = read_queue(self.cache, self.paths, check_queue_name(name))
         if info is None:
             raise QueueNotFoundError(f"queue {name!r} does not exist")
-        return info.to_dict()
+        return dict(info.to_dict(), **policy_of(info.settings).to_dict())
 
     # ------------------------------------------------------------ writes
 
-    def create(self, name: Any, exchanges: Any = None, replicas: Any = None, exist_ok: Any = False) -> dict[str, Any]:
-        """`exchanges` (default 1) and `replicas` (default gcm.default_replicas); with `exist_ok` an
-        existing queue with the settings named is success (the module docstring)."""
+    def create(self, name: Any, exchanges: Any = None, replicas: Any = None, exist_ok: Any = False,
+               retention: Any = None, retention_bytes: Any = None) -> dict[str, Any]:
+        """`exchanges` (default 1), `replicas` (default gcm.default_replicas) and the storage policy
+        (default gcm.default_retention, gcm.default_retention_bytes: roq/storage_policy.py); with
+        `exist_ok` an existing queue with the settings named is success (the module docstring)."""
         name = check_queue_name(name)
         count = check_exchange_count(1 if exchanges is None else exchanges)
-        asked = {"exchanges": exchanges, "replicas": replicas}
+        asked = {"exchanges": exchanges, "replicas": replicas, "retention": retention,
+                 "retention_bytes": retention_bytes}
         replicas = check_replica_count(self.default_replicas if replicas is None else replicas)
+        policy = StoragePolicy(
+            self.default_policy.retention if retention is None else check_retention(retention),
+            self.default_policy.retention_bytes if retention_bytes is None else check_retention_bytes(retention_bytes))
         exist_ok = check_flag("exist_ok", exist_ok)
         with self.write_lock:
             if self.fence.already_applied():
@@ -124,7 +132,7 @@ class QueueManager:
                 raise LimitExceededError(f"the cluster has {existing} queues, the limit (gcm.max_queues) "
                                          f"is {self.max_queues}: delete one first")
             placed = self._place([f"x{i}" for i in range(1, count + 1)], name, replicas)
-            settings = {"created": time.time(), "next_exchange": count + 1, "replicas": replicas}
+            settings = {"created": time.time(), "next_exchange": count + 1, "replicas": replicas, **policy.to_dict()}
 
             def build(txn: TransactionRequest) -> None:
                 txn.create(self.paths.queue(name), encode(settings))
@@ -181,11 +189,8 @@ class QueueManager:
         with self.write_lock:
             if self.fence.already_applied():
                 return self.describe(name)
-            found = read_json(self.client, self.paths.queue(name))
-            if found is None:
-                raise QueueNotFoundError(f"queue {name!r} does not exist")
+            settings = self._settings(name)
             current = read_exchanges(self.client, self.paths, name, live=False)
-            settings = dict(found)
             if target > len(current):
                 first = int(settings.get("next_exchange", len(current) + 1))
                 ids = [f"x{first + i}" for i in range(target - len(current))]
@@ -207,7 +212,33 @@ class QueueManager:
         log.info("scaled queue %s to %d exchanges", name, target)
         return self.describe(name)
 
+    def set_policy(self, name: Any, retention: Any = None, retention_bytes: Any = None) -> dict[str, Any]:
+        """`queue.set`: change the storage policy (the values given; at least one). One fenced write of
+        the settings znode; the HCMs hand the new policy to the running exchanges, restarting none."""
+        name = check_queue_name(name)
+        if retention is None and retention_bytes is None:
+            raise UserError("queue.set needs retention or retention_bytes (or both)")
+        changes: dict[str, Any] = {}
+        if retention is not None:
+            changes["retention"] = check_retention(retention)
+        if retention_bytes is not None:
+            changes["retention_bytes"] = check_retention_bytes(retention_bytes)
+        with self.write_lock:
+            if self.fence.already_applied():
+                return self.describe(name)
+            settings = dict(self._settings(name), **changes)
+            self.fence.write(lambda txn: txn.set_data(self.paths.queue(name), encode(settings)))
+        log.info("queue %s storage policy: %s", name, policy_of(settings).describe())
+        return self.describe(name)
+
     # ------------------------------------------------------------ helpers
+
+    def _settings(self, name: str) -> dict[str, Any]:
+        """A copy of the queue's settings as ZooKeeper holds them (not the cache: they are about to change)."""
+        found = read_json(self.client, self.paths.queue(name))
+        if found is None:
+            raise QueueNotFoundError(f"queue {name!r} does not exist")
+        return dict(found)
 
     def _as_asked(self, name: str, asked: dict[str, Any]) -> dict[str, Any]:
         """The existing queue's description if it has the settings the request named, else
@@ -215,7 +246,7 @@ class QueueManager:
         info = read_queue(self.cache, self.paths, name)
         if info is None:  # deleted meanwhile: the client's retry creates it
             raise QueueExistsError(f"queue {name!r} was being deleted; retry")
-        has = {"exchanges": len(info.exchanges), "replicas": info.replicas}
+        has = {"exchanges": len(info.exchanges), "replicas": info.replicas, **policy_of(info.settings).to_dict()}
         if info.settings.get("rules"):
             has["exchanges"] = asked["exchanges"]  # autoscaled: the leader owns its size
         differ = [f"{key} {has[key]} (asked {want})" for key, want in asked.items()

@@ -5,8 +5,9 @@ must hear changes: its configuration (through the pipe, not argv, which every lo
 read; the pipe then stays open, and its EOF tells the child that the HCM is gone), where its other
 half is (hcm/peers.py), the permission table with CURVE on (`{"permissions": {"version": N,
 "table": {...}}}`, followed in hcm/permissions.py), and for a primary its queue's admin commands
-(`{"commands": [...], "purged": {...}}`, a `QueueCommands` per queue: hcm/commands.py). Only the
-tick thread writes.
+(`{"commands": [...], "purged": {...}}`, a `QueueCommands` per queue: hcm/commands.py), and its
+queue's storage policy (`{"storage": {"retention", "retention_bytes"}}`, hcm/storage_policies.py).
+Only the tick thread writes.
 
 From a child, one event thread each: `ready` (its endpoints), `stats` (its report) and `command`
 (`{"event": "command", "id", "result"}`: an admin command done, recorded in ZooKeeper by the tick,
@@ -26,10 +27,12 @@ from kazoo.client import KazooClient
 from hcm.child import UNSENT, Child
 from hcm.commands import QueueCommands
 from hcm.permissions import PermissionsWatch
+from hcm.storage_policies import StoragePolicies
 from roq.config import Config
 from roq.paths import Paths
 from roq.permissions import to_message
 from roq.records import ExchangeStats
+from roq.storage_policy import storage_line
 
 # What is published of an exchange's ready event, at live/<q>/<x>; it counts only if it names the
 # first two (its endpoints).
@@ -50,6 +53,7 @@ class ChildChannel:
         self.permissions = PermissionsWatch(client, paths.permissions, config.security.default_permissions,
                                             wake) if config.security.curve and client is not None else None
         self.commands: dict[str, QueueCommands] = {}  # by queue, while a primary of it runs here
+        self.storage = StoragePolicies(client, paths, wake)  # by queue, while a child of it runs here
 
     # ------------------------------------------------------------ admin commands
 
@@ -84,16 +88,26 @@ class ChildChannel:
     def open(self, child: Child) -> None:
         """The first lines to a child just started: its configuration, then whatever it must hear."""
         child.peer_sent, child.permissions_sent, child.commands_sent = UNSENT, None, None
+        child.storage_sent = None
         write_line(child, self.config.to_json().encode())
         self.send_changes(child)
 
     def send_changes(self, child: Child) -> None:
-        """Tell a running child what changed since it last heard: its peer, the permissions, its commands."""
+        """Tell a running child what changed since it last heard: its storage policy, its peer, the
+        permissions, its commands."""
         if child.process is None:
             return
+        self._send_storage(child)
         self._send_peer(child)
         self._send_permissions(child)
         self._send_commands(child)
+
+    def _send_storage(self, child: Child) -> None:
+        """Give a child (primary or replica) its queue's storage policy, if it changed since it last heard."""
+        policy = self.storage.policy(child.key[0])
+        if policy is not None and policy != child.storage_sent:
+            child.storage_sent = policy
+            write_line(child, json.dumps(storage_line(policy), separators=(",", ":")).encode())
 
     def _send_peer(self, child: Child) -> None:
         """Tell a replicated exchange where its other half is, if that changed since it last heard."""

@@ -16,6 +16,7 @@ from hcm.peers import PeerWatch
 from roq.paths import is_replica_slot
 from roq.permissions import PermissionTable
 from roq.records import ExchangeStats
+from roq.storage_policy import StoragePolicy
 
 Key = tuple[str, str]  # (queue, slot): an exchange id ("x1") or a replica slot ("x1~r")
 UNSENT = object()  # no peer line written to this process yet (None is a line: "the peer is gone")
@@ -43,6 +44,7 @@ class Child:
     peer_sent: Any = UNSENT  # the peer target last written to this process
     permissions_sent: PermissionTable | None = None  # the permission table last written to it
     commands_sent: dict[str, Any] | None = None  # the admin commands line last written to it
+    storage_sent: StoragePolicy | None = None  # the storage policy last written to it (hcm/storage_policies.py)
     command_reports: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # from its events, to record
     stats_forced: bool = False  # it reported a command done: its figures changed, write them at once
 

@@ -100,6 +100,7 @@ class Supervisor:
         for key in desired - set(self.children):
             self.children[key] = Child(key)
         self.channel.refresh_commands({queue for (queue, _), child in self.children.items() if not child.is_replica})
+        self.channel.storage.keep_only({queue for queue, _ in self.children})
         for key, child in list(self.children.items()):
             if key in desired:
                 self._keep_running(child, now)
@@ -163,6 +164,7 @@ class Supervisor:
 
     def _spawn(self, child: Child, now: float) -> None:
         queue, slot = child.key
+        self.channel.storage.follow(queue)  # read now: the lines right after the configuration carry it
         command = [sys.executable, "-m", "exchange.main", "--queue", queue, "--id", primary_of(slot),
                    *self._role_arguments(child),
                    "--host", self.host, "--config-stdin", "--parent-pid", str(os.getpid()), "--json-logs"]

@@ -9,7 +9,31 @@ import click
 
 from roq.cli.applied import command_outcome, exchange_command
 from roq.cli.context import Context, handle_errors, json_or, pass_ctx, shown_by
+from roq.errors import UserError
 from roq.names import MAX_EXCHANGES
+
+
+class _Units(click.ParamType):
+    """A command-line value in human units (roq/storage_policy.py): a bad one is a usage error
+    (exit 2) that says which units work."""
+
+    def __init__(self, name: str, parse_name: str) -> None:
+        self.name, self._parse_name = name, parse_name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        from roq import storage_policy
+        try:
+            return getattr(storage_policy, self._parse_name)(value)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = _Units("duration", "parse_duration")
+SIZE = _Units("size", "parse_size")
+RETENTION_HELP = "how long frames wait on the exchanges' disks: 30m, 24h, 7d, 2w (0 = no age limit)"
+RETENTION_BYTES_HELP = "bytes of frames each exchange keeps on disk: 512MiB, 50GiB, 1TB (0 = no size limit)"
 
 
 @click.group()
@@ -24,20 +48,31 @@ def queue() -> None:
 @click.option("--replicas", type=click.IntRange(1, 2), default=None,
               help="2: each exchange copies its stream to a replica on another host (default: the "
                    "leader's gcm.default_replicas)")
+@click.option("--retention", type=DURATION, default=None,
+              help=RETENTION_HELP + "; default: the leader's gcm.default_retention")
+@click.option("--retention-bytes", type=SIZE, default=None,
+              help=RETENTION_BYTES_HELP + "; default: the leader's gcm.default_retention_bytes")
 @click.option("--if-not-exists", "exist_ok", is_flag=True,
-              help="a queue of that name is success if it has the --exchanges and --replicas given "
-                   "(else an error says what differs)")
+              help="a queue of that name is success if it has the settings given (else an error says what "
+                   "differs)")
 @pass_ctx
 @handle_errors
-def queue_create(ctx: Context, name: str, exchanges: int | None, replicas: int | None, exist_ok: bool) -> None:
-    """Create queue NAME served by --exchanges exchanges."""
+def queue_create(ctx: Context, name: str, exchanges: int | None, replicas: int | None, retention: float | None,
+                 retention_bytes: int | None, exist_ok: bool) -> None:
+    """Create queue NAME served by --exchanges exchanges.
+
+    Without --retention and --retention-bytes (and with the leader's defaults 0) the queue keeps
+    frames in its exchanges' memory only; with either, they wait on disk (docs/guarantees.md)."""
     with ctx.admin() as admin:
-        info = admin.create_queue(name, exchanges, replicas, exist_ok=exist_ok)
+        info = admin.create_queue(name, exchanges, replicas, exist_ok=exist_ok, retention=retention,
+                                  retention_bytes=retention_bytes)
     replicated = info.get("replicas", 1) == 2
     hosts = ", ".join(f"{x['id']}@{x['host'] or 'unplaced'}"
                       + (f" (replica @{x.get('replica') or 'unplaced'})" if replicated else "")
                       for x in info["exchanges"])
-    click.echo(f"{'queue ' + name + ' exists' if info.get('existed') else 'created queue ' + name}: {hosts}")
+    from roq.storage_policy import policy_of
+    click.echo(f"{'queue ' + name + ' exists' if info.get('existed') else 'created queue ' + name}: {hosts}; "
+               f"{policy_of(info['settings']).describe()}")
 
 
 @queue.command("delete")
@@ -79,6 +114,24 @@ def queue_scale(ctx: Context, name: str, exchanges: int) -> None:
     click.echo(f"queue {name} now has {len(info['exchanges'])} exchanges")
 
 
+@queue.command("set")
+@click.argument("name")
+@click.option("--retention", type=DURATION, default=None, help=RETENTION_HELP)
+@click.option("--retention-bytes", type=SIZE, default=None, help=RETENTION_BYTES_HELP)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output: the queue as `queue show --json`")
+@pass_ctx
+@handle_errors
+def queue_set(ctx: Context, name: str, retention: float | None, retention_bytes: int | None, as_json: bool) -> None:
+    """Change queue NAME's storage policy (admin). Its running exchanges take it at once, none is
+    restarted: a shorter policy deletes what it no longer covers, a longer one keeps more from now on."""
+    if retention is None and retention_bytes is None:
+        raise click.UsageError("give --retention, --retention-bytes or both")
+    with ctx.admin() as admin:
+        info = admin.set_queue(name, retention, retention_bytes)
+    from roq.storage_policy import policy_of
+    json_or(info, as_json, lambda answer: click.echo(f"queue {name}: {policy_of(answer['settings']).describe()}"))
+
+
 @queue.command("rebalance")
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help='{"moves": [{queue, exchange, replica, from, to}], "waiting"}')
@@ -105,7 +158,8 @@ def queue_rebalance(ctx: Context, name: str | None, as_json: bool) -> None:
 
 @queue.command("list")
 @click.option("--json", "as_json", is_flag=True,
-              help='machine-readable output: [{"name", "exchanges", "replicas", "placed", "running"}, ...]')
+              help='machine-readable output: [{"name", "exchanges", "replicas", "placed", "running", "retention", '
+                   '"retention_bytes"}, ...]')
 @pass_ctx
 @handle_errors
 def queue_list(ctx: Context, as_json: bool) -> None:
@@ -118,9 +172,9 @@ def queue_list(ctx: Context, as_json: bool) -> None:
 @queue.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True,
-              help='machine-readable output: {"name", "settings", "replicas", "exchanges": [{"id", "host", "live", '
-                   '"replica", "replica_live"}, ...]}; the figures of each running exchange, consumer '
-                   'groups included, under live.stats')
+              help='machine-readable output: {"name", "settings", "replicas", "retention", "retention_bytes", '
+                   '"exchanges": [{"id", "host", "live", "replica", "replica_live"}, ...]}; the figures of each '
+                   'running exchange, consumer groups included, under live.stats')
 @pass_ctx
 @handle_errors
 def queue_show(ctx: Context, name: str, as_json: bool) -> None:

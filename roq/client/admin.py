@@ -71,20 +71,33 @@ class Admin(ClientLifecycle):
     # ------------------------------------------------------------ operations
 
     def create_queue(self, name: str, exchanges: int | None = None, replicas: int | None = None,
-                     exist_ok: bool = False) -> dict[str, Any]:
+                     exist_ok: bool = False, retention: float | None = None,
+                     retention_bytes: int | None = None) -> dict[str, Any]:
         """Create queue `name` with `exchanges` (None: 1); `replicas` 2 gives each exchange a replica on
-        another host, None leaves it to the leader's gcm.default_replicas. With `exist_ok` a queue of
-        that name is success, if it has the `exchanges` and `replicas` given (those left None are not
-        compared; a queue with autoscaling rules is not held to a number of exchanges); if not,
-        QueueExistsError says what differs."""
+        another host, None leaves it to the leader's gcm.default_replicas. `retention` (seconds) and
+        `retention_bytes` are its storage policy (roq/storage_policy.py; None: the leader's
+        gcm.default_retention and gcm.default_retention_bytes). With `exist_ok` a queue of that name
+        is success, if it has the settings given (those left None are not compared; a queue with
+        autoscaling rules is not held to a number of exchanges); if not, QueueExistsError says what
+        differs."""
         args: dict[str, Any] = {"name": name}
-        if exchanges is not None:
-            args["exchanges"] = exchanges
-        if replicas is not None:
-            args["replicas"] = replicas
+        optional = {"exchanges": exchanges, "replicas": replicas, "retention": retention,
+                    "retention_bytes": retention_bytes}
+        args.update({key: value for key, value in optional.items() if value is not None})
         if exist_ok:
             args["exist_ok"] = True
         return self.call("queue.create", **args)
+
+    def set_queue(self, name: str, retention: float | None = None,
+                  retention_bytes: int | None = None) -> dict[str, Any]:
+        """Change queue `name`'s storage policy (the values given; at least one); returns its
+        description. Its running exchanges take the new policy without a restart."""
+        args: dict[str, Any] = {"name": name}
+        if retention is not None:
+            args["retention"] = retention
+        if retention_bytes is not None:
+            args["retention_bytes"] = retention_bytes
+        return self.call("queue.set", **args)
 
     def delete_queue(self, name: str, if_empty: bool = False, if_unused: bool = False) -> dict[str, Any]:
         """Delete queue `name`; `if_empty`: only if it holds no message (retained, or in a group's

@@ -105,6 +105,12 @@ class GcmConfig:
                               positive=True)
     default_replicas: int = setting(1, "replicas of a queue created without them: 2 = each exchange copies its "
                                     "stream to a process on another host", choices=(1, 2))
+    # A queue's storage policy when its create names none (roq/storage_policy.py); 0 and 0 = memory only.
+    default_retention: float = setting(0.0, "seconds a queue created without --retention keeps frames on its "
+                                       "exchanges' disks", lo=0, hi=100 * 365 * 86_400, note="0 = no age limit")
+    default_retention_bytes: int = setting(0, "bytes of frames each exchange of such a queue keeps on disk (with "
+                                           "default_retention 0 too: memory only)", lo=0, hi=1 << 60,
+                                           note="0 = no size limit")
     rebalance: bool = setting(True, "move exchanges and replicas between live hosts to even the spread "
                               "(docs/elasticity.md)")
     rebalance_delay: float = setting(10.0, "quiet seconds after a host joins or a move, before the next moves", lo=0)

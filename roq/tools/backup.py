@@ -39,6 +39,7 @@ from roq.names import check_queue_name, check_subscriber_name
 from roq.paths import Paths
 from roq.permissions import PermissionTable
 from roq.state import queue_names, read_exchanges, read_queue, replica_count
+from roq.storage_policy import StoragePolicy, check_retention, check_retention_bytes, policy_of
 
 FORMAT = "roq-backup"
 VERSION = 2  # 2: the permission table; version 1 files (without it) are still read
@@ -61,7 +62,12 @@ class QueueBackup:
     exchanges: int
     replicas: int
     rules: dict[str, Any] | None  # None: the queue has no rules (a fixed size)
-    settings: dict[str, Any]  # its znode's data as it was, rules and replicas included
+    settings: dict[str, Any]  # its znode's data as it was, rules, replicas and storage policy included
+
+    @property
+    def policy(self) -> StoragePolicy:
+        """Its storage policy (none in the settings: memory only, as a queue made before policies)."""
+        return policy_of(self.settings)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "exchanges": self.exchanges, "replicas": self.replicas, "rules": self.rules,
@@ -321,6 +327,11 @@ def _queue(entry: Any, at: str, bad: Callable[[str], UserError]) -> QueueBackup:
         raise bad(f"{at}: replicas {replicas} disagrees with its settings ({settings.get('replicas')!r})")
     if (settings.get("rules") or None) != rules:
         raise bad(f"{at}: rules disagree with the rules in its settings")
+    try:
+        check_retention(settings.get("retention", 0))
+        check_retention_bytes(settings.get("retention_bytes", 0))
+    except UserError as exc:
+        raise bad(f"{at}: settings: {exc}") from None
     return QueueBackup(name, exchanges, replicas, rules, settings)
 
 

@@ -29,6 +29,7 @@ from roq.errors import RoqError, UserError, error_from_code
 from roq.paths import Paths
 from roq.permissions import PermissionTable, describe
 from roq.state import queue_names, read_queue, replica_count
+from roq.storage_policy import policy_of
 from roq.tools.backup import (
     SERVER_KEY,
     Backup,
@@ -96,6 +97,8 @@ def differences(settings: dict[str, Any], exchanges: int, queue: QueueBackup) ->
     now, then = settings.get("rules") or None, queue.rules
     if (now and dict(DEFAULT_RULES, **now)) != (then and dict(DEFAULT_RULES, **then)):
         found.append(f"rules {_rules_text(now)} (backup: {_rules_text(then)})")
+    if policy_of(settings) != queue.policy:
+        found.append(f"storage {policy_of(settings).describe()} (backup: {queue.policy.describe()})")
     return found
 
 
@@ -180,7 +183,9 @@ def restore_queues(admin: Admin, todo: Plan, echo: Echo) -> int:
     created = 0
     for queue in todo.create:
         try:
-            info = admin.create_queue(queue.name, queue.exchanges, queue.replicas)
+            # The policy as backed up, never the leader's defaults: a memory-only queue stays one.
+            info = admin.create_queue(queue.name, queue.exchanges, queue.replicas,
+                                      retention=queue.policy.retention, retention_bytes=queue.policy.retention_bytes)
         except RoqError as exc:
             raise error_from_code(exc.code, f"restore stopped at queue {queue.name}, {created} of "
                                   f"{len(todo.create)} queues created: {exc}; run it again with --force to "
@@ -196,5 +201,5 @@ def restore_queues(admin: Admin, todo: Plan, echo: Echo) -> int:
         placed = sum(1 for x in info["exchanges"] if x.get("host"))
         echo(f"created queue {queue.name}: {plural(queue.exchanges, 'exchange')} ({placed} placed), "
              f"replicas {queue.replicas}, "
-             f"rules {_rules_text(queue.rules)}")
+             f"rules {_rules_text(queue.rules)}, storage {queue.policy.describe()}")
     return created

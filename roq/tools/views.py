@@ -53,9 +53,11 @@ def print_queue_list(queues: list[dict[str, Any]]) -> None:
     if not queues:
         console.print("no queues")
         return
-    table = Table("queue", "exchanges", "replicas", "placed", "running")
+    from roq.storage_policy import policy_of
+    table = Table("queue", "exchanges", "replicas", "placed", "running", "storage")
     for q in queues:
-        table.add_row(q["name"], str(q["exchanges"]), str(q.get("replicas", 1)), str(q["placed"]), str(q["running"]))
+        table.add_row(q["name"], str(q["exchanges"]), str(q.get("replicas", 1)), str(q["placed"]), str(q["running"]),
+                      policy_of(q).describe())
     console.print(table)
 
 
@@ -64,7 +66,9 @@ def print_queue(info: dict[str, Any]) -> None:
     columns = ["exchange", "host", *(["replica"] if replicated else []), "publishers endpoint",
                "subscribers endpoint", "msgs/s in"]
     console = out()
-    table = Table(*columns, title=f"queue {info['name']} (replicas {info.get('replicas', 1)})")
+    from roq.storage_policy import policy_of
+    table = Table(*columns, title=f"queue {info['name']} (replicas {info.get('replicas', 1)}, storage "
+                                  f"{policy_of(info).describe()})")
     for x in info["exchanges"]:
         live = x.get("live") or {}
         rate = str(ExchangeStats.from_dict(live["stats"]).msgs_in_per_s) if live.get("stats") else ""

@@ -1,6 +1,7 @@
 """Consumer groups seen and managed from outside (docs/work-queues.md): exact figures in the
 leader's aggregate, `roq group`, group reset and delete, queue purge, create --if-not-exists and
-delete --if-empty / --if-unused, on one cluster of real processes (a GCM, two HCMs) for the module;
+delete --if-empty / --if-unused, storage policies (queue create --retention, queue set, shown, backed up
+and restored), on one cluster of real processes (a GCM, two HCMs) for the module;
 each test its own queue. Members that are paused or killed run as their own processes (MEMBER), so
 SIGSTOP and SIGKILL are real.
 """
@@ -24,14 +25,14 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.config import Config
-from roq.errors import GroupNotFoundError, PreconditionFailedError, QueueExistsError
+from roq.errors import GroupNotFoundError, PreconditionFailedError, QueueExistsError, QueueNotFoundError, UserError
 from roq.paths import Paths
 from roq.state import read_live
 from roq.tools.zkserver import ZooKeeperServer
 from roq.zk import start_client, stop_client
 from tests.conftest import failed
 from tests.integration.conftest import start_cluster
-from tests.integration.test_cli import assert_one_line_error
+from tests.integration.test_cli import assert_one_line_error, assert_usage_error
 from tests.integration.test_replication import create_replicated
 from tests.support.helpers import Processes, fast_config, wait_until
 
@@ -310,3 +311,73 @@ def test_create_if_not_exists_and_delete_if_empty_or_unused(lab: Lab) -> None:
     assert deleted.returncode == 0, deleted  # the purge's figures were written before it was reported done
     assert "careful" not in [q["name"] for q in lab.admin.list_queues()]
     assert lab.zk.exists(lab.paths.commands("careful")) is None  # its commands went with it
+
+
+def policy(described: dict[str, Any]) -> tuple[float, int]:
+    return described["retention"], described["retention_bytes"]
+
+
+def test_a_storage_policy_is_set_at_create_changed_by_set_and_shown_everywhere(lab: Lab) -> None:
+    made = lab.roq("queue", "create", "kept", "--retention", "24h", "--retention-bytes", "50GiB")
+    assert made.returncode == 0 and made.stdout.rstrip().endswith("; on disk for 1d, up to 50 GiB"), made
+    shown = json.loads(lab.roq("queue", "show", "kept", "--json").stdout)
+    assert policy(shown) == (86_400, 50 << 30)
+    listed = {q["name"]: q for q in json.loads(lab.roq("queue", "list", "--json").stdout)}
+    assert policy(listed["kept"]) == (86_400, 50 << 30)
+    assert "on disk for 1d, up to 50 GiB" in lab.roq("queue", "list").stdout
+
+    changed = lab.roq("queue", "set", "kept", "--retention", "1h30m")
+    assert changed.returncode == 0 and changed.stdout.strip() == "queue kept: on disk for 90m, up to 50 GiB", changed
+    assert policy(lab.admin.describe_queue("kept")) == (5_400, 50 << 30)  # the size bound stayed
+    lab.admin.set_queue("kept", retention_bytes=512 << 20)
+    assert policy(lab.admin.describe_queue("kept")) == (5_400, 512 << 20)
+
+    # Bad input: a clear error, and nothing changed.
+    assert_usage_error(lab.roq("queue", "set", "kept", "--retention", "24x"), "not a duration")
+    assert_usage_error(lab.roq("queue", "set", "kept", "--retention-bytes", "50G"), "KiB, MiB, GiB")
+    assert_usage_error(lab.roq("queue", "create", "never", "--retention-bytes", "1.5B"), "whole number of bytes")
+    nothing = lab.roq("queue", "set", "kept")
+    assert nothing.returncode == 2 and "give --retention, --retention-bytes or both" in nothing.stderr, nothing
+    assert_one_line_error(lab.roq("queue", "set", "absent", "--retention", "1h"), 1, "does not exist")
+    for bad in ({"retention": -1}, {"retention": "24h"}, {"retention_bytes": True}, {"retention_bytes": 1.5},
+                {"retention": float("inf")}):
+        with pytest.raises(UserError, match="retention"):
+            lab.admin.call("queue.set", name="kept", **bad)
+        with pytest.raises(UserError, match="retention"):
+            lab.admin.call("queue.create", name="never", **bad)
+    with pytest.raises(UserError, match="needs retention or retention_bytes"):
+        lab.admin.call("queue.set", name="kept")
+    assert policy(lab.admin.describe_queue("kept")) == (5_400, 512 << 20)
+    assert "never" not in [q["name"] for q in lab.admin.list_queues()]
+    with pytest.raises(QueueNotFoundError):
+        lab.admin.set_queue("absent", retention=60)
+
+    with pytest.raises(QueueExistsError, match=r"retention 5400.0 \(asked 60\)"):
+        lab.admin.create_queue("kept", exist_ok=True, retention=60)
+    assert lab.admin.create_queue("kept", exist_ok=True, retention=5_400)["existed"]
+    plain = lab.roq("queue", "create", "plain")  # the cluster's defaults (0, 0): memory only, as before
+    assert plain.returncode == 0 and plain.stdout.rstrip().endswith("; memory only"), plain
+    assert policy(lab.admin.describe_queue("plain")) == (0, 0)
+    for name in ("kept", "plain"):
+        lab.admin.delete_queue(name)
+
+
+def test_backup_and_restore_keep_a_queues_storage_policy(lab: Lab, tmp_path: Any) -> None:
+    lab.admin.create_queue("archived", retention=7 * 86_400, retention_bytes=10**12)
+    lab.admin.create_queue("volatile")
+    file = str(tmp_path / "backup.json")
+    assert lab.roq("backup", file).returncode == 0
+    saved = {q["name"]: q["settings"] for q in json.loads(open(file).read())["queues"]}
+    assert (saved["archived"]["retention"], saved["archived"]["retention_bytes"]) == (7 * 86_400, 10**12)
+    lab.admin.set_queue("volatile", retention=60)  # differs from the backup now: reported, kept
+    lab.admin.delete_queue("archived")
+    restored = lab.roq("restore", file, "--force")
+    assert restored.returncode == 0, restored
+    assert "created queue archived: 1 exchange" in restored.stdout and "storage on disk for 1w, up to 1 TB" in \
+        restored.stdout, restored.stdout
+    assert "kept queue volatile as it is: storage on disk for 1m, with no size limit (backup: memory only)" in \
+        restored.stdout, restored.stdout
+    assert policy(lab.admin.describe_queue("archived")) == (7 * 86_400, 10**12)
+    assert policy(lab.admin.describe_queue("volatile")) == (60, 0)
+    for name in ("archived", "volatile"):
+        lab.admin.delete_queue(name)
