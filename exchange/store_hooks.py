@@ -1,0 +1,66 @@
+"""The exchange's calls into its segment store (docs/segment-store.md "What the exchange wires in").
+
+Kept apart from the exchange's loop so that wiring the store in is a few calls: where a store
+lives, what limits a queue's storage policy gives it, and a fetch below the memory tail with the
+same contract as `Retention.read`, so exchange/replay.py can serve a range from memory and the rest
+from disk alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from exchange.segment_store import SegmentStore, StoredFrame, StoreLimits
+from roq.storage_policy import StoragePolicy
+
+STORE_DIR = "store"  # under hcm.data_dir: <STORE_DIR>/<queue>/<xid>/
+SEGMENT_BYTES = 64 << 20  # one segment file's size before the next is started
+
+
+class StoreFetch(NamedTuple):
+    frames: list[tuple[bytes, bytes]]  # (topic, body), as Retention.read gives them
+    scanned_to: int  # every position up to it was looked at
+    done: bool  # False: max_bytes cut the page short
+    damaged: list[tuple[int, int]]  # [first, end) positions whose records failed their checks: lost
+
+
+def store_dir(data_dir: str | Path, queue: str, xid: str) -> Path:
+    return Path(data_dir) / STORE_DIR / queue / xid
+
+
+def limits_for(policy: StoragePolicy, segment_bytes: int = SEGMENT_BYTES) -> StoreLimits | None:
+    """The store limits of a queue's policy; None for memory only (no store is opened)."""
+    if not policy.on_disk:
+        return None
+    return StoreLimits(segment_bytes=segment_bytes, retention=policy.retention, retention_bytes=policy.retention_bytes)
+
+
+def fetch_below_memory(store: SegmentStore, after: int, before: int, prefixes: list[bytes], max_bytes: int,
+                       matches: Callable[[StoredFrame, tuple[bytes, ...]], bool] | None = None) -> StoreFetch:
+    """Frames with after < pos < before whose topic starts with one of `prefixes` (all if none),
+    about `max_bytes` of bodies (at least one frame if any): `Retention.read` for what the memory no
+    longer holds. `matches(frame, prefixes)` replaces the routing-topic test (a frame format whose
+    metadata lists its topics). Positions deleted by retention are passed over, as evicted ones are
+    by `Retention.read` (the caller counts them lost)."""
+    before = min(before, store.end_pos)
+    pos = max(after + 1, store.first_pos)
+    wanted = tuple(prefixes)
+    match_all = not prefixes or b"" in prefixes
+    found: list[tuple[bytes, bytes]] = []
+    damaged: list[tuple[int, int]] = []
+    size = 0
+    while pos < before:
+        page = store.read(pos, before, max_bytes)
+        damaged += page.damaged
+        for frame in page.frames:
+            if match_all or (matches(frame, wanted) if matches else frame.topic.startswith(wanted)):
+                if found and size + len(frame.body) > max_bytes:
+                    return StoreFetch(found, frame.pos - 1, False, damaged)
+                found.append((frame.topic, frame.body))
+                size += len(frame.body)
+        if page.next_pos <= pos:  # nothing more readable (cannot happen with a consistent store)
+            break
+        pos = page.next_pos
+    return StoreFetch(found, max(after, before - 1), True, damaged)
