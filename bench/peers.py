@@ -14,6 +14,14 @@ for a slow subscriber (so throughput is not bought with loss):
 * RabbitMQ: pika, a fanout exchange, one exclusive auto-ack queue per
   subscriber, no publisher confirms.
 
+Disk-retained peers (what a queue with a storage policy is compared with; not in the default run):
+* NATS JetStream (`nats-jetstream`): a file-storage stream over the bench subjects, every publish
+  acknowledged by the server (which acknowledges once stored, before fsync: its default
+  sync_interval), up to WINDOW acks awaited at once; an ordered push consumer of new messages;
+* RabbitMQ quorum queue with publisher confirms (`rabbitmq-quorum`): persistent messages to a
+  durable quorum queue (its Raft log is fsynced before a confirm), up to WINDOW unconfirmed at once
+  over pika's asynchronous connection; the subscriber acks in batches (`multiple`).
+
 Raw ZeroMQ and NATS also take settings["topics"] = N (roq.tools.bench.topic_count):
 publishers spread messages round-robin over N topics, subscribers take them by prefix.
 """
@@ -27,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from roq.tools.bench import Adapter, BatchAdapter, topic_count, topic_names
+from roq.tools.bench import Adapter, BatchAdapter, pace, topic_count, topic_names
 
 SUBJECT = "bench"
 
@@ -166,8 +174,7 @@ class NatsAdapter(Adapter):
             async def handler(msg: Any) -> None:
                 on_payload(msg.data)
 
-            await self.nc.subscribe(subject, cb=handler, pending_msgs_limit=10_000_000,
-                                    pending_bytes_limit=1 << 30)
+            await self._subscribe(subject, handler)
             await self.nc.flush()
             ready.set()
 
@@ -181,12 +188,19 @@ class NatsAdapter(Adapter):
         if not ready.wait(15):
             raise TimeoutError("could not subscribe to NATS")
 
+    async def _subscribe(self, subject: str, handler: Callable[[Any], Awaitable[None]]) -> None:
+        await self.nc.subscribe(subject, cb=handler, pending_msgs_limit=10_000_000, pending_bytes_limit=1 << 30)
+
     def open_publisher(self) -> None:
         import nats
         self._loop = asyncio.new_event_loop()
         self.nc = self._loop.run_until_complete(nats.connect(self.settings["url"], pending_size=1 << 30))
+        self._loop.run_until_complete(self._prepare_publisher())
         count = topic_count(self.settings)
         self._subjects: Iterator[str] | None = itertools.cycle(topic_names(count, ".")) if count > 1 else None
+
+    async def _prepare_publisher(self) -> None:
+        """What a publisher sets up once connected (JetStream: its stream)."""
 
     def publish(self, payload: bytes) -> None:
         subject = next(self._subjects) if self._subjects else SUBJECT
@@ -240,6 +254,45 @@ class NatsAdapter(Adapter):
             self._thread.join(5)
         else:
             self._loop.run_until_complete(self.nc.close())
+
+
+class JetStreamAdapter(NatsAdapter):
+    """settings: {"url": ...} of a nats-server started with JetStream (bench/servers.py nats_jetstream)."""
+
+    name = "nats-jetstream"
+    STREAM = "BENCH"
+    WINDOW = 1000  # publish acknowledgements awaited at once
+
+    async def _ensure_stream(self) -> Any:
+        from nats.js.api import StorageType, StreamConfig
+        js = self.nc.jetstream()
+        await js.add_stream(StreamConfig(name=self.STREAM, subjects=[SUBJECT, f"{SUBJECT}.>"],
+                                         storage=StorageType.FILE))  # the same config again is no change
+        return js
+
+    async def _subscribe(self, subject: str, handler: Callable[[Any], Awaitable[None]]) -> None:
+        from nats.js.api import DeliverPolicy
+        js = await self._ensure_stream()
+        await js.subscribe(subject, cb=handler, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
+                           pending_msgs_limit=10_000_000, pending_bytes_limit=1 << 30)
+
+    async def _prepare_publisher(self) -> None:
+        self.js = await self._ensure_stream()
+
+    def publish(self, payload: bytes) -> None:
+        subject = next(self._subjects) if self._subjects else SUBJECT
+        self._loop.run_until_complete(self.js.publish(subject, payload))
+
+    def _burst(self, make_payload: Callable[[], bytes]) -> Callable[[int], Awaitable[None]]:
+        """n acknowledged publishes, WINDOW in flight at a time."""
+        js, subjects = self.js, self._subjects
+
+        async def burst(n: int) -> None:
+            for start in range(0, n, self.WINDOW):
+                await asyncio.gather(*(js.publish(next(subjects) if subjects else SUBJECT, make_payload())
+                                       for _ in range(min(self.WINDOW, n - start))))
+
+        return burst
 
 
 class RedisAdapter(Adapter):
@@ -310,9 +363,7 @@ class RabbitAdapter(Adapter):
         def run() -> None:
             try:
                 self.connection, channel = self._connect()
-                queue = channel.queue_declare("", exclusive=True).method.queue
-                channel.queue_bind(queue, SUBJECT)
-                channel.basic_consume(queue, lambda ch, method, props, body: on_payload(body), auto_ack=True)
+                self._consume(channel, on_payload)
                 self._channel = channel
                 ready.set()
                 channel.start_consuming()
@@ -326,6 +377,11 @@ class RabbitAdapter(Adapter):
         ready.wait(30)
         if failure:
             raise failure[0]
+
+    def _consume(self, channel: Any, on_payload: Callable[[bytes], None]) -> None:
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        channel.queue_bind(queue, SUBJECT)
+        channel.basic_consume(queue, lambda ch, method, props, body: on_payload(body), auto_ack=True)
 
     def open_publisher(self) -> None:
         self.connection, self.channel = self._connect()
@@ -343,3 +399,107 @@ class RabbitAdapter(Adapter):
             self._thread.join(5)
         if hasattr(self, "connection") and self.connection.is_open:
             self.connection.close()
+
+
+class RabbitQuorumAdapter(RabbitAdapter):
+    """settings: {"port": int}. A durable quorum queue bound to the bench exchange, persistent
+    messages, publisher confirms with up to WINDOW unconfirmed (pika's SelectConnection in a thread
+    of its own: the blocking connection waits for each confirm)."""
+
+    name = "rabbitmq-quorum"
+    QUEUE = "bench-quorum"
+    WINDOW = 1000  # unconfirmed publishes at once; the consumer's prefetch too
+
+    def _connect(self) -> Any:
+        connection, channel = super()._connect()
+        channel.queue_declare(self.QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        channel.queue_bind(self.QUEUE, SUBJECT)
+        return connection, channel
+
+    def _consume(self, channel: Any, on_payload: Callable[[bytes], None]) -> None:
+        """From the quorum queue, WINDOW unacked at most, one `multiple` ack per tenth of that."""
+        channel.basic_qos(prefetch_count=self.WINDOW)
+        every, count = self.WINDOW // 10, itertools.count(1)
+
+        def deliver(ch: Any, method: Any, props: Any, body: bytes) -> None:
+            on_payload(body)
+            if next(count) % every == 0:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+
+        channel.basic_consume(self.QUEUE, deliver)
+
+    def open_publisher(self) -> None:
+        import pika
+        declaring, _ = self._connect()
+        declaring.close()
+        self._cond = threading.Condition()
+        self._sent = self._confirmed = self._nacked = 0
+        self._singles: set[int] = set()  # confirmed one by one above _confirmed
+        opened = threading.Event()
+        self._properties = pika.BasicProperties(delivery_mode=2)
+
+        def on_channel(channel: Any) -> None:
+            self._pub = channel
+            channel.confirm_delivery(self._on_confirm, callback=lambda _frame: opened.set())
+
+        params = pika.ConnectionParameters(host="127.0.0.1", port=self.settings["port"], heartbeat=0)
+        self.connection = pika.SelectConnection(params, on_open_callback=lambda c: c.channel(
+            on_open_callback=on_channel))
+        self._ioloop = threading.Thread(target=self.connection.ioloop.start, daemon=True)
+        self._ioloop.start()
+        if not opened.wait(30):
+            raise TimeoutError("could not open a confirming channel to RabbitMQ")
+
+    def _on_confirm(self, frame: Any) -> None:
+        import pika
+        method = frame.method
+        with self._cond:
+            if isinstance(method, pika.spec.Basic.Nack):
+                self._nacked += 1
+            if method.multiple:
+                self._confirmed = max(self._confirmed, method.delivery_tag)
+                self._singles = {tag for tag in self._singles if tag > self._confirmed}
+            else:
+                self._singles.add(method.delivery_tag)
+            while self._confirmed + 1 in self._singles:
+                self._confirmed += 1
+                self._singles.discard(self._confirmed)
+            self._cond.notify_all()
+
+    def _publish_batch(self, payloads: list[bytes]) -> None:
+        """Hand `payloads` to the connection's thread once the window has room for them."""
+        for start in range(0, len(payloads), self.WINDOW):
+            piece = payloads[start:start + self.WINDOW]
+            with self._cond:
+                self._cond.wait_for(lambda: self._sent - self._confirmed + len(piece) <= self.WINDOW, timeout=60)
+                self._sent += len(piece)
+            channel, properties = self._pub, self._properties
+            self.connection.ioloop.add_callback_threadsafe(
+                lambda piece=piece: [channel.basic_publish(SUBJECT, "", p, properties) for p in piece])
+
+    def publish(self, payload: bytes) -> None:
+        self._publish_batch([payload])
+
+    def send_all(self, make_payload: Callable[[], bytes], count: int, rate: float) -> None:
+        def send(n: int) -> None:
+            self._publish_batch([make_payload() for _ in range(n)])
+
+        if rate <= 0:
+            for start in range(0, count, self.WINDOW):
+                send(min(self.WINDOW, count - start))
+        else:
+            pace(count, rate, send)
+
+    def drain(self) -> int:
+        """Wait for every confirm; the number confirmed (nacks are not)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._confirmed >= self._sent, timeout=60)
+            return self._confirmed - self._nacked
+
+    def close(self) -> None:
+        if hasattr(self, "_ioloop"):
+            self.connection.ioloop.add_callback_threadsafe(self.connection.close)
+            self.connection.ioloop.add_callback_threadsafe(self.connection.ioloop.stop)
+            self._ioloop.join(5)
+            return
+        super().close()

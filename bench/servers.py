@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-PACKAGES = {"nats": "nats-server", "redis": "redis-server", "rabbitmq": "rabbitmq-server"}
+PACKAGES = {"nats": "nats-server", "redis": "redis-server", "rabbitmq": "rabbitmq-server",
+            "nats-jetstream": "nats-server", "rabbitmq-quorum": "rabbitmq-server"}
 BINARIES = {"nats": "/usr/sbin/nats-server", "redis": "/usr/bin/redis-server",
             "rabbitmq": "/usr/lib/rabbitmq/bin/rabbitmq-server"}
+BINARIES.update({"nats-jetstream": BINARIES["nats"], "rabbitmq-quorum": BINARIES["rabbitmq"]})
 
 
 def free_port() -> int:
@@ -101,6 +103,20 @@ def nats(workdir: Path) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
+def nats_jetstream(workdir: Path) -> Iterator[dict[str, Any]]:
+    """nats-server with JetStream, its file store under `workdir` (default sync: the OS flushes; the
+    server acknowledges a publish once stored, before fsync)."""
+    port = free_port()
+    proc = _spawn([BINARIES["nats"], "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(workdir / "jetstream")],
+                  workdir)
+    try:
+        wait_port(port, proc, "nats-server -js")
+        yield {"url": f"nats://127.0.0.1:{port}", "pid": proc.pid}
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
 def redis(workdir: Path) -> Iterator[dict[str, Any]]:
     port = free_port()
     # No persistence; no output-buffer limit for pub/sub clients (default would disconnect a slow one).
@@ -134,6 +150,9 @@ def rabbitmq(workdir: Path) -> Iterator[dict[str, Any]]:
         _stop(proc)
         if not epmd_before:
             subprocess.run(["pkill", "-x", "epmd"], check=False)
+
+
+rabbitmq_quorum = rabbitmq  # the same server; the adapter declares a quorum queue
 
 
 def _epmd_running() -> bool:
