@@ -13,6 +13,7 @@ its publishers until a later `flush` goes through (backpressure, never loss). A 
 failed write that cannot be cut off, is BROKEN for good: nothing written since can be called durable.
 Retention deletes whole segments, oldest first, by age and by bytes; the segment being written goes
 only once all of it is past the age bound and nothing waits to be written to it.
+A store has one owner (the exchange's loop): it takes no locks.
 """
 
 from __future__ import annotations
