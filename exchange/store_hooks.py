@@ -8,10 +8,12 @@ from disk alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import msgpack
+
+from exchange.retention import TopicCounts
 from exchange.segment_store import SegmentStore, StoredFrame, StoreLimits
 from roq.storage_policy import StoragePolicy
 
@@ -37,13 +39,38 @@ def limits_for(policy: StoragePolicy, segment_bytes: int = SEGMENT_BYTES) -> Sto
     return StoreLimits(segment_bytes=segment_bytes, retention=policy.retention, retention_bytes=policy.retention_bytes)
 
 
-def fetch_below_memory(store: SegmentStore, after: int, before: int, prefixes: list[bytes], max_bytes: int,
-                       matches: Callable[[StoredFrame, tuple[bytes, ...]], bool] | None = None) -> StoreFetch:
-    """Frames with after < pos < before whose topic starts with one of `prefixes` (all if none),
-    about `max_bytes` of bodies (at least one frame if any): `Retention.read` for what the memory no
-    longer holds. `matches(frame, prefixes)` replaces the routing-topic test (a frame format whose
-    metadata lists its topics). Positions deleted by retention are passed over, as evicted ones are
-    by `Retention.read` (the caller counts them lost)."""
+def stored_frame(pos: int, stored_at: float, topic: bytes, body: bytes, messages: int,
+                 topics: TopicCounts = None) -> StoredFrame:
+    """What the store keeps of a frame the retention keeps (`Retention.add`'s arguments, with a wall
+    clock time): its distinct topics, when it has more than one, go in the metadata."""
+    return StoredFrame(pos, stored_at, topic, body, messages, encode_topics(topics))
+
+
+def encode_topics(topics: TopicCounts) -> bytes:
+    """A frame's distinct topics and their message counts as msgpack [[topic, count], ...]; b"": none."""
+    return b"" if topics is None else msgpack.packb([[topic, count] for topic, count in topics])
+
+
+def decode_topics(meta: bytes) -> TopicCounts:
+    if not meta:
+        return None
+    return tuple((bytes(topic), int(count)) for topic, count in msgpack.unpackb(meta))
+
+
+def holds(frame: StoredFrame, wanted: tuple[bytes, ...]) -> bool:
+    """Whether a message of the frame has a topic starting with one of `wanted` (Retention.read's test)."""
+    if frame.topic.startswith(wanted):
+        return True
+    topics = decode_topics(frame.meta)
+    return topics is not None and any(topic.startswith(wanted) for topic, _ in topics)
+
+
+def fetch_below_memory(store: SegmentStore, after: int, before: int, prefixes: list[bytes],
+                       max_bytes: int) -> StoreFetch:
+    """Frames with after < pos < before holding a message whose topic starts with one of `prefixes`
+    (all if none), about `max_bytes` of bodies (at least one frame if any): `Retention.read` for
+    what the memory no longer holds. Positions deleted by retention are passed over, as evicted ones
+    are by `Retention.read` (the caller counts them lost)."""
     before = min(before, store.end_pos)
     pos = max(after + 1, store.first_pos)
     wanted = tuple(prefixes)
@@ -55,7 +82,7 @@ def fetch_below_memory(store: SegmentStore, after: int, before: int, prefixes: l
         page = store.read(pos, before, max_bytes)
         damaged += page.damaged
         for frame in page.frames:
-            if match_all or (matches(frame, wanted) if matches else frame.topic.startswith(wanted)):
+            if match_all or holds(frame, wanted):
                 if found and size + len(frame.body) > max_bytes:
                     return StoreFetch(found, frame.pos - 1, False, damaged)
                 found.append((frame.topic, frame.body))
