@@ -8,14 +8,15 @@ from disk alike.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
 from exchange.retention import TopicCounts
 from exchange.segment_store import SegmentStore, StoredFrame, StoreLimits
-from roq.storage_policy import StoragePolicy
+from roq.storage_policy import StoragePolicy, policy_from_line
 
 STORE_DIR = "store"  # under hcm.data_dir: <STORE_DIR>/<queue>/<xid>/
 SEGMENT_BYTES = 64 << 20  # one segment file's size before the next is started
@@ -26,6 +27,38 @@ class StoreFetch(NamedTuple):
     scanned_to: int  # every position up to it was looked at
     done: bool  # False: max_bytes cut the page short
     damaged: list[tuple[int, int]]  # [first, end) positions whose records failed their checks: lost
+
+
+class PolicyInbox:
+    """The storage policy the HCM last sent, handed from the stdin thread to the loop: `deliver`
+    every line from the HCM (lines without a policy are ignored), `take` in the loop (None: no
+    change since the last take). `first` waits for the first one, which comes right after the
+    configuration (hcm/channel.py), so the store is opened with the queue's policy."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._latest: StoragePolicy | None = None
+        self._taken: StoragePolicy | None = None
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        policy = policy_from_line(message)
+        if policy is not None:
+            with self._changed:
+                self._latest = policy
+                self._changed.notify_all()
+
+    def take(self) -> StoragePolicy | None:
+        with self._changed:
+            if self._latest is None or self._latest == self._taken:
+                return None
+            self._taken = self._latest
+            return self._taken
+
+    def first(self, timeout: float) -> StoragePolicy | None:
+        """The first policy, waiting up to `timeout` seconds (None: none came: memory only)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._latest is not None, timeout)
+        return self.take()
 
 
 def store_dir(data_dir: str | Path, queue: str, xid: str) -> Path:

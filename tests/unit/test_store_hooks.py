@@ -4,6 +4,7 @@ same frames, so exchange/replay.py can serve a range from either."""
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,15 @@ from hypothesis import strategies as st
 
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits
-from exchange.store_hooks import decode_topics, encode_topics, fetch_below_memory, limits_for, store_dir, stored_frame
+from exchange.store_hooks import (
+    PolicyInbox,
+    decode_topics,
+    encode_topics,
+    fetch_below_memory,
+    limits_for,
+    store_dir,
+    stored_frame,
+)
 from roq.storage_policy import StoragePolicy
 from tests.profiles import examples
 
@@ -55,3 +64,20 @@ def test_a_frames_topics_go_in_its_metadata_and_come_back() -> None:
     assert encode_topics(None) == b"" and decode_topics(b"") is None
     topics = ((b"orders.eu", 2), (b"audit", 1))
     assert decode_topics(encode_topics(topics)) == topics
+
+
+def test_the_policy_inbox_hands_each_change_to_the_loop_once() -> None:
+    inbox = PolicyInbox()
+    assert inbox.first(timeout=0.01) is None  # none came: memory only
+    inbox.deliver({"commands": []})  # another line: nothing for the store
+    assert inbox.take() is None
+    line = {"storage": {"retention": 3600, "retention_bytes": 0}}
+    sender = threading.Thread(target=inbox.deliver, args=(line,))
+    sender.start()
+    assert inbox.first(timeout=10) == StoragePolicy(3600, 0)  # waited for it
+    sender.join()
+    assert inbox.take() is None  # handed over once
+    inbox.deliver(line)  # the same again: no change
+    assert inbox.take() is None
+    inbox.deliver({"storage": {"retention": 60, "retention_bytes": 1}})
+    assert inbox.take() == StoragePolicy(60, 1) and inbox.take() is None
