@@ -5,10 +5,12 @@ its journal and its replica."""
 
 from __future__ import annotations
 
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -301,3 +303,21 @@ def test_a_replica_copies_large_payloads_inline() -> None:
         pub.close()
     finally:
         e.close()
+
+
+def test_the_spark_source_reads_a_page_with_parts(loopback: Loopback) -> None:
+    """roq/spark/exchanges.py fetches on its own socket: a page's parts come with it."""
+    from roq.spark.exchanges import fetch_deliveries
+
+    payloads = [b"q" * LARGE, b"small", b"w" * (LARGE + 9)]
+    assert loopback.publish(payloads).kind == "ack"
+    upto = loopback.fw.retention.next_pos - 1
+    found: list[Any] = []
+    reader = threading.Thread(target=lambda: found.extend(
+        fetch_deliveries("x1", loopback.fw.parts.endpoints.replay, loopback.fw.incarnation, 0, upto, (b"big",), {},
+                         True)))
+    reader.start()
+    while reader.is_alive():  # the loop's turn, as the exchange's run loop would take it
+        loopback.fw.replay.drain()
+        reader.join(0.01)
+    assert [d.payloads for _, d in found] == [payloads]
