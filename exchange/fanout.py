@@ -47,36 +47,51 @@ class Fanout:
 
     def send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
              attrs: list[list[Any]] | None = None, offer: bool = True, block: Any = None,
-             topics: list[bytes] | None = None) -> int:
+             topics: list[bytes] | None = None, large: bool = False) -> int:
         """Number, retain and publish one frame of accepted messages (and offer it to the groups);
         `topic` is its routing topic, `topics` each message's topic when they differ from it (a
         frame of many topics, exchange/grouping.py), `size` the payloads' total. `attrs`: [index,
         priority, not_before_ms, key] of messages published with attributes. `block`: the payloads
         as the publisher encoded them (a two-part batch), spliced into the frame as they are.
-        Returns the frame's position."""
+        `large`: payloads that are not bytes are parts of their own (pyzmq Frames, protocol
+        section 4.2), sent after the body as the same objects. Returns the frame's position."""
         pos = self.retention.next_pos
         links = self.chains.links(topic, pos)
+        parts: list[Any] = []
+        if large:
+            slots, parts = protocol.split(payloads)  # the block's integer slots already number them so
         if block is not None:
             body = protocol.encode_delivery_spliced(self.xid, self.incarnation, pos, links, pub, sent_ns,
                                                     seqs, block, topics)
         else:
             body = protocol.encode_delivery(self.xid, self.incarnation, pos, links, pub, sent_ns, seqs,
-                                            payloads, attrs, topics)
-        self.retention.add(topic, body, len(seqs), topics=protocol.topic_counts(topics) if topics else None)
+                                            slots if parts else payloads, attrs, topics)
+        kept: Any = protocol.LargeBody(body, parts) if parts else body
+        self.retention.add(topic, kept, len(seqs), topics=protocol.topic_counts(topics) if topics else None)
         if self.groups and offer:
-            self.offer(pos, topic, pub, sent_ns, seqs, payloads, [tuple(a) for a in attrs] if attrs else None,
-                       topics=topics)
+            # Groups keep bytes (their work frames pack the payloads): a large payload is copied here.
+            self.offer(pos, topic, pub, sent_ns, seqs, list(map(protocol.as_bytes, payloads)) if parts else payloads,
+                       [tuple(a) for a in attrs] if attrs else None, topics=topics)
         if self.journal is not None:
-            self.journal.append(pos, topic, body, len(seqs))
+            self.journal.append(pos, topic, kept.inline() if parts else body, len(seqs))
         self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
         # A big frame goes to libzmq without a copy: retention keeps the bytes alive anyway.
-        self.back.send(body, 0, copy=len(body) < ZERO_COPY_BYTES)
+        self.back.send(body, _MORE if parts else 0, copy=len(body) < ZERO_COPY_BYTES)
+        if parts:
+            self._send_parts(parts)
         totals = self.stats.totals
         totals.msgs_out += len(seqs)
         totals.bytes_in += size  # every accepted payload is sent once, here
         totals.bytes_out += size
         totals.frames_out += 1
         return pos
+
+    def _send_parts(self, parts: list[Any]) -> None:
+        """The large payloads after the body: the Frames they came in, so libzmq shares their buffers."""
+        last = len(parts) - 1
+        send = self.back.send
+        for index, part in enumerate(parts):
+            send(part, 0 if index == last else _MORE, copy=False)
 
     def drain_subscriptions(self) -> None:
         while True:

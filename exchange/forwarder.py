@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -122,9 +122,9 @@ class Forwarder:
     def durable_pos(self) -> int:
         return self.durability.durable_pos()
 
-    def handle_publisher(self, ident: bytes, payload: bytes, block: Any = None) -> None:
+    def handle_publisher(self, ident: bytes, payload: bytes, block: Any = None, parts: Sequence[Any] = ()) -> None:
         """One publisher message, answered."""
-        self.ingest.handle(ident, payload, block)
+        self.ingest.handle(ident, payload, block, parts)
 
     def ask_publishers_to_move(self, reason: str | None = None) -> int:
         """Tell every connected publisher to go to another exchange (before shutdown); the reason

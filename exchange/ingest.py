@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 _NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 DRAIN_BUDGET = 256  # publisher frames handled per wake-up
+_PAYLOAD_TYPES = {bytes, zmq.Frame}  # a large payload stays the Frame it came in (protocol section 3.2.2)
 
 
 class PublisherIngest:
@@ -70,26 +72,28 @@ class PublisherIngest:
                 ident = front.recv(_NOBLOCK)
             except zmq.Again:
                 return
-            frame, block, extra = _rest_of_message(front)
-            if frame is None or extra:
+            frame, block, parts = _rest_of_message(front)
+            if frame is None or len(parts) > protocol.MAX_PARTS:
                 self.stats.totals.malformed += 1
                 self.reply(ident, protocol.encode_publisher_error(
-                    protocol.MALFORMED, "expected one frame per message, or two for a batch of one topic"))
+                    protocol.MALFORMED, "expected one frame per message, two for a batch in two parts, and at "
+                    f"most {protocol.MAX_PARTS} large payloads' parts after those two"))
                 continue
             try:
-                self._handle(ident, frame, block)
+                self._handle(ident, frame, block, parts)
             except Exception:  # never end the exchange on one frame
                 self.stats.totals.internal_errors += 1
                 log.exception("unexpected error while handling a publisher frame; going on")
 
-    def handle(self, ident: bytes, payload: bytes, block: Any = None) -> None:
+    def handle(self, ident: bytes, payload: bytes, block: Any = None, parts: Sequence[Any] = ()) -> None:
         """One publisher message, answered (the drain holds acks back to send one per connection)."""
-        self._handle(ident, payload, block)
+        self._handle(ident, payload, block, parts)
         self._send_acks()
 
-    def _handle(self, ident: bytes, payload: bytes, block: Any = None) -> None:
+    def _handle(self, ident: bytes, payload: bytes, block: Any = None, parts: Sequence[Any] = ()) -> None:
+        """`parts`: the large payloads' parts after a batch's block (pyzmq Frames, passed on as they are)."""
         try:
-            frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes, block)
+            frame = protocol.decode_publisher_frame(payload, self.config.max_batch_bytes, block, parts)
         except protocol.RefusedBatch as err:
             self.stats.totals.malformed += 1
             self.reply(ident, protocol.encode_resend(self.sessions.refusal_point(ident, err.publisher),
@@ -151,7 +155,7 @@ class PublisherIngest:
                 # The common case, checked with C-level calls instead of a loop per message.
                 first = batch.first_seq + skip
                 self._send_grouped(pub, batch.sent_ns, list(range(first, first + len(payloads))), topics, distinct,
-                                   payloads, size, block)
+                                   payloads, size, block, large=bool(batch.parts))
             else:
                 self._forward_one_by_one(ident, batch, skip)
             totals.msgs_in += count - skip
@@ -168,17 +172,18 @@ class PublisherIngest:
 
     def _send_grouped(self, pub: str, sent_ns: int, seqs: list[int], topics: list[bytes], distinct: set[bytes],
                       payloads: list[bytes], size: int, block: Any = None,
-                      attrs: list[list[Any]] | None = None) -> None:
+                      attrs: list[list[Any]] | None = None, large: bool = False) -> None:
         """Accepted messages as one frame per run of the same matching subscriptions (exchange/grouping.py).
         `block`: the payloads as the publisher encoded them, spliced when the batch is one frame.
-        `attrs`: [index, priority, not_before_ms, key(, headers)] of messages with attributes."""
+        `attrs`: [index, priority, not_before_ms, key(, headers)] of messages with attributes.
+        `large`: some payloads are parts of their own (Frames), sent on as such."""
         for frame in frames_of(self.chains, seqs, topics, payloads, attrs, distinct):
             if frame.whole:  # the fast path: one frame, the block spliced as it came
                 self._send(frame.topic, pub, sent_ns, seqs, payloads, size, frame.attrs, block=block,
-                           topics=frame.topics)
+                           topics=frame.topics, large=large)
             else:
                 self._send(frame.topic, pub, sent_ns, frame.seqs, frame.payloads, sum(map(len, frame.payloads)),
-                           frame.attrs, topics=frame.topics)
+                           frame.attrs, topics=frame.topics, large=large)
 
     def _forward_one_by_one(self, ident: bytes, batch: protocol.Batch, skip: int) -> None:
         """Attributes or a bad message: check each, reject the bad ones, send the rest grouped."""
@@ -217,7 +222,7 @@ class PublisherIngest:
             payloads.append(payload)
         if seqs:
             self._send_grouped(pub, batch.sent_ns, seqs, topics, set(topics), payloads, sum(map(len, payloads)),
-                               attrs=attrs or None)
+                               attrs=attrs or None, large=bool(batch.parts))
 
     def _send_acks(self) -> None:
         acks, self._acks = self._acks, {}
@@ -251,22 +256,30 @@ class PublisherIngest:
         return len(routes)
 
 
-def _rest_of_message(sock: zmq.Socket) -> tuple[bytes | None, Any, bool]:
+def _rest_of_message(sock: zmq.Socket) -> tuple[bytes | None, Any, list[zmq.Frame]]:
     """The parts after the routing id: the frame, a two-part batch's payload block (not copied out
-    of libzmq's message: it is spliced into the delivery as it is) and whether more parts followed
-    (refused)."""
+    of libzmq's message: it is spliced into the delivery as it is) and the parts after the block."""
     more = sock.getsockopt
     if not more(_RCVMORE):
-        return None, None, False
+        return None, None, []
     frame = sock.recv()
     if not more(_RCVMORE):
-        return frame, None, False
+        return frame, None, []
     block = sock.recv(copy=False).buffer
-    extra = False
+    return frame, block, _large_parts(sock) if more(_RCVMORE) else []
+
+
+def _large_parts(sock: zmq.Socket) -> list[zmq.Frame]:
+    """The parts after a batch's block, one per large payload (protocol section 3.2.2), as libzmq's
+    messages: the fan-out sends the same Frames on, so their bytes are never copied. Beyond
+    MAX_PARTS the rest is read and dropped (the caller refuses the message)."""
+    parts: list[zmq.Frame] = []
+    more = sock.getsockopt
     while more(_RCVMORE):
-        sock.recv()
-        extra = True
-    return frame, block, extra
+        part = sock.recv(copy=False)
+        if len(parts) <= protocol.MAX_PARTS:
+            parts.append(part)
+    return parts
 
 
 def _valid_topics(topics: list[Any]) -> set[bytes] | None:
@@ -279,8 +292,8 @@ def _valid_topics(topics: list[Any]) -> set[bytes] | None:
 
 
 def _valid_payloads(payloads: list[Any], max_size: int) -> int:
-    """The payloads' total size if each is a bytes within the size limit, else -1."""
-    if set(map(type, payloads)) != {bytes}:
+    """The payloads' total size if each is a bytes (or a part of its own) within the size limit, else -1."""
+    if not set(map(type, payloads)) <= _PAYLOAD_TYPES:
         return -1
     size = sum(map(len, payloads))
     # A total within the limit means every payload is: the max is only needed for big batches.
@@ -292,7 +305,7 @@ def _check_message(topic: Any, payload: Any, max_size: int, headers_size: int = 
     size limit with its payload."""
     if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC_BYTES or topic[:1] == b"\x00":
         return ("invalid_name", f"topic must be 1-{MAX_TOPIC_BYTES} bytes, not starting with NUL")
-    if not isinstance(payload, bytes):
+    if type(payload) not in _PAYLOAD_TYPES:
         return ("malformed", "payload must be bytes (msgpack bin)")
     if len(payload) + headers_size > max_size:
         with_headers = f" and {headers_size} bytes of headers" if headers_size else ""

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -109,8 +109,9 @@ class ReplayServer:
         lost, exact = store.lost(req.after, before, req.prefixes)
         self._count("fetches", 1)
         self._count("fetched_frames", len(found))
-        self._send(ident, protocol.encode_frames(req.request_id, incarnation, store.served_from, found,
-                                                 scanned_to, done, lost, exact), tracked=True)
+        reply, *parts = protocol.encode_frames_message(req.request_id, incarnation, store.served_from, found,
+                                                       scanned_to, done, lost, exact)
+        self._send(ident, reply, tracked=True, parts=parts)
 
     def _store(self, incarnation: str) -> tuple[Retention | None, str]:
         """The stream a request names ("": our own running one)."""
@@ -144,16 +145,25 @@ class ReplayServer:
         last = [self.chains.track(prefix, next_pos) for prefix in req.prefixes]
         return protocol.encode_position(req.request_id, self.incarnation, self.retention.served_from, next_pos, last)
 
-    def _send(self, ident: bytes, body: bytes, tracked: bool = False) -> None:
+    def _send(self, ident: bytes, body: bytes, tracked: bool = False, parts: Sequence[Any] = ()) -> None:
+        """`parts`: large payloads' parts after a `frames` answer (the Frames retention holds: libzmq
+        shares their buffers); the last part sent is the tracked one."""
+        size = len(body) + sum(map(len, parts))
         try:
             self.sock.send(ident, zmq.SNDMORE | zmq.NOBLOCK)
             if not tracked:
                 self.sock.send(body, zmq.NOBLOCK)
                 return
-            tracker = self.sock.send(zmq.Frame(body, track=True, copy=False), zmq.NOBLOCK, copy=False, track=True)
+            if parts:
+                self.sock.send(body, zmq.SNDMORE | zmq.NOBLOCK)
+                for part in parts[:-1]:
+                    self.sock.send(part, zmq.SNDMORE | zmq.NOBLOCK, copy=False)
+                body = parts[-1]
+            # A new Frame over the same buffer: sent without a copy, and tracked.
+            data = body.buffer if isinstance(body, zmq.Frame) else body
+            tracker = self.sock.send(zmq.Frame(data, track=True, copy=False), zmq.NOBLOCK, copy=False, track=True)
         except zmq.ZMQError:
             return  # the subscriber is gone or its queue is full; it will ask again
-        size = len(body)
         self._in_flight.append((tracker, ident, size))
         self.held += size
         self._held_by[ident] = self._held_by.get(ident, 0) + size

@@ -134,7 +134,10 @@ class ReplicaLink:
             entries = retention.entries(start, self.page_bytes)
             if not entries:
                 return
-            page = protocol.encode_copy(self.incarnation, start, entries, self.proof, jump=start > self.sent)
+            # A frame with large payloads' parts is copied inline (its bytes in the body): a copy page
+            # packs every body anyway (protocol section 6.1).
+            inlined = [[topic, protocol.inline(body), messages] for topic, body, messages in entries]
+            page = protocol.encode_copy(self.incarnation, start, inlined, self.proof, jump=start > self.sent)
             if not self._send(page):
                 return
             if not self._pages:

@@ -36,6 +36,9 @@ class ClientConfig:
     # Off: one frame per batch (protocol 3.2's one-frame form).
     payload_blocks: bool = setting(True, "a batch without attributes goes as two parts, its payloads as one block "
                                    "the exchange passes on without packing each again")
+    # Needs payload_blocks: the parts follow a batch's block (protocol 3.2.2).
+    large_payload_bytes: int = setting(16 << 10, "a payload this big (or bigger) travels as a ZeroMQ part of its own "
+                                       "that the exchange forwards without copying; 0: never", lo=0)
     publish_timeout: float = setting(30.0, "how long publish() blocks under backpressure", positive=True)
     confirm_timeout: float = setting(5.0, "no confirm this long: move to another exchange", positive=True)
     # An exchange that dies may have confirmed messages its subscribers never got: must outlast

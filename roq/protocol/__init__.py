@@ -97,6 +97,7 @@ from roq.protocol.fields import (  # noqa: F401
     Field,
     Frame,
 )
+from roq.protocol.large import LARGE_PAYLOAD_BYTES, MAX_PARTS, LargeBody, as_bytes, inline, resolve, split  # noqa: F401
 from roq.protocol.publish import (  # noqa: F401
     BATCH,
     BATCH_FRAME,
@@ -123,6 +124,7 @@ from roq.protocol.publish import (  # noqa: F401
     decode_publisher_frame,
     encode_ack,
     encode_batch,
+    encode_batch_message,
     encode_batch_parts,
     encode_bye,
     encode_hello,
@@ -132,6 +134,7 @@ from roq.protocol.publish import (  # noqa: F401
     encode_resend,
     encode_welcome,
     publisher_id_for,
+    split_large,
 )
 from roq.protocol.replay import (  # noqa: F401
     FETCH,
@@ -151,6 +154,7 @@ from roq.protocol.replay import (  # noqa: F401
     decode_replay_request,
     encode_fetch,
     encode_frames,
+    encode_frames_message,
     encode_position,
     encode_position_request,
     encode_progress,

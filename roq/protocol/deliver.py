@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from roq.protocol.codec import (
     version_refusal,
 )
 from roq.protocol.fields import Array, Bin, Conversation, Field, Int, ListOf, Nullable, Str, Test, frame
+from roq.protocol.large import MAX_PARTS, LargeBody, as_bytes, resolve
 
 DELIVERY, SYNC, BEAT = "delivery", "sync", "beat"
 SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
@@ -145,7 +147,9 @@ def encode_delivery_spliced(exchange_id: str, incarnation: str, pos: int, chains
                             publisher: str, sent_ns: int, seqs: list[int], block: Any,
                             topics: list[bytes] | None = None) -> bytes:
     """encode_delivery's bytes, exactly, with the payloads given as their msgpack array already
-    encoded (a two-part batch's second part): the array is copied once, not packed again."""
+    encoded (a two-part batch's second part): the array is copied once, not packed again. Its
+    integer slots (large payloads, section 3.2.2) stay as they are: the batch's parts follow the
+    delivery in the same order."""
     head = pack([DELIVERY, DATA_VERSION, exchange_id, incarnation, pos, chains, publisher, sent_ns, seqs])
     # The nine fields' array becomes an eleven-field one: the block, then the topics.
     return b"".join((bytes((_FIXARRAY | 11,)), memoryview(head)[1:], block, _NIL if topics is None else pack(topics)))
@@ -158,10 +162,15 @@ def unpack_delivery(frame: bytes | memoryview) -> Any:
         raise ProtocolError("delivery is not valid msgpack") from None
 
 
-def decode_delivery(frame: bytes | memoryview) -> Delivery:
+def decode_delivery(frame: bytes | memoryview | LargeBody, parts: Sequence[Any] = ()) -> Delivery:
     """A delivery body, every field checked (section 4.2): DELIVERY_FRAME's checks by hand, since
-    every subscriber runs this once per frame."""
-    msg = unpack_delivery(frame)
+    every subscriber runs this once per frame. `parts`: the ZeroMQ parts after the body, one per
+    integer payload slot (a large payload's, section 4.2); each payload is then their bytes, taken
+    once (a LargeBody brings its own parts)."""
+    if isinstance(frame, LargeBody):
+        msg, parts = unpack_delivery(frame.body), frame.parts
+    else:
+        msg = unpack_delivery(frame)
     if not isinstance(msg, list) or len(msg) not in (11, 12) or msg[0] != DELIVERY or msg[1] != DATA_VERSION:
         if isinstance(msg, list) and len(msg) > 1 and msg[0] == DELIVERY and msg[1] != DATA_VERSION:
             raise ProtocolError(version_refusal(msg[1]))
@@ -177,6 +186,10 @@ def decode_delivery(frame: bytes | memoryview) -> Delivery:
             isinstance(c, list) and len(c) == 2 and is_int(c[0], 0, MAX_TOPIC) and is_int(c[1], 0, pos - 1)
             for c in chains):
         raise ProtocolError("delivery chains must be [[prefix_length, prev < pos], ...]")
+    if len(parts) > MAX_PARTS:
+        raise ProtocolError(f"delivery has {len(parts)} parts after its body; at most {MAX_PARTS}")
+    if isinstance(payloads, list) and (parts or int in set(map(type, payloads))):
+        payloads = [as_bytes(p) if type(p) is not bytes else p for p in resolve(payloads, parts, "delivery")]
     if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads) \
             or not all_ints(seqs, 1) or (payloads and set(map(type, payloads)) != {bytes}):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length (integers, bin)")
@@ -192,9 +205,11 @@ def topic_counts(topics: list[bytes]) -> tuple[tuple[bytes, int], ...] | None:
     return tuple(counts.items()) if len(counts) > 1 else None
 
 
-def body_topics(body: bytes | memoryview) -> tuple[tuple[bytes, int], ...] | None:
+def body_topics(body: bytes | memoryview | LargeBody) -> tuple[tuple[bytes, int], ...] | None:
     """topic_counts of a retained delivery body (a replica's copy, a journal's record); None when
     it holds one topic or cannot be read."""
+    if isinstance(body, LargeBody):
+        body = body.body
     try:
         msg = msgpack.unpackb(body, raw=False)
     except Exception:

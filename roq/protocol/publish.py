@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -24,6 +25,7 @@ from roq.protocol.codec import (
     unpack,
 )
 from roq.protocol.fields import Bin, Conversation, Field, Int, Pattern, Str, Test, frame
+from roq.protocol.large import MAX_PARTS, resolve
 
 HELLO, BATCH, BYE = "hello", "batch", "bye"
 WELCOME, REJECT, RESEND, MOVE = "welcome", "reject", "resend", "move"
@@ -66,6 +68,9 @@ class Batch:
     topic: Any = None  # the two-part form: every message's topic, or a list of one per message ...
     payloads: list[Any] | None = None  # ... the payloads, decoded from ...
     block: Any = None  # ... the second part, a msgpack array of bin (bytes or a buffer)
+    # The parts after the block, one per large payload (section 3.2.2): `payloads` holds them in
+    # the block's integer slots' places, as received (pyzmq Frames on the exchange).
+    parts: tuple[Any, ...] = field(default=(), repr=False)  # not shown: tests/unit/test_protocol_wire.py pins reprs
 
     @property
     def count(self) -> int:
@@ -142,14 +147,40 @@ def encode_batch(publisher: str, first_seq: int, sent_ns: int, flat: list[Any]) 
 
 
 def encode_batch_parts(publisher: str, first_seq: int, sent_ns: int, topics: bytes | list[bytes],
-                       payloads: list[bytes]) -> tuple[bytes, bytes]:
+                       payloads: list[Any]) -> tuple[bytes, bytes]:
     """`batch` without attributes in two parts: the header with the topics (one bin when every
     message has it, else one per payload), then the payloads as one msgpack array, which the
-    exchange splices into its deliveries as it is (section 3.2)."""
+    exchange splices into its deliveries as it is (section 3.2). A payload slot may be an integer
+    when its payload follows as a part of its own (encode_batch_message)."""
     if isinstance(topics, list) and topics.count(topics[0]) == len(topics):
         topics = topics[0]  # one topic: named once
     return (pack([BATCH, DATA_VERSION, publisher, first_seq, sent_ns, topics]),
             msgpack.packb(payloads, use_bin_type=True))
+
+
+def encode_batch_message(publisher: str, first_seq: int, sent_ns: int, topics: bytes | list[bytes],
+                         payloads: list[bytes], large_bytes: int = 0) -> list[bytes]:
+    """A batch without attributes as the parts of one ZeroMQ message: encode_batch_parts' two,
+    then, when `large_bytes` > 0, each payload of at least that many bytes as a part of its own,
+    its slot in the block the part's index (section 3.2.2): never packed, never copied."""
+    parts: list[bytes] = []
+    if large_bytes > 0 and payloads and max(map(len, payloads)) >= large_bytes:
+        payloads, parts = split_large(payloads, large_bytes)
+    return [*encode_batch_parts(publisher, first_seq, sent_ns, topics, payloads), *parts]
+
+
+def split_large(payloads: list[bytes], large_bytes: int) -> tuple[list[Any], list[bytes]]:
+    """The payload slots with each payload of at least `large_bytes` replaced by the next integer,
+    and those payloads in order."""
+    slots: list[Any] = []
+    parts: list[bytes] = []
+    for payload in payloads:
+        if len(payload) >= large_bytes and len(parts) < MAX_PARTS:
+            slots.append(len(parts))
+            parts.append(payload)
+        else:
+            slots.append(payload)
+    return slots, parts
 
 
 def encode_bye(publisher: str) -> bytes:
@@ -170,24 +201,25 @@ def unpack_publisher_frame(frame: bytes, max_size: int) -> Any:
         raise ProtocolError(f"frame is not valid msgpack: {type(exc).__name__}") from None
 
 
-def decode_publisher_frame(frame: bytes, max_size: int, block: Any = None) -> Hello | Batch | Bye:
+def decode_publisher_frame(frame: bytes, max_size: int, block: Any = None,
+                           parts: Sequence[Any] = ()) -> Hello | Batch | Bye:
     """A publisher's frame, every field checked; ProtocolError (RefusedBatch when it is a batch
     that can be attributed) otherwise. `block`: the second part of a two-part batch (bytes or a
-    buffer), None when the message had one part."""
+    buffer), None when the message had one part; `parts`: the parts after it (3.2.2)."""
     msg = unpack_publisher_frame(frame, max_size)
     kind = kind_and_version(msg, "publisher frame")
     # One rule for every kind, checked first: a frame naming no valid id cannot be attributed.
     if len(msg) < 3 or not PUBLISHER.type.ok(msg[2]):
         raise ProtocolError(f"publisher id must be {PUBLISHER.type.doc}")
     if kind == BATCH:
-        return _decode_batch(msg, msg[2], block, max_size - len(frame))
+        return _decode_batch(msg, msg[2], block, max_size - len(frame), parts)
     if block is not None:
         raise ProtocolError(f"a {kind} is one frame; only a batch has two")
     decoded: Hello | Bye = PUBLISHER_FRAMES.decode(msg)
     return decoded
 
 
-def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int) -> Batch:
+def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int, parts: Sequence[Any] = ()) -> Batch:
     """BATCH_FRAME's checks, by hand: this is the exchange's hot path."""
     if len(msg) < 4 or not is_int(msg[3], 1):
         raise ProtocolError(f"batch first_seq must be {SEQ.doc}")
@@ -199,7 +231,7 @@ def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int) 
         raise RefusedBatch("batch sent_ns must be an integer from 0 to 2^64-1 (a msgpack integer, "
                            "not a float)", publisher, first_seq)
     if block is not None or isinstance(flat, bytes):  # the two-part form (a list then names the topics)
-        return _decode_two_part_batch(publisher, first_seq, sent_ns, flat, block, block_limit)
+        return _decode_two_part_batch(publisher, first_seq, sent_ns, flat, block, block_limit, parts)
     if not _flat_messages(flat):
         raise RefusedBatch("batch messages must be a non-empty flat array [topic, payload, ...]",
                            publisher, first_seq)
@@ -209,7 +241,7 @@ def _decode_batch(msg: list[Any], publisher: str, block: Any, block_limit: int) 
 
 
 def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topics: Any, block: Any,
-                           block_limit: int) -> Batch:
+                           block_limit: int, parts: Sequence[Any] = ()) -> Batch:
     """A batch in two parts: the header names the topics (one bin for all, or one per payload),
     the second part holds the payloads as one msgpack array. The block is decoded here (C-level)
     so that every payload is known to be a bin before the exchange passes the block on."""
@@ -219,8 +251,11 @@ def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topics:
         raise RefusedBatch(f"a two-part batch is [\"batch\", {DATA_VERSION}, publisher, first_seq, sent_ns, topics] "
                            "(topics: one bin, or an array of bin, one per payload) then [payload, ...] in a "
                            "second frame", publisher, first_seq)
-    if len(block) > block_limit:
-        raise RefusedBatch(f"batch of {len(block)} payload bytes exceeds exchange.max_batch_bytes",
+    if len(parts) > MAX_PARTS:
+        raise RefusedBatch(f"batch has {len(parts)} parts after its block; at most {MAX_PARTS}", publisher, first_seq)
+    size = len(block) + sum(map(len, parts))
+    if size > block_limit:
+        raise RefusedBatch(f"batch of {size} payload bytes exceeds exchange.max_batch_bytes",
                            publisher, first_seq)
     try:
         payloads = msgpack.unpackb(block, raw=False, max_bin_len=block_limit, max_str_len=block_limit,
@@ -228,8 +263,15 @@ def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topics:
     except Exception as exc:
         raise RefusedBatch(f"batch payloads are not one msgpack array: {type(exc).__name__}",
                            publisher, first_seq) from None
-    if not isinstance(payloads, list) or not payloads or set(map(type, payloads)) != {bytes}:
-        raise RefusedBatch("batch payloads must be a non-empty array of bin", publisher, first_seq)
+    types = set(map(type, payloads)) if isinstance(payloads, list) else set()
+    if not payloads or not (types == {bytes} or (parts and types <= {bytes, int})):
+        raise RefusedBatch("batch payloads must be a non-empty array of bin (or, for the parts after it, "
+                           "integer slots)", publisher, first_seq)
+    if parts or int in types:
+        try:
+            payloads = resolve(payloads, parts, "batch")
+        except ProtocolError as exc:
+            raise RefusedBatch(str(exc), publisher, first_seq) from None
     if not one_topic and len(topics) != len(payloads):
         raise RefusedBatch(f"batch names {len(topics)} topics for {len(payloads)} payloads: one bin for all, "
                            "or one per payload", publisher, first_seq)
@@ -237,7 +279,7 @@ def _decode_two_part_batch(publisher: str, first_seq: int, sent_ns: int, topics:
         raise RefusedBatch("batch sequence numbers would pass 2^63-1", publisher, first_seq)
     if not one_topic and topics.count(topics[0]) == len(topics):
         topics = topics[0]  # one topic after all: the single-topic fast path
-    return Batch(publisher, first_seq, sent_ns, [], topics, payloads, block)
+    return Batch(publisher, first_seq, sent_ns, [], topics, payloads, block, tuple(parts))
 
 
 def decode_batch_declared(msg: list[Any], publisher: str) -> Batch:

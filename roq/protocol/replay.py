@@ -20,6 +20,7 @@ from roq.protocol.codec import (
     unpack,
 )
 from roq.protocol.fields import Anything, Array, Bin, Bool, Conversation, Field, Int, ListOf, Str, Test, frame
+from roq.protocol.large import MAX_PARTS, LargeBody
 
 FETCH, FRAMES, POSITION, PROGRESS = "fetch", "frames", "position", "progress"
 MAX_CONSUMER_NAME = 63  # a durable subscriber's name (roq.names.check_subscriber_name)
@@ -99,7 +100,7 @@ class Frames:
     request_id: int
     incarnation: str
     oldest: int  # oldest position still retained
-    frames: list[tuple[bytes, bytes]]  # (topic, delivery body), in position order
+    frames: list[tuple[bytes, Any]]  # (topic, delivery body: bytes, or a LargeBody with its parts), in order
     scanned_to: int  # every position <= this was looked at
     done: bool
     lost: int  # messages of the prefixes evicted in (after, oldest) before this fetch
@@ -138,7 +139,9 @@ def _frames(request_id: int, incarnation: str, oldest: int, frames: list[list[by
 REPLAY_REPLIES = Conversation(
     "replay reply",
     frame(FRAMES, Field("request_id", Int()), Field("incarnation", Str()), Field("oldest", Int()),
-          Field("frames", ListOf(Array(Field("topic", Bin()), Field("body", Bin()))), shown="[[topic, body], ...]"),
+          Field("frames", ListOf(Array(Field("topic", Bin()), Field("body", Bin()),
+                                       Field("parts", Int(1, MAX_PARTS), optional=True))),
+                shown="[[topic, body] or [topic, body, parts], ...]"),
           Field("scanned_to", Int()), Field("done", Bool()),
           Field("lost", Array(Field("lost", Int()), Field("exact", Bool())), shown="[lost, exact]"), build=_frames),
     frame(POSITION, Field("request_id", Int()), Field("incarnation", Str()), Field("oldest", Int()),
@@ -148,11 +151,27 @@ REPLAY_REPLIES = Conversation(
 )
 
 
-def encode_frames(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, bytes]],
+def encode_frames(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, Any]],
                   scanned_to: int, done: bool, lost: int, lost_exact: bool) -> bytes:
-    """One page of a fetch, with what was evicted from the range before it was asked for."""
+    """One page of a fetch, with what was evicted from the range before it was asked for (every
+    body bytes: encode_frames_message takes frames with large payloads' parts too)."""
     return pack([FRAMES, DATA_VERSION, request_id, incarnation, oldest, frames, scanned_to, done,
                  [lost, lost_exact]])
+
+
+def encode_frames_message(request_id: int, incarnation: str, oldest: int, frames: list[tuple[bytes, Any]],
+                          scanned_to: int, done: bool, lost: int, lost_exact: bool) -> list[Any]:
+    """encode_frames as the parts of one ZeroMQ message: the reply, then the large payloads'
+    parts of its frames in frame order (a LargeBody's entry is [topic, body, parts])."""
+    entries: list[Any] = []
+    parts: list[Any] = []
+    for topic, body in frames:
+        if isinstance(body, LargeBody):
+            entries.append([topic, body.body, len(body.parts)])
+            parts += body.parts
+        else:
+            entries.append((topic, body))
+    return [encode_frames(request_id, incarnation, oldest, entries, scanned_to, done, lost, lost_exact), *parts]
 
 
 def encode_position(request_id: int, incarnation: str, oldest: int, next_pos: int, last: list[int]) -> bytes:
@@ -165,10 +184,35 @@ def encode_replay_error(request_id: int | None, code: str, message: str) -> byte
     return pack([ERROR, DATA_VERSION, request_id, code, message])
 
 
-def decode_replay_reply(frame: bytes, max_size: int) -> Frames | StreamPosition:
-    """A `frames` or `position` answer; an `error` answer raises ReplayRefused."""
-    reply = REPLAY_REPLIES.decode(unpack(frame, max_size))
+def decode_replay_reply(frame: bytes, max_size: int, parts: Sequence[Any] = ()) -> Frames | StreamPosition:
+    """A `frames` or `position` answer; an `error` answer raises ReplayRefused. `parts`: the ZeroMQ
+    parts after the reply, which a `frames` answer's [topic, body, parts] entries take in order."""
+    msg = unpack(frame, max_size)
+    reply = REPLAY_REPLIES.decode(msg)
     if isinstance(reply, ReplayRefused):
         raise reply
-    decoded: Frames | StreamPosition = reply
+    if isinstance(reply, Frames):
+        return _with_parts(reply, msg[5], parts) if parts or any(len(f) == 3 for f in msg[5]) else reply
+    if parts:
+        raise ProtocolError(f"a {msg[0]} answer is one part, not {1 + len(parts)}")
+    decoded: StreamPosition = reply
     return decoded
+
+
+def _with_parts(reply: Frames, entries: list[list[Any]], parts: Sequence[Any]) -> Frames:
+    """The page with each [topic, body, n] entry's body a LargeBody holding the next n parts."""
+    frames: list[tuple[bytes, Any]] = []
+    taken = 0
+    for entry in entries:
+        if len(entry) == 2:
+            frames.append((entry[0], entry[1]))
+            continue
+        mine = parts[taken:taken + entry[2]]
+        if len(mine) != entry[2]:
+            raise ProtocolError(f"frames answer names more parts than the {len(parts)} after it")
+        frames.append((entry[0], LargeBody(entry[1], mine)))
+        taken += entry[2]
+    if taken != len(parts):
+        raise ProtocolError(f"frames answer names {taken} parts but {len(parts)} follow it")
+    return Frames(reply.request_id, reply.incarnation, reply.oldest, frames, reply.scanned_to, reply.done,
+                  reply.lost, reply.lost_exact)

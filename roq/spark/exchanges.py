@@ -117,7 +117,8 @@ def fetch_deliveries(exchange: str, replay: str, incarnation: str, after: int, u
             sock.send(protocol.encode_fetch(request_id, incarnation, after, upto + 1, list(topics), PAGE_BYTES))
             if not sock.poll(FETCH_TIMEOUT_MS):
                 raise TimeoutError(f"exchange {exchange} did not answer a fetch in {FETCH_TIMEOUT_MS / 1000:.0f}s")
-            page = protocol.decode_replay_reply(sock.recv(), 1 << 30)
+            reply, *parts = sock.recv_multipart(copy=False)  # large payloads' parts follow a page (protocol 5.1)
+            page = protocol.decode_replay_reply(reply.bytes, 1 << 30, parts)
             if not isinstance(page, protocol.Frames) or page.request_id != request_id:
                 continue
             if page.oldest > after + 1 and after > 0 and fail_on_loss:

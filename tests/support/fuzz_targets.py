@@ -170,6 +170,29 @@ def exchange_topics_batch(data: bytes) -> None:
     forwarder.handle_publisher(BLOCK_ROUTE, head, protocol.msgpack.packb([b"a", b"", b"c" * 40]))
 
 
+FUZZ_PARTS = (b"L" * 600, b"M" * 3)  # the parts after a fuzzed block or body (protocol 3.2.2, 4.2)
+
+
+def exchange_parted_batch(data: bytes) -> None:
+    """The block of a two-part batch followed by two large payloads' parts (protocol 3.2.2) at a
+    live exchange: refused whole, or forwarded with the parts after the delivery, which decodes
+    to the payloads the block and the parts make."""
+    import zmq
+    forwarder = _forwarder()
+    pid = protocol.publisher_id_for(BLOCK_TOKEN)
+    session = forwarder.sessions.sessions.get(pid)
+    if session is None or session.route != BLOCK_ROUTE:
+        forwarder.handle_publisher(BLOCK_ROUTE, protocol.encode_hello(pid, BLOCK_TOKEN, 1))
+        session = forwarder.sessions.sessions[pid]
+    head, _ = protocol.encode_batch_parts(pid, session.last + 1, 0, b"t", [])
+    next_pos = forwarder.retention.next_pos
+    forwarder.handle_publisher(BLOCK_ROUTE, head, data, [zmq.Frame(p) for p in FUZZ_PARTS])
+    if forwarder.retention.next_pos > next_pos:
+        (_, body), = forwarder.retention.read(next_pos - 1, next_pos + 1, [], 1 << 30)[0]
+        assert isinstance(body, protocol.LargeBody) and len(body.parts) <= len(FUZZ_PARTS)
+        protocol.decode_delivery(body)
+
+
 def exchange_fetch(data: bytes) -> None:
     """A subscriber's fetch or position request at a live exchange."""
     _forwarder().replay.handle(b"fuzz", data)
@@ -325,6 +348,8 @@ TARGETS: dict[str, Target] = {
     "beat": _refused(lambda d: protocol.decode_sync(d, protocol.BEAT)),
     "fetch": _refused(protocol.decode_replay_request),
     "fetch_reply": _refused(lambda d: protocol.decode_replay_reply(d, MAX_REPLY)),
+    "fetch_reply_parts": _refused(lambda d: protocol.decode_replay_reply(d, MAX_REPLY, FUZZ_PARTS)),
+    "delivery_parts": _refused(lambda d: protocol.decode_delivery(d, FUZZ_PARTS)),
     "position": _refused(lambda d: protocol.decode_replay_reply(d, MAX_REPLY)),
     "exchange_reply": _refused(protocol.decode_exchange_reply),
     "control_reply": _refused(protocol.decode_reply),
@@ -337,6 +362,7 @@ TARGETS: dict[str, Target] = {
     "exchange_fetch": exchange_fetch,
     "exchange_block_batch": exchange_block_batch,
     "exchange_topics_batch": exchange_topics_batch,
+    "exchange_parted_batch": exchange_parted_batch,
     "member_frame": _refused(protocol.decode_member_frame),
     "work_reply": _refused(lambda d: protocol.decode_work_reply(d, MAX_REPLY)),
     "exchange_work_frame": exchange_work_frame,
@@ -379,7 +405,15 @@ def seeds() -> dict[str, list[bytes]]:
     done = protocol.encode_done("x1.ab", {"workers": [(3, 0, 1)]}, FUZZ_PROOF)
     adopt = protocol.encode_adopt("x1.cd", "x1", FUZZ_PROOF)
     mark = protocol.encode_mark("x1.ab", 3, FUZZ_PROOF)
+    parted = protocol.encode_delivery("x1", "x1.ab", 5, [], pid, 5, [1, 2, 3], [0, b"s", 1])
+    parted_page = protocol.encode_frames_message(2, "x1.ab", 1, [(b"t", delivery),
+                                                                 (b"t", protocol.LargeBody(parted, FUZZ_PARTS))],
+                                                 5, True, 0, True)[0]
     return {
+        "fetch_reply_parts": [parted_page],
+        "delivery_parts": [parted, protocol.encode_delivery("x1", "x1.ab", 5, [], pid, 5, [1, 2], [1, 0])],
+        "exchange_parted_batch": [protocol.pack([0, b"small", 1]), protocol.pack([0, 1]), protocol.pack([1, 0]),
+                                  protocol.pack([0, b"x" * 2000, 1])],
         "publisher_frame": [batch, hello, protocol.encode_bye(pid), attributed, headed],
         "delivery": [delivery, headed_delivery, mixed_delivery],
         "sync": [protocol.encode_sync("x1", "x1.ab", 7)],

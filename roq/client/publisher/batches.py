@@ -70,20 +70,30 @@ class BatchSender:
         if self.config.client.payload_blocks and type(flat[0]) is bytes:
             topics = flat[0::2]
             if set(map(type, topics)) == {bytes}:  # an attributed topic is a list (or an Attributed)
-                head, block = protocol.encode_batch_parts(self.id, first, time.time_ns(), topics, flat[1::2])
-                return _send_frame(sock, head, block)
+                head, block, *parts = protocol.encode_batch_message(self.id, first, time.time_ns(), topics,
+                                                                    flat[1::2], self.config.client.large_payload_bytes)
+                return _send_frame(sock, head, block, parts)
         return _send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat))
 
 
-def _send_frame(sock: zmq.Socket, frame: bytes, block: bytes | None = None) -> bool:
+def _send_frame(sock: zmq.Socket, frame: bytes, block: bytes | None = None, parts: list[bytes] | None = None) -> bool:
     """Never block: an exchange whose queue to us is full is not reading (dead or stuck). A
-    message's first part queued means its second is too."""
+    message's first part queued means the rest is too. `parts`: large payloads, each a part of its
+    own after the block, handed to libzmq without a copy (the log keeps the bytes until acked)."""
     try:
         if block is None:
             sock.send(frame, _NOBLOCK)
         else:
             sock.send(frame, _MORE_NOBLOCK)
-            sock.send(block, _NOBLOCK, copy=len(block) < ZERO_COPY_BYTES)
+            sock.send(block, _MORE_NOBLOCK if parts else _NOBLOCK, copy=len(block) < ZERO_COPY_BYTES)
+            if parts:
+                _send_parts(sock, parts)
         return True
     except zmq.Again:
         return False
+
+
+def _send_parts(sock: zmq.Socket, parts: list[bytes]) -> None:
+    last = len(parts) - 1
+    for index, part in enumerate(parts):
+        sock.send(part, _NOBLOCK if index == last else _MORE_NOBLOCK, copy=len(part) < ZERO_COPY_BYTES)

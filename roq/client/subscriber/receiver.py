@@ -167,19 +167,30 @@ class SubscriberReceiver(QueueIoThread):
             if not more(_RCVMORE):
                 continue  # not two frames: not from an exchange
             body = sock.recv(copy=False).buffer  # decoded in place: a delivery's bytes are not copied out
-            if more(_RCVMORE):
-                while more(_RCVMORE):
-                    sock.recv()
-                continue
+            parts = _large_parts(sock) if more(_RCVMORE) else ()
             try:
                 if topic[:1] == b"\x00":
+                    if parts:
+                        continue  # a marker is two parts: not from an exchange
                     if topic == protocol.BEAT_TOPIC:
                         streams.on_beat(protocol.decode_sync(body, protocol.BEAT))
                     elif topic == self._sync_topic:
                         streams.on_sync(protocol.decode_sync(body))
                     continue  # another subscriber's marker (we follow every topic)
-                delivery = protocol.decode_delivery(body)
+                delivery = protocol.decode_delivery(body, parts)
             except ProtocolError as exc:
                 log.warning("dropping an undecodable frame: %s", exc)
                 continue
             streams.on_live(topic, delivery)
+
+
+def _large_parts(sock: zmq.Socket) -> list[zmq.Frame]:
+    """A delivery's parts after its body, one per large payload (protocol section 4.2): kept as
+    libzmq's messages, their bytes taken once when decoded. Beyond MAX_PARTS the message is not
+    an exchange's: read to its end and refused by the decoder."""
+    parts: list[zmq.Frame] = []
+    while sock.getsockopt(_RCVMORE):
+        part = sock.recv(copy=False)
+        if len(parts) <= protocol.MAX_PARTS:
+            parts.append(part)
+    return parts

@@ -137,7 +137,8 @@ class ReplayClient:
             if remaining <= 0 or not fetcher.poll(int(remaining * 1000)):
                 raise FetchFailed("no answer in time")
             try:
-                answer = protocol.decode_replay_reply(fetcher.recv(), MAX_REPLY)
+                reply = fetcher.recv()
+                answer = protocol.decode_replay_reply(reply, MAX_REPLY, _parts_after(fetcher))
             except protocol.ReplayRefused as refused:
                 if refused.request_id == request_id:
                     raise
@@ -160,6 +161,15 @@ class ReplayClient:
             fetcher.connect(endpoint)
             self._fetchers[xid] = fetcher
         return fetcher
+
+
+def _parts_after(sock: zmq.Socket) -> list[zmq.Frame]:
+    """The large payloads' parts after a `frames` answer (protocol section 5.1), not copied out of
+    libzmq: the payloads' bytes are taken from them once, when the frame is decoded."""
+    parts: list[zmq.Frame] = []
+    while sock.getsockopt(zmq.RCVMORE):
+        parts.append(sock.recv(copy=False))
+    return parts
 
 
 def _is_endpoint(key: str) -> bool:
