@@ -100,6 +100,10 @@ class Stream:
         if self.known:
             self.floor = min([*self.done.values(), *(hole[1] for hole in self.holes)])
 
+    def in_hole(self, prefix: bytes, pos: int) -> bool:
+        """Whether `pos` lies inside a remembered hole of `prefix` (not fetched yet, or never)."""
+        return any(p == prefix and after < pos < before for p, after, before, _ in self.holes)
+
     def keep(self, prefix: bytes, d: protocol.Delivery) -> None:
         """A frame handed over that a later fetch may cover: that fetch must not count it lost."""
         in_hand = self.in_hand.setdefault(prefix, {})
@@ -263,7 +267,7 @@ class StreamSet:
         if prefix is None:
             return  # not ours (another subscriber's marker)
         if d.pos <= stream.done[prefix]:
-            if any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
+            if stream.in_hole(prefix, d.pos):
                 # In a hole the exchange did not answer for (a frame held up on the way): hand it
                 # over late rather than drop it and count it lost when the hole is fetched.
                 stream.keep(prefix, d)
@@ -359,10 +363,12 @@ class StreamSet:
             return True
         stream.drained = True
         self.position_checks += 1
+        pending = [item for item in sorted(stream.pending, key=lambda item: item[1].pos)
+                   if not self._take_from_hole(stream, *item)]
+        stream.pending = []
         holes, stream.holes = stream.holes, []
         for prefix, after, before, strict in holes:  # holes the exchange did not fill while it ran
             self._fill_or_remember(stream, prefix, after, before, strict)
-        pending, stream.pending = sorted(stream.pending, key=lambda item: item[1].pos), []
         if pending:
             # Frames read after the end are in hand: fetch up to the first of them, then take them
             # as live frames (their chains show what is missing between): never counted lost.
@@ -381,6 +387,16 @@ class StreamSet:
         if not stream.holes:
             log.info("%s ended: drained from its copy up to position %d", stream.incarnation, end - 1)
         return not stream.holes
+
+    def _take_from_hole(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> bool:
+        """A frame held while its stream ended: if it lies inside a hole, hand it over and keep it
+        in hand before the hole is fetched again (the copy may have evicted it: not lost)."""
+        prefix = prefix_of(self.prefixes, topic)
+        if prefix is None or not stream.in_hole(prefix, d.pos):
+            return False
+        stream.keep(prefix, d)
+        self._hand_over(stream, topic, d, recovered=False)
+        return True
 
     def forget(self, incarnation: str) -> None:
         """The exchange incarnation is gone: its open holes can never be filled now. Its frames
@@ -407,8 +423,7 @@ class StreamSet:
     def _late(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
         """A frame of a forgotten incarnation: no chain can be followed any more."""
         prefix = prefix_of(self.prefixes, topic)
-        if prefix is not None and d.pos <= stream.done[prefix] \
-                and any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
+        if prefix is not None and d.pos <= stream.done[prefix] and stream.in_hole(prefix, d.pos):
             self._hand_over(stream, topic, d, recovered=False)  # from a hole never filled: late, not lost
         elif prefix is not None and d.pos > stream.done[prefix]:
             stream.done[prefix] = d.pos
