@@ -104,6 +104,24 @@ class Stream:
         """Whether `pos` lies inside a remembered hole of `prefix` (not fetched yet, or never)."""
         return any(p == prefix and after < pos < before for p, after, before, _ in self.holes)
 
+    def keep_if_in_hole(self, prefix: bytes | None, d: protocol.Delivery) -> bool:
+        """A frame from inside a hole (held up on the way) is handed over late rather than dropped:
+        keep it in hand, so that the hole's fetch does not count it lost."""
+        if prefix is None or not self.in_hole(prefix, d.pos):
+            return False
+        self.keep(prefix, d)
+        return True
+
+    def take_late(self, prefix: bytes | None, d: protocol.Delivery) -> bool:
+        """Whether a frame of this forgotten stream is handed over: newer than what was handled,
+        or from a hole never filled (late, not lost). No chain can be followed any more."""
+        if prefix is None:
+            return False
+        if d.pos > self.done[prefix]:
+            self.done[prefix] = d.pos
+            return True
+        return self.in_hole(prefix, d.pos)
+
     def keep(self, prefix: bytes, d: protocol.Delivery) -> None:
         """A frame handed over that a later fetch may cover: that fetch must not count it lost."""
         in_hand = self.in_hand.setdefault(prefix, {})
@@ -267,10 +285,7 @@ class StreamSet:
         if prefix is None:
             return  # not ours (another subscriber's marker)
         if d.pos <= stream.done[prefix]:
-            if stream.in_hole(prefix, d.pos):
-                # In a hole the exchange did not answer for (a frame held up on the way): hand it
-                # over late rather than drop it and count it lost when the hole is fetched.
-                stream.keep(prefix, d)
+            if stream.keep_if_in_hole(prefix, d):  # a hole the exchange did not answer for
                 self._hand_over(stream, topic, d, recovered=False)
             return  # else fetched already
         prev = d.chains.get(len(prefix))
@@ -363,8 +378,12 @@ class StreamSet:
             return True
         stream.drained = True
         self.position_checks += 1
-        pending = [item for item in sorted(stream.pending, key=lambda item: item[1].pos)
-                   if not self._take_from_hole(stream, *item)]
+        pending = []
+        for topic, d in sorted(stream.pending, key=lambda item: item[1].pos):
+            if stream.keep_if_in_hole(prefix_of(self.prefixes, topic), d):  # before the hole's retry
+                self._hand_over(stream, topic, d, recovered=False)  # (the copy may have evicted it)
+            else:
+                pending.append((topic, d))
         stream.pending = []
         holes, stream.holes = stream.holes, []
         for prefix, after, before, strict in holes:  # holes the exchange did not fill while it ran
@@ -387,16 +406,6 @@ class StreamSet:
         if not stream.holes:
             log.info("%s ended: drained from its copy up to position %d", stream.incarnation, end - 1)
         return not stream.holes
-
-    def _take_from_hole(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> bool:
-        """A frame held while its stream ended: if it lies inside a hole, hand it over and keep it
-        in hand before the hole is fetched again (the copy may have evicted it: not lost)."""
-        prefix = prefix_of(self.prefixes, topic)
-        if prefix is None or not stream.in_hole(prefix, d.pos):
-            return False
-        stream.keep(prefix, d)
-        self._hand_over(stream, topic, d, recovered=False)
-        return True
 
     def forget(self, incarnation: str) -> None:
         """The exchange incarnation is gone: its open holes can never be filled now. Its frames
@@ -421,12 +430,8 @@ class StreamSet:
             self._late(stream, topic, d)
 
     def _late(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
-        """A frame of a forgotten incarnation: no chain can be followed any more."""
-        prefix = prefix_of(self.prefixes, topic)
-        if prefix is not None and d.pos <= stream.done[prefix] and stream.in_hole(prefix, d.pos):
-            self._hand_over(stream, topic, d, recovered=False)  # from a hole never filled: late, not lost
-        elif prefix is not None and d.pos > stream.done[prefix]:
-            stream.done[prefix] = d.pos
+        """A frame of a forgotten incarnation (see Stream.take_late)."""
+        if stream.take_late(prefix_of(self.prefixes, topic), d):
             self._hand_over(stream, topic, d, recovered=False)
 
     def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
