@@ -100,6 +100,28 @@ class Stream:
         if self.known:
             self.floor = min([*self.done.values(), *(hole[1] for hole in self.holes)])
 
+    def in_hole(self, prefix: bytes, pos: int) -> bool:
+        """Whether `pos` lies inside a remembered hole of `prefix` (not fetched yet, or never)."""
+        return any(p == prefix and after < pos < before for p, after, before, _ in self.holes)
+
+    def keep_if_in_hole(self, prefix: bytes | None, d: protocol.Delivery) -> bool:
+        """A frame from inside a hole (held up on the way) is handed over late rather than dropped:
+        keep it in hand, so that the hole's fetch does not count it lost."""
+        if prefix is None or not self.in_hole(prefix, d.pos):
+            return False
+        self.keep(prefix, d)
+        return True
+
+    def take_late(self, prefix: bytes | None, d: protocol.Delivery) -> bool:
+        """Whether a frame of this forgotten stream is handed over: newer than what was handled,
+        or from a hole never filled (late, not lost). No chain can be followed any more."""
+        if prefix is None:
+            return False
+        if d.pos > self.done[prefix]:
+            self.done[prefix] = d.pos
+            return True
+        return self.in_hole(prefix, d.pos)
+
     def keep(self, prefix: bytes, d: protocol.Delivery) -> None:
         """A frame handed over that a later fetch may cover: that fetch must not count it lost."""
         in_hand = self.in_hand.setdefault(prefix, {})
@@ -263,10 +285,7 @@ class StreamSet:
         if prefix is None:
             return  # not ours (another subscriber's marker)
         if d.pos <= stream.done[prefix]:
-            if any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
-                # In a hole the exchange did not answer for (a frame held up on the way): hand it
-                # over late rather than drop it and count it lost when the hole is fetched.
-                stream.keep(prefix, d)
+            if stream.keep_if_in_hole(prefix, d):  # a hole the exchange did not answer for
                 self._hand_over(stream, topic, d, recovered=False)
             return  # else fetched already
         prev = d.chains.get(len(prefix))
@@ -359,10 +378,16 @@ class StreamSet:
             return True
         stream.drained = True
         self.position_checks += 1
+        pending = []
+        for topic, d in sorted(stream.pending, key=lambda item: item[1].pos):
+            if stream.keep_if_in_hole(prefix_of(self.prefixes, topic), d):  # before the hole's retry
+                self._hand_over(stream, topic, d, recovered=False)  # (the copy may have evicted it)
+            else:
+                pending.append((topic, d))
+        stream.pending = []
         holes, stream.holes = stream.holes, []
         for prefix, after, before, strict in holes:  # holes the exchange did not fill while it ran
             self._fill_or_remember(stream, prefix, after, before, strict)
-        pending, stream.pending = sorted(stream.pending, key=lambda item: item[1].pos), []
         if pending:
             # Frames read after the end are in hand: fetch up to the first of them, then take them
             # as live frames (their chains show what is missing between): never counted lost.
@@ -405,13 +430,8 @@ class StreamSet:
             self._late(stream, topic, d)
 
     def _late(self, stream: Stream, topic: bytes, d: protocol.Delivery) -> None:
-        """A frame of a forgotten incarnation: no chain can be followed any more."""
-        prefix = prefix_of(self.prefixes, topic)
-        if prefix is not None and d.pos <= stream.done[prefix] \
-                and any(p == prefix and after < d.pos < before for p, after, before, _ in stream.holes):
-            self._hand_over(stream, topic, d, recovered=False)  # from a hole never filled: late, not lost
-        elif prefix is not None and d.pos > stream.done[prefix]:
-            stream.done[prefix] = d.pos
+        """A frame of a forgotten incarnation (see Stream.take_late)."""
+        if stream.take_late(prefix_of(self.prefixes, topic), d):
             self._hand_over(stream, topic, d, recovered=False)
 
     def _hand_over(self, stream: Stream, topic: bytes, d: protocol.Delivery, recovered: bool) -> None:
