@@ -10,7 +10,7 @@ per message. Measured around the run, on the exchange's process:
 * CPU per frame, split by thread: the exchange's main (Python) thread and libzmq's I/O threads,
   each in user and system time (psutil; the idle threads, such as ZooKeeper's, are in `other`);
 * with `--profile`: where the main thread's samples fall (py-spy, if installed), by function;
-* with `--syscalls`: system calls per frame by name (`strace -c -f`, a run of its own: strace
+* with `--syscalls`: system calls per frame by thread and name (`strace -f`, a run of its own: strace
   slows the exchange several times, so that run's rate is not reported).
 """
 
@@ -177,27 +177,38 @@ def _short(frame: str) -> str:
 
 
 class Strace:
-    """`strace -c -f` attached to the exchange: system calls by name, counted until `stop()`."""
+    """`strace -f` attached to the exchange: its system calls per frame by thread kind and name,
+    counted until `stop()`."""
 
     def __init__(self, pid: int) -> None:
+        self.pid = pid
         self.out = Path(tempfile.mkstemp(prefix="roq-strace-", suffix=".txt")[1])
-        self.proc = subprocess.Popen(["strace", "-c", "-f", "-q", "-o", str(self.out), "-p", str(pid)],
+        self.proc = subprocess.Popen(["strace", "-f", "-qq", "-o", str(self.out), "-p", str(pid)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # strace attaches to every thread before it counts; no event tells us when
 
-    def stop(self, frames: int) -> dict[str, float]:
+    def stop(self, frames: int) -> dict[str, dict[str, float]]:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(30)
-        counts: dict[str, int] = {}
-        for line in self.out.read_text().splitlines():
-            cols = line.split()
-            if len(cols) >= 5 and cols[0][0].isdigit() and cols[-1] != "total":
-                counts[cols[-1]] = int(cols[3])
+        names = _thread_names(self.pid)
+        counts: Counter[tuple[str, str]] = Counter()
+        with self.out.open() as lines:
+            for line in lines:
+                tid, _, call = line.partition(" ")
+                name = call.lstrip().partition("(")[0]
+                if not tid.isdigit() or not name.isidentifier():
+                    continue  # "<... resumed>", signals, exits
+                kind = "main" if int(tid) == self.pid else "zmq_io" if names.get(int(tid), "").startswith(
+                    "ZMQbg/IO") else "other"
+                counts[(kind, name)] += 1
         self.out.unlink()
         per = max(frames, 1)
-        ordered = sorted(counts.items(), key=lambda kv: -kv[1])
-        result = {name: round(n / per, 2) for name, n in ordered if n / per >= 0.05}
-        result["total"] = round(sum(counts.values()) / per, 2)
+        result: dict[str, dict[str, float]] = {}
+        for (kind, name), n in counts.most_common():
+            if n / per >= 0.05:
+                result.setdefault(kind, {})[name] = round(n / per, 2)
+        for kind in result:
+            result[kind]["total"] = round(sum(n for (k, _), n in counts.items() if k == kind) / per, 2)
         return result
 
 
