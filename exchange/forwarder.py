@@ -34,7 +34,6 @@ from exchange.group_sync import GroupSync
 from exchange.ingest import PublisherIngest
 from exchange.journal import Journal
 from exchange.parts import Parts, Site, build_parts
-from exchange.quiet import QuietSockets
 from exchange.sessions import PRUNE_INTERVAL
 from exchange.stats import rss_bytes
 from exchange.storage import JournalHealth
@@ -160,14 +159,13 @@ class Forwarder:
         poller = zmq.Poller()
         # What serves each socket; anything else polled is the replica link's socket.
         handlers: dict[Any, Callable[[], None]] = {
-            self.front: self.ingest.drain, self.back: self.fanout.drain_subscriptions, work.sock: work.drain,
-            durability.journal_wake.fd: durability.journal_wake.drain}  # make_durable releases what a sync covered
+            self.front: self.ingest.drain, self.back: self.fanout.drain_subscriptions,
+            self.replay.sock: self.replay.drain, work.sock: work.drain, durability.journal_wake.fd:
+            durability.journal_wake.drain}  # make_durable below releases what a sync covered
+        if work.monitor is not None:
+            handlers[work.monitor] = work.drain_monitor
         for sock in handlers:
             poller.register(sock, zmq.POLLIN)
-        quiet = QuietSockets()  # only their drains touch them: polled by ZMQ_FD (exchange/quiet.py)
-        quiet.add(self.replay.sock, self.replay.drain, poller, handlers)
-        if work.monitor is not None:
-            quiet.add(work.monitor, work.drain_monitor, poller, handlers)
         link_sock: zmq.Socket | None = None
         reading = {self.front: True, work.sock: True}
         next_beat = next_housekeeping = self._next_group_tick = 0.0
@@ -182,10 +180,8 @@ class Forwarder:
                 if reading[sock] != wanted:
                     reading[sock] = wanted
                     poller.modify(sock, zmq.POLLIN if wanted else 0)
-            polled = poller.poll(0 if quiet.pending else GROUP_POLL_MS if self.groups else POLL_MS)
-            for sock, _ in polled:
+            for sock, _ in poller.poll(GROUP_POLL_MS if self.groups else POLL_MS):
                 self._serve(handlers, sock)
-            self._serve(quiet.turn, polled)
             now = time.monotonic()
             self._groups_turn(now)
             durability.make_durable(now)
@@ -198,12 +194,8 @@ class Forwarder:
                 self.fanout.beat()
             on_tick()
 
-    def _serve(self, handlers: dict[Any, Callable[[], None]] | Callable[[Any], None], sock: Any) -> None:
-        """Serve one polled socket (by `handlers`, or a function of it)."""
+    def _serve(self, handlers: dict[Any, Callable[[], None]], sock: Any) -> None:
         try:
-            if callable(handlers):
-                handlers(sock)
-                return
             handler = handlers.get(sock)
             if handler is not None:
                 handler()
