@@ -17,8 +17,13 @@ publisher and subscriber processes, interleaved over `--repeat` rounds:
 So `exchange - python-hop` is what the exchange's work adds over a bare Python hop, and `roq -
 exchange` what the client library's threads add. Writes stages.json to `--out`.
 
+With `--frames`, instead: how many one-message frames per second one exchange forwards and its
+CPU per frame by thread, with `--profile` (py-spy) and `--syscalls` (strace) splits
+(bench/frame_cost.py); writes frames.json.
+
     .venv/bin/python bench/stages.py --repeat 3 --out docs/bench    # about 3 minutes
     .venv/bin/python bench/stages.py --smoke --out /tmp/stages      # seconds: keeps the tool working (CI)
+    .venv/bin/python bench/stages.py --frames --profile --syscalls --repeat 3 --out /tmp/frames
 """
 
 from __future__ import annotations
@@ -66,9 +71,10 @@ def paced(rate: float, count: int, send: Any) -> None:
 
 
 def pub_sub_run(subscriber: Any, publisher: Any, sub_args: tuple[Any, ...], pub_args: tuple[Any, ...],
-                timeout: float) -> Any:
+                timeout: float, on_go: Any = None) -> Any:
     """Run `subscriber(*sub_args, out)` and `publisher(*pub_args, go)` in processes of their own;
-    start the measured messages once the subscriber saw a warm-up one; return what it reports."""
+    start the measured messages once the subscriber saw a warm-up one (`on_go()` first: where a
+    measurement starts); return what it reports."""
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=subscriber, args=(*sub_args, out)),
@@ -78,6 +84,8 @@ def pub_sub_run(subscriber: Any, publisher: Any, sub_args: tuple[Any, ...], pub_
     try:
         if out.get(timeout=60) != "warm":
             raise RuntimeError("the subscriber saw no warm-up message")
+        if on_go is not None:
+            on_go()
         go.set()
         return out.get(timeout=timeout)
     finally:
@@ -113,7 +121,8 @@ def raw_subscriber(endpoint: str, count: int, out: Any) -> None:
     out.put(latencies)
 
 
-def raw_publisher(endpoint: str, count: int, rate: float, go: Any) -> None:
+def welcomed_dealer(endpoint: str) -> tuple[Any, str]:
+    """A raw publisher's DEALER connected to `endpoint`, its hello answered; and its publisher id."""
     import zmq
 
     from roq import protocol
@@ -123,6 +132,12 @@ def raw_publisher(endpoint: str, count: int, rate: float, go: Any) -> None:
     pid = protocol.publisher_id_for(token)
     sock.send(protocol.encode_hello(pid, token, 1))
     sock.recv()
+    return sock, pid
+
+
+def raw_publisher(endpoint: str, count: int, rate: float, go: Any) -> None:
+    from roq import protocol
+    sock, pid = welcomed_dealer(endpoint)
     seq = 1
 
     def send(payloads: list[bytes]) -> None:
@@ -243,9 +258,17 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--smoke", is_flag=True, help="tiny counts, one round: checks that the tool works, measures nothing")
-def main(rate: float, messages: int, repeat: int, out: str, smoke: bool) -> None:
+@click.option("--frames", is_flag=True, help="one-message frames/s through one exchange, and its CPU per frame")
+@click.option("--window", type=click.IntRange(1), default=4, show_default=True, help="--frames: batches in flight")
+@click.option("--profile", is_flag=True, help="--frames: py-spy samples of the exchange")
+@click.option("--syscalls", is_flag=True, help="--frames: strace -c counts, in a run of their own")
+def main(rate: float, messages: int, repeat: int, out: str, smoke: bool, frames: bool, window: int, profile: bool,
+         syscalls: bool) -> None:
     if smoke:
         rate, messages, repeat = 1_000, 500, 1
+    if frames:
+        frames_main(messages, repeat, Path(out), window, profile, syscalls)
+        return
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="roq-stages-") as tmp:
@@ -269,6 +292,29 @@ def main(rate: float, messages: int, repeat: int, out: str, smoke: bool) -> None
               "load_after": [round(x, 2) for x in os.getloadavg()], "results": summary, "rounds": rows}
     (out_dir / "stages.json").write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {out_dir / 'stages.json'}")
+
+
+def frames_main(messages: int, repeat: int, out_dir: Path, window: int, profile: bool, syscalls: bool) -> None:
+    """`--frames`: a fresh cluster per round, one run per round (bench/frame_cost.py)."""
+    from bench import frame_cost
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="roq-frames-") as tmp:
+        for round_no in range(repeat):
+            with compare.roq_cluster(Path(tmp) / f"roq-{round_no}") as settings:
+                load = frame_cost.load_note()
+                row = {"round": round_no, "load": load,
+                       **frame_cost.frames_run(settings, messages, window, profile, syscalls)}
+            console.print(f"round {round_no + 1} ({load}): {row['frames_per_s']:,} frames/s, "
+                          f"CPU per frame {row['cpu_per_frame']}")
+            for key in ("profile", "syscalls_per_frame"):
+                if key in row:
+                    console.print(f"  {key}: {row[key]}")
+            rows.append(row)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["bench/stages.py"] + sys.argv[1:]),
+              "settings": {"messages": messages, "window": window, "repeat": repeat}, "rounds": rows}
+    (out_dir / "frames.json").write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {out_dir / 'frames.json'}")
 
 
 if __name__ == "__main__":

@@ -104,16 +104,17 @@ class Commands:
 
     def take(self) -> list[Command]:
         """The commands to apply now, in order (the loop's thread); each is handed out once."""
-        while True:
-            try:
-                commands, purged = self._lines.get_nowait()
-            except queue.Empty:
-                break
+        # The loop asks on every wake-up: empty() instead of get_nowait()'s queue.Empty, which cost
+        # more than the rest of the call. One consumer: what empty() saw stays there.
+        while not self._lines.empty():
+            commands, purged = self._lines.get_nowait()
             self.heard = True
             self._learn_purged(purged)
             for command in commands:
                 if command.id not in self.applied:
                     self._waiting.setdefault(command.id, command)
+        if not self._waiting:
+            return []
         ready, self._waiting = list(self._waiting.values()), {}
         return ready
 
