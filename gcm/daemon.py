@@ -79,7 +79,7 @@ class Gcm:
                                    self.config.gcm.max_queues, self.config.gcm.default_replicas,
                                    self.config.gcm.min_free_bytes)
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
-                                     self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
+                                     self.write_lock, self.config.autoscale, StatsStream(self.client, self._own_seed()))
         self.events = EventLog(self.client, self.paths, self.leadership.fence, self.write_lock)
         self.permissions = PermissionManager(self.client, self.paths, self.leadership.fence, self.write_lock,
                                              self.config.security)
@@ -108,6 +108,10 @@ class Gcm:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def _own_seed(self) -> Config:
+        """The configuration the leader's own clients (the statistics stream) use: this GCM is their seed."""
+        return self.config.replace(cluster={"seeds": self.api.endpoint})
 
     def _guard(self, target: Any, *args: Any) -> None:
         """Run a managed thread; an unexpected error stops the daemon loudly."""

@@ -62,7 +62,7 @@ class Lab:
     def create_queue(self, name: str, exchanges: int = 1, replicas: int = 1) -> None:
         """Create a queue and wait until every exchange (and, with replicas 2, its replica) runs."""
         from roq.client.admin import Admin
-        with Admin(self.config, self.zk) as admin:
+        with Admin(self.config) as admin:
             admin.create_queue(name, exchanges=exchanges, replicas=replicas)
         self.wait_serving(name, exchanges, replicas)
 

@@ -141,7 +141,7 @@ def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):
     procs.gcm("gcm-0")
     procs.hcm("host-1")
     wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="cluster")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("lines")
     wait_until(lambda: read_live(zk, paths, "lines"), message="exchange live")
     cfg = str(config_file(tmp_path, config))

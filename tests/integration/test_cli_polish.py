@@ -36,7 +36,7 @@ def without_roq_env(**extra: str) -> dict[str, str]:
 
 
 def exchanges_of(config, zk, queue: str) -> int:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         return len(admin.describe_queue(queue)["exchanges"])
 
 
@@ -59,7 +59,7 @@ def test_rules_without_min_keep_the_queue_at_its_size(tmp_path, config, zk, path
     while time.monotonic() < deadline:
         assert exchanges_of(config, zk, "orders") == 2
         time.sleep(0.3)  # sampling the size over the window
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         assert admin.cluster_stats()["queues"]["orders"]["events"] == []
     table = roq("--config", cfg, "queue", "rules", "orders")
     assert table.returncode == 0 and "--max-rate" in table.stdout and "--min" in table.stdout, table.stdout
@@ -110,7 +110,7 @@ def test_ctrl_c_in_bench_says_interrupted_and_cleans_up(config, zk, paths, clust
     assert bench.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "interrupted", stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         assert "interrupted" not in [q["name"] for q in admin.list_queues()]  # the queue it created is gone
     wait_until(lambda: not _group_alive(bench.pid), timeout=10, message="the worker processes gone")
 

@@ -104,7 +104,7 @@ def test_ctrl_c_at_any_moment_of_bench_ends_it_cleanly(config, zk, paths, cluste
         finally:
             stderr, took[moment] = press_ctrl_c(bench, ENDS_WITHIN)
         assert_interrupted(bench, stderr, took[moment], ENDS_WITHIN, moment)
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             assert queue not in [q["name"] for q in admin.list_queues()], moment  # deleted, or never created
         wait_until(lambda: not _group_alive(bench.pid), timeout=10, message=f"the workers gone ({moment})")
     record_figures(f"roq bench: Ctrl-C → exit, SIGINT {inherited} at start (s)", **took)

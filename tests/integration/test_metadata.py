@@ -71,7 +71,7 @@ def two_gcms(config, zk, paths, procs):
 def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, two_gcms):
     leader = read_leader(zk, paths)["endpoint"]
     backup = next(e for e in two_gcms if e != leader)
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=1)
     wait_until(lambda: len(read_live(zk, paths, "q")) == 1, timeout=15, message="exchange live")
     conv = Conversation(backup)
@@ -87,7 +87,7 @@ def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, tw
         assert watch["lease"] == config.gcm.metadata_lease and watch["gcm"] == got["gcm"]
         same = conv.call("metadata.watch", queues=["q"], version={"q": first}, gcm=watch["gcm"]).result
         assert same["queues"]["q"] == {"queue": "q", "version": first, "gcm": watch["gcm"], "unchanged": True}
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             admin.call("queue.scale", name="q", exchanges=2)
         pushed = wait_until(lambda: [p for p in conv.poll_pushes() if len(p["exchanges"]) == 2], timeout=15,
                             message="a push with the new exchange")
@@ -118,7 +118,7 @@ def test_bad_requests_and_limits(config, zk, paths, two_gcms):
 
 
 def test_zookeeper_down_answers_from_the_last_view(config, zk, paths, two_gcms, zookeeper):
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=1)
     wait_until(lambda: len(read_live(zk, paths, "q")) == 1, timeout=15, message="exchange live")
     conv = Conversation(two_gcms[1])

@@ -63,7 +63,7 @@ def written_and_received(frame: Any, config: Any, zk: Any, queue: str, count: in
     from roq.client.subscriber import Subscriber
     from tests.support.helpers import wait_until
     got: list[bytes] = []
-    with Subscriber(queue, config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+    with Subscriber(queue, config, callback=lambda m: got.append(m.payload)) as sub:
         sub.wait_connected()
         sink(frame, config, queue).mode("append").save()
         wait_until(lambda: len(got) >= count, timeout=20, message=f"the {count} rows")

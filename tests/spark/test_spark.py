@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:
-    with Publisher(queue, config, zk=zk, prefer=prefer) as pub:
+    with Publisher(queue, config, prefer=prefer) as pub:
         for i in range(first, first + count):
             pub.publish("t", str(i).encode())
         pub.flush(30)
@@ -62,7 +62,7 @@ def test_a_streaming_query_copies_one_queue_to_another(spark, config, zk, paths,
     create(config, zk, paths, "source", 1)
     create(config, zk, paths, "copy", 1)
     got: list[bytes] = []
-    with Subscriber("copy", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+    with Subscriber("copy", config, callback=lambda m: got.append(m.payload)) as sub:
         sub.wait_connected()
         publish(config, zk, "source", 0, 700)
         query = (spark.readStream.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
@@ -86,7 +86,7 @@ def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cl
     from roq.spark.stats_job import aggregate_retained
     create(config, zk, paths, "known-stats", 1)
     t0 = (time.time() // 10) * 10 - 60  # the start of a 10 s window, a minute ago
-    with Publisher("known-stats", config, zk=zk) as pub:
+    with Publisher("known-stats", config) as pub:
         for i, rate in enumerate((100, 200, 300)):  # window 1: mean 200, peak 300
             pub.publish("exchange", stats_record("exchange", t0 + 2 * i, msgs_in_per_s=rate, publishers=i + 1,
                                                  latency_p99_ms=1.0 + i))
@@ -113,7 +113,7 @@ def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, 
     from roq.spark.stats_job import start_queries
     create(config, zk, paths, "stream-stats", 1)
     t0 = (time.time() // 10) * 10 - 60
-    with Publisher("stream-stats", config, zk=zk) as pub:
+    with Publisher("stream-stats", config) as pub:
         for i, rate in enumerate((100, 200, 300)):
             pub.publish("exchange", stats_record("exchange", t0 + 2 * i, msgs_in_per_s=rate))
         pub.publish("exchange", stats_record("exchange", t0 + 35, msgs_in_per_s=50))  # moves the watermark on
