@@ -133,3 +133,33 @@ def test_zookeeper_down_answers_from_the_last_view(config, zk, paths, two_gcms, 
             zookeeper.start()
     finally:
         conv.close()
+
+
+def zookeeper_connections(zookeeper) -> int:
+    """ZooKeeper's own count of client connections (one per session), by the `mntr` word."""
+    import socket
+    with socket.create_connection((zookeeper.host, zookeeper.port), timeout=5) as conn:
+        conn.sendall(b"mntr")
+        text = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("zk_num_alive_connections")))
+
+
+def test_clients_open_no_zookeeper_session_and_skip_a_dead_seed(config, zk, paths, two_gcms, zookeeper):
+    from roq.client import Publisher, Subscriber
+    with Admin(config) as admin:
+        admin.create_queue("q", exchanges=2)
+    wait_until(lambda: len(read_live(zk, paths, "q")) == 2, timeout=15, message="exchanges live")
+    before = zookeeper_connections(zookeeper)
+    # The third reserved seed has no GCM: first in the list, so every client meets it first.
+    seeds = config.cluster.seeds.split(",")
+    dead_first = config.replace(cluster={"seeds": ",".join([seeds[2], *seeds[:2]])})
+    with Subscriber("q", dead_first, topics=["t"]) as sub, Publisher("q", dead_first) as pub, \
+            Admin(dead_first) as admin:
+        assert admin.describe_queue("q")["name"] == "q"
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(100):
+            pub.publish("t", str(i).encode())
+        pub.flush(timeout=15)
+        got = sorted(int(sub.receive(timeout=10).payload) for _ in range(100))
+        assert got == list(range(100))
+        assert zookeeper_connections(zookeeper) <= before
