@@ -28,6 +28,7 @@ from roq.config import Config
 from roq.errors import (
     GroupNotFoundError,
     NoLeaderError,
+    NoSeedsError,
     NotLeaderError,
     RefusedError,
     RequestTimeoutError,
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status", "keys.list", "keys.show",
                        "queue.command"})
 COMMAND_POLL = 0.1  # s between two looks at an admin command's results
+# Every seed refusing connections this long: no GCM runs there, say so instead of waiting out
+# client.request_timeout (a GCM that is merely slow still gets all of it).
+SEEDS_REFUSED_FOR = 1.5
 # For the operator tools that still read ZooKeeper (backup, restore): every server refusing
 # connections this long means none runs there; say so instead of waiting out zk.connect_timeout.
 ZK_REFUSED_FOR = 1.5
@@ -214,7 +218,11 @@ class Admin(ClientLifecycle):
         endpoint: str | None = None
         last_error: Exception = NoLeaderError("no GCM leader is elected (are the GCMs running?)")
         unanswered = False  # an attempt may have been applied without our hearing of it
+        started, refused = time.monotonic(), set[str]()  # seeds where nothing listens
         while time.monotonic() < deadline:
+            if refused >= set(self.seeds) and time.monotonic() - started >= SEEDS_REFUSED_FOR:
+                raise NoSeedsError(f"no GCM listens at {', '.join(self.seeds)}: nothing listens there "
+                                   "(cluster.seeds, ROQ_SEEDS)")
             endpoint = endpoint or self._last_leader or self._next_seed()
             try:
                 result = self.request(endpoint, op, args,
@@ -227,6 +235,8 @@ class Admin(ClientLifecycle):
                 if endpoint is None:
                     time.sleep(0.1)
             except UnavailableError as err:  # down, timed out, suspended: another GCM
+                if isinstance(err, _NothingListens):
+                    refused.add(endpoint)
                 unanswered = unanswered or isinstance(err, RequestTimeoutError)
                 last_error, endpoint, self._last_leader = err, None, None
                 time.sleep(0.1)
@@ -268,7 +278,7 @@ class Admin(ClientLifecycle):
                         continue
                     if event["event"] == zmq.EVENT_CONNECT_RETRIED:
                         if not connected:
-                            raise UnavailableError(f"GCM {endpoint} refuses connections (not running)")
+                            raise _NothingListens(f"GCM {endpoint} refuses connections (not running)")
                         continue
                     raise refusal(endpoint, event)
                 if sock not in ready:
@@ -284,6 +294,10 @@ class Admin(ClientLifecycle):
             sock.disable_monitor()
             monitor.close(linger=0)
             sock.close(linger=0)
+
+
+class _NothingListens(UnavailableError):
+    """The GCM's address refused the TCP connection: no GCM runs there."""
 
 
 def _rights(publish: Sequence[str], subscribe: Sequence[str], consume: Sequence[str], admin: bool) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq.client.wake import WakePipe
 from roq.config import Config
-from roq.errors import NoLeaderError, ProtocolError, QueueNotFoundError, UnavailableError, error_from_code
+from roq.errors import NoSeedsError, ProtocolError, QueueNotFoundError, UnavailableError, error_from_code
 from roq.protocol import decode_reply, encode_request
 from roq.protocol.metadata import WATCH, check_body, decode_push
 from roq.security import secure_client
@@ -41,7 +41,7 @@ Listener = Callable[[dict[str, Any]], None]
 def configured_seeds(config: Config) -> list[str]:
     seeds = [s.strip() for s in config.cluster.seeds.split(",") if s.strip()]
     if not seeds:
-        raise NoLeaderError("no seeds: set cluster.seeds (or ROQ_SEEDS) to the GCMs' control endpoints, "
+        raise NoSeedsError("no seeds: set cluster.seeds (or ROQ_SEEDS) to the GCMs' control endpoints, "
                             "tcp://host:port,...")
     return seeds
 

@@ -45,10 +45,9 @@ def config_file(tmp_path: Path, config) -> Path:
     return path
 
 
-def test_zookeeper_unreachable(tmp_path):
-    result = roq("--set", f"zk.hosts=127.0.0.1:{free_port()}", "--set", "zk.connect_timeout=1",
-                 "queue", "list", cwd=tmp_path)
-    assert_one_line_error(result, 3, "cannot reach ZooKeeper")
+def test_no_gcm_at_the_seeds(tmp_path):
+    result = roq("--set", f"cluster.seeds=tcp://127.0.0.1:{free_port()}", "queue", "list", cwd=tmp_path)
+    assert_one_line_error(result, 3, "nothing listens there")
 
 
 def test_no_leader_yet(tmp_path, config, zk):

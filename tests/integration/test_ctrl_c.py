@@ -90,7 +90,7 @@ def assert_interrupted(proc: subprocess.Popen, stderr: str, took: float, within:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
 def test_ctrl_c_at_any_moment_of_bench_ends_it_cleanly(config, zk, paths, cluster, inherited):
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     launcher = [sys.executable, "-c", IGNORING_SIGINT] if inherited == "ignored" else [sys.executable]
     took: dict[str, float] = {}
     for moment in MOMENTS:

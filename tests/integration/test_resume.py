@@ -129,7 +129,7 @@ def test_a_durable_subscriber_killed_and_restarted_loses_nothing(config, zk, pat
     last save interval's messages (at least once), never loses one."""
     create(config, zk, paths, "durable", 1)
     state = tmp_path / "state"
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root,
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root,
                ROQ_CLIENT_STATE_DIR=str(state), ROQ_CLIENT_POSITION_SAVE_INTERVAL="0.2")
 
     def start() -> subprocess.Popen[bytes]:

@@ -50,7 +50,7 @@ def spark(spark_sessions: Sessions) -> Any:
 
 def sink(frame: Any, config: Any, queue: str, **options: str) -> Any:
     """A DataFrame writer to RoQ queue `queue` of this test's cluster."""
-    writer = frame.write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+    writer = frame.write.format("roq").option("seeds", config.cluster.seeds)
     writer = writer.option("queue", queue)
     for key, value in options.items():
         writer = writer.option(key, value)

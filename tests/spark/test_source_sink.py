@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def source(spark, config, queue: str, streaming: bool = False, **options: str):
     reader = (spark.readStream if streaming else spark.read).format("roq")
-    reader = reader.option("zk", config.zk.hosts).option("root", config.zk.root).option("queue", queue)
+    reader = reader.option("seeds", config.cluster.seeds).option("queue", queue)
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader
