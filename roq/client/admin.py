@@ -221,7 +221,7 @@ class Admin(ClientLifecycle):
         started, refused = time.monotonic(), set[str]()  # seeds where nothing listens
         while time.monotonic() < deadline:
             if refused >= set(self.seeds) and time.monotonic() - started >= SEEDS_REFUSED_FOR:
-                raise NoSeedsError(f"no GCM listens at {', '.join(self.seeds)}: nothing listens there "
+                raise NoSeedsError(f"no GCM leader: no GCM listens at {', '.join(self.seeds)}: nothing listens there "
                                    "(cluster.seeds, ROQ_SEEDS)")
             endpoint = endpoint or self._last_leader or self._next_seed()
             try:
