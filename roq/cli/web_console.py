@@ -27,8 +27,11 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None) -> None:
     assert ctx is not None
     overrides = {k: v for k, v in (("bind", bind), ("port", port)) if v is not None}
     config = ctx.config.replace(web=overrides) if overrides else ctx.config
+    from roq.client.admin import Admin
     from roq.daemon import Stop, install_signal_handlers
     from roq_web.daemon import serve
+    with Admin(config) as admin:  # as every command: one line, at once, when no GCM is at the seeds
+        admin.call("ping")
     stop = Stop()  # the gateway asks the GCMs of cluster.seeds; it opens no ZooKeeper session
     install_signal_handlers(stop)
     code = serve(config, stop, announce=True)
