@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ class MetadataClient:
         self._listeners: dict[str, list[Listener]] = {}
         self._gcm: str | None = None  # whose numbering the versions held are in
         self.leader: str | None = None
+        self.endpoint: str | None = None  # the seed this client talks to now
         self.moves = 0  # seeds left for another (for tests)
         self._wake = WakePipe()
         self._closed = False
@@ -102,10 +104,11 @@ class MetadataClient:
 
     def _run(self) -> None:
         conversation: _SeedConnection | None = None
-        seeds = itertools.cycle(range(1 << 30))
+        seeds = itertools.count(random.randrange(len(self.seeds)))  # clients spread over the seeds
         while not self._closed:
             if conversation is None:
                 conversation = _SeedConnection(self._context, self.config, self._next_seed(next(seeds)))
+                self.endpoint = conversation.endpoint
             try:
                 self._converse(conversation)
             except (UnavailableError, ProtocolError) as exc:

@@ -76,7 +76,9 @@ def test_gcm_failover_moves_clients_to_another_seed(config, zk, paths, two_gcms)
         traffic.start()
         traffic.wait_for_more(400, timeout=30)
         moves = traffic.sub.metadata.moves
-        two_gcms.kill("gcm-0")  # the first seed: where every client's conversation is
+        port = traffic.sub.metadata.endpoint.rpartition(":")[2]
+        # The GCM the subscriber talks to (its seeds are tried from a random one).
+        two_gcms.kill(next(name for name, p in two_gcms.gcm_ports.items() if p == port))
         wait_until(lambda: traffic.sub.metadata.moves > moves, timeout=10, message="the subscriber to change seeds")
         traffic.wait_for_more(400, timeout=15)
         # The new seed pushes changes: scale out and see both clients use the new exchange.

@@ -124,7 +124,7 @@ class Processes:
         self.logs: dict[str, Path] = {}
         # The seeds' ports, given to GCMs in the order they first start (a restart keeps its port).
         self._seed_ports = [s.rpartition(":")[2] for s in config.cluster.seeds.split(",") if s]
-        self._gcm_ports: dict[str, str] = {}
+        self.gcm_ports: dict[str, str] = {}
 
     def start(self, role: str, name: str, *settings: str) -> subprocess.Popen[bytes]:
         module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon", "web": "roq_web.daemon"}[role]
@@ -133,9 +133,9 @@ class Processes:
         if role == "hcm":  # each host its own files (journals), in the test's directory
             settings = (f"hcm.data_dir={self.workdir / name / 'data'}", *settings)
         if role == "gcm" and not any(s.startswith("gcm.port=") for s in settings):
-            port = self._gcm_ports.get(name) or (self._seed_ports[len(self._gcm_ports)]
-                                                 if len(self._gcm_ports) < len(self._seed_ports) else "0")
-            self._gcm_ports[name] = port
+            port = self.gcm_ports.get(name) or (self._seed_ports[len(self.gcm_ports)]
+                                                 if len(self.gcm_ports) < len(self._seed_ports) else "0")
+            self.gcm_ports[name] = port
             settings = (f"gcm.port={port}", *settings)
         for setting in settings:
             args += ["--set", setting]
