@@ -3,8 +3,8 @@ answered from the GCM's read cache (gcm/metadata_cache.py), and pushes to the co
 watch a queue when its topology changes (docs/protocol.md section 8).
 
 Versions: each queue's topology (exchanges' endpoints and identities, replicas, relocations, the
-leader and the GCMs; not the figures that move every report) is numbered by this GCM, +1 per change
-it saw. The numbering is this GCM's own (`gcm`, its id, new each start): a client that moves to
+leader and the GCMs; not the figures that move every report) is numbered by this GCM, higher with
+each change it saw (one sequence for all queues, so a number is never reused). The numbering is this GCM's own (`gcm`, its id, new each start): a client that moves to
 another GCM takes its numbers afresh. Pushes are coalesced (one per queue per COALESCE at most) and
 never block: a push a client does not read is dropped, and its next renewal or the version gap
 repairs that. A watch lasts `gcm.metadata_lease` seconds unless renewed.
@@ -17,6 +17,7 @@ only a GCM that never read the tree answers `zookeeper_unavailable`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -60,6 +61,9 @@ class MetadataService:
         self._body, self._ready, self._push = body, ready, push
         self._lock = threading.Condition()
         self._queues: dict[str, _Queue] = {}
+        # One sequence for every queue: a queue forgotten (deleted, unwatched) and seen again still
+        # gets a higher version than any it had.
+        self._sequence = itertools.count(1)
         self._watchers: dict[bytes, _Watcher] = {}
         self._buckets: dict[bytes, tuple[float, float]] = {}  # peer → (tokens, last refill)
         self._dirty: set[str] = set()
@@ -149,11 +153,11 @@ class MetadataService:
         digest = topology_part(body)
         state = self._queues.get(queue)
         if state is None:
-            state = _Queue(1, digest)
+            state = _Queue(next(self._sequence), digest)
             if body["exists"] or keep:  # only real queues and watched ones: a name costs nothing to send
                 self._queues[queue] = state
         elif state.digest != digest:
-            state.version, state.digest = state.version + 1, digest
+            state.version, state.digest = next(self._sequence), digest
         return {**body, "version": state.version, "gcm": self.gcm_id}
 
     def _unregister(self, peer: bytes) -> None:
