@@ -7,7 +7,8 @@ leader and the GCMs; not the figures that move every report) is numbered by this
 each change it saw (one sequence for all queues, so a number is never reused). The numbering is
 this GCM's own (`gcm`, its id, new each start): a client that moves to another GCM takes its
 numbers afresh. Pushes are coalesced (one per queue per COALESCE at most), carry the whole body and
-never block: a push a client does not read is dropped, and its next renewal repairs that. A watch lasts `gcm.metadata_lease` seconds unless renewed.
+never block: a push a client does not read is dropped, and its next renewal repairs that. A watch
+lasts `gcm.metadata_lease` seconds unless renewed.
 
 Limits (hostile or runaway clients): queues per watch, watching connections in all, requests per
 second per connection; over one, `limit_exceeded` naming it, and nothing changes. While ZooKeeper
