@@ -42,18 +42,18 @@ def workers(pid: int) -> list[psutil.Process]:
         return []
 
 
-def connected_to(pid: int, port: int) -> bool:
+def connected_to(pid: int, ports: set[int]) -> bool:
     try:
-        return any(c.raddr and c.raddr.port == port for c in psutil.Process(pid).net_connections("tcp"))
+        return any(c.raddr and c.raddr.port in ports for c in psutil.Process(pid).net_connections("tcp"))
     except psutil.Error:
         return False
 
 
 def moments(config, zk, paths, queue: str, pid: int) -> dict[str, Callable[[], object]]:
     """When to press Ctrl-C, from the first thing the command does to the measurement, by what shows."""
-    port = int(config.zk.hosts.rsplit(":", 1)[1])
+    seeds = {int(seed.rpartition(":")[2]) for seed in config.cluster.seeds.split(",")}
     return {
-        "connecting": lambda: connected_to(pid, port),  # to ZooKeeper, to create the queue
+        "connecting": lambda: connected_to(pid, seeds),  # to a GCM, to create the queue
         "creating": lambda: zk.exists(paths.queue(queue)),  # waiting for its exchange
         "starting workers": lambda: workers(pid),
         "warming up": lambda: len(workers(pid)) == 3,

@@ -28,7 +28,7 @@ from roq.config import Config
 from roq.errors import MessageTooLargeError, UserError
 from roq.paths import Paths
 from roq.zk import encode, start_client, stop_client
-from tests.support.helpers import fast_config, wait_until
+from tests.support.helpers import MetadataOnlyGcm, fast_config, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -64,9 +64,11 @@ def lone(zookeeper) -> Iterator[Lone]:
     ready = json.loads(proc.stdout.readline())
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     zk = start_client(config)
+    seed = MetadataOnlyGcm(config)  # the clients' seed: no GCM places anything here
     try:
         yield Lone(config, ready, zk)
     finally:
+        seed.close()
         stop_client(zk)
         proc.kill()
         proc.wait()

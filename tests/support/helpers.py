@@ -381,3 +381,34 @@ def unmount_small_disk(path: Path) -> None:
         done = subprocess.run(["umount", *options, str(path)], capture_output=True, text=True, timeout=30)
         if done.returncode == 0:
             return
+
+
+class MetadataOnlyGcm:
+    """The metadata half of a real GCM (gcm/metadata_cache.py, gcm/metadata.py on a real control
+    socket) in this process, at the config's first seed: for tests that write a queue's topology
+    into ZooKeeper by hand, with no leader to place anything, yet whose clients need a seed."""
+
+    def __init__(self, config: Config) -> None:
+        from gcm.api import PEER, ControlServer, unknown_op
+        from gcm.metadata import MetadataService
+        from gcm.metadata_cache import MetadataCache
+        from roq.paths import Paths
+        from roq.zk import start_client
+        self.client = start_client(config)
+        port = int(config.cluster.seeds.split(",")[0].rpartition(":")[2])
+        self.api = ControlServer(config, "127.0.0.1", port, "127.0.0.1", lambda op: {
+            "metadata.get": lambda a: self.service.get(a, PEER.get()),
+            "metadata.watch": lambda a: self.service.watch(a, PEER.get())}.get(op) or unknown_op(op))
+        self.service = MetadataService("gcm-test", config.gcm, lambda q: self.cache.body(q),
+                                       lambda: self.cache.ready, self.api.push)
+        self.cache = MetadataCache(self.client, Paths(config.zk.root), self.service.dirty)
+        self.cache.start()
+        self.service.start()
+        self.api.start()
+
+    def close(self) -> None:
+        from roq.zk import stop_client
+        self.api.stop()
+        self.service.stop()
+        self.cache.close()
+        stop_client(self.client)
