@@ -71,7 +71,10 @@ def lone(zookeeper):
     assert proc.stdout is not None
     ready = json.loads(proc.stdout.readline())
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    from tests.support.helpers import MetadataOnlyGcm
+    seed = MetadataOnlyGcm(config)  # the client library's seed: no GCM places anything here
     yield config, proc, ready
+    seed.close()
     proc.kill()
     proc.wait()
 
