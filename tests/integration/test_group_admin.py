@@ -161,8 +161,8 @@ def test_a_reset_drops_the_backlog_once_and_a_retry_changes_nothing_more(lab: La
         lab.publish(queue, 200)  # one publisher: its messages go to one exchange
         wait_until(lambda: figures(lab.aggregate(queue)) == (1, 10, 190), timeout=10, message="the backlog")
         held = [member.receive(timeout=5) for _ in range(10)]
-        endpoint = lab.admin._leader_endpoint()
-        assert endpoint is not None
+        from roq.state import read_leader
+        endpoint = read_leader(lab.zk, lab.paths)["endpoint"]
         key = "reset-retry-0001"
         status = lab.admin.request(endpoint, "group.reset", {"name": queue, "group": "workers"}, 5.0, key)
         status = lab.admin.wait_command(queue, status, 10)
