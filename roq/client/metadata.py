@@ -25,7 +25,15 @@ from zmq.utils.monitor import recv_monitor_message
 
 from roq.client.wake import WakePipe
 from roq.config import Config
-from roq.errors import NoSeedsError, ProtocolError, QueueNotFoundError, UnavailableError, error_from_code
+from roq.errors import (
+    NoSeedsError,
+    ProtocolError,
+    QueueNotFoundError,
+    RoqError,
+    UnavailableError,
+    UserError,
+    error_from_code,
+)
 from roq.protocol import decode_reply, encode_request
 from roq.protocol.metadata import WATCH, check_body, decode_push
 from roq.security import secure_client
@@ -55,6 +63,7 @@ class MetadataClient:
         self._bodies: dict[str, dict[str, Any]] = {}
         self._listeners: dict[str, list[Listener]] = {}
         self._gcm: str | None = None  # whose numbering the versions held are in
+        self._refused: RoqError | None = None  # a seed's refusal of our watch (forbidden, limit_exceeded)
         self.leader: str | None = None
         self.endpoint: str | None = None  # the seed this client talks to now
         self.moves = 0  # seeds left for another (for tests)
@@ -80,8 +89,13 @@ class MetadataClient:
         with self._lock:
             self._listeners.setdefault(queue, []).append(listener)
             self._wake.wake()
-            answered = self._lock.wait_for(lambda: queue in self._bodies or self._closed, timeout)
-            body = self._bodies.get(queue)
+            self._refused = None
+            answered = self._lock.wait_for(
+                lambda: queue in self._bodies or self._closed or self._refused is not None, timeout)
+            body, refused = self._bodies.get(queue), self._refused
+        if body is None and refused is not None:
+            self.unfollow(queue, listener)
+            raise refused
         if not answered or body is None:
             self.unfollow(queue, listener)
             raise UnavailableError(f"no GCM of {', '.join(self.seeds)} answered within {timeout:.1f}s "
@@ -111,7 +125,11 @@ class MetadataClient:
                 self.endpoint = conversation.endpoint
             try:
                 self._converse(conversation)
-            except (UnavailableError, ProtocolError) as exc:
+            except RoqError as exc:  # unavailable, malformed, or refused (told to whoever waits)
+                if isinstance(exc, UserError) and not isinstance(exc, ProtocolError):
+                    with self._lock:
+                        self._refused = exc
+                        self._lock.notify_all()
                 log.info("metadata: leaving seed %s: %s", conversation.endpoint, exc)
                 conversation.close()
                 conversation, self.moves = None, self.moves + 1
