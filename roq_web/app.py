@@ -77,7 +77,8 @@ STATUS_BY_ERROR: list[tuple[type[RoqError], int]] = [
 # ------------------------------------------------------------------ the application
 
 class Gateway:
-    """Everything the routes share: one ZooKeeper session, the leader's client, the data path."""
+    """Everything the routes share: one metadata conversation with the GCMs (no ZooKeeper), the
+    admin client, the data path."""
 
     def __init__(self, config: Config, metadata: MetadataClient | None = None) -> None:
         self.config = config

@@ -2,7 +2,7 @@
 included), and clients follow the topology again once it is back; a GCM failover moves clients to
 another seed without losing messages.
 
-The outage lasts ROQ_TEST_ZK_OUTAGE seconds (default 6, for CI; `ROQ_TEST_ZK_OUTAGE=60 pytest
+The outage lasts ZK_OUTAGE_SECONDS seconds (default 6, for CI; `ZK_OUTAGE_SECONDS=60 pytest
 tests/integration/test_metadata_outage.py` runs the issue's full minute)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from roq.client.admin import Admin
 from roq.state import read_hosts, read_leader, read_live
 from tests.support.helpers import SteadyTraffic, record_figures, wait_until
 
-OUTAGE = float(os.environ.get("ROQ_TEST_ZK_OUTAGE", "6"))
+OUTAGE = float(os.environ.get("ZK_OUTAGE_SECONDS", "6"))
 pytestmark = pytest.mark.timeout(120 + 2 * OUTAGE)
 
 
