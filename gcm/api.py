@@ -26,7 +26,9 @@ a write that was applied unseen answer with success.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -38,6 +40,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from gcm.fence import RequestContext, serving
+from roq.client.wake import WakePipe
 from roq.config import Config
 from roq.errors import (
     ForbiddenError,
@@ -66,6 +69,17 @@ WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.set
 ADMIN_READS = frozenset({"keys.list"})  # who may do what is for admins to read
 QUEUE_READS = frozenset({"queue.describe", "queue.rules", "queue.command"})  # of queue `name`: a right on it is needed
 Tables = Callable[[], PermissionTable]
+METADATA_OPS = frozenset({"metadata.get", "metadata.watch"})  # every GCM answers them (section 8)
+# The ROUTER identity of the connection whose request is being served (metadata.watch registers it).
+PEER: contextvars.ContextVar[bytes] = contextvars.ContextVar("peer", default=b"")
+
+
+def queues_named(op: str, args: dict[str, Any]) -> list[Any]:
+    """The queues a metadata request reads (a client key needs a right on each)."""
+    if op == "metadata.get":
+        return [args.get("queue")]
+    queues = args.get("queues")
+    return list(queues) if op == "metadata.watch" and isinstance(queues, list) else []
 
 
 def is_write(op: str, args: dict[str, Any]) -> bool:
@@ -86,6 +100,10 @@ def authorise(op: str, args: dict[str, Any], role: str | None, name: str, table:
         raise ForbiddenError(f"{op} needs an admin key (security.identity under admins/, or granted admin)")
     if op == "keys.show" and args.get("name") != name:
         raise ForbiddenError("keys.show of another key needs an admin key; a key may show its own")
+    if op in METADATA_OPS and role == CLIENT and table is not None:
+        for named in queues_named(op, args):
+            if isinstance(named, str) and not table.uses(name, named):
+                raise ForbiddenError(f"key {name} has no right on queue {named!r} (roq keys show {name})")
     queue = args.get("name")
     if op in QUEUE_READS and role == CLIENT and table is not None and isinstance(queue, str) \
             and not table.uses(name, queue):
@@ -130,6 +148,9 @@ class ControlServer:
             port = self._socket.bind_to_random_port(f"tcp://{bind_host}")
         self.endpoint = f"tcp://{advertise_host}:{port}"
         self._stop = threading.Event()
+        self._outbox: deque[tuple[bytes, bytes]] = deque()  # pushes from other threads, sent by ours
+        self._outbox_wake = WakePipe()
+        os.set_blocking(self._outbox_wake.fd, False)  # drained on every turn of the loop, read or not
         self._thread = threading.Thread(target=self._serve, name="control-api", daemon=True)
         self.requests = 0
         self.errors = 0
@@ -138,18 +159,26 @@ class ControlServer:
         self.gatekeeper.start()
         self._thread.start()
 
+    def push(self, peer: bytes, frame: bytes) -> None:
+        """Send `frame` to connection `peer` unasked (any thread); dropped if it does not read."""
+        self._outbox.append((peer, frame))
+        self._outbox_wake.wake()
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._outbox_wake.close()
         self.gatekeeper.stop()
         self._context.term()
 
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._outbox_wake.fd, zmq.POLLIN)
         pending: deque[tuple[float, list[zmq.Frame]]] = deque()
         try:
             while not self._stop.is_set():
+                self._send_pushes()
                 self._take_waiting(pending)
                 if pending:
                     self._handle_one(*pending.popleft())
@@ -157,6 +186,15 @@ class ControlServer:
                     poller.poll(POLL_MS)
         finally:
             self._socket.close(linger=0)
+
+    def _send_pushes(self) -> None:
+        self._outbox_wake.drain()
+        while self._outbox:
+            peer, frame = self._outbox.popleft()
+            try:
+                self._socket.send_multipart([peer, frame], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # not reading, or gone: its renewal or the version gap repairs it
 
     def _take_waiting(self, pending: deque[tuple[float, list[zmq.Frame]]]) -> None:
         """Stamp every request waiting on the socket with its arrival, before serving the next."""
@@ -175,7 +213,11 @@ class ControlServer:
         # With CURVE off there are no credentials to check: everyone may administer.
         role, name = peer_identity(payload) if self._secured else (ADMIN, "")
         if len(frames) == 2:
-            reply = self.dispatch(payload.bytes, role, received_at, name)
+            token = PEER.set(ident)
+            try:
+                reply = self.dispatch(payload.bytes, role, received_at, name)
+            finally:
+                PEER.reset(token)
         else:  # a request is one frame: refused, echoing the id its first frame names so it can be matched
             self.errors += 1
             reply = encode_error(request_id_of(frames[1].bytes), ProtocolError(

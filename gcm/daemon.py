@@ -22,11 +22,13 @@ from typing import Any
 
 import click
 
-from gcm.api import ControlServer, Handler, unknown_op
+from gcm.api import PEER, ControlServer, Handler, unknown_op
 from gcm.autoscaler import Autoscaler
 from gcm.commands import CommandLog
 from gcm.events import EventLog
 from gcm.leader import Leadership
+from gcm.metadata import MetadataService
+from gcm.metadata_cache import MetadataCache
 from gcm.permissions import PermissionManager
 from gcm.queues import QueueManager
 from gcm.reconciler import Reconciler
@@ -65,6 +67,9 @@ class Gcm:
             advertise = socket.gethostname()
         self.api = ControlServer(self.config, self.config.gcm.bind, self.config.gcm.port, advertise, self._route,
                                  lambda: self.permissions.table())
+        self.metadata = MetadataService(self.id, self.config.gcm, lambda q: self.metadata_cache.body(q),
+                                        lambda: self.metadata_cache.ready, self.api.push)
+        self.metadata_cache = MetadataCache(self.client, self.paths, self.metadata.dirty)
         identity = {"id": self.id, "endpoint": self.api.endpoint, "pid": os.getpid(),
                     "host": socket.gethostname()}
         metrics = serve_metrics(self.config.gcm.metrics_port, self.config.gcm.bind, advertise, self._metrics)
@@ -77,13 +82,15 @@ class Gcm:
                                    StoragePolicy(self.config.gcm.default_retention,
                                                  self.config.gcm.default_retention_bytes))
         self.autoscaler = Autoscaler(self.client, self.paths, self.leadership.fence, self.queues,
-                                     self.write_lock, self.config.autoscale, StatsStream(self.client, self.config))
+                                     self.write_lock, self.config.autoscale, StatsStream(self.client, self._own_seed()))
         self.events = EventLog(self.client, self.paths, self.leadership.fence, self.write_lock)
         self.permissions = PermissionManager(self.client, self.paths, self.leadership.fence, self.write_lock,
                                              self.config.security)
         self.commands = CommandLog(self.client, self.paths, self.leadership.fence, self.write_lock, self.queues.cache)
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
         self.client.ChildrenWatch(self.paths.queues, self._on_change)
+        self.metadata_cache.start()
+        self.metadata.start()
         self.api.start()
         log.info("GCM %s serving the control API on %s", self.id, self.api.endpoint)
         elector = threading.Thread(target=self._guard, args=(self.leadership.run, self._lead),
@@ -94,6 +101,8 @@ class Gcm:
         self.leadership.cancel()
         elector.join(timeout=self.config.zk.session_timeout + 5)
         self.api.stop()
+        self.metadata.stop()
+        self.metadata_cache.close()
         stop_client(self.client)
         if self.failed:
             log.error("GCM stopped after an unexpected error: %r", self.failed)
@@ -102,6 +111,10 @@ class Gcm:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def _own_seed(self) -> Config:
+        """The configuration the leader's own clients (the statistics stream) use: this GCM is their seed."""
+        return self.config.replace(cluster={"seeds": self.api.endpoint})
 
     def _guard(self, target: Any, *args: Any) -> None:
         """Run a managed thread; an unexpected error stops the daemon loudly."""
@@ -150,6 +163,10 @@ class Gcm:
     def _route(self, op: str) -> Handler:
         if op == "ping":
             return self._ping
+        if op == "metadata.get":  # every GCM answers from its cache, ZooKeeper up or not
+            return lambda a: self.metadata.get(a, PEER.get())
+        if op == "metadata.watch":
+            return lambda a: self.metadata.watch(a, PEER.get())
         handler = {
             "cluster.status": self._status,
             "queue.create": lambda a: self.queues.create(**_args(a, ["name"], ["exchanges", "replicas", "exist_ok",

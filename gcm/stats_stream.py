@@ -38,7 +38,7 @@ class StatsStream:
             return
         if self.publisher is None:
             from roq.client.publisher import Publisher
-            self.publisher = Publisher(self.queue, self.config, zk=self.client)
+            self.publisher = Publisher(self.queue, self.config)
         for record in stats_records(stats):
             try:
                 self.publisher.publish(record.kind, json.dumps(record.to_dict()).encode(), timeout=0)

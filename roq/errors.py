@@ -106,6 +106,10 @@ class NoLeaderError(UnavailableError):
     code = "no_leader"
 
 
+class NoSeedsError(UnavailableError):
+    """A client was given no seed (`cluster.seeds`), or none of them has a GCM listening."""
+
+
 class NotLeaderError(UnavailableError):
     """Sent by a backup GCM; `leader` holds the current leader's endpoint if known."""
 

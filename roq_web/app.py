@@ -26,11 +26,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from kazoo.client import KazooClient
 from starlette.concurrency import run_in_threadpool
 
 from roq import __version__
 from roq.client.admin import Admin
+from roq.client.metadata import MetadataClient
 from roq.config import Config
 from roq.errors import (
     BackpressureError,
@@ -47,7 +47,6 @@ from roq.errors import (
     UnavailableError,
     UserError,
 )
-from roq.zk import start_client, stop_client
 from roq_web.access import HttpError, error_response, install_session_routes
 from roq_web.admin_routes import install_admin_routes, install_command_routes, install_permission_routes
 from roq_web.auth import Guard
@@ -78,18 +77,19 @@ STATUS_BY_ERROR: list[tuple[type[RoqError], int]] = [
 # ------------------------------------------------------------------ the application
 
 class Gateway:
-    """Everything the routes share: one ZooKeeper session, the leader's client, the data path."""
+    """Everything the routes share: one metadata conversation with the GCMs (no ZooKeeper), the
+    admin client, the data path."""
 
-    def __init__(self, config: Config, zk: KazooClient | None = None) -> None:
+    def __init__(self, config: Config, metadata: MetadataClient | None = None) -> None:
         self.config = config
         self.guard = Guard(config.web.auth, config.web.tokens_file, config.web.session_seconds)
-        self._own_zk = zk is None
-        self.zk = zk or start_client(config)
-        self.admin = Admin(config, client=self.zk)
+        self._own_metadata = metadata is None
+        self.metadata = metadata or MetadataClient(config)  # one conversation with the GCMs for every route
+        self.admin = Admin(config)
         self.sampler = Sampler(self.admin, config.web.sample_interval, config.web.history_seconds)
-        self.publishers = Publishers(config, self.zk)
+        self.publishers = Publishers(config, self.metadata)
         self.limits = Limits(config.web, config.exchange.max_message_bytes, config.client.max_unconfirmed)
-        self.streams = Streams(config, self.zk)
+        self.streams = Streams(config, self.metadata)
         # Threads for blocking subscriber reads, apart from the pool the other routes use.
         self.stream_threads = anyio.CapacityLimiter(config.web.max_streams + 4)
         self.closing = threading.Event()  # set first when the gateway stops: open streams end
@@ -101,12 +101,12 @@ class Gateway:
         self.sampler.stop()
         self.publishers.close()
         self.admin.close()
-        if self._own_zk:
-            stop_client(self.zk)
+        if self._own_metadata:
+            self.metadata.close()
 
 
-def create_app(config: Config, zk: KazooClient | None = None) -> FastAPI:
-    gateway = Gateway(config, zk)
+def create_app(config: Config, metadata: MetadataClient | None = None) -> FastAPI:
+    gateway = Gateway(config, metadata)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

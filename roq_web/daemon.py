@@ -12,7 +12,6 @@ import threading
 
 import click
 import uvicorn
-from kazoo.client import KazooClient
 
 from roq.config import Config, load_config
 from roq.daemon import Stop, run_daemon
@@ -47,10 +46,10 @@ def url_of(config: Config, sock: socket.socket) -> str:
     return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def serve(config: Config, stop: Stop, announce: bool = False, zk: KazooClient | None = None) -> int:
-    """Serve until `stop`; `zk`: a ZooKeeper session to use (the caller's to close), else one of its own."""
+def serve(config: Config, stop: Stop, announce: bool = False) -> int:
+    """Serve until `stop`; the gateway talks to the GCMs of `cluster.seeds`, never to ZooKeeper."""
     sock = listening_socket(config)
-    app = create_app(config, zk)
+    app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=STOP_GRACE,
         ssl_certfile=config.web.tls_cert or None, ssl_keyfile=config.web.tls_key or None,

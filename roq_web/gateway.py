@@ -37,20 +37,19 @@ from typing import Any
 
 import msgpack
 import zmq
-from kazoo.client import KazooClient
 
 from roq import protocol
 from roq.client import Publisher, Subscriber
 from roq.client.envelope import message_json, rfc3339
+from roq.client.metadata import MetadataClient
 from roq.client.subscriber import Message
 from roq.client.subscriber.checkpoint import SAVED_RUNS, Checkpoint
 from roq.client.subscriber.replay import ReplayClient
 from roq.client.subscriber.streams import FetchFailed
+from roq.client.topology import QueueTopology
 from roq.config import Config
-from roq.errors import ConfigError, QueueNotFoundError, RoqError, UnavailableError, UserError
+from roq.errors import ConfigError, RoqError, UnavailableError, UserError
 from roq.names import check_queue_name, check_topic
-from roq.paths import Paths
-from roq.state import read_live
 from roq_web.limits import Slots
 
 TOKEN_VERSION = "r1."
@@ -235,9 +234,9 @@ def sse_event(msg: Message, token: str) -> str:
 class Publishers:
     """The gateway's publishers, one per queue."""
 
-    def __init__(self, config: Config, zk: KazooClient) -> None:
+    def __init__(self, config: Config, metadata: MetadataClient) -> None:
         self.config = config
-        self.zk = zk
+        self.metadata = metadata
         self._lock = threading.Lock()
         self._open: OrderedDict[str, tuple[Publisher, float]] = OrderedDict()  # least recently used first
         self._keys = IdempotencyKeys()
@@ -286,7 +285,7 @@ class Publishers:
                 self._close_later(entry[0])
                 entry = None
             if entry is None:
-                entry = (Publisher(queue, self.config, zk=self.zk), now)  # QueueNotFoundError when absent
+                entry = (Publisher(queue, self.config, metadata=self.metadata), now)  # QueueNotFoundError when absent
             self._open[queue] = (entry[0], now)
             while len(self._open) > self.config.web.max_publishers:
                 _, (oldest, _) = self._open.popitem(last=False)
@@ -373,11 +372,11 @@ class Streams:
     """The open SSE subscriptions: at most web.max_streams, web.max_streams_per_client per caller.
     A resume token is decoded (and refused) before a slot is taken."""
 
-    def __init__(self, config: Config, zk: KazooClient) -> None:
+    def __init__(self, config: Config, metadata: MetadataClient) -> None:
         self.config = config
         self._subscriber_config = config.replace(client={
             "receive_hwm": min(config.client.receive_hwm, STREAM_RECEIVE_HWM)})
-        self.zk = zk
+        self.metadata = metadata
         self.slots = Slots("streams", config.web.max_streams, config.web.max_streams_per_client,
                            ("web.max_streams", "web.max_streams_per_client"), busy=StreamLimitError)
 
@@ -386,7 +385,7 @@ class Streams:
         position = decode_token(token) if token else None
         self.slots.take(caller)
         try:
-            return Subscriber(queue, self._subscriber_config, topics=topics, zk=self.zk, position=position,
+            return Subscriber(queue, self._subscriber_config, topics=topics, metadata=self.metadata, position=position,
                               start=start, inbox_limit=STREAM_INBOX)
         except BaseException:
             self.slots.give_back(caller)
@@ -422,16 +421,13 @@ def next_events(subscriber: Subscriber, tokens: TokenWriter, wait: float, max_ev
 
 # ------------------------------------------------------------------ peek
 
-def peek(config: Config, zk: KazooClient, queue: str, topic: str, limit: int) -> list[dict[str, Any]]:
+def peek(config: Config, metadata: MetadataClient, queue: str, topic: str, limit: int) -> list[dict[str, Any]]:
     """The latest `limit` retained messages whose topic starts with `topic`, oldest first, taken from
     the tail of each running exchange's retention (PEEK_WINDOW frames back at most)."""
     check_queue_name(queue)
     prefix = check_topic(topic) if topic else b""  # no topic: every topic
     limit = max(1, min(limit, PEEK_MAX))
-    paths = Paths(config.zk.root)
-    if not zk.exists(paths.queue(queue)):
-        raise QueueNotFoundError(f"queue {queue!r} does not exist")
-    live = read_live(zk, paths, queue)
+    live = QueueTopology(metadata, queue).snapshot()  # QueueNotFoundError when absent
     context = zmq.Context()
     replay = ReplayClient(config, lambda: live, lambda: False)
     replay.bind(context)

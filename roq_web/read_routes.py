@@ -139,6 +139,6 @@ def install_read_routes(app: FastAPI, gateway: Gateway) -> None:
     def peek_messages(_who: Caller, queue: str, topic: str = "",
                       limit: Annotated[int, Query(ge=1, le=200)] = 20) -> dict[str, Any]:
         check_text(topic, "topic")
-        return {"messages": peek(gateway.config, gateway.zk, queue, topic, limit)}
+        return {"messages": peek(gateway.config, gateway.metadata, queue, topic, limit)}
 
 

@@ -153,8 +153,8 @@ class Stall:
         self.sent = 0
         self.rounds = 0
         self.errors: list[str] = []
-        self.sub = Subscriber(QUEUE, config, zk=zk, topics=["fresh-"], callback=self._on_message)
-        self.pub = Publisher(QUEUE, config, zk=zk)
+        self.sub = Subscriber(QUEUE, config, topics=["fresh-"], callback=self._on_message)
+        self.pub = Publisher(QUEUE, config)
         self._serial = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.fillers: list[Path] = []  # the fulldisk kind's files, removed at the end whatever happens
@@ -223,10 +223,10 @@ class Jobs:
         self.dead = 0
         self.lock = threading.Lock()
         self.hostile_seen: Counter[str] = Counter()
-        self.member = Subscriber(QUEUE, config, zk=zk, topics=["jobs"], group="workers", prefetch=50,
+        self.member = Subscriber(QUEUE, config, topics=["jobs"], group="workers", prefetch=50,
                                  callback=self._process)
-        self.dead_letters = Subscriber(QUEUE, config, zk=zk, topics=["roq.dead/workers"], callback=self._dead)
-        self.pub = Publisher(QUEUE, config, zk=zk)
+        self.dead_letters = Subscriber(QUEUE, config, topics=["roq.dead/workers"], callback=self._dead)
+        self.pub = Publisher(QUEUE, config)
         self.sent = 0
         self.stopping = threading.Event()
         self.errors: list[str] = []
@@ -855,7 +855,7 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
             start_hcm(host)
         wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 3, timeout=30,
                    message="cluster")
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             admin.create_queue(QUEUE, exchanges=2, replicas=replicas)
         wait_until(lambda: len(read_live(zk, paths, QUEUE)) == 2, timeout=30, message="exchanges")
         traffic = Traffic(QUEUE, config, zk, rate=rate, max_messages=int(rate * seconds * 1.2))

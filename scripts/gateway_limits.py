@@ -145,7 +145,7 @@ def run_scenarios(config: Any, procs: Processes, zk: Any, only: list[str]) -> di
         "no-token-4": lambda url, q: streams_with_token(url, q, None, 4),
     }
     results: dict[str, Any] = {}
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         for n, (name, run) in enumerate(scenarios.items()):
             if only and name not in only:
                 continue

@@ -166,9 +166,14 @@ def measure(queues: int, exchanges: int, seconds: float) -> dict[str, Any]:
     server = Server(work / "zookeeper")
     server.start()
     per_host = -(-queues * exchanges // 2)
+    import socket
+    with socket.socket() as probe:  # the GCM in this process: the clients' seed
+        probe.bind(("127.0.0.1", 0))
+        seed_port = probe.getsockname()[1]
     config = Config().replace(
         zk={"hosts": server.connect_string, "root": f"/reads-{uuid.uuid4().hex[:8]}"},
-        gcm={"metrics_port": -1},
+        gcm={"metrics_port": -1, "port": seed_port},
+        cluster={"seeds": f"tcp://127.0.0.1:{seed_port}"},
         hcm={"capacity": per_host + 2, "metrics_port": -1},
         log={"level": "WARNING"},
     )
@@ -184,7 +189,7 @@ def measure(queues: int, exchanges: int, seconds: float) -> dict[str, Any]:
         wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, timeout=60,
                    message="the leader and both hosts")
         creates = []
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             for i in range(queues):
                 started = time.perf_counter()
                 admin.create_queue(f"q{i}", exchanges=exchanges)

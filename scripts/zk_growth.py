@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 from roq.client.admin import Admin  # noqa: E402
-from roq.config import Config  # noqa: E402
+from roq.config import Config, load_config  # noqa: E402
 from roq.paths import Paths  # noqa: E402
 from roq.state import read_live  # noqa: E402
 from roq.tools.cluster import LocalCluster  # noqa: E402
@@ -131,12 +131,12 @@ def measure(minutes: float, queues: int, settle: float, run_dir: Path) -> dict[s
     state = cluster.up(progress=lambda text: print(f"  {text}", file=sys.stderr))
     try:
         host, port = state.zk_hosts.rsplit(":", 1)
-        config = base.replace(zk={"hosts": state.zk_hosts})
+        config = load_config(cluster.config_path, env={})  # as `roq cluster up` wrote it: seeds included
         root = config.zk.root
         names = [f"idle-{i}" for i in range(1, queues + 1)]
         client = start_client(config)
         try:
-            with Admin(config, client) as admin:
+            with Admin(config) as admin:
                 for name in names:
                     admin.create_queue(name, exchanges=1)
             deadline = time.monotonic() + 60

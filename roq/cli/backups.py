@@ -55,9 +55,17 @@ def restore(ctx: Context, file: str, force: bool, keys_dir: str | None, check: b
     if check:
         click.echo(f"{file}: valid {loaded.describe()}")
         return
+    from roq.client.admin import ZK_REFUSED_FOR
+    from roq.paths import Paths
+    from roq.zk import start_client, stop_client
+    paths = Paths(ctx.config.zk.root)
+    client = start_client(ctx.config, refused_for=ZK_REFUSED_FOR)  # an operator's reader identity
+    try:
+        todo = plan(client, paths, loaded, force)
+    finally:
+        stop_client(client)
     with ctx.admin() as admin:
-        todo = plan(admin.zk, admin.paths, loaded, force)
-        click.echo(f"restoring the {loaded.describe()} into {admin.paths.root}")
+        click.echo(f"restoring the {loaded.describe()} into {paths.root}")
         target = keys_dir or ctx.config.security.keys_dir
         if not any(loaded.keys.files()):
             keys = "none in the backup"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from roq.errors import Exit, RoqError, ZooKeeperUnavailableError
+from roq.errors import Exit, NoSeedsError, RoqError, ZooKeeperUnavailableError
 
 if TYPE_CHECKING:  # the commands import what they use: `roq --help` stays fast
     from roq.client.admin import Admin
@@ -23,7 +23,7 @@ DEFAULT_LOCAL_CONFIG = Path(".roq/cluster/config.toml")
 # With no configuration at all, ZooKeeper's default address is a guess: give up on it quickly.
 GUESS_CONNECT_TIMEOUT = 2.5
 HOW_TO_CONFIGURE = ("no cluster is configured here: point at one with --config FILE, ROQ_CONFIG=FILE or "
-                    "ROQ_ZK_HOSTS=host:port, or start one in this directory with `roq cluster up`")
+                    "ROQ_SEEDS=tcp://host:port, or start one in this directory with `roq cluster up`")
 
 
 def fail(message: str, code: Exit) -> None:
@@ -81,7 +81,7 @@ def _explained(exc: RoqError) -> str:
     """The error's line, plus how to name a cluster when none was named and ZooKeeper is not there."""
     ctx = click.get_current_context(silent=True)
     context = ctx.find_object(Context) if ctx else None
-    if isinstance(exc, ZooKeeperUnavailableError) and context is not None and context.guessing:
+    if isinstance(exc, (ZooKeeperUnavailableError, NoSeedsError)) and context is not None and context.guessing:
         return f"{exc}; {HOW_TO_CONFIGURE}"
     return str(exc)
 
@@ -120,9 +120,10 @@ class Context:
 
     @property
     def guessing(self) -> bool:
-        """Nothing names a cluster (no file, no ROQ_ZK_HOSTS, no --set zk.hosts): the default is a guess."""
-        return (self.source is None and not os.environ.get("ROQ_ZK_HOSTS")
-                and not any(s.startswith("zk.hosts=") for s in self.settings))
+        """Nothing names a cluster (no file, no seeds, no ZooKeeper): the defaults are a guess."""
+        named = ("ROQ_SEEDS", "ROQ_CLUSTER_SEEDS", "ROQ_ZK_HOSTS")
+        return (self.source is None and not any(os.environ.get(v) for v in named)
+                and not any(s.startswith(("zk.hosts=", "cluster.seeds=")) for s in self.settings))
 
     @property
     def config(self) -> Config:

@@ -57,8 +57,9 @@ def pipeline_stats(ctx: Context, output: str, window: int, once: bool, duration:
     if not queue_name:
         raise UserError("gcm.stats_queue is empty: the statistics stream is off")
     created = False
-    args = ["--zk", ctx.config.zk.hosts, "--root", ctx.config.zk.root, "--queue", queue_name, "--output", output,
-            "--window", str(window), "--duration", str(duration), "--master", master] + (["--once"] if once else [])
+    args = ["--seeds", ctx.config.cluster.seeds, "--root", ctx.config.zk.root, "--queue", queue_name,
+            "--output", output, "--window", str(window), "--duration", str(duration), "--master", master]
+    args += ["--once"] if once else []
     try:
         with ctx.admin() as admin:
             try:

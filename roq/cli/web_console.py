@@ -27,19 +27,14 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None) -> None:
     assert ctx is not None
     overrides = {k: v for k, v in (("bind", bind), ("port", port)) if v is not None}
     config = ctx.config.replace(web=overrides) if overrides else ctx.config
-    from roq.client.admin import ZK_REFUSED_FOR
+    from roq.client.admin import Admin
     from roq.daemon import Stop, install_signal_handlers
-    from roq.zk import start_client, stop_client
     from roq_web.daemon import serve
-    # As every command: one line, at once, when no ZooKeeper listens (roq-web, a daemon, waits for it).
-    # Logging stays as main() set it: warnings, without the ZooKeeper client's reconnect chatter.
-    zk = start_client(config, refused_for=ZK_REFUSED_FOR)
-    stop = Stop()
-    try:
-        install_signal_handlers(stop)
-        code = serve(config, stop, announce=True, zk=zk)
-    finally:
-        stop_client(zk)
+    with Admin(config) as admin:  # as every command: one line, at once, when no GCM is at the seeds
+        admin.call("ping")
+    stop = Stop()  # the gateway asks the GCMs of cluster.seeds; it opens no ZooKeeper session
+    install_signal_handlers(stop)
+    code = serve(config, stop, announce=True)
     if stop.signal == signal.SIGINT:
         raise KeyboardInterrupt  # "interrupted", exit 130, as every command on Ctrl-C
     sys.exit(code)

@@ -1,5 +1,5 @@
-"""Admin: the control API client. Finds the leader through ZooKeeper, follows
-`not_leader` redirects, and retries through a leader change until
+"""Admin: the control API client. Asks the seeds (`cluster.seeds`: any GCM; never ZooKeeper),
+follows `not_leader` redirects to the leader, and retries through a leader change until
 `client.request_timeout` runs out; then raises NoLeaderError or the server's
 own error (QueueNotFoundError, InvalidNameError, ...).
 
@@ -7,8 +7,8 @@ Every attempt of one call that changes the cluster carries the same request key,
 so the leader applies it once: a retry of a create the leader applied but whose
 answer was lost gets that success, not `queue_exists` (gcm.fence). A GCM that
 refuses the handshake (too many connections from this address, an unknown key)
-fails the call at once with RefusedError instead of a timeout. Without a client of its own, it
-fails within ZK_REFUSED_FOR seconds when no ZooKeeper server accepts connections."""
+fails the call at once with RefusedError instead of a timeout; a seed that is down costs one
+refused connection, and the next one is asked."""
 
 from __future__ import annotations
 
@@ -20,47 +20,45 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import zmq
-from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
 from zmq.utils.monitor import recv_monitor_message
 
 from roq.client.lifecycle import ClientLifecycle
+from roq.client.metadata import configured_seeds
 from roq.config import Config
 from roq.errors import (
     GroupNotFoundError,
     NoLeaderError,
+    NoSeedsError,
     NotLeaderError,
     RefusedError,
     RequestTimeoutError,
     UnavailableError,
-    ZooKeeperUnavailableError,
     error_from_code,
 )
-from roq.paths import Paths
 from roq.permissions import check_pattern
 from roq.protocol import decode_reply, encode_request
 from roq.records import ExchangeStats, group_totals, queue_groups
 from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
-from roq.zk import read_json_within
 
 log = logging.getLogger(__name__)
 
 READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status", "keys.list", "keys.show",
                        "queue.command"})
 COMMAND_POLL = 0.1  # s between two looks at an admin command's results
-# Every ZooKeeper server refusing connections this long: none runs there, say so instead of
-# waiting out zk.connect_timeout (a server that is merely slow still gets all of it).
+# Every seed refusing connections this long: no GCM runs there, say so instead of waiting out
+# client.request_timeout (a GCM that is merely slow still gets all of it).
+SEEDS_REFUSED_FOR = 1.5
+# For the operator tools that still read ZooKeeper (backup, restore): every server refusing
+# connections this long means none runs there; say so instead of waiting out zk.connect_timeout.
 ZK_REFUSED_FOR = 1.5
-LEADER_READ_TIMEOUT = 3.0  # seconds: the leader's znode is read on every call
 
 
 class Admin(ClientLifecycle):
-    def __init__(self, config: Config, client: KazooClient | None = None) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
-        self.paths = Paths(config.zk.root)
-        self._use_zk(config, client, refused_for=ZK_REFUSED_FOR)
+        self.seeds = configured_seeds(config)
+        self._turn = itertools.count()
         self._context = zmq.Context()
         self._ids = itertools.count(1)
         self._last_leader: str | None = None
@@ -233,47 +231,35 @@ class Admin(ClientLifecycle):
         endpoint: str | None = None
         last_error: Exception = NoLeaderError("no GCM leader is elected (are the GCMs running?)")
         unanswered = False  # an attempt may have been applied without our hearing of it
+        started, refused = time.monotonic(), set[str]()  # seeds where nothing listens
         while time.monotonic() < deadline:
+            if refused >= set(self.seeds) and time.monotonic() - started >= SEEDS_REFUSED_FOR:
+                raise NoSeedsError(f"no GCM leader: no GCM listens at {', '.join(self.seeds)}: nothing listens there "
+                                   "(cluster.seeds, ROQ_SEEDS)")
+            endpoint = endpoint or self._last_leader or self._next_seed()
             try:
-                endpoint = endpoint or self._leader_endpoint()
-            except ZooKeeperUnavailableError as err:
-                last_error = err
-                time.sleep(0.2)
-                continue
-            if endpoint is None:
-                time.sleep(0.1)
-                continue
-            try:
-                return self.request(endpoint, op, args,
-                                    min(self.config.client.attempt_timeout, deadline - time.monotonic()), key)
-            except NotLeaderError as err:
+                result = self.request(endpoint, op, args,
+                                      min(self.config.client.attempt_timeout, deadline - time.monotonic()), key)
+                self._last_leader = endpoint
+                return result
+            except NotLeaderError as err:  # a backup names the leader; none elected yet: ask again soon
                 last_error, endpoint = err, err.leader if err.leader != endpoint else None
-            except UnavailableError as err:  # timeout, leader suspended: look again
+                self._last_leader = None
+                if endpoint is None:
+                    time.sleep(0.1)
+            except UnavailableError as err:  # down, timed out, suspended: another GCM
+                if isinstance(err, _NothingListens):
+                    refused.add(endpoint)
                 unanswered = unanswered or isinstance(err, RequestTimeoutError)
-                last_error, endpoint = err, None
+                last_error, endpoint, self._last_leader = err, None, None
                 time.sleep(0.1)
         if unanswered and op not in READ_ONLY:
             raise RequestTimeoutError(f"{last_error}; an earlier attempt got no answer, so the outcome "
                                       "is unknown: it may still be applied (check before retrying)")
         raise last_error
 
-    def _leader_endpoint(self) -> str | None:
-        if not self.zk.connected:
-            # kazoo's reads would block until reconnected; without a quorum that is forever.
-            if self._last_leader:
-                return self._last_leader
-            raise ZooKeeperUnavailableError(
-                f"ZooKeeper at {self.config.zk.hosts} is unreachable or has lost its quorum")
-        try:
-            leader = read_json_within(self.zk, self.paths.leader, LEADER_READ_TIMEOUT)
-        except (KazooException, KazooTimeoutError):
-            # ZooKeeper unreachable or without quorum: try the last leader we knew.
-            if self._last_leader:
-                return self._last_leader
-            raise ZooKeeperUnavailableError(
-                f"cannot read the leader from ZooKeeper at {self.config.zk.hosts}") from None
-        self._last_leader = leader.get("endpoint") if leader else None
-        return self._last_leader
+    def _next_seed(self) -> str:
+        return self.seeds[next(self._turn) % len(self.seeds)]
 
     def request(self, endpoint: str, op: str, args: dict[str, Any], timeout: float,
                 key: str | None = None) -> Any:
@@ -305,7 +291,7 @@ class Admin(ClientLifecycle):
                         continue
                     if event["event"] == zmq.EVENT_CONNECT_RETRIED:
                         if not connected:
-                            raise UnavailableError(f"GCM {endpoint} refuses connections (not running)")
+                            raise _NothingListens(f"GCM {endpoint} refuses connections (not running)")
                         continue
                     raise refusal(endpoint, event)
                 if sock not in ready:
@@ -321,6 +307,10 @@ class Admin(ClientLifecycle):
             sock.disable_monitor()
             monitor.close(linger=0)
             sock.close(linger=0)
+
+
+class _NothingListens(UnavailableError):
+    """The GCM's address refused the TCP connection: no GCM runs there."""
 
 
 def _rights(publish: Sequence[str], subscribe: Sequence[str], consume: Sequence[str], admin: bool) -> dict[str, Any]:

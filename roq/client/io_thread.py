@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from kazoo.client import KazooClient
-
+from roq.client.metadata import MetadataClient
 from roq.client.topology import QueueTopology
 from roq.client.wake import WakePipe
 from roq.config import Config
-from roq.paths import Paths
 
 JOIN_TIMEOUT = 5.0  # s close() waits for the thread
 
 
 class QueueIoThread:
-    def __init__(self, zk: KazooClient, config: Config, queue: str, name: str,
-                 on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, metadata: MetadataClient, config: Config, queue: str, name: str,
+                 on_change: Callable[[], None] | None = None,
+                 on_relocations: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Watch the queue; `on_change` (default: wake the thread) runs on watch threads. The thread
         runs `_run` once `_start_thread()` is called."""
         self.config = config
@@ -30,7 +30,7 @@ class QueueIoThread:
         self._closed = False
         self._wake = WakePipe()
         try:
-            self.topology = QueueTopology(zk, Paths(config.zk.root), queue, on_change or self._wake.wake)
+            self.topology = QueueTopology(metadata, queue, on_change or self._wake.wake, on_relocations)
         except Exception:
             self._wake.close()
             raise

@@ -1,40 +1,44 @@
-"""What every client (Admin, Publisher, Subscriber, GroupMember) shares: the ZooKeeper client it
-uses (its own, started here and stopped on close, unless the caller gave one), `close()` that
-runs once, and use as a context manager (`with Publisher(...) as pub:` closes on the way out).
+"""What every client (Admin, Publisher, Subscriber, GroupMember) shares: the metadata client it
+follows topology with (its own, started here and closed on close, unless the caller gave one to
+share; roq.client.metadata: the GCMs, never ZooKeeper), `close()` that runs once, and use as a
+context manager (`with Publisher(...) as pub:` closes on the way out).
 
-A constructor that fails after `_use_zk` calls `_release_zk()`, so a client started for an object
-that never existed does not keep its session (and its ephemeral nodes) alive.
+A constructor that fails after `_use_metadata` calls `_release_metadata()`, so a conversation
+started for an object that never existed does not go on.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Self
 
-from kazoo.client import KazooClient
-
+from roq.client.metadata import MetadataClient
 from roq.config import Config
-from roq.zk import start_client, stop_client
+
+log = logging.getLogger(__name__)
 
 
 class ClientLifecycle:
-    zk: KazooClient
-    _own_zk: bool = False
+    metadata: MetadataClient
+    _own_metadata: bool = False
     _shut: bool = False  # close() ran (or is running): a second call does nothing
 
-    def _use_zk(self, config: Config, zk: KazooClient | None, refused_for: float | None = None) -> KazooClient:
-        """Use `zk`, or start a client of our own (stopped by close())."""
-        self._own_zk = zk is None
-        self.zk = zk or start_client(config, refused_for=refused_for)
-        return self.zk
+    def _use_metadata(self, config: Config, metadata: MetadataClient | None) -> MetadataClient:
+        """Use `metadata`, or start a client of our own (closed by close())."""
+        if config.zk.hosts != type(config.zk)().hosts:
+            log.debug("zk.hosts is for the servers; this client asks the GCMs of cluster.seeds")
+        self._own_metadata = metadata is None
+        self.metadata = metadata or MetadataClient(config)
+        return self.metadata
 
-    def _release_zk(self) -> None:
-        """Stop the ZooKeeper client if it is ours (the caller's stays as it is)."""
-        if self._own_zk:
-            self._own_zk = False
-            stop_client(self.zk)
+    def _release_metadata(self) -> None:
+        """Close the metadata client if it is ours (the caller's stays as it is)."""
+        if self._own_metadata:
+            self._own_metadata = False
+            self.metadata.close()
 
     def _shut_down(self) -> None:
-        """Stop what the client runs (its I/O thread, sockets, watches): once, before the ZooKeeper
+        """Stop what the client runs (its I/O thread, sockets, watches): once, before the metadata
         client is released."""
 
     def close(self) -> None:
@@ -44,7 +48,7 @@ class ClientLifecycle:
         try:
             self._shut_down()
         finally:
-            self._release_zk()
+            self._release_metadata()
 
     def __enter__(self) -> Self:
         return self

@@ -23,6 +23,13 @@ def _log_level(value: str) -> str | None:
     return None
 
 
+def _seeds(value: str) -> str | None:
+    for seed in (s.strip() for s in value.split(",")):
+        if seed and not (seed.startswith("tcp://") and seed.rpartition(":")[2].isdigit()):
+            return f"must be tcp://host:port endpoints separated by commas, got {seed!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """Publishers, subscribers, group members and the admin client."""
@@ -125,7 +132,10 @@ class WebConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """`roq cluster up`: the whole cluster on this machine."""
+    """Where clients find the cluster (`seeds`), and `roq cluster up`: the whole cluster on this machine."""
+    seeds: str = setting("", "GCM control endpoints clients bootstrap from, tcp://host:port,... (env ROQ_SEEDS); "
+                         "any one answering is enough, the rest are learnt", check=_seeds,
+                         rule="tcp://host:port,... or empty")
     run_dir: str = setting(".roq/cluster", "where the local cluster keeps its settings, logs and data")
     gcms: int = setting(2, "GCMs started", positive=True)
     hcms: int = setting(2, "HCMs started", positive=True)

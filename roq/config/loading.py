@@ -28,6 +28,7 @@ from roq.errors import ConfigError
 
 ENV_PREFIX = "ROQ_"
 ENV_CONFIG_FILE = "ROQ_CONFIG"
+ENV_SEEDS = "ROQ_SEEDS"  # = ROQ_CLUSTER_SEEDS
 # What `roq subscribe --group --exec` tells each command about its message (roq/tools/work_cli.py,
 # docs/cli.md): a command may run `roq` itself.
 MESSAGE_ENV = ("ROQ_QUEUE", "ROQ_GROUP", "ROQ_EXCHANGE", "ROQ_TOPIC", "ROQ_TOPIC_HEX", "ROQ_KEY", "ROQ_KEY_HEX",
@@ -125,6 +126,9 @@ def _from_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     layer: dict[str, dict[str, str]] = {}
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
+            continue
+        if name == ENV_SEEDS:  # the short spelling of ROQ_CLUSTER_SEEDS every client doc uses
+            layer.setdefault("cluster", {})["seeds"] = value
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
         if section not in _SECTIONS or not key:

@@ -99,6 +99,14 @@ class GcmConfig:
     min_free_bytes: int = setting(64 << 20, "a host whose exchanges journal gets no new exchange while its data disk "
                                   "has less free", lo=0)
     metrics_port: int = setting(0, "Prometheus /metrics port (advertised in ZooKeeper)", **METRICS_PORT)
+    # The metadata conversation (docs/protocol.md section 8): what one GCM gives the clients.
+    metadata_lease: float = setting(30.0, "seconds a client's metadata.watch lasts unless renewed (clients renew "
+                                    "at a third of it)", positive=True)
+    metadata_max_queues: int = setting(64, "queues one metadata.watch may name", positive=True)
+    metadata_max_watchers: int = setting(20_000, "client connections one GCM keeps watches for; more are refused "
+                                         "(limit_exceeded) and go to another seed", positive=True)
+    metadata_rate: float = setting(20.0, "metadata requests per second one client connection may make (as many "
+                                   "at once)", positive=True)
     stats_queue: str = setting("roq-stats", "while this queue exists, the leader publishes the statistics stream "
                                "to it; empty = never")
     max_queues: int = setting(1_000, "queues at most; a create beyond is refused (bounds ZooKeeper state)",

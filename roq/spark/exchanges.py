@@ -1,9 +1,9 @@
 """What the `roq` source asks the cluster: where each exchange's stream stands, and its frames.
 
-The driver reads ZooKeeper once per offset (the queue's running exchanges and their
-replay endpoints) and asks each exchange for its position. Executors, and the driver
+The driver follows the queue's running exchanges and their replay endpoints through the GCMs
+(cluster.seeds, never ZooKeeper) and asks each exchange for its position at every offset. Executors, and the driver
 when it counts messages for `maxOffsetsPerTrigger`, fetch frames straight from the
-exchanges' replay endpoints (docs/protocol.md section 5): never ZooKeeper. An
+exchanges' replay endpoints (docs/protocol.md section 5). An
 exchange that does not answer a position request within FETCH_TIMEOUT_MS is left out
 of that offset (its frames stay retained for the next); one that does not answer a
 fetch fails the task, which Spark retries.
@@ -34,20 +34,20 @@ class StreamEnd:
 
 
 class QueueView:
-    """The driver's view of one queue through ZooKeeper. A stream asks at every trigger, so the
-    client is kept until close() (the reader's stop()): one ZooKeeper session per query, not one
-    per trigger. Never pickled with its client (Spark ships readers to executors)."""
+    """The driver's view of one queue, from the GCMs (roq.client.metadata: no ZooKeeper). A stream
+    asks at every trigger, so the view is kept until close() (the reader's stop()): one metadata
+    conversation per query, not one per trigger. Never pickled with it (Spark ships readers to
+    executors)."""
 
     def __init__(self, conn: dict[str, str], queue: str) -> None:
         self.conn, self.queue = conn, queue
-        self.client: Any = None
+        self.client: Any = None  # (MetadataClient, QueueTopology) once opened
 
     def positions(self) -> dict[str, StreamEnd]:
         """The running exchanges that answered; QueueNotFoundError if there is no such queue."""
-        from roq.state import read_live
         config = config_from(self.conn)
         ends = {}
-        for xid, data in read_live(self._checked(config), self._paths(config), self.queue).items():
+        for xid, data in self._checked(config).snapshot().items():
             if data.get("replay"):
                 answer = ask_position(data["replay"], config)
                 if answer is not None:
@@ -59,25 +59,25 @@ class QueueView:
         self._checked(config_from(self.conn))
 
     def close(self) -> None:
-        from roq.zk import stop_client
         if self.client is not None:
-            stop_client(self.client)
-            self.client = None
+            (metadata, topology), self.client = self.client, None
+            topology.close()
+            metadata.close()
 
     def _checked(self, config: Any) -> Any:
-        from roq.errors import QueueNotFoundError
-        from roq.zk import start_client
+        """The queue's topology, followed from its first use (QueueNotFoundError if absent)."""
+        from roq.client.metadata import MetadataClient
+        from roq.client.topology import QueueTopology
         if self.client is None:
-            self.client = start_client(config)
-        if self.client.exists(self._paths(config).queue(self.queue)) is None:
-            raise QueueNotFoundError(f"queue {self.queue!r} does not exist in {config.zk.hosts}{config.zk.root} "
-                                     "(roq queue list shows the queues)")
-        return self.client
-
-    @staticmethod
-    def _paths(config: Any) -> Any:
-        from roq.paths import Paths
-        return Paths(config.zk.root)
+            metadata = MetadataClient(config)
+            try:
+                self.client = (metadata, QueueTopology(metadata, self.queue))
+            except BaseException:
+                metadata.close()
+                raise
+        topology = self.client[1]
+        topology.check_exists()
+        return topology
 
     def __getstate__(self) -> dict[str, Any]:
         return {"conn": self.conn, "queue": self.queue, "client": None}

@@ -22,7 +22,7 @@ EARLIEST, LATEST = "earliest", "latest"
 KAFKA_CODES = {-2: EARLIEST, -1: LATEST}  # Kafka's JSON spells earliest -2 and latest -1
 
 # lower-case key → the name users write (for messages and docs)
-CONNECTION = {"zk": "zk", "root": "root", "config": "config", "queue": "queue"}
+CONNECTION = {"seeds": "seeds", "config": "config", "queue": "queue"}
 SOURCE = {**CONNECTION, "topics": "topics", "startingoffsets": "startingOffsets",
           "endingoffsets": "endingOffsets", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
           "maxframespertrigger": "maxFramesPerTrigger", "failondataloss": "failOnDataLoss"}
@@ -87,18 +87,17 @@ def required(options: dict[str, str], key: str) -> str:
 
 def connection(options: dict[str, str]) -> dict[str, str]:
     """What a driver or an executor needs to build the RoQ configuration (see config_from)."""
-    if not options.get("zk") and not options.get("config"):
-        raise OptionError("the roq data source needs .option('zk', 'host:port,...') or "
+    if not options.get("seeds") and not options.get("config"):
+        raise OptionError("the roq data source needs .option('seeds', 'tcp://host:port,...') or "
                           ".option('config', '/path/to/roq.toml')")
-    return {k: options[k] for k in ("zk", "root", "config") if options.get(k)}
+    return {k: options[k] for k in ("seeds", "config") if options.get(k)}
 
 
 def config_from(conn: dict[str, str]) -> Any:
-    """The RoQ configuration: the `config` TOML file if given (keys, credentials), then `zk`/`root`."""
+    """The RoQ configuration: the `config` TOML file if given (keys, seeds), then the `seeds` option."""
     from roq.config import Config, load_config
     config = load_config(conn["config"], env={}) if conn.get("config") else Config()
-    overrides = {key: conn[opt] for key, opt in (("hosts", "zk"), ("root", "root")) if conn.get(opt)}
-    return config.replace(zk=overrides) if overrides else config
+    return config.replace(cluster={"seeds": conn["seeds"]}) if conn.get("seeds") else config
 
 
 def source_options(raw: Any, streaming: bool) -> SourceOptions:

@@ -20,7 +20,7 @@ while the session is still starting, at once. `roq pipeline
 stats` runs it as a child process (roq/spark/pipeline.py says why). A failure
 is one line on stderr. It also runs under spark-submit:
 
-    spark-submit roq/spark/stats_job.py --zk zk1:2181 --output /data/roq-stats
+    spark-submit roq/spark/stats_job.py --seeds tcp://gcm1:7000 --output /data/roq-stats
 """
 
 from __future__ import annotations
@@ -85,27 +85,27 @@ def aggregate(records: Any, window: int) -> dict[str, Any]:
             for name, frame in (("exchanges", exchanges), ("hosts", hosts))}
 
 
-def source(spark: Any, zk: str, root: str, queue: str, streaming: bool) -> Any:
+def source(spark: Any, seeds: str, root: str, queue: str, streaming: bool) -> Any:
     reader = spark.readStream if streaming else spark.read
-    return (reader.format("roq").option("zk", zk).option("root", root).option("queue", queue)
+    return (reader.format("roq").option("seeds", seeds).option("queue", queue)
             .option("startingOffsets", "earliest").option("failOnDataLoss", "false").load())
 
 
-def aggregate_retained(spark: Any, zk: str, root: str, queue: str, output: str, window: int) -> None:
+def aggregate_retained(spark: Any, seeds: str, root: str, queue: str, output: str, window: int) -> None:
     """Batch: everything the stream's exchanges retain now, every window (the newest may be partial)."""
-    for name, frame in aggregate(parse(source(spark, zk, root, queue, False)), window).items():
+    for name, frame in aggregate(parse(source(spark, seeds, root, queue, False)), window).items():
         frame.write.mode("overwrite").parquet(str(Path(output) / name))
 
 
-def start_queries(spark: Any, zk: str, root: str, queue: str, output: str, window: int) -> dict[str, Any]:
+def start_queries(spark: Any, seeds: str, root: str, queue: str, output: str, window: int) -> dict[str, Any]:
     """Streaming, one query per aggregate, by name: a window is appended once the watermark (one
     window past the newest record) passes it."""
-    return {name: start_query(spark, zk, root, queue, output, window, name) for name in AGGREGATES}
+    return {name: start_query(spark, seeds, root, queue, output, window, name) for name in AGGREGATES}
 
 
-def start_query(spark: Any, zk: str, root: str, queue: str, output: str, window: int, name: str) -> Any:
+def start_query(spark: Any, seeds: str, root: str, queue: str, output: str, window: int, name: str) -> Any:
     """One aggregate's query; started again after a failure, it continues from its checkpoint."""
-    records = parse(source(spark, zk, root, queue, True)).withWatermark("time", f"{window} seconds")
+    records = parse(source(spark, seeds, root, queue, True)).withWatermark("time", f"{window} seconds")
     frame = aggregate(records, window)[name]
     return (frame.writeStream.format("parquet").outputMode("append")
             .option("path", str(Path(output) / name))
@@ -114,7 +114,7 @@ def start_query(spark: Any, zk: str, root: str, queue: str, output: str, window:
             .queryName(f"roq_stats_{name}").start())
 
 
-def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
+def run(seeds: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
         master: str | None, stop: threading.Event | None = None) -> None:
     """The job, then the session stopped in order. Setting `stop` (see stop_on_signals) ends it
     early and cleanly, then raises KeyboardInterrupt; a failed query raises RoqError."""
@@ -128,11 +128,11 @@ def run(zk: str, root: str, queue: str, output: str, window: int, once: bool, du
     try:
         if once:
             cancel_when(stop, spark)
-            aggregate_retained(spark, zk, root, queue, output, window)
+            aggregate_retained(spark, seeds, root, queue, output, window)
         elif not stop.is_set():
-            queries = start_queries(spark, zk, root, queue, output, window)
+            queries = start_queries(spark, seeds, root, queue, output, window)
             follow(spark, queries, duration, stop,
-                   restart=lambda name: start_query(spark, zk, root, queue, output, window, name))
+                   restart=lambda name: start_query(spark, seeds, root, queue, output, window, name))
     except Exception:
         if not stop.is_set():
             raise
@@ -247,7 +247,7 @@ def first_line(exc: Any) -> str:
 
 
 @click.command()
-@click.option("--zk", required=True, help="ZooKeeper connection string of the cluster")
+@click.option("--seeds", required=True, help="the cluster's GCM endpoints, tcp://host:port,... (cluster.seeds)")
 @click.option("--root", default="/roq", show_default=True)
 @click.option("--queue", default="roq-stats", show_default=True)
 @click.option("--output", required=True, type=click.Path(file_okay=False))
@@ -255,7 +255,7 @@ def first_line(exc: Any) -> str:
 @click.option("--once", is_flag=True, help="aggregate what is retained now, then stop")
 @click.option("--duration", type=float, default=0, help="stop after this many seconds (0 = run until Ctrl-C)")
 @click.option("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
-def main(zk: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
+def main(seeds: str, root: str, queue: str, output: str, window: int, once: bool, duration: float,
          master: str | None) -> None:
     """Run the statistics pipeline (also under spark-submit). Exit codes as `roq`'s: 0 done,
     130 stopped by SIGINT/SIGTERM, else one line on stderr."""
@@ -265,7 +265,7 @@ def main(zk: str, root: str, queue: str, output: str, window: int, once: bool, d
     stop = threading.Event()
     stop_on_signals(stop)
     try:
-        run(zk, root, queue, output, window, once, duration, master or _default_master(), stop)
+        run(seeds, root, queue, output, window, once, duration, master or _default_master(), stop)
     except KeyboardInterrupt:
         gate.close()  # what an abandoned start prints on its way out stays off the terminal too
         sys.exit(Exit.INTERRUPTED)

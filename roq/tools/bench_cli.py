@@ -99,12 +99,20 @@ def ensure_queue(config: Config, queue: str, exchanges: int, replicas: int | Non
 
 
 def _wait_replicas(admin: Admin, queue: str, xids: list[str], timeout: float) -> None:
-    """Until `replicas/<queue>/<x>` (a running replica, written by its host) exists for each of `xids`."""
-    deadline = time.monotonic() + timeout
-    while not all(admin.zk.exists(admin.paths.replica_live(queue, xid)) for xid in xids):
-        if time.monotonic() > deadline:
-            raise RequestTimeoutError(f"the replicas of queue {queue!r} were not running after {timeout:.0f}s")
-        time.sleep(0.1)
+    """Until the replica of each of `xids` runs, as the GCMs tell it (no ZooKeeper session)."""
+    from roq.client.metadata import MetadataClient
+    from roq.client.topology import QueueTopology
+    metadata = MetadataClient(admin.config)
+    topology = QueueTopology(metadata, queue)
+    try:
+        deadline = time.monotonic() + timeout
+        while not all(xid in topology.replicas for xid in xids):
+            if time.monotonic() > deadline:
+                raise RequestTimeoutError(f"the replicas of queue {queue!r} were not running after {timeout:.0f}s")
+            time.sleep(0.1)
+    finally:
+        topology.close()
+        metadata.close()
 
 
 def result_table(results: list[RunResult], baseline: RunResult | None = None) -> Table:

@@ -150,8 +150,9 @@ class LocalCluster:
             state.processes.append({"role": "zookeeper", "name": "zookeeper", "pid": zk.pid,
                                     "log": str(zk.log_path)})
             state.save()
-            config = self.base_config.replace(zk={"hosts": zk.connect_string})
+            config = with_seeds(self.base_config.replace(zk={"hosts": zk.connect_string}), c.gcms)
             self.config_path.write_text(config.to_toml())
+            self._seeds = config.cluster.seeds
             for role, name in self._daemons(c.gcms, c.hcms):
                 state.processes.append(self._spawn(role, name))
             state.save()
@@ -186,8 +187,10 @@ class LocalCluster:
         if not missing:
             raise UserError(f"a cluster is already running in {self.run_dir}, all of it (`roq cluster down` "
                             "stops it)")
-        if (gcms, hcms) != (running.cluster.gcms, running.cluster.hcms):
-            self.config_path.write_text(running.replace(cluster={"gcms": gcms, "hcms": hcms}).to_toml())
+        if (gcms, hcms) != (running.cluster.gcms, running.cluster.hcms) or not running.cluster.seeds:
+            running = with_seeds(running.replace(cluster={"gcms": gcms, "hcms": hcms}), gcms)
+            self.config_path.write_text(running.to_toml())
+        self._seeds = running.cluster.seeds
         processes = [p for p in state.processes if p["name"] in alive]
         for role, name in missing:
             if role == "zookeeper":
@@ -206,6 +209,8 @@ class LocalCluster:
         self._wait_ready(running, state, hcms, timeout)
         self.queues_back = self._queues(running)
         return state
+
+    _seeds = ""  # cluster.seeds of the cluster being started: one per GCM, in order
 
     @staticmethod
     def _daemons(gcms: int, hcms: int) -> list[tuple[str, str]]:
@@ -241,6 +246,8 @@ class LocalCluster:
         extra: list[str] = []
         if role == "hcm":  # each host its own data directory, as on separate machines (journals: hcm.data_dir)
             extra = ["--set", f"hcm.host={name}", "--set", f"hcm.data_dir={self.run_dir / DATA_DIR / name}"]
+        if role == "gcm":  # gcm-N listens where the N-th seed says: the clients' way in
+            extra = ["--set", f"gcm.port={self._seeds.split(',')[int(name.rsplit('-', 1)[1]) - 1].rpartition(':')[2]}"]
         with log_path.open("ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(self.config_path), *extra],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -305,3 +312,11 @@ class LocalCluster:
         if self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
             self.run_dir.rmdir()
         return removed
+
+
+def with_seeds(config: Config, gcms: int) -> Config:
+    """`config` with a seed per GCM (`cluster.seeds`): those it names, then free local ports."""
+    seeds = [s for s in config.cluster.seeds.split(",") if s]
+    while len(seeds) < gcms:
+        seeds.append(f"tcp://127.0.0.1:{free_port()}")
+    return config.replace(cluster={"seeds": ",".join(seeds)})

@@ -87,8 +87,8 @@ def publish_messages(config: Config, queue: str, topic: str, payloads: Iterable[
     from roq.client.publisher import Publisher
     budget = WaitBudget(timeout)
     started = time.monotonic()
-    connect = min(config.zk.connect_timeout, budget.remaining())
-    pub = Publisher(queue, config.replace(zk={"connect_timeout": max(connect, 0.1)}))
+    connect = min(config.client.request_timeout, budget.remaining())  # the seeds' first answer
+    pub = Publisher(queue, config.replace(client={"request_timeout": max(connect, 0.1)}))
     budget.spend(started)
     sent = 0
     publish = pub.publish

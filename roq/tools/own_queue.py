@@ -26,7 +26,7 @@ def delete_queue_within(config: Config, queue: str, wait: float = CLEANUP_WAIT) 
     deleted it. A KeyboardInterrupt is raised again after that line."""
     from roq.client.admin import Admin
     from roq.errors import QueueNotFoundError, RoqError
-    quick = config.replace(zk={"connect_timeout": wait / 2}, client={"request_timeout": wait / 2})
+    quick = config.replace(client={"request_timeout": wait / 2})
     try:
         with Admin(quick) as admin:
             admin.delete_queue(queue)

@@ -169,7 +169,9 @@ def daemons(hosts: dict[str, Host], into: Path) -> dict[str, str]:
         path = into / f"{name}-web.toml"
         path.write_text(hosts[name].files["web.toml"])
         web = load_config(path, env={})
-        assert (web.zk.hosts, web.zk.root) == (zk_hosts, f"/{CLUSTER}"), name
+        gcm_ips = sorted(hosts[g].ip for g in NAMES["gcm"])
+        assert sorted(seed.rpartition(":")[0] for seed in web.cluster.seeds.split(",")) == \
+            [f"tcp://{ip}" for ip in gcm_ips], name  # the console reaches the GCMs, not ZooKeeper
         assert web.web.auth and web.web.tls_cert and web.security.identity == "admins/web", name
     assert len(set(hcm_ids.values())) == COUNTS["hcm"], hcm_ids
     return hcm_ids

@@ -82,9 +82,9 @@ class Deployment:
         return ",".join(f"{self.hosts.ips[n]}:2181" for n in NODES)
 
     def client_config(self, identity: str) -> Config:
-        """The configuration site.yml wrote for one key: the ZooKeeper reader identity, CURVE on."""
+        """The configuration site.yml wrote for one key: the GCMs as seeds, CURVE on."""
         config = load_config(CLIENTS / f"{identity}.toml", env={})
-        assert config.zk.hosts == self.zk_hosts and config.security.curve
+        assert config.zk.hosts == self.zk_hosts and config.cluster.seeds and config.security.curve
         return config.replace(client={"request_timeout": 15.0})
 
 
@@ -272,7 +272,7 @@ def test_the_web_console_serves_https_and_asks_for_a_token_on_each_gcm_host(depl
         config = load_config(hosts.fetch(name, "/etc/roq/web.toml", tmp_path), env={})
         assert (config.web.bind, config.web.port, config.web.auth) == ("0.0.0.0", WEB_PORT, True)
         assert config.web.tls_cert and config.security.curve and config.security.identity == "admins/web"
-        assert config.zk.auth.startswith("client:")  # the ZooKeeper reader, not the cluster's identity
+        assert config.cluster.seeds and not config.zk.auth  # the GCMs as seeds: no ZooKeeper identity at all
         for path in ("/etc/roq/web.toml", "/etc/roq/web-tokens", "/etc/roq/web/tls.key",
                      "/etc/roq/keys/admins/web.key_secret"):
             assert hosts.exec(name, "stat", "-c", "%a %U %G", path) == "640 root roq", path

@@ -49,8 +49,11 @@ class Lab:
         )
         self.zk = wait_until(lambda: start_client(self.config, timeout=3), timeout=60,
                              message="ZooKeeper in its container")
-        for i in range(1, gcms + 1):
-            self.launcher.start_gcm(f"gcm{i}")
+        gcm_nodes = [self.launcher.start_gcm(f"gcm{i}") for i in range(1, gcms + 1)]
+        # Clients reach the cluster through the GCMs (the entrypoint's gcm.port 5500), never ZooKeeper.
+        seeds = ",".join(f"tcp://{node.ip}:5500" for node in gcm_nodes)
+        self.config = self.config.replace(cluster={"seeds": seeds})
+        self.launcher.env["ROQ_SEEDS"] = seeds  # client containers started from here on
         for i in range(1, hcms + 1):
             self.launcher.start_hcm(f"host{i}")
         from roq.paths import Paths
@@ -62,7 +65,7 @@ class Lab:
     def create_queue(self, name: str, exchanges: int = 1, replicas: int = 1) -> None:
         """Create a queue and wait until every exchange (and, with replicas 2, its replica) runs."""
         from roq.client.admin import Admin
-        with Admin(self.config, self.zk) as admin:
+        with Admin(self.config) as admin:
             admin.create_queue(name, exchanges=exchanges, replicas=replicas)
         self.wait_serving(name, exchanges, replicas)
 

@@ -46,10 +46,10 @@ def all_live(lab, queue, count):
 def loaded_queue(lab, rate: float, zookeepers: int = 1) -> SteadyTraffic:
     """A cluster with queue "load" (2 exchanges on 2 hosts) and traffic already flowing."""
     lab.start(zookeepers=zookeepers, gcms=2, hcms=2)
-    with Admin(lab.config, lab.zk) as admin:
+    with Admin(lab.config) as admin:
         admin.create_queue("load", exchanges=2)
     wait_until(lambda: all_live(lab, "load", 2), timeout=30, message="2 exchanges live")
-    traffic = SteadyTraffic("load", lab.config, lab.zk, rate=rate)
+    traffic = SteadyTraffic("load", lab.config, rate=rate)
     try:
         traffic.start()
         traffic.wait_for_more(int(rate), timeout=30)
@@ -66,7 +66,7 @@ def figures(name: str, **values: object) -> None:
 def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):
     lab.start(gcms=3, hcms=2)
     names = [f"q{i}" for i in range(8)]
-    with Admin(lab.config, lab.zk) as admin:
+    with Admin(lab.config) as admin:
         for i, name in enumerate(names):
             admin.create_queue(name, exchanges=1 + i % 3)
     before, before_assignments = placements(lab, names), assignments(lab)
@@ -74,7 +74,7 @@ def test_a_gcm_failover_keeps_every_queue_and_assignment(lab):
     killed = time.monotonic()
     lab.launcher.kill(node.name)
     new = new_leader(lab, old)
-    with Admin(lab.config, lab.zk) as admin:
+    with Admin(lab.config) as admin:
         listed = wait_until(lambda: admin.list_queues(), timeout=30, message="the new leader to serve")
         recovered = time.monotonic() - killed
         assert sorted(q["name"] for q in listed) == names
@@ -110,14 +110,14 @@ def test_b_complete_slave_failover_under_load(lab):
 def test_c_d_isolated_leader_is_fenced_and_rejoins(lab, fault):
     """c: `docker pause` the leader; d: disconnect it from the network. Same assertions."""
     lab.start(gcms=2, hcms=1)
-    with Admin(lab.config, lab.zk) as admin:
+    with Admin(lab.config) as admin:
         admin.create_queue("before")
     old, node = leader_node(lab)
     isolated = time.monotonic()
     getattr(lab.launcher, fault)(node.name)
     new = new_leader(lab, old)
     took_over = time.monotonic() - isolated
-    with Admin(lab.config, lab.zk) as admin:
+    with Admin(lab.config) as admin:
         admin.create_queue("during")
         epoch_stat = lab.zk.get(lab.paths.epoch)
         leader_stat = lab.zk.get(lab.paths.leader)
@@ -148,12 +148,12 @@ def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):
     try:
         lab.launcher.kill("zk1")
         traffic.wait_for_more(1000, timeout=30)
-        with Admin(lab.config, lab.zk) as admin:
+        with Admin(lab.config) as admin:
             wait_until(lambda: admin.create_queue("with-two-zk"), timeout=30, message="control with 2 of 3 nodes")
         lab.launcher.kill("zk2")
         started = time.monotonic()
         quick = lab.config.replace(client={"request_timeout": 6.0})
-        with Admin(quick, lab.zk) as admin:
+        with Admin(quick) as admin:
             with pytest.raises(UnavailableError) as refused:
                 admin.create_queue("without-quorum")
         refusal_s = time.monotonic() - started
@@ -161,7 +161,7 @@ def test_e_zookeeper_ensemble_losing_one_then_two_nodes(lab):
         lab.launcher.start("zk1")
         lab.launcher.start("zk2")
         restored = time.monotonic()
-        with Admin(lab.config, lab.zk) as admin:
+        with Admin(lab.config) as admin:
             wait_until(lambda: admin.create_queue("after-quorum"), timeout=90, interval=0.5,
                        message="control operations once the quorum is back")
             recovered = time.monotonic() - restored

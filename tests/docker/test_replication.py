@@ -195,11 +195,11 @@ def test_g_publisher_killed_with_its_exchange_host(lab, subscriber):
         tally.on_batch(batch)
 
     config = lab.config.replace(client={"receive_hwm": 50}) if subscriber == "behind" else lab.config
-    sub = Subscriber("g", config, zk=lab.zk, batch_callback=on_batch)
+    sub = Subscriber("g", config, batch_callback=on_batch)
     survivor = None
     try:
         sub.wait_connected(timeout=30)
-        survivor = PacedPublisher("g", lab.config, lab.zk, rate=500, start=False)
+        survivor = PacedPublisher("g", lab.config, rate=500, start=False)
         xid = wait_until(lambda: survivor.pub.exchange, timeout=30, message="the survivor's exchange")
         token = secrets.token_bytes(16)
         victim = protocol.publisher_id_for(token)
@@ -267,7 +267,7 @@ def test_h_cut_off_subscriber_returns_after_its_exchange_host_died(lab):
     out = lab.launcher.output("sub", on_line=tally.on_line)
     wait_until(lambda: "ready" in out.snapshot(), timeout=60, message="the subscriber container to connect")
     config = lab.config.replace(client={"replay_seconds": REPLAY_SECONDS})
-    load = PacedPublisher("h", config, lab.zk, rate=1000, start=False)
+    load = PacedPublisher("h", config, rate=1000, start=False)
     pub = load.pub
     try:
         pub.wait_for_subscribers(1, timeout=30)
@@ -317,9 +317,9 @@ def test_h_cut_off_subscriber_returns_after_its_exchange_host_died(lab):
 class PreferringPublisher(PacedPublisher):
     """PacedPublisher on a chosen exchange (`prefer`), not started until start()."""
 
-    def __init__(self, queue: str, config, zk, rate: float, prefer: str) -> None:
+    def __init__(self, queue: str, config, rate: float, prefer: str) -> None:
         from roq.client.publisher import Publisher
-        self.pub = Publisher(queue, config, zk=zk, prefer=prefer)
+        self.pub = Publisher(queue, config, prefer=prefer)
         self.prefer = prefer
         self.rate, self.max_messages, self.sent = rate, 10**7, 0
         self._stop = threading.Event()
@@ -345,7 +345,7 @@ class DurableReader:
         self.taken = 0
         self.lives += 1
         self._stop.clear()
-        self.sub = Subscriber(self.queue, self.config, zk=self.zk, durable=self.name)
+        self.sub = Subscriber(self.queue, self.config, durable=self.name)
         self._thread = threading.Thread(target=self._take, name=f"reader-{self.name}", daemon=True)
         self._thread.start()
 
@@ -387,7 +387,7 @@ def test_i_every_host_restarted_with_the_journal(lab, tmp_path, replicas, restar
     config = lab.config.replace(client={"state_dir": str(tmp_path / "state"), "position_save_interval": 0.2})
     tallies = {name: Tally() for name in ("caught-up", "behind", "through")}
     readers = {name: DurableReader(name, "i", config, lab.zk, tallies[name]) for name in ("caught-up", "behind")}
-    through = Subscriber("i", config, zk=lab.zk, durable="through", batch_callback=tallies["through"].on_batch)
+    through = Subscriber("i", config, durable="through", batch_callback=tallies["through"].on_batch)
     first: list[PreferringPublisher] = []
     second = None
     try:
@@ -398,7 +398,7 @@ def test_i_every_host_restarted_with_the_journal(lab, tmp_path, replicas, restar
             reader.sub.wait_connected(timeout=30)
         through.wait_connected(timeout=30)
         # One publisher on each exchange, so that both exchanges' streams must survive.
-        first = [PreferringPublisher("i", lab.config, lab.zk, 500, xid) for xid in ("x1", "x2")]
+        first = [PreferringPublisher("i", lab.config, 500, xid) for xid in ("x1", "x2")]
         for load in first:
             load.pub.wait_for_subscribers(3, timeout=30)
             assert load.pub.exchange == load.prefer
@@ -434,7 +434,7 @@ def test_i_every_host_restarted_with_the_journal(lab, tmp_path, replicas, restar
         serving = serving_at - restarted
         for reader in readers.values():
             reader.open()
-        second = PacedPublisher("i", lab.config, lab.zk, rate=1000, max_messages=1000)
+        second = PacedPublisher("i", lab.config, rate=1000, max_messages=1000)
         resumed = settle_all(tallies, c1, timeout=45, since=serving_at)
         wait_until(lambda: second.sent >= 1000, timeout=30, message="1000 more published")
         second.stop(flush_timeout=30)

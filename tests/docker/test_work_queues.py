@@ -38,7 +38,7 @@ def test_a_group_members_container_killed_under_work_loses_nothing(lab) -> None:
         outputs[name] = lab.launcher.output(name)
     for name in MEMBERS:
         wait_until(lambda name=name: "ready" in outputs[name].snapshot(), timeout=60, message=f"{name} joined")
-    with Publisher("work", lab.config, lab.zk) as pub:
+    with Publisher("work", lab.config) as pub:
         seqs = pub.publish_many("jobs", [b"%d" % i for i in range(MESSAGES)])
         pub.flush(timeout=60)
     ids = {f"{pub.id}:{seq}" for seq in seqs}

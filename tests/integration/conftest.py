@@ -25,6 +25,6 @@ def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str
 
 def create(config, zk, paths, name, exchanges):
     """Create a queue and wait until all its exchanges run."""
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue(name, exchanges=exchanges)
     wait_until(lambda: len(read_live(zk, paths, name)) == exchanges, timeout=15, message="exchanges live")

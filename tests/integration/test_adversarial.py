@@ -71,7 +71,10 @@ def lone(zookeeper):
     assert proc.stdout is not None
     ready = json.loads(proc.stdout.readline())
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    from tests.support.helpers import MetadataOnlyGcm
+    seed = MetadataOnlyGcm(config)  # the client library's seed: no GCM places anything here
     yield config, proc, ready
+    seed.close()
     proc.kill()
     proc.wait()
 
@@ -96,7 +99,7 @@ def test_1_a_forged_publisher_id_is_refused_and_the_victim_loses_nothing(lone, z
     zk = start_client(config)
     try:
         advertise(zk, config, "forged", ready)
-        with Subscriber("forged", config, zk=zk) as sub, Publisher("forged", config, zk=zk) as victim:
+        with Subscriber("forged", config) as sub, Publisher("forged", config) as victim:
             sub.wait_connected(1)
             victim.wait_for_subscribers(1)
             victim.publish("t", b"before")
@@ -224,7 +227,7 @@ def test_2_connections_cut_mid_frame_under_load_lose_nothing(lone):
     try:
         advertise(zk, config, "cut", ready, pub=proxy.endpoint)
         fast = config.replace(client={"confirm_timeout": 30.0})  # resends, not moves, must repair it
-        with Subscriber("cut", fast, zk=zk, topics=["cut"]) as sub, Publisher("cut", fast, zk=zk) as pub:
+        with Subscriber("cut", fast, topics=["cut"]) as sub, Publisher("cut", fast) as pub:
             sub.wait_connected(1)
             for i in range(total):
                 pub.publish("cut", b"%08d" % i + b"." * 92)
@@ -362,7 +365,7 @@ def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, pro
         got.append(msg.topic_bytes)
 
     total = 20_000
-    with Subscriber("fresh", small, zk=zk, callback=slow) as sub, Publisher("fresh", config, zk=zk) as pub:
+    with Subscriber("fresh", small, callback=slow) as sub, Publisher("fresh", config) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         for i in range(total):
@@ -396,7 +399,7 @@ def test_3_a_stalled_subscriber_gets_every_new_topic_back(config, zk, paths, pro
 def test_5_a_quiet_stream_after_long_traffic_reports_no_false_gap(config, zk, paths, procs):
     start_cluster(procs, zk, paths, "exchange.retention_seconds=1.0")
     create(config, zk, paths, "quiet", 1)
-    with Subscriber("quiet", config, zk=zk, topics=["a"]) as sub, Publisher("quiet", config, zk=zk) as pub:
+    with Subscriber("quiet", config, topics=["a"]) as sub, Publisher("quiet", config) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         end = time.monotonic() + 3  # three retention windows of traffic
@@ -421,7 +424,7 @@ def test_5_a_quiet_stream_after_long_traffic_reports_no_false_gap(config, zk, pa
 
 def test_7_a_frozen_exchange_is_not_chosen_again(config, zk, paths, cluster):
     create(config, zk, paths, "frozen", 2)
-    with Publisher("frozen", config, zk=zk, prefer="x1") as pub:
+    with Publisher("frozen", config, prefer="x1") as pub:
         pub.publish("t", b"first")
         pub.flush(10)
         pub.prefer = None
@@ -447,10 +450,10 @@ def test_7_a_frozen_exchange_is_not_chosen_again(config, zk, paths, cluster):
 
 def test_10_a_closed_publisher_stops_watching_the_queue(config, zk, paths, cluster):
     create(config, zk, paths, "closed", 1)
-    pub = Publisher("closed", config, zk=zk)
+    pub = Publisher("closed", config)
     pub.close()
     version = pub.topology.version
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.scale_queue("closed", 2)
     wait_until(lambda: len(read_live(zk, paths, "closed")) == 2, timeout=15, message="a second exchange")
     assert pub.topology.version == version and pub._link._wake.closed
@@ -458,13 +461,13 @@ def test_10_a_closed_publisher_stops_watching_the_queue(config, zk, paths, clust
 
 def test_12_clients_follow_a_queue_deleted_and_created_again(config, zk, paths, cluster):
     create(config, zk, paths, "again", 1)
-    with Subscriber("again", config, zk=zk) as sub, Publisher("again", config, zk=zk) as pub:
+    with Subscriber("again", config) as sub, Publisher("again", config) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         pub.publish("t", b"old")
         pub.flush(10)
         assert sub.receive(timeout=5).payload == b"old"
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             admin.delete_queue("again")
             wait_until(lambda: pub.queue_deleted, timeout=10, message="the publisher to see the deletion")
             with pytest.raises(QueueNotFoundError):

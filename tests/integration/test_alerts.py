@@ -203,7 +203,7 @@ def test_the_alerts_fire_on_live_series_exactly_when_they_should(config, zk, pat
         procs.start("hcm", host, f"hcm.host={host}", f"hcm.data_dir={disk}", "hcm.max_restarts=1",
                     "hcm.stats_interval=0.5")
     wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="the cluster")
-    admin = Admin(config, zk)
+    admin = Admin(config)
     try:
         admin.create_queue("mirrored", exchanges=1, replicas=2)
         primary = wait_until(lambda: read_live(zk, paths, "mirrored").get("x1"), message="the exchange")
@@ -218,7 +218,7 @@ def test_the_alerts_fire_on_live_series_exactly_when_they_should(config, zk, pat
                              and one(s, "roq_queue_running", queue="mirrored") == 1 and s, message="a healthy scrape")
 
         # A confirm of the replicated queue held by its stopped replica.
-        with Publisher("mirrored", config, zk=zk) as pub:
+        with Publisher("mirrored", config) as pub:
             os.kill(replica["pid"], signal.SIGSTOP)
             try:
                 pub.publish("t", b"slow")
@@ -240,13 +240,13 @@ def test_the_alerts_fire_on_live_series_exactly_when_they_should(config, zk, pat
         wait_until(lambda: len(read_live(zk, paths, "work")) == len(read_live(zk, paths, "flaky")) == 1,
                    message="work and flaky running")
         lagging = Subscriber("work", config.replace(client={"state_dir": str(tmp_path / "state"),
-                                                            "position_save_interval": 0.2}), zk=zk, durable="dash")
-        member = Subscriber("work", config, ["jobs"], zk=zk, group="workers", auto_ack=False, max_deliveries=1,
+                                                            "position_save_interval": 0.2}), durable="dash")
+        member = Subscriber("work", config, ["jobs"], group="workers", auto_ack=False, max_deliveries=1,
                             callback=lambda msg: msg.nack())
         try:
             lagging.wait_connected()
             member.wait_connected()
-            with Publisher("work", config, zk=zk) as pub:
+            with Publisher("work", config) as pub:
                 for i in range(5):
                     pub.publish("jobs", b"poison %d" % i)
                 pub.flush(10)

@@ -45,10 +45,10 @@ def payloads(start: int, stop: int) -> list[bytes]:
 def test_publish_many_reaches_batch_and_single_subscribers_exactly_once_in_order(config, zk, paths, cluster):
     create(config, zk, paths, "bulk", 2)
     collector = Collector()
-    with Subscriber("bulk", config, zk=zk, batch_callback=collector) as batch_sub, \
-            Subscriber("bulk", config, zk=zk) as single_sub, \
-            Publisher("bulk", config, zk=zk, prefer="x1") as pub_a, \
-            Publisher("bulk", config, zk=zk, prefer="x2") as pub_b:
+    with Subscriber("bulk", config, batch_callback=collector) as batch_sub, \
+            Subscriber("bulk", config) as single_sub, \
+            Publisher("bulk", config, prefer="x1") as pub_a, \
+            Publisher("bulk", config, prefer="x2") as pub_b:
         for sub in (batch_sub, single_sub):
             sub.wait_connected(2)
         for pub in (pub_a, pub_b):
@@ -86,7 +86,7 @@ def test_publish_many_reaches_batch_and_single_subscribers_exactly_once_in_order
 
 def test_publish_many_checks_every_payload_before_queueing_any(config, zk, paths, cluster):
     create(config, zk, paths, "check", 1)
-    with Publisher("check", config, zk=zk) as pub:
+    with Publisher("check", config) as pub:
         with pytest.raises(TypeError, match="payload 1"):
             pub.publish_many("t", [b"ok", "text"])
         too_big = b"x" * (config.exchange.max_message_bytes + 1)
@@ -102,8 +102,8 @@ def test_publish_many_blocks_under_backpressure_and_says_how_much_was_queued(con
     create(tight, zk, paths, "tight", 1)
     collector = Collector()
     pid = read_live(zk, paths, "tight")["x1"]["pid"]
-    with Subscriber("tight", tight, zk=zk, batch_callback=collector) as sub, \
-            Publisher("tight", tight, zk=zk) as pub:
+    with Subscriber("tight", tight, batch_callback=collector) as sub, \
+            Publisher("tight", tight) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         os.kill(pid, signal.SIGSTOP)  # the exchange confirms nothing while stopped
@@ -124,8 +124,8 @@ def test_publish_many_blocks_under_backpressure_and_says_how_much_was_queued(con
 def test_batch_subscriber_sees_each_message_once_across_a_publisher_move(config, zk, paths, cluster):
     create(config, zk, paths, "bmove", 2)
     collector = Collector()
-    with Subscriber("bmove", config, zk=zk, batch_callback=collector) as sub, \
-            Publisher("bmove", config, zk=zk, prefer="x1") as pub:
+    with Subscriber("bmove", config, batch_callback=collector) as sub, \
+            Publisher("bmove", config, prefer="x1") as pub:
         sub.wait_connected(2)
         pub.wait_for_subscribers(1)
         pub.publish_many("t", payloads(0, 20_000))
@@ -151,7 +151,7 @@ def test_a_failing_batch_callback_is_counted_and_the_stream_goes_on(config, zk, 
             raise RuntimeError("the application failed")
         collector(batch)
 
-    with Subscriber("boom", config, zk=zk, batch_callback=flaky) as sub, Publisher("boom", config, zk=zk) as pub:
+    with Subscriber("boom", config, batch_callback=flaky) as sub, Publisher("boom", config) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         pub.publish_many("t", [b"0"])

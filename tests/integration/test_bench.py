@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("mode", ["single", "batch"])
 def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode):
     out = tmp_path / "bench.json"
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     flags = ["--batch"] if mode == "batch" else []
     done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "-n", "3000", "-s", "2", *flags,
                            "--json", str(out)], env=env, capture_output=True, timeout=100)
@@ -37,7 +37,7 @@ def test_roq_bench_measures_a_running_cluster(config, cluster, tmp_path, mode):
 
 @pytest.mark.timeout(120)
 def test_a_paced_roq_bench_that_keeps_up_has_no_note_on_its_latency(config, cluster, tmp_path):
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "-n", "1000", "--rate", "1000", "--json", "-"],
                           env=env, capture_output=True, timeout=100)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
@@ -51,7 +51,7 @@ def test_a_paced_roq_bench_that_keeps_up_has_no_note_on_its_latency(config, clus
 
 
 def test_roq_bench_refuses_bad_input_clearly(config, cluster):
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     done = subprocess.run([sys.executable, "-m", "roq.cli", "bench", "--size", "4"], env=env,
                           capture_output=True, timeout=60)
     assert done.returncode == 2 and b"--size" in done.stderr

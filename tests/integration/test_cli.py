@@ -45,10 +45,9 @@ def config_file(tmp_path: Path, config) -> Path:
     return path
 
 
-def test_zookeeper_unreachable(tmp_path):
-    result = roq("--set", f"zk.hosts=127.0.0.1:{free_port()}", "--set", "zk.connect_timeout=1",
-                 "queue", "list", cwd=tmp_path)
-    assert_one_line_error(result, 3, "cannot reach ZooKeeper")
+def test_no_gcm_at_the_seeds(tmp_path):
+    result = roq("--set", f"cluster.seeds=tcp://127.0.0.1:{free_port()}", "queue", "list", cwd=tmp_path)
+    assert_one_line_error(result, 3, "nothing listens there")
 
 
 def test_no_leader_yet(tmp_path, config, zk):
@@ -141,7 +140,7 @@ def test_publish_and_subscribe_commands(tmp_path, config, zk, paths, procs):
     procs.gcm("gcm-0")
     procs.hcm("host-1")
     wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="cluster")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("lines")
     wait_until(lambda: read_live(zk, paths, "lines"), message="exchange live")
     cfg = str(config_file(tmp_path, config))

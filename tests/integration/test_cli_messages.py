@@ -73,7 +73,7 @@ def test_a_message_argument_with_headers_and_attributes_comes_out_whole_in_every
 def test_a_group_member_prints_json_with_its_deliveries_and_attributes(lone: Lone, cfg: str) -> None:  # noqa: F811
     queue = lone.queue("member")
     # The group exists on the exchange before the message comes (as the CLI member will join it).
-    Subscriber(queue, lone.config, ["jobs"], zk=lone.zk, group="cli-json", prefetch=1).close()
+    Subscriber(queue, lone.config, ["jobs"], group="cli-json", prefetch=1).close()
     assert roq(cfg, "publish", queue, "-t", "jobs", "job 1", "-H", "attempt=1", "--key", "k", "--priority",
                "4").returncode == 0
     result = roq(cfg, "subscribe", queue, "-t", "jobs", "--group", "cli-json", "--format", "json", "--count", "1")
@@ -136,7 +136,7 @@ def test_publish_timeout_bounds_the_whole_command(lone: Lone, cfg: str) -> None:
 
 def test_ctrl_c_on_subscribe_says_interrupted(lone: Lone, cfg: str) -> None:  # noqa: F811
     queue = lone.queue("ctrlc")
-    with Publisher(queue, lone.config, zk=lone.zk) as pub:
+    with Publisher(queue, lone.config) as pub:
         pub.publish("ctrl-c", b"first")
         pub.flush()
     sub = subprocess.Popen([sys.executable, "-m", "roq.cli", "--config", cfg, "subscribe", queue, "-t", "ctrl-c",

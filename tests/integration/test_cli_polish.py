@@ -36,7 +36,7 @@ def without_roq_env(**extra: str) -> dict[str, str]:
 
 
 def exchanges_of(config, zk, queue: str) -> int:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         return len(admin.describe_queue(queue)["exchanges"])
 
 
@@ -59,7 +59,7 @@ def test_rules_without_min_keep_the_queue_at_its_size(tmp_path, config, zk, path
     while time.monotonic() < deadline:
         assert exchanges_of(config, zk, "orders") == 2
         time.sleep(0.3)  # sampling the size over the window
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         assert admin.cluster_stats()["queues"]["orders"]["events"] == []
     table = roq("--config", cfg, "queue", "rules", "orders")
     assert table.returncode == 0 and "--max-rate" in table.stdout and "--min" in table.stdout, table.stdout
@@ -88,7 +88,7 @@ def test_a_bad_set_is_bad_usage(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_in_bench_says_interrupted_and_cleans_up(config, zk, paths, cluster):
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     # Its own session: the SIGINT goes to the whole group, workers included, as a terminal's Ctrl-C does.
     bench = subprocess.Popen([sys.executable, "-m", "roq.cli", "bench", "--queue", "interrupted", "-n", "10000000",
                               "--rate", "2000", "-s", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -110,7 +110,7 @@ def test_ctrl_c_in_bench_says_interrupted_and_cleans_up(config, zk, paths, clust
     assert bench.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "interrupted", stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         assert "interrupted" not in [q["name"] for q in admin.list_queues()]  # the queue it created is gone
     wait_until(lambda: not _group_alive(bench.pid), timeout=10, message="the worker processes gone")
 
@@ -175,16 +175,16 @@ def test_outside_a_cluster_commands_fail_fast_and_say_how_to_name_one(tmp_path):
     result = roq("queue", "list", cwd=tmp_path, env=without_roq_env())
     took = time.monotonic() - started
     record_figures("roq queue list outside a cluster", seconds=round(took, 2))
-    assert_one_line_error(result, 3, "cannot reach ZooKeeper at 127.0.0.1:2181")
-    for way in ("--config FILE", "ROQ_CONFIG=FILE", "ROQ_ZK_HOSTS=host:port", "roq cluster up"):
+    assert_one_line_error(result, 3, "no seeds")
+    for way in ("--config FILE", "ROQ_CONFIG=FILE", "ROQ_SEEDS=tcp://host:port", "roq cluster up"):
         assert way in result.stderr
     assert took < 5, took
     # Named explicitly (zk.connect_timeout 15 s by default), a server that refuses connections still
     # fails in seconds, and the message is about that server only.
     started = time.monotonic()
-    result = roq("queue", "list", cwd=tmp_path, env=without_roq_env(ROQ_ZK_HOSTS=f"127.0.0.1:{free_port()}"))
+    result = roq("queue", "list", cwd=tmp_path, env=without_roq_env(ROQ_SEEDS=f"tcp://127.0.0.1:{free_port()}"))
     took = time.monotonic() - started
-    record_figures("roq queue list, ZooKeeper refusing", seconds=round(took, 2))
+    record_figures("roq queue list, no GCM at the seed", seconds=round(took, 2))
     assert_one_line_error(result, 3, "nothing listens there")
     assert "ROQ_CONFIG" not in result.stderr and took < 5, (took, result.stderr)
 

@@ -132,10 +132,10 @@ def test_a_new_leader_waits_for_a_lost_host_that_keeps_journals(config, zk, path
     procs.start("gcm", "gcm-0")
     procs.start("hcm", "host-1", "hcm.host=host-1", "exchange.journal=fsync")
     wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="leader and host-1")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("ledger")
     wait_until(lambda: read_live(zk, paths, "ledger").get("x1"), timeout=20, message="x1 on host-1")
-    with Publisher("ledger", config, zk=zk) as pub:
+    with Publisher("ledger", config) as pub:
         pub.publish("load", b"confirmed")
         pub.flush(15)  # in x1's journal on host-1's disk
     wait_until(lambda: (read_json(zk, paths.host_assignments("host-1")) or {}).get("journals"), timeout=10,

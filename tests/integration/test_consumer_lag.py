@@ -29,7 +29,7 @@ def publish(config, zk, count: int) -> None:
     frames (a frame partly taken counts as not taken), and here each message is one."""
     single = config.replace(client={"max_batch": 1})
     for x in ("x1", "x2"):
-        with Publisher("lag", single, zk=zk, prefer=x) as pub:
+        with Publisher("lag", single, prefer=x) as pub:
             for i in range(count):
                 pub.publish("t", i.to_bytes(4, "big"))
             pub.flush(30)
@@ -39,8 +39,8 @@ def test_a_durable_subscribers_lag_follows_what_it_took_and_grows_while_it_is_aw
                                                                                    tmp_path):
     create(config, zk, paths, "lag", 2)
     durable = config.replace(client={"state_dir": str(tmp_path / "state"), "position_save_interval": 0.2})
-    with Admin(config, zk) as admin:
-        with Subscriber("lag", durable, zk=zk, durable="audit") as sub:
+    with Admin(config) as admin:
+        with Subscriber("lag", durable, durable="audit") as sub:
             sub.wait_connected(2)
             publish(config, zk, 500)
             wait_until(lambda: (lag := lag_of(admin, "lag", "audit")) is not None and lag.messages == 1_000,
@@ -71,7 +71,7 @@ def test_a_durable_subscribers_lag_follows_what_it_took_and_grows_while_it_is_aw
     subscribers = json.loads(raw.stdout)["queues"]["lag"]["subscribers"]
     assert [(s["name"], s["messages"]) for s in subscribers] == [("audit", 200)]
     # Back again: it resumes from its position and the lag goes back to zero.
-    with Admin(config, zk) as admin, Subscriber("lag", durable, zk=zk, durable="audit") as sub:
+    with Admin(config) as admin, Subscriber("lag", durable, durable="audit") as sub:
         for _ in range(200):
             assert sub.receive(timeout=10) is not None
         wait_until(lambda: (lag := lag_of(admin, "lag", "audit")) is not None and lag.messages == 0,
@@ -83,10 +83,10 @@ def test_a_durable_subscribers_lag_follows_what_it_took_and_grows_while_it_is_aw
 def test_a_caught_up_subscriber_to_some_topics_is_not_behind_on_the_others(config, zk, paths, cluster, tmp_path):
     create(config, zk, paths, "filtered", 1)
     durable = config.replace(client={"state_dir": str(tmp_path / "state"), "position_save_interval": 0.2})
-    with Admin(config, zk) as admin, \
-            Subscriber("filtered", durable, zk=zk, durable="orders", topics=["orders"]) as sub:
+    with Admin(config) as admin, \
+            Subscriber("filtered", durable, durable="orders", topics=["orders"]) as sub:
         sub.wait_connected(1)
-        with Publisher("filtered", config.replace(client={"max_batch": 1}), zk=zk) as pub:
+        with Publisher("filtered", config.replace(client={"max_batch": 1})) as pub:
             pub.publish("orders", b"o")
             for i in range(200):
                 pub.publish("clicks", i.to_bytes(4, "big"))  # not its topic

@@ -43,7 +43,7 @@ def test_leader_failover_keeps_every_queue(config, zk, paths, procs):
     procs.hcm("host-2")
     wait_until(lambda: leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="leader and hosts")
     names = [f"q{i}" for i in range(6)]
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         for i, name in enumerate(names):
             admin.create_queue(name, exchanges=1 + i % 3)
         before = {n: admin.describe_queue(n)["exchanges"] for n in names}
@@ -70,7 +70,7 @@ def test_backup_answers_not_leader_with_the_leader_endpoint(config, zk, paths, p
     contenders = wait_until(lambda: len(zk.get_children(paths.election)) == 2 and zk.get_children(paths.election),
                             message="both GCMs contending")
     assert contenders
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         election = zk.Election(paths.election)
         import json
         endpoints = [json.loads(c)["endpoint"] for c in election.contenders()]
@@ -137,10 +137,10 @@ def test_paused_leader_is_fenced_and_rejoins_as_backup(config, zk, paths, procs)
     procs.kill(victim, signal.SIGSTOP)  # like `docker pause`
     new = wait_until(lambda: (led := leader(zk, paths)) and led["id"] != old["id"] and led, timeout=15,
                      message="a backup to take over from the paused leader")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("after-pause")
     procs.kill(victim, signal.SIGCONT)
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         wait_until(lambda: admin.request(old["endpoint"], "ping", {}, timeout=2)["leader"] is False,
                    timeout=15, message="the old leader to step down")
         # Contending again means its new session is up: until then it answers zookeeper_unavailable.
@@ -203,7 +203,7 @@ def test_queue_lifecycle_and_scaling(config, zk, paths, procs):
     procs.hcm("host-1")
     procs.hcm("host-2")
     wait_until(lambda: leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="leader and hosts")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         info = admin.create_queue("orders", exchanges=2)
         assert sorted(x["host"] for x in info["exchanges"]) == ["host-1", "host-2"]  # spread over hosts
         wait_until(lambda: all(x.live for x in read_exchanges(zk, paths, "orders")), message="exchanges live")
@@ -226,7 +226,7 @@ def test_queue_lifecycle_and_scaling(config, zk, paths, procs):
 def test_names_with_a_trailing_newline_are_refused_at_once(config, zk, paths, procs):
     procs.gcm("gcm-a")
     wait_until(lambda: leader(zk, paths), message="a leader")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         started = time.monotonic()
         for name in ("abc\n", "abc\r", "abc\r\n", "abc ", "abc\t"):
             with pytest.raises(InvalidNameError):  # not ZooKeeper's BadArguments, retried for 10 s
@@ -277,7 +277,7 @@ def test_a_retried_write_is_applied_once_even_after_a_failover(config, zk, paths
     wait_until(lambda: len(zk.get_children(paths.election)) == 2, message="both GCMs contending")
     create = {"name": "orders", "exchanges": 2}
     key = uuid.uuid4().hex
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         assert admin.request(first["endpoint"], "queue.create", create, 5, key)["name"] == "orders"
         again = admin.request(first["endpoint"], "queue.create", create, 5, key)
         assert again["name"] == "orders" and [x["id"] for x in again["exchanges"]] == ["x1", "x2"]

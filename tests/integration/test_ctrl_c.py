@@ -42,18 +42,18 @@ def workers(pid: int) -> list[psutil.Process]:
         return []
 
 
-def connected_to(pid: int, port: int) -> bool:
+def connected_to(pid: int, ports: set[int]) -> bool:
     try:
-        return any(c.raddr and c.raddr.port == port for c in psutil.Process(pid).net_connections("tcp"))
+        return any(c.raddr and c.raddr.port in ports for c in psutil.Process(pid).net_connections("tcp"))
     except psutil.Error:
         return False
 
 
 def moments(config, zk, paths, queue: str, pid: int) -> dict[str, Callable[[], object]]:
     """When to press Ctrl-C, from the first thing the command does to the measurement, by what shows."""
-    port = int(config.zk.hosts.rsplit(":", 1)[1])
+    seeds = {int(seed.rpartition(":")[2]) for seed in config.cluster.seeds.split(",")}
     return {
-        "connecting": lambda: connected_to(pid, port),  # to ZooKeeper, to create the queue
+        "connecting": lambda: connected_to(pid, seeds),  # to a GCM, to create the queue
         "creating": lambda: zk.exists(paths.queue(queue)),  # waiting for its exchange
         "starting workers": lambda: workers(pid),
         "warming up": lambda: len(workers(pid)) == 3,
@@ -90,7 +90,7 @@ def assert_interrupted(proc: subprocess.Popen, stderr: str, took: float, within:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
 def test_ctrl_c_at_any_moment_of_bench_ends_it_cleanly(config, zk, paths, cluster, inherited):
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     launcher = [sys.executable, "-c", IGNORING_SIGINT] if inherited == "ignored" else [sys.executable]
     took: dict[str, float] = {}
     for moment in MOMENTS:
@@ -104,7 +104,7 @@ def test_ctrl_c_at_any_moment_of_bench_ends_it_cleanly(config, zk, paths, cluste
         finally:
             stderr, took[moment] = press_ctrl_c(bench, ENDS_WITHIN)
         assert_interrupted(bench, stderr, took[moment], ENDS_WITHIN, moment)
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             assert queue not in [q["name"] for q in admin.list_queues()], moment  # deleted, or never created
         wait_until(lambda: not _group_alive(bench.pid), timeout=10, message=f"the workers gone ({moment})")
     record_figures(f"roq bench: Ctrl-C → exit, SIGINT {inherited} at start (s)", **took)

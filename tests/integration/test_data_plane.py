@@ -28,8 +28,8 @@ pytestmark = pytest.mark.integration
 def test_two_publishers_two_subscribers_exactly_once_in_order(config, zk, paths, cluster):
     create(config, zk, paths, "q", 2)
     per_publisher = 50_000
-    subs = [Subscriber("q", config, zk=zk) for _ in range(2)]
-    pubs = [Publisher("q", config, zk=zk, prefer=x) for x in ("x1", "x2")]
+    subs = [Subscriber("q", config) for _ in range(2)]
+    pubs = [Publisher("q", config, prefer=x) for x in ("x1", "x2")]
     try:
         for sub in subs:
             sub.wait_connected(2)
@@ -65,13 +65,13 @@ def test_two_publishers_two_subscribers_exactly_once_in_order(config, zk, paths,
 
 def test_running_subscriber_joins_a_new_exchange(config, zk, paths, cluster):
     create(config, zk, paths, "grow", 1)
-    with Subscriber("grow", config, zk=zk) as sub:
+    with Subscriber("grow", config) as sub:
         sub.wait_connected(1)
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             admin.scale_queue("grow", 2)
         wait_until(lambda: len(read_live(zk, paths, "grow")) == 2, timeout=15, message="x2 live")
         sub.wait_connected(2)
-        with Publisher("grow", config, zk=zk, prefer="x2") as pub:
+        with Publisher("grow", config, prefer="x2") as pub:
             pub.wait_for_subscribers(1)
             assert pub.exchange == "x2"
             pub.publish("t", b"via-x2")
@@ -82,7 +82,7 @@ def test_running_subscriber_joins_a_new_exchange(config, zk, paths, cluster):
 
 def test_topic_prefix_filtering(config, zk, paths, cluster):
     create(config, zk, paths, "topics", 1)
-    with Subscriber("topics", config, zk=zk, topics=["eu."]) as sub, Publisher("topics", config, zk=zk) as pub:
+    with Subscriber("topics", config, topics=["eu."]) as sub, Publisher("topics", config) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         for topic in ("us.ny", "eu.fr", "asia", "eu.de"):
@@ -97,7 +97,7 @@ def test_publisher_moves_when_its_exchange_dies(config, zk, paths, cluster):
     import os
     import signal
     create(config, zk, paths, "move", 2)
-    with Subscriber("move", config, zk=zk) as sub, Publisher("move", config, zk=zk, prefer="x1") as pub:
+    with Subscriber("move", config) as sub, Publisher("move", config, prefer="x1") as pub:
         sub.wait_connected(2)
         pub.wait_for_subscribers(1)
         for i in range(1000):
@@ -308,7 +308,7 @@ def test_slow_subscriber_cannot_grow_exchange_memory(config, zk, paths, tmp_path
         stuck.setsockopt(zmq.SUBSCRIBE, b"")
         stuck.connect(live["sub"])
         total, payload = 100_000, b"x" * 1000
-        with Subscriber("slow", small, zk=zk) as fast, Publisher("slow", small, zk=zk) as pub:
+        with Subscriber("slow", small) as fast, Publisher("slow", small) as pub:
             fast.wait_connected(1)
             pub.wait_for_subscribers(1)
             wait_until(lambda: read_live(zk, paths, "slow")["x1"]["stats"].get("subscriptions", 0) >= 2,
@@ -341,7 +341,7 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
 
     from tests.support.helpers import SteadyTraffic
     create(config, zk, paths, "stream", 2)
-    traffic = SteadyTraffic("stream", config, zk, rate=10_000, max_messages=200_000)
+    traffic = SteadyTraffic("stream", config, rate=10_000, max_messages=200_000)
     try:
         traffic.start()
         traffic.wait_for_more(10_000, timeout=30)
@@ -359,7 +359,7 @@ def test_sigkill_of_the_exchange_under_10k_per_second_loses_nothing(config, zk, 
 
 def test_exchange_reports_statistics(config, zk, paths, cluster):
     create(config, zk, paths, "stats", 1)
-    with Subscriber("stats", config, zk=zk) as sub, Publisher("stats", config, zk=zk) as pub:
+    with Subscriber("stats", config) as sub, Publisher("stats", config) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         for _ in range(500):

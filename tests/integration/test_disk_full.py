@@ -37,7 +37,7 @@ class Collector:
     def __init__(self, queue: str, config, zk) -> None:
         self.counts: Counter[int] = Counter()
         self.lock = threading.Lock()
-        self.sub = Subscriber(queue, config, zk=zk, callback=self.on_message)
+        self.sub = Subscriber(queue, config, callback=self.on_message)
 
     def on_message(self, msg) -> None:
         with self.lock:
@@ -103,14 +103,14 @@ def test_a_full_disk_moves_the_exchange_to_a_host_with_room_and_loses_nothing(co
     procs.start("hcm", "host-1", "hcm.host=host-1", f"hcm.data_dir={tiny}", *JOURNAL)
     procs.start("hcm", "host-2", "hcm.host=host-2", *JOURNAL)
     wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="cluster")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("ledger")
     wait_until(lambda: read_live(zk, paths, "ledger").get("x1"), timeout=20, message="x1 running")
     assert read_live(zk, paths, "ledger")["x1"]["host"] == "host-1", "the exchange starts on the small disk"
     collector = Collector("ledger", config, zk)
     try:
         collector.sub.wait_connected(timeout=15)
-        with Publisher("ledger", config, zk=zk) as pub:
+        with Publisher("ledger", config) as pub:
             pub.wait_for_subscribers(1, timeout=15)
             watch = ConfirmWatch(pub)
             started = time.monotonic()
@@ -151,7 +151,7 @@ def test_with_no_host_with_room_the_exchange_holds_its_publishers_and_resumes_wh
     procs.start("gcm", "gcm-0", "gcm.min_free_bytes=65536", "gcm.storage_full_grace=1")
     procs.start("hcm", "host-1", "hcm.host=host-1", f"hcm.data_dir={tiny}", *JOURNAL)
     wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="cluster")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("ledger")
     wait_until(lambda: read_live(zk, paths, "ledger").get("x1"), timeout=20, message="x1 running")
     incarnation = read_live(zk, paths, "ledger")["x1"]["incarnation"]
@@ -159,7 +159,7 @@ def test_with_no_host_with_room_the_exchange_holds_its_publishers_and_resumes_wh
     collector = Collector("ledger", config, zk)
     try:
         collector.sub.wait_connected(timeout=15)
-        with Publisher("ledger", config, zk=zk) as pub:
+        with Publisher("ledger", config) as pub:
             pub.wait_for_subscribers(1, timeout=15)
             for i in range(total):
                 pub.publish("load", payload(i), timeout=60)

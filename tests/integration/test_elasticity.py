@@ -24,7 +24,7 @@ class Counting:
 
     def __init__(self, queue: str, config, zk) -> None:
         self.got: dict[str, list[int]] = {}
-        self.sub = Subscriber(queue, config, zk=zk, callback=self._on)
+        self.sub = Subscriber(queue, config, callback=self._on)
         self.sub.wait_connected()
 
     def _on(self, msg) -> None:
@@ -48,12 +48,12 @@ def elastic_queue(config, zk, paths, procs, exchanges: int, rules: dict | None =
 
 
 def set_rules(config, zk, rules: dict) -> None:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.queue_rules("elastic", rules)
 
 
 def exchange_count(config, zk) -> int:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         return len(admin.describe_queue("elastic")["exchanges"])
 
 
@@ -66,12 +66,12 @@ def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths
     ramp_started = time.monotonic()
     try:
         for _ in range(4):  # 1,000 msg/s more every 2 s, up to 4,000 msg/s
-            publishers.append(PacedPublisher("elastic", config, zk, rate=1000))
+            publishers.append(PacedPublisher("elastic", config, rate=1000))
             time.sleep(2)  # the ramp's pace (load shape), not synchronisation
         wait_until(lambda: len([x for x in read_live(zk, paths, "elastic").values()
                                 if (x.get("stats") or {}).get("msgs_in_per_s", 0) > 0]) >= 3,
                    timeout=40, message="three exchanges carrying traffic")
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             events = [e for e in admin.cluster_stats()["queues"]["elastic"]["events"] if "reason" in e]
         watched_s = time.monotonic() - ramp_started
         for p in publishers:
@@ -99,8 +99,8 @@ def test_a_load_ramp_scales_out_to_three_exchanges_and_back_in(config, zk, paths
 def test_the_leader_relocates_the_heaviest_publisher_without_loss(config, zk, paths, procs):
     elastic_queue(config, zk, paths, procs, 1)
     sink = Counting("elastic", config, zk)
-    heavy = PacedPublisher("elastic", config, zk, rate=1200)
-    light = PacedPublisher("elastic", config, zk, rate=500)
+    heavy = PacedPublisher("elastic", config, rate=1200)
+    light = PacedPublisher("elastic", config, rate=500)
     try:
         wait_until(lambda: heavy.pub.exchange == light.pub.exchange == "x1", message="both on x1")
         # A second exchange, and x1 is now over its limit.
@@ -124,13 +124,13 @@ def test_a_steady_load_between_the_thresholds_never_flaps(config, zk, paths, pro
     elastic_queue(config, zk, paths, procs, 2, {"max_rate": 1000, "min_exchanges": 1, "max_exchanges": 4,
                                                 "scale_in_below": 0.5})
     sink = Counting("elastic", config, zk)
-    load = PacedPublisher("elastic", config, zk, rate=700)
+    load = PacedPublisher("elastic", config, rate=700)
     try:
         deadline = time.monotonic() + 12  # three times scale_in_after plus the cooldown
         while time.monotonic() < deadline:
             assert exchange_count(config, zk) == 2
             time.sleep(0.5)  # sampling the size over the window
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             assert admin.cluster_stats()["queues"]["elastic"]["events"] == []
         load.stop()
         sink.assert_everything_once([load])

@@ -31,7 +31,7 @@ def test_the_leader_logs_what_happens_and_a_new_leader_keeps_the_log(config, zk,
     start_cluster(procs, zk, paths)
     procs.gcm("gcm-backup")
     first = read_leader(zk, paths)
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         wait_until(lambda: len(admin.status()["gcms"]) == 2, message="a backup GCM")
         wait_until(lambda: logged(admin, "leader", f"{first['id']} is the leader (epoch {first['epoch']})"),
                    message="the first leader's own event")

@@ -59,7 +59,7 @@ class Lab:
     def __init__(self, config: Config, zk: KazooClient, procs: Processes) -> None:
         self.config, self.zk, self.procs = config, zk, procs
         self.paths = Paths(config.zk.root)
-        self.admin = Admin(config, zk)
+        self.admin = Admin(config)
 
     def queue(self, name: str, exchanges: int = 1) -> str:
         self.admin.create_queue(name, exchanges=exchanges)
@@ -81,7 +81,7 @@ class Lab:
                               capture_output=True, text=True, timeout=60)
 
     def publish(self, queue: str, count: int, topic: str = "jobs") -> None:
-        with Publisher(queue, self.config, self.zk) as pub:
+        with Publisher(queue, self.config) as pub:
             pub.publish_many(topic, [b"%d" % i for i in range(count)])
             pub.flush()
 
@@ -140,7 +140,7 @@ def test_the_figures_follow_a_paused_member_and_members_that_are_gone(lab: Lab) 
         member.wait(10)
         wait_until(lambda: figures(lab.aggregate(queue)) == (0, 0, 300), timeout=FRESH, message="killed: gone")
         # Every member gone by leaving (an in-process member that closes): members 0 at once.
-        with Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", prefetch=7, auto_ack=False):
+        with Subscriber(queue, lab.config, ["jobs"], group="workers", prefetch=7, auto_ack=False):
             wait_until(lambda: figures(lab.aggregate(queue)) == (1, 7, 293), timeout=FRESH, message="joined")
         wait_until(lambda: figures(lab.aggregate(queue)) == (0, 0, 300), timeout=FRESH, message="left: gone")
         # The same figures in `roq stats --json` and `roq group list --json` (the description's).
@@ -157,13 +157,13 @@ def test_the_figures_follow_a_paused_member_and_members_that_are_gone(lab: Lab) 
 
 def test_a_reset_drops_the_backlog_once_and_a_retry_changes_nothing_more(lab: Lab) -> None:
     queue = lab.queue("reset", exchanges=2)
-    member = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", prefetch=10, auto_ack=False)
+    member = Subscriber(queue, lab.config, ["jobs"], group="workers", prefetch=10, auto_ack=False)
     try:
         lab.publish(queue, 200)  # one publisher: its messages go to one exchange
         wait_until(lambda: figures(lab.aggregate(queue)) == (1, 10, 190), timeout=10, message="the backlog")
         held = [member.receive(timeout=5) for _ in range(10)]
-        endpoint = lab.admin._leader_endpoint()
-        assert endpoint is not None
+        from roq.state import read_leader
+        endpoint = read_leader(lab.zk, lab.paths)["endpoint"]
         key = "reset-retry-0001"
         status = lab.admin.request(endpoint, "group.reset", {"name": queue, "group": "workers"}, 5.0, key)
         status = lab.admin.wait_command(queue, status, 10)
@@ -196,7 +196,7 @@ def test_a_reset_drops_the_backlog_once_and_a_retry_changes_nothing_more(lab: La
 
 def test_a_group_with_members_is_not_deleted_and_one_without_is_gone_with_its_messages(lab: Lab) -> None:
     queue = lab.queue("delete")
-    member = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", prefetch=5, auto_ack=False)
+    member = Subscriber(queue, lab.config, ["jobs"], group="workers", prefetch=5, auto_ack=False)
     try:
         lab.publish(queue, 50)
         wait_until(lambda: figures(lab.aggregate(queue)) == (1, 5, 45), timeout=10, message="the backlog")
@@ -212,7 +212,7 @@ def test_a_group_with_members_is_not_deleted_and_one_without_is_gone_with_its_me
         with pytest.raises(GroupNotFoundError):
             lab.admin.delete_group(queue, "workers")
         # A member joining later makes a new group, which collects from then on.
-        with Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", prefetch=5, auto_ack=False) as again:
+        with Subscriber(queue, lab.config, ["jobs"], group="workers", prefetch=5, auto_ack=False) as again:
             lab.publish(queue, 3)
             assert [again.receive(timeout=5) is not None for _ in range(3)] == [True] * 3
             wait_until(lambda: figures(lab.aggregate(queue)) == (1, 3, 0), timeout=FRESH, message="a new group")
@@ -227,9 +227,9 @@ def test_reset_delete_and_purge_outlive_the_exchange_of_a_replicated_queue(lab: 
     with the command."""
     queue = "mirrored"
     create_replicated(lab.config, lab.zk, lab.paths, queue)
-    pub = Publisher(queue, lab.config, lab.zk)  # stays open over the kills: it resends its replay window
-    member = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", prefetch=5, auto_ack=False)
-    audit = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="audit", prefetch=1, auto_ack=False)
+    pub = Publisher(queue, lab.config)  # stays open over the kills: it resends its replay window
+    member = Subscriber(queue, lab.config, ["jobs"], group="workers", prefetch=5, auto_ack=False)
+    audit = Subscriber(queue, lab.config, ["jobs"], group="audit", prefetch=1, auto_ack=False)
     try:
         audit.close()  # a group without members
         pub.publish_many("jobs", [b"old %d" % i for i in range(100)])
@@ -262,7 +262,7 @@ def test_reset_delete_and_purge_outlive_the_exchange_of_a_replicated_queue(lab: 
         pub.flush()
         kill_exchange(lab, queue, before)
         pub.flush(timeout=15)  # its replay window went to the new incarnation
-        with Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, start="beginning") as reader:
+        with Subscriber(queue, lab.config, ["jobs"], start="beginning") as reader:
             seen = [m.payload for m in iter(lambda: reader.receive(timeout=3), None)]
         assert sorted(seen) == sorted(b"kept %d" % i for i in range(10))  # the purged ones stay purged
         wait_until(lambda: lab.aggregate(queue).get("ready") == 10, timeout=FRESH, message="only what followed")
@@ -293,7 +293,7 @@ def test_create_if_not_exists_and_delete_if_empty_or_unused(lab: Lab) -> None:
     assert_one_line_error(lab.roq("queue", "create", "careful"), 1, "already exists")
     wait_until(lambda: len(read_live(lab.zk, lab.paths, "careful")) == 2, timeout=15, message="exchanges")
 
-    with Subscriber("careful", lab.config, ["t"], zk=lab.zk) as sub:
+    with Subscriber("careful", lab.config, ["t"]) as sub:
         sub.wait_connected(2)
         wait_until(lambda: all(x["live"]["stats"].get("subscribers") for x in
                                lab.admin.describe_queue("careful")["exchanges"]),

@@ -28,7 +28,7 @@ from roq.config import Config
 from roq.errors import MessageTooLargeError, UserError
 from roq.paths import Paths
 from roq.zk import encode, start_client, stop_client
-from tests.support.helpers import fast_config, wait_until
+from tests.support.helpers import MetadataOnlyGcm, fast_config, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -64,9 +64,11 @@ def lone(zookeeper) -> Iterator[Lone]:
     ready = json.loads(proc.stdout.readline())
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     zk = start_client(config)
+    seed = MetadataOnlyGcm(config)  # the clients' seed: no GCM places anything here
     try:
         yield Lone(config, ready, zk)
     finally:
+        seed.close()
         stop_client(zk)
         proc.kill()
         proc.wait()
@@ -128,10 +130,10 @@ def test_headers_reach_every_kind_of_subscriber_and_plain_messages_are_as_before
     got: list[Message] = []
     batches: list[MessageBatch] = []
     raw = raw_subscriber(lone, b"orders")
-    with Subscriber(queue, config, ["orders"], zk=lone.zk) as iterating, \
-            Subscriber(queue, config, ["orders"], zk=lone.zk, callback=got.append) as calling, \
-            Subscriber(queue, config, ["orders"], zk=lone.zk, batch_callback=batches.append) as batching, \
-            Publisher(queue, config, zk=lone.zk) as pub:
+    with Subscriber(queue, config, ["orders"]) as iterating, \
+            Subscriber(queue, config, ["orders"], callback=got.append) as calling, \
+            Subscriber(queue, config, ["orders"], batch_callback=batches.append) as batching, \
+            Publisher(queue, config) as pub:
         for sub in (iterating, calling, batching):
             sub.wait_connected(1)
         pub.publish("orders.eu", b"plain")
@@ -144,7 +146,7 @@ def test_headers_reach_every_kind_of_subscriber_and_plain_messages_are_as_before
         received = [iterating.receive(timeout=5) for _ in range(3)]
         wait_until(lambda: len(got) == 3 and sum(len(b.seqs) for b in batches) == 3, message="3 messages each")
         # Late: fetched from retention, not live.
-        with Subscriber(queue, config, ["orders"], zk=lone.zk, start="beginning") as late:
+        with Subscriber(queue, config, ["orders"], start="beginning") as late:
             fetched = [late.receive(timeout=5) for _ in range(3)]
     # On the wire: a message without headers is a delivery of 11 fields, exactly as before headers.
     assert len(plain_body) == 11
@@ -162,8 +164,8 @@ def test_headers_reach_every_kind_of_subscriber_and_plain_messages_are_as_before
 
 def test_group_members_get_headers_and_text_topics_and_keys(lone: Lone) -> None:
     queue = lone.queue("members")
-    with Subscriber(queue, lone.config, ["jobs"], zk=lone.zk, group="workers") as member, \
-            Publisher(queue, lone.config, zk=lone.zk) as pub:
+    with Subscriber(queue, lone.config, ["jobs"], group="workers") as member, \
+            Publisher(queue, lone.config) as pub:
         pub.publish("jobs", b"a", key="customer-42", headers={"attempt": "1"})
         pub.publish("jobs", b"b", key=b"\xffraw")
         pub.flush()
@@ -184,10 +186,10 @@ def test_dead_letters_say_where_they_came_from_and_keep_the_message(lone: Lone) 
         msg.nack(requeue=msg.payload != b"reject")  # "poison" comes back until max_deliveries
     before_ms = time.time_ns() // 1_000_000
     # One exchange serves every queue of this module: each test's group has a name of its own.
-    with Subscriber(queue, lone.config, ["roq.dead/fragile"], zk=lone.zk, callback=letters.append) as dead, \
-            Subscriber(queue, lone.config, ["jobs"], zk=lone.zk, group="fragile", callback=refuse, auto_ack=False,
+    with Subscriber(queue, lone.config, ["roq.dead/fragile"], callback=letters.append) as dead, \
+            Subscriber(queue, lone.config, ["jobs"], group="fragile", callback=refuse, auto_ack=False,
                        max_deliveries=2), \
-            Publisher(queue, lone.config, zk=lone.zk) as pub:
+            Publisher(queue, lone.config) as pub:
         dead.wait_connected(1)
         poison = pub.publish("jobs", b"poison", priority=7, key="k1", headers={"trace-id": "t1"})
         reject = pub.publish("jobs", b"reject")
@@ -224,7 +226,7 @@ def retained_body(lone: Lone, topic: bytes, pos: int) -> bytes:
 
 def test_the_publisher_checks_headers_before_anything_is_queued(lone: Lone) -> None:
     queue = lone.queue("checks")
-    with Publisher(queue, lone.config, zk=lone.zk) as pub:
+    with Publisher(queue, lone.config) as pub:
         for bad in ({"roq-topic": "x"}, {"ROQ-x": "x"}, {"": "x"}, {"k" * 129: "x"}, {"a\nb": "x"},
                     {"k": "v" * 8193}, {f"k{i}": "v" for i in range(65)}, {b"bytes-key": "v"}, {"k": 5},
                     {f"k{i}": "v" * 8000 for i in range(9)}):

@@ -38,7 +38,7 @@ def live_pids(zk, paths, queue):
 
 def test_crashed_exchange_is_restarted_and_its_endpoint_follows(config, zk, paths, procs):
     start(procs, zk, paths)
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=1)
     first = wait_until(lambda: live_pids(zk, paths, "q").get("x1"), message="exchange live")
     os.kill(first, signal.SIGKILL)
@@ -52,7 +52,7 @@ def test_crashed_exchange_is_restarted_and_its_endpoint_follows(config, zk, path
 
 def test_repeated_crashes_back_off(config, zk, paths, procs):
     start(procs, zk, paths)
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q")
     gaps = []
     pid = wait_until(lambda: live_pids(zk, paths, "q").get("x1"), message="exchange live")
@@ -69,7 +69,7 @@ def test_repeated_crashes_back_off(config, zk, paths, procs):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_stopping_an_hcm_leaves_no_orphan_exchange(config, zk, paths, procs, sig):
     start(procs, zk, paths)
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=3)
     pids = wait_until(lambda: len(p := live_pids(zk, paths, "q")) == 3 and p, message="3 exchanges live")
     hcm = procs.procs["host-1"]
@@ -82,7 +82,7 @@ def test_stopping_an_hcm_leaves_no_orphan_exchange(config, zk, paths, procs, sig
 
 def test_lost_host_exchanges_move_to_survivors(config, zk, paths, procs):
     start(procs, zk, paths, hosts=("host-1", "host-2"))
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=2)
     wait_until(lambda: len(live_pids(zk, paths, "q")) == 2, message="2 exchanges live")
     placed = {x.id: x.host for x in read_exchanges(zk, paths, "q")}
@@ -102,7 +102,7 @@ def test_lost_host_exchanges_move_to_survivors(config, zk, paths, procs):
 
 def test_restarted_hcm_registers_again_and_runs_its_exchanges(config, zk, paths, procs):
     start(procs, zk, paths, hosts=("host-1",))
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=2)
     wait_until(lambda: len(live_pids(zk, paths, "q")) == 2, message="2 exchanges live")
     procs.kill("host-1", signal.SIGKILL)
@@ -118,7 +118,7 @@ def test_restarted_hcm_registers_again_and_runs_its_exchanges(config, zk, paths,
 def test_queue_waits_for_capacity_then_gets_placed(config, zk, paths, procs):
     procs.gcm("gcm-0")
     wait_until(lambda: read_leader(zk, paths), message="a leader")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         info = admin.create_queue("early", exchanges=2)
         assert [x["host"] for x in info["exchanges"]] == [None, None]
         assert admin.status()["unplaced"] == 2

@@ -86,7 +86,7 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     leader = next(g["metrics"] for g in status["gcms"] if g["id"] == status["leader"]["id"])
     hosts = [h["metrics"] for h in status["hosts"]]
     assert len(hosts) == 2 and all(url.startswith("http://") for url in hosts)
-    with Admin(config, zk) as admin:  # an exchange and its replica, on the two hosts
+    with Admin(config) as admin:  # an exchange and its replica, on the two hosts
         admin.create_queue("mirrored", exchanges=1, replicas=2)
     wait_until(lambda: value(families(leader), "roq_queue_running") == 3, message="the leader's aggregates")
     wait_until(lambda: all("roq_exchange_messages_in" in families(url) for url in hosts)
@@ -96,15 +96,15 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     # Counters increase with the load (the exchanges report every 0.5 s); a durable subscriber that
     # takes nothing falls behind by all of it (consumer lag).
     lagging = Subscriber("watched", config.replace(client={"state_dir": str(tmp_path / "state"),
-                                                           "position_save_interval": 0.2}), zk=zk, durable="dash")
+                                                           "position_save_interval": 0.2}), durable="dash")
     lagging.wait_connected(2)
     # A consumer group whose member holds at most 10 per exchange and acks nothing: the roq_group_*
     # series of the dashboard's group panels, with a backlog of what the load leaves.
-    member = Subscriber("watched", config, ["load"], zk=zk, group="workers", prefetch=10, auto_ack=False)
+    member = Subscriber("watched", config, ["load"], group="workers", prefetch=10, auto_ack=False)
     batches = (300, 200)
     for batch in batches:
         before = total(hosts, "roq_exchange_messages_in", "roq_exchange_messages_in_total")
-        with Publisher("watched", config, zk=zk) as pub:
+        with Publisher("watched", config) as pub:
             pub.publish_many("load", [b"%d" % i for i in range(batch)], timeout=10)
             pub.flush(10)
         wait_until(lambda before=before, batch=batch: total(hosts, "roq_exchange_messages_in",
@@ -205,7 +205,7 @@ def test_roq_stats_and_rules_from_the_command_line(config, zk, paths, monitored,
     assert json.loads(shown.stdout)["max_rate"] == 5000 and json.loads(shown.stdout)["max_exchanges"] == 4
     assert_one_line_error(roq("--config", cfg, "queue", "rules", "watched", "--min", "5"), 1, "--min must be <= --max")
     assert_one_line_error(roq("--config", cfg, "queue", "rules", "nope", "--max", "2"), 1, "does not exist")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         assert admin.queue_rules("watched")["max_exchanges"] == 4  # the refused changes changed nothing
     stats = json.loads(roq("--config", cfg, "stats", "--json").stdout)
     assert stats["queues"]["watched"]["exchanges"] == 2 and len(stats["hosts"]) == 2

@@ -179,6 +179,14 @@ def test_the_client_library_says_why_nothing_gets_through(cluster: Cluster) -> N
                 sub.receive(timeout=0.2)
 
 
+def test_a_key_learns_no_topology_of_a_queue_it_has_no_right_on(cluster: Cluster) -> None:
+    """The GCMs' metadata is guarded as the data path is: no right on the queue, no endpoints."""
+    with pytest.raises(ForbiddenError, match="no right on queue"):
+        Subscriber(BILLING, cluster.client("clients/sub"), topics=["t"])
+    with Subscriber(ORDERS, cluster.client("clients/sub"), topics=["t"]) as sub:  # its own queue: followed
+        assert sub.topology.snapshot()
+
+
 def test_a_key_without_an_entry_and_an_admin_keep_every_right(cluster: Cluster) -> None:
     for identity in ("clients/app", "admins/ops"):  # security.default_permissions = "all"; admins: always
         config = cluster.client(identity)
@@ -298,7 +306,9 @@ def test_permissions_survive_a_backup_and_restore(cluster: Cluster, tmp_path: Pa
     assert document["version"] == 2 and set(document["permissions"]["keys"]) == {"pub", "sub", "worker"}
 
     # An empty cluster under another root: one GCM is enough to restore into.
-    other = cluster.config.replace(zk={"root": cluster.config.zk.root + "-restored"})
+    from roq.tools.zkserver import free_port
+    other = cluster.config.replace(zk={"root": cluster.config.zk.root + "-restored"},
+                                   cluster={"seeds": f"tcp://127.0.0.1:{free_port()}"})  # its own GCM
     procs = Processes(other, tmp_path / "restored")
     try:
         procs.start("gcm", "gcm-r")

@@ -58,10 +58,10 @@ def roq(config_path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_leader_spreads_a_replicated_queue_again_when_a_lost_host_comes_back(config, zk, paths, procs):
     start(procs, zk, paths, "gcm.rebalance=true", "gcm.rebalance_delay=2")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("spread", exchanges=2, replicas=2)
     wait_until(lambda: running_as_placed(zk, paths, "spread"), timeout=30, message="every slot running")
-    traffic = SteadyTraffic("spread", config, zk, rate=400)
+    traffic = SteadyTraffic("spread", config, rate=400)
     try:
         traffic.start()
         traffic.wait_for_more(200, timeout=20)
@@ -88,7 +88,7 @@ def test_the_leader_spreads_a_replicated_queue_again_when_a_lost_host_comes_back
             where = placed(zk, paths, "spread")
             assert where[xid] != where[f"{xid}~r"]
         traffic.wait_for_more(200, timeout=30)  # confirms go on after the move
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             status = admin.status()
         figures = traffic.stop()
     finally:
@@ -101,13 +101,13 @@ def test_the_leader_spreads_a_replicated_queue_again_when_a_lost_host_comes_back
 
 def test_roq_queue_rebalance_spreads_a_queue_on_demand(config, zk, paths, procs):
     start(procs, zk, paths)  # rebalancing off (the test configuration): only the command moves
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("ondemand", exchanges=2)
     wait_until(lambda: running_as_placed(zk, paths, "ondemand"), timeout=30, message="both exchanges running")
     first = placed(zk, paths, "ondemand")
     keeper = first["x1"]
     others = [h for h in HOSTS if h != keeper]
-    traffic = SteadyTraffic("ondemand", config, zk, rate=400)
+    traffic = SteadyTraffic("ondemand", config, rate=400)
     try:
         traffic.start()
         traffic.wait_for_more(200, timeout=20)
@@ -131,7 +131,7 @@ def test_roq_queue_rebalance_spreads_a_queue_on_demand(config, zk, paths, procs)
         spread = time.monotonic() - started
 
         def moves_logged() -> list[str]:
-            with Admin(config, zk) as admin:
+            with Admin(config) as admin:
                 return [e["kind"] for e in admin.cluster_events()["events"]
                         if e.get("queue") == "ondemand" and f"moved from {keeper}" in e["detail"]]
         # The event log says why it moved: to even the spread, not a failover.

@@ -54,7 +54,7 @@ def test_1_a_forged_copy_replaces_nothing_and_an_away_subscriber_gets_every_conf
     away = Victim("victim", config, zk, durable="audit")
     away.sub.wait_connected(timeout=15)
     away.sub.close()  # its position is saved: it resumes from the start of the stream
-    with Publisher("victim", config, zk=zk) as pub:
+    with Publisher("victim", config) as pub:
         pub.publish("load", b"-1")  # hello: its id is now in every delivery anyone can read
         pub.flush(15)
         live = read_live(zk, paths, "victim")["x1"]
@@ -90,7 +90,7 @@ def test_2_position_requests_for_the_running_incarnation_seal_nothing(config, zk
     assert replica
     sock = dealer(replica["replay"])
     try:
-        with Publisher("steady", config, zk=zk) as pub:
+        with Publisher("steady", config) as pub:
             pub.publish("t", b"first")
             pub.flush(15)  # the replica follows, and holds a copy of the running incarnation
             for attempt in range(6):  # six seals in 22 s once made the exchange FAILED (counted as crashes)
@@ -119,7 +119,7 @@ def test_3_a_frozen_replica_is_replaced_and_confirms_resume_within_seconds(confi
     collector = Collector("frozen", config, zk)
     collector.sub.wait_connected(timeout=15)
     try:
-        with Publisher("frozen", config, zk=zk) as pub:
+        with Publisher("frozen", config) as pub:
             pub.wait_for_subscribers(1, timeout=15)
             for i in range(1000):
                 pub.publish("load", str(i).encode())
@@ -154,7 +154,7 @@ def test_3_a_replica_its_hcm_cannot_revive_is_moved_by_the_leader(config, zk, pa
     old = read_json(zk, paths.replica_live("stuck", "x1"))
     assert old
     primary_host = read_live(zk, paths, "stuck")["x1"]["host"]
-    with Publisher("stuck", config, zk=zk) as pub:
+    with Publisher("stuck", config) as pub:
         pub.publish("load", b"0")
         pub.flush(15)
         os.kill(int(old["pid"]), signal.SIGSTOP)

@@ -79,7 +79,7 @@ def roq(config_path, *args: str) -> str:
 def test_replicas_run_apart_from_their_exchanges_and_are_restored_after_a_host_loss(config, zk, paths, procs):
     hosts = {"host-1", "host-2", "host-3"}
     start(procs, zk, paths, sorted(hosts))
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         info = admin.create_queue("rq", exchanges=2, replicas=2)
     assert info["replicas"] == 2 and info["settings"]["replicas"] == 2
     placed = slots(zk, paths, "rq")
@@ -111,7 +111,7 @@ def test_replicas_run_apart_from_their_exchanges_and_are_restored_after_a_host_l
 
 def test_a_replica_waits_for_a_second_host(config, zk, paths, procs):
     start(procs, zk, paths, ["host-1"])
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         info = admin.create_queue("lonely", exchanges=1, replicas=2)
         assert [(x["host"], x["replica"]) for x in info["exchanges"]] == [("host-1", None)]
         status = admin.status()
@@ -126,7 +126,7 @@ def test_a_replica_waits_for_a_second_host(config, zk, paths, procs):
 
 def test_scale_in_and_delete_remove_replica_assignments(config, zk, paths, procs):
     start(procs, zk, paths, ["host-1", "host-2"], "gcm.default_replicas=2")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         info = admin.create_queue("sq", exchanges=1)  # replicas from the leader's configuration
         assert info["replicas"] == 2
         admin.create_queue("plain", exchanges=1, replicas=1)

@@ -59,7 +59,7 @@ def start_hosts(procs, zk, paths, *settings: str, gcm_settings: tuple[str, ...] 
 
 
 def create_replicated(config, zk, paths: Paths, name: str, exchanges: int = 1, replicas: int = 2) -> None:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue(name, exchanges=exchanges, replicas=replicas)
 
     def ready() -> bool:
@@ -95,7 +95,7 @@ class Collector:
     def __init__(self, queue: str, config, zk, durable: str | None = None) -> None:
         self.counts: Counter[int] = Counter()
         self.lock = threading.Lock()
-        self.sub = Subscriber(queue, config, zk=zk, durable=durable, callback=self.on_message)
+        self.sub = Subscriber(queue, config, durable=durable, callback=self.on_message)
 
     def on_message(self, msg) -> None:
         with self.lock:
@@ -115,7 +115,7 @@ def publish_with_a_subscriber_away(config, zk, queue: str, durable: str, taken: 
     saved), publish the rest while it is away, all confirmed, and close the publisher."""
     first = Collector(queue, config, zk, durable=durable)
     first.sub.wait_connected(timeout=15)
-    with Publisher(queue, config, zk=zk) as pub:
+    with Publisher(queue, config) as pub:
         pub.wait_for_subscribers(1, timeout=15)
         for i in range(taken):
             pub.publish("load", str(i).encode())
@@ -198,7 +198,7 @@ def test_confirms_wait_for_the_replica(config, zk, paths, procs) -> None:
     create_replicated(config, zk, paths, "held")
     replica = read_json(zk, paths.replica_live("held", "x1"))
     assert replica
-    with Publisher("held", config, zk=zk) as pub:
+    with Publisher("held", config) as pub:
         pub.publish("t", b"one")
         pub.flush(15)
         os.kill(int(replica["pid"]), signal.SIGSTOP)  # frozen replica: nothing can be confirmed
@@ -243,7 +243,7 @@ def test_a_lost_replica_is_replaced_and_caught_up_before_confirms_resume(config,
     assert old
     collector = Collector("audit", config, zk)
     collector.sub.wait_connected(timeout=15)
-    with Publisher("audit", config, zk=zk) as pub:
+    with Publisher("audit", config) as pub:
         pub.wait_for_subscribers(1, timeout=15)
         for i in range(2000):
             pub.publish("load", str(i).encode())

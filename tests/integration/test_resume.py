@@ -38,16 +38,16 @@ def take(sub: Subscriber, count: int) -> list[tuple[str, int]]:
 
 def test_a_subscriber_resumes_from_its_position_with_nothing_lost_or_repeated(config, zk, paths, cluster):
     create(config, zk, paths, "resume", 2)
-    pubs = [Publisher("resume", config, zk=zk, prefer=x) for x in ("x1", "x2")]
+    pubs = [Publisher("resume", config, prefer=x) for x in ("x1", "x2")]
     try:
-        first = Subscriber("resume", config, zk=zk)
+        first = Subscriber("resume", config)
         first.wait_connected(2)
         publish_numbered(pubs, 0, 5_000)
         before = take(first, 3_000)  # stops part way through, with more already delivered to it
         position = first.position()
         first.close()
         publish_numbered(pubs, 5_000, 5_000)  # nobody subscribed meanwhile
-        with Subscriber("resume", config, zk=zk, position=position) as second:
+        with Subscriber("resume", config, position=position) as second:
             after = take(second, 2 * 10_000 - 3_000)
             assert second.receive(timeout=0.5) is None
             stats = second.stats().as_dict()
@@ -78,8 +78,8 @@ def test_a_stalled_subscriber_refills_dropped_frames_from_retention(config, zk, 
         got.append(int.from_bytes(msg.payload[:4], "big"))
 
     total = 3_000
-    with Subscriber("stall", tight, zk=zk, callback=slow_start) as sub, \
-            Publisher("stall", tight, zk=zk) as pub:
+    with Subscriber("stall", tight, callback=slow_start) as sub, \
+            Publisher("stall", tight) as pub:
         sub.wait_connected(1)
         pub.wait_for_subscribers(1)
         for i in range(total):
@@ -98,8 +98,8 @@ def test_beyond_retention_the_loss_is_counted_not_hidden(config, zk, paths, proc
     start_cluster(procs, zk, paths, "exchange.retention_bytes=300000")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create(small, zk, paths, "short", 1)
-    with Publisher("short", small, zk=zk) as pub:
-        first = Subscriber("short", small, zk=zk)
+    with Publisher("short", small) as pub:
+        first = Subscriber("short", small)
         first.wait_connected(1)
         publish_numbered([pub], 0, 10)
         take(first, 10)
@@ -108,7 +108,7 @@ def test_beyond_retention_the_loss_is_counted_not_hidden(config, zk, paths, proc
         for i in range(10, 210):  # 2 MB while it is away: ten times the retention
             pub.publish("t", i.to_bytes(4, "big") + b"x" * 10_000)
         pub.flush(30)
-        with Subscriber("short", small, zk=zk, position=position) as second:
+        with Subscriber("short", small, position=position) as second:
             second.wait_connected(1)
             wait_until(lambda: second.stats().gaps >= 1, timeout=10, message="the gap reported")
             resumed = []
@@ -129,7 +129,7 @@ def test_a_durable_subscriber_killed_and_restarted_loses_nothing(config, zk, pat
     last save interval's messages (at least once), never loses one."""
     create(config, zk, paths, "durable", 1)
     state = tmp_path / "state"
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root,
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root,
                ROQ_CLIENT_STATE_DIR=str(state), ROQ_CLIENT_POSITION_SAVE_INTERVAL="0.2")
 
     def start() -> subprocess.Popen[bytes]:
@@ -146,7 +146,7 @@ def test_a_durable_subscriber_killed_and_restarted_loses_nothing(config, zk, pat
         return out
 
     seen: list[int] = []
-    with Publisher("durable", config, zk=zk) as pub:
+    with Publisher("durable", config) as pub:
         def publish(first: int, count: int) -> None:
             for i in range(first, first + count):
                 pub.publish("t", str(i).encode())

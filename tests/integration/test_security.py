@@ -256,7 +256,7 @@ def test_an_admin_over_the_gcm_connection_limit_is_refused_at_once(config: Confi
                 monitor.close()
             held.append(sock)
         assert handshake(endpoint) == REFUSED
-        with Admin(config, zk) as admin:
+        with Admin(config) as admin:
             started = time.monotonic()
             with pytest.raises(RefusedError, match="refused the connection") as info:
                 admin.list_queues()  # used to retry in silence until client.request_timeout (10 s)
@@ -310,7 +310,7 @@ def test_message_size_and_topic_length_are_enforced(limited_exchange: dict, conf
 def test_queue_count_is_capped(config: Config, zk, paths, procs) -> None:
     from tests.integration.conftest import start_cluster
     start_cluster(procs, zk, paths, gcm_settings=("gcm.max_queues=2",))
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("one")
         admin.create_queue("two")
         with pytest.raises(LimitExceededError, match="gcm.max_queues"):
@@ -318,5 +318,5 @@ def test_queue_count_is_capped(config: Config, zk, paths, procs) -> None:
         assert sorted(q["name"] for q in admin.list_queues()) == ["one", "two"]
         admin.delete_queue("one")
         admin.create_queue("three")  # room again
-    with Publisher("two", config, zk) as pub, pytest.raises(MessageTooLargeError):
+    with Publisher("two", config) as pub, pytest.raises(MessageTooLargeError):
         pub.publish("t", b"x" * (config.exchange.max_message_bytes + 1))

@@ -20,7 +20,7 @@ HISTORY = 300  # messages per exchange published before any subscriber exists
 
 
 def publish(config, zk, exchange: str, topic: str, payloads: list[bytes]) -> None:
-    with Publisher("hist", config, zk=zk, prefer=exchange) as pub:
+    with Publisher("hist", config, prefer=exchange) as pub:
         for payload in payloads:
             pub.publish(topic, payload)
         pub.flush(30)
@@ -58,31 +58,31 @@ def history(config, zk, paths, cluster):
 
 
 def test_start_now_or_from_the_beginning(config, zk, history):
-    with Subscriber("hist", config, zk=zk, topics=["numbers"]) as now:
+    with Subscriber("hist", config, topics=["numbers"]) as now:
         assert sorted(markers(config, zk, now, "m1")) == [b"m1-x1", b"m1-x2"]  # no history before them
-    with Subscriber("hist", config, zk=zk, topics=["numbers"], start="beginning") as everything:
+    with Subscriber("hist", config, topics=["numbers"], start="beginning") as everything:
         got = drain(everything)
     assert set(got) == history | {b"m1-x1", b"m1-x2"} and len(got) == len(set(got))
     with pytest.raises(ValueError, match="start must be one of"):
-        Subscriber("hist", config, zk=zk, start="yesterday")
+        Subscriber("hist", config, start="yesterday")
 
 
 def test_a_new_durable_name_starts_where_asked_and_never_replays_older_history(config, zk, history, tmp_path):
     durable = config.replace(client={"state_dir": str(tmp_path / "state")})
     # Started "now" (the default), it only ever receives through x1, then stops.
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as first:
+    with Subscriber("hist", durable, topics=["numbers"], durable="audit") as first:
         first.wait_connected(2)
         publish(config, zk, "x1", "numbers", [b"live-1", b"live-2"])
         assert drain(first) == [b"live-1", b"live-2"]
     # Back again: x2's history, from before the name existed, is not its to replay.
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as again:
+    with Subscriber("hist", durable, topics=["numbers"], durable="audit") as again:
         assert again.resumed
         assert sorted(markers(config, zk, again, "m2")) == [b"m2-x1", b"m2-x2"]
     # A new name asked to start at the beginning gets all that is retained, once.
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="full", start="beginning") as full:
+    with Subscriber("hist", durable, topics=["numbers"], durable="full", start="beginning") as full:
         got = drain(full)
     assert set(got) == history | {b"live-1", b"live-2", b"m2-x1", b"m2-x2"} and len(got) == len(set(got))
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="full", start="beginning") as full:
+    with Subscriber("hist", durable, topics=["numbers"], durable="full", start="beginning") as full:
         assert sorted(markers(config, zk, full, "m3")) == [b"m3-x1", b"m3-x2"]  # the saved position wins
 
 
@@ -100,7 +100,7 @@ def test_roq_subscribe_from(config, zk, history, tmp_path):
     lines = result.stdout.splitlines()
     assert len(lines) == 10 and all(line.encode().split(b"\t")[1] in history for line in lines), lines
     # From a saved position: a subscriber that took half of x1's history and x2's, saved as a file.
-    with Subscriber("hist", config, zk=zk, topics=["numbers"], start="beginning") as half:
+    with Subscriber("hist", config, topics=["numbers"], start="beginning") as half:
         taken = [half.receive(timeout=10) for _ in range(HISTORY)]
         position = half.position()
     assert all(msg is not None for msg in taken)
@@ -127,10 +127,10 @@ def test_a_durable_name_closed_before_its_first_sync_still_starts_now(config, zk
     """Closed at once (a script checking a name): the exchanges it had not synced with yet are saved
     as "start at the sync", so the next start does not read their history."""
     durable = config.replace(client={"state_dir": str(tmp_path / "state")})
-    Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="quick").close()
+    Subscriber("hist", durable, topics=["numbers"], durable="quick").close()
     saved = json.loads((tmp_path / "state" / "hist" / "quick.json").read_text())
     assert saved["streams"] or saved["start_at_sync"]
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="quick") as again:
+    with Subscriber("hist", durable, topics=["numbers"], durable="quick") as again:
         assert again.resumed
         assert sorted(markers(config, zk, again, "m4")) == [b"m4-x1", b"m4-x2"]
 
@@ -143,7 +143,7 @@ def test_a_hole_open_when_the_position_is_saved_is_fetched_on_resume(config, zk,
     from roq.client.subscriber.streams import FetchFailed
 
     durable = config.replace(client={"state_dir": str(tmp_path / "state"), "position_save_interval": 0.2})
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as first:
+    with Subscriber("hist", durable, topics=["numbers"], durable="audit") as first:
         first.wait_connected(2)
     away = [f"away-{i}".encode() for i in range(50)]
     publish(config, zk, "x1", "numbers", away)
@@ -154,13 +154,13 @@ def test_a_hole_open_when_the_position_is_saved_is_fetched_on_resume(config, zk,
 
     real_fetch = ReplayClient.fetch
     monkeypatch.setattr(ReplayClient, "fetch", busy)
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as second:
+    with Subscriber("hist", durable, topics=["numbers"], durable="audit") as second:
         second.wait_connected(2)
         publish(config, zk, "x1", "numbers", [b"live"])
         got = drain(second)
         assert b"live" in got and not set(away) & set(got)
     monkeypatch.setattr(ReplayClient, "fetch", real_fetch)
-    with Subscriber("hist", durable, zk=zk, topics=["numbers"], durable="audit") as third:
+    with Subscriber("hist", durable, topics=["numbers"], durable="audit") as third:
         got += drain(third)
         assert third.stats().gaps == 0
     assert set(away) <= set(got) and not set(got) & history

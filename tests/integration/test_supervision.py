@@ -37,7 +37,7 @@ def test_an_exchange_that_always_crashes_is_left_alone_after_max_restarts(config
                 "hcm.restart_window=60", "hcm.failed_cooloff=600")
     wait_until(lambda: read_leader(zk, paths) and "host-1" in read_hosts(zk, paths), message="leader and host")
     metrics = wait_until(lambda: json.loads(zk.get(paths.host("host-1"))[0]).get("metrics"), message="metrics URL")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("q", exchanges=1)
 
     wait_until(lambda: gauge(metrics, "roq_exchange_failed") == 1.0, timeout=45,

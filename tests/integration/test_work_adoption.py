@@ -58,7 +58,7 @@ def kill_under_backlog(config, zk, paths, queue: str, replay_seconds: float, kil
     worker = Worker(config, queue)
     publisher_config = config.replace(client={"replay_seconds": replay_seconds})
     try:
-        with Publisher(queue, publisher_config, zk) as pub:
+        with Publisher(queue, publisher_config) as pub:
             sent = pub.publish_many("jobs", [b"%d" % i for i in range(MESSAGES)])
             pub.flush()
             confirmed_at = time.monotonic()

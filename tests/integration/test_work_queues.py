@@ -61,14 +61,14 @@ class Lab:
         self.paths = Paths(config.zk.root)
 
     def queue(self, name: str, exchanges: int = 1) -> str:
-        with Admin(self.config, self.zk) as admin:
+        with Admin(self.config) as admin:
             admin.create_queue(name, exchanges=exchanges)
         wait_until(lambda: len(read_live(self.zk, self.paths, name)) == exchanges, timeout=15,
                    message="exchanges live")
         return name
 
     def delete(self, name: str) -> None:
-        with Admin(self.config, self.zk) as admin:
+        with Admin(self.config) as admin:
             admin.delete_queue(name)
 
     def group_figures(self, queue: str, group: str = "workers") -> dict[str, int]:
@@ -138,7 +138,7 @@ def test_a_worker_killed_mid_work_loses_nothing_and_every_message_is_acked_once(
     workers = [lab.worker(queue, f"w{i}", pause=0.002) for i in range(3)]
     total = 3000
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             seqs = pub.publish_many("jobs", [b"%d" % i for i in range(total)])
             pub.flush()
             victim, victim_log = workers[0]
@@ -173,11 +173,11 @@ def test_an_exchange_killed_under_work_loses_nothing(lab: Lab) -> None:
     whose group takes it; what was acked in that window may come again (at least once)."""
     queue = lab.queue("kill-exchange")
     got = Collector(work=0.0002)
-    members = [Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member(f"m{i}"),
+    members = [Subscriber(queue, lab.config, ["jobs"], group="workers", callback=got.member(f"m{i}"),
                           prefetch=20) for i in range(2)]
     total = 4000
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             seqs = pub.publish_many("jobs", [b"%d" % i for i in range(total)])
             wait_until(lambda: len(got.ids()) >= total // 4, timeout=30, message="a quarter processed")
             live = read_live(lab.zk, lab.paths, queue)["x1"]
@@ -198,10 +198,10 @@ def test_high_priority_overtakes_a_low_priority_burst_within_one_prefetch(lab: L
     queue = lab.queue("priority")
     got = Collector(work=0.002)
     prefetch = 10
-    member = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member("m"),
+    member = Subscriber(queue, lab.config, ["jobs"], group="workers", callback=got.member("m"),
                         prefetch=prefetch)
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             for i in range(500):
                 pub.publish("jobs", b"low %d" % i, priority=9)
             pub.flush()
@@ -231,9 +231,9 @@ def test_high_priority_overtakes_a_low_priority_burst_within_one_prefetch(lab: L
 def test_nothing_is_delivered_before_its_not_before_time(lab: Lab) -> None:
     queue = lab.queue("delay")
     got = Collector()
-    member = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member("m"))
+    member = Subscriber(queue, lab.config, ["jobs"], group="workers", callback=got.member("m"))
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             not_before = time.time() + 1.0
             pub.publish("jobs", b"later", not_before=not_before)
             pub.publish("jobs", b"now")
@@ -252,9 +252,9 @@ def test_nothing_is_delivered_before_its_not_before_time(lab: Lab) -> None:
 def test_fair_keys_share_the_members_evenly(lab: Lab) -> None:
     queue = lab.queue("fair")
     got = Collector(work=0.001)
-    with Publisher(queue, lab.config, lab.zk) as pub:
+    with Publisher(queue, lab.config) as pub:
         # The group exists (and collects) from its first join; then one heavy key and nine light ones.
-        members = [Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member(f"m{i}"),
+        members = [Subscriber(queue, lab.config, ["jobs"], group="workers", callback=got.member(f"m{i}"),
                               prefetch=4, auto_ack=True) for i in range(2)]
         try:
             for i in range(2000):
@@ -283,7 +283,7 @@ def test_fair_keys_share_the_members_evenly(lab: Lab) -> None:
 
 def test_dead_letters_after_max_deliveries_and_on_reject(lab: Lab) -> None:
     queue = lab.queue("dead")
-    dead = Subscriber(queue, lab.config, ["roq.dead/workers"], zk=lab.zk)
+    dead = Subscriber(queue, lab.config, ["roq.dead/workers"])
     tries: Counter[bytes] = Counter()
 
     def fail(msg: WorkMessage) -> None:
@@ -292,10 +292,10 @@ def test_dead_letters_after_max_deliveries_and_on_reject(lab: Lab) -> None:
             msg.nack(requeue=False)
         else:
             msg.nack()  # back to the group: delivered again until max_deliveries
-    member = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=fail, auto_ack=False,
+    member = Subscriber(queue, lab.config, ["jobs"], group="workers", callback=fail, auto_ack=False,
                         max_deliveries=3)
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             pub.publish("jobs", b"poison")
             pub.publish("jobs", b"reject")
             pub.flush()
@@ -314,15 +314,15 @@ def test_dead_letters_after_max_deliveries_and_on_reject(lab: Lab) -> None:
 def test_groups_and_subscribers_share_a_queue_and_a_member_leaving_hands_its_work_over(lab: Lab) -> None:
     queue = lab.queue("shared", exchanges=2)
     a, b = Collector(work=0.0005), Collector()
-    group_a = [Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="a", callback=a.member(f"a{i}"), prefetch=5)
+    group_a = [Subscriber(queue, lab.config, ["jobs"], group="a", callback=a.member(f"a{i}"), prefetch=5)
                for i in range(2)]
-    group_b = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="b", callback=b.member("b0"))
-    fanout = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk)
+    group_b = Subscriber(queue, lab.config, ["jobs"], group="b", callback=b.member("b0"))
+    fanout = Subscriber(queue, lab.config, ["jobs"])
     total = 1000
     try:
         with pytest.raises(GroupMismatchError):
-            Subscriber(queue, lab.config, ["other"], zk=lab.zk, group="a")
-        with Publisher(queue, lab.config, lab.zk) as pub:
+            Subscriber(queue, lab.config, ["other"], group="a")
+        with Publisher(queue, lab.config) as pub:
             seqs = pub.publish_many("jobs", [b"%d" % i for i in range(total)])
             pub.flush()
             wait_until(lambda: len(a.ids()) >= 100, timeout=20, message="group a at work")
@@ -349,7 +349,7 @@ def test_the_cli_subscribes_as_a_group_member_and_shows_the_group(lab: Lab) -> N
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: lab.group_figures(queue, "printers").get("members") == 1, timeout=20, message="joined")
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             pub.publish_many("jobs", [b"one", b"two", b"three"])
             pub.flush()
         out, err = member.communicate(timeout=20)
@@ -418,7 +418,7 @@ def test_a_raw_member_asking_a_prefetch_of_100000_holds_at_most_the_cap(lab: Lab
     raw = RawMember(read_live(lab.zk, lab.paths, queue)["x1"]["work"], prefetch=100_000, nack_loop=False)
     total = 3 * cap
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             pub.publish_many("jobs", [b"%d" % i for i in range(total)])
             pub.flush()
         wait_until(lambda: lab.group_figures(queue).get("ready") == total - cap, timeout=20,
@@ -440,13 +440,13 @@ def test_a_raw_member_nacking_in_a_loop_dead_letters_nothing_an_honest_member_ca
     honest member, none the dead letters (max_deliveries 5)."""
     queue = lab.queue("nack-loop")
     got = Collector(work=0.002)
-    honest = Subscriber(queue, lab.config, ["jobs"], zk=lab.zk, group="workers", callback=got.member("honest"),
+    honest = Subscriber(queue, lab.config, ["jobs"], group="workers", callback=got.member("honest"),
                         prefetch=1)
     raw = RawMember(read_live(lab.zk, lab.paths, queue)["x1"]["work"], prefetch=100_000, nack_loop=True)
-    dead = Subscriber(queue, lab.config, ["roq.dead/workers"], zk=lab.zk)
+    dead = Subscriber(queue, lab.config, ["roq.dead/workers"])
     total = 300
     try:
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             seqs = pub.publish_many("jobs", [b"%d" % i for i in range(total)])
             pub.flush()
             wait_until(lambda: len(got.ids()) == total, timeout=60, message="every message processed")
@@ -515,13 +515,13 @@ def test_exec_acks_what_the_command_did_and_dead_letters_what_keeps_failing(lab:
     queue = lab.queue("exec")
     log = tmp_path / "runs.log"
     command = RUN_LOG.format(log=log) + '; case "$p" in bad*) exit 3;; esac'
-    dead = Subscriber(queue, lab.config, ["roq.dead/g"], zk=lab.zk)
+    dead = Subscriber(queue, lab.config, ["roq.dead/g"])
     member = subprocess.Popen([*roq_cli(lab), "--set", "client.max_deliveries=3", "subscribe", queue, "--topic", "j",
                                "--group", "g", "--exec", command, "--concurrency", "2"], stderr=subprocess.PIPE)
     try:
         wait_until(lambda: lab.group_figures(queue, "g").get("members") == 1, timeout=20, message="joined")
         payloads = [b"ok-%d" % i for i in range(17)] + [b"bad-%d" % i for i in range(3)]
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             seqs = pub.publish_many("j", payloads)
             pub.flush()
         wait_until(lambda: (lab.group_figures(queue, "g").get("acked"),
@@ -571,14 +571,14 @@ def test_exec_stopped_gives_the_unfinished_message_back_at_once(lab: Lab, tmp_pa
     other = None
     try:
         wait_until(lambda: lab.group_figures(queue, "g").get("members") == 1, timeout=20, message="joined")
-        with Publisher(queue, lab.config, lab.zk) as pub:
+        with Publisher(queue, lab.config) as pub:
             pub.publish("j", b"long job")
             pub.flush()
         pgid = int(wait_until(lambda: log.exists() and log.read_text().strip(), timeout=20, message="started"))
         member.send_signal(signal.SIGTERM)
         assert member.wait(15) == 0
         wait_until(lambda: not group_alive(pgid), timeout=5, message="the command and its sleep gone")
-        other = Subscriber(queue, lab.config, ["j"], zk=lab.zk, group="g", auto_ack=False)
+        other = Subscriber(queue, lab.config, ["j"], group="g", auto_ack=False)
         msg = other.receive(timeout=5)
         assert msg is not None and msg.payload == b"long job" and msg.deliveries == 2
         msg.ack()

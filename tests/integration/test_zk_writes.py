@@ -30,7 +30,7 @@ def start(config, procs, zk, paths, queue, exchanges):
         procs.start("hcm", host, f"hcm.host={host}", f"hcm.stats_heartbeat={HEARTBEAT}")
     wait_until(lambda: read_leader(zk, paths), message="a leader")
     wait_until(lambda: len(zk.get_children(paths.hosts)) == 2, message="two hosts")
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue(queue, exchanges=exchanges)
     wait_until(lambda: len(read_live(zk, paths, queue)) == exchanges, timeout=20, message="exchanges live")
 
@@ -68,7 +68,7 @@ def test_an_idle_exchange_is_rewritten_only_by_its_heartbeat_and_a_change_at_onc
     assert HEARTBEAT - 1 <= written2 - written <= HEARTBEAT + 3
     assert data2["stats"]["at"] > data["stats"]["at"]
     # Work is a change: written within a few report intervals.
-    with Publisher("idle", config, zk=zk) as pub:
+    with Publisher("idle", config) as pub:
         pub.publish("t", b"m")
         pub.flush(10)
         assert changes_within(zk, path, version, 3.0) is not None, "traffic not written"
@@ -86,7 +86,7 @@ def test_a_frozen_exchange_is_published_silent_and_publishers_choose_another(con
         wait_until(lambda: read_live(zk, paths, "frozen")["x1"]["silent"] is True, timeout=5,
                    message="x1 published as silent")
         for _ in range(3):  # no prefer, no avoided exchange, no publishers anywhere: only staleness decides
-            with Publisher("frozen", config, zk=zk) as pub:
+            with Publisher("frozen", config) as pub:
                 wait_until(lambda: pub.exchange is not None, timeout=10, message="an exchange chosen")
                 assert pub.exchange == "x2"
     finally:

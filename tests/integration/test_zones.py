@@ -34,7 +34,7 @@ def test_a_replicated_queue_survives_the_loss_of_a_zone(config, zk, paths, procs
     wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == len(ZONES),
                message="a leader and every host")
     assert {h.name: h.zone for h in read_hosts(zk, paths).values()} == ZONES  # in the registration
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue("zoned", exchanges=2, replicas=2)
     placed = where(zk, paths, "zoned")
     for primary, replica in placed.values():
@@ -42,7 +42,7 @@ def test_a_replicated_queue_survives_the_loss_of_a_zone(config, zk, paths, procs
     assert {ZONES[p] for p, _ in placed.values() if p} == {"zone-a", "zone-b"}, placed
     wait_until(lambda: running(zk, paths, "zoned") == placed, timeout=30, message="every slot running")
 
-    traffic = SteadyTraffic("zoned", config, zk, rate=400)
+    traffic = SteadyTraffic("zoned", config, rate=400)
     try:
         traffic.start()
         traffic.wait_for_more(300, timeout=20)

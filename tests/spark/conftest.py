@@ -50,7 +50,7 @@ def spark(spark_sessions: Sessions) -> Any:
 
 def sink(frame: Any, config: Any, queue: str, **options: str) -> Any:
     """A DataFrame writer to RoQ queue `queue` of this test's cluster."""
-    writer = frame.write.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+    writer = frame.write.format("roq").option("seeds", config.cluster.seeds)
     writer = writer.option("queue", queue)
     for key, value in options.items():
         writer = writer.option(key, value)
@@ -63,7 +63,7 @@ def written_and_received(frame: Any, config: Any, zk: Any, queue: str, count: in
     from roq.client.subscriber import Subscriber
     from tests.support.helpers import wait_until
     got: list[bytes] = []
-    with Subscriber(queue, config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+    with Subscriber(queue, config, callback=lambda m: got.append(m.payload)) as sub:
         sub.wait_connected()
         sink(frame, config, queue).mode("append").save()
         wait_until(lambda: len(got) >= count, timeout=20, message=f"the {count} rows")

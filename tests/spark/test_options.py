@@ -29,7 +29,7 @@ from roq.spark.datasource import (  # noqa: E402
 from roq.spark.exchanges import StreamEnd  # noqa: E402
 from roq.spark.options import OptionError, Position, positions, sink_options, source_options  # noqa: E402
 
-BASE = {"zk": "127.0.0.1:2181", "queue": "q"}
+BASE = {"seeds": "tcp://127.0.0.1:7000", "queue": "q"}
 TYPES = {"string": StringType(), "binary": BinaryType(), "int": IntegerType(), "bigint": LongType()}
 ENDS = {"x1": StreamEnd("x1.a", 100, 41, "tcp://h:1"), "x2": StreamEnd("x2.b", 7, 1, "tcp://h:2")}
 
@@ -38,7 +38,7 @@ def test_kafka_names_and_the_older_ones_are_accepted_in_any_case() -> None:
     opts = source_options({**BASE, "StartingOffsets": "EARLIEST", "maxOffsetsPerTrigger": "300",
                            "maxFramesPerTrigger": "5", "failOnDataLoss": "False", "topics": "eu., us."}, True)
     assert (opts.starting, opts.max_offsets, opts.max_frames, opts.fail_on_loss) == ("earliest", 300, 5, False)
-    assert opts.topics == (b"eu.", b"us.") and opts.connection == {"zk": "127.0.0.1:2181"}
+    assert opts.topics == (b"eu.", b"us.") and opts.connection == {"seeds": "tcp://127.0.0.1:7000"}
     batch = source_options(BASE, False)
     assert (batch.starting, batch.ending) == ("earliest", "latest")  # Kafka's batch defaults
 
@@ -70,7 +70,7 @@ def test_the_sink_knows_its_options_and_spark_s_checkpoint_location() -> None:
     assert (opts.topic, opts.confirm_timeout) == ("orders", 5.0)
     with pytest.raises(OptionError, match="has no option topics; its options are checkpointLocation, config"):
         sink_options({**BASE, "topics": "a"})
-    with pytest.raises(OptionError, match="needs .option\\('zk', 'host:port,...'\\) or .option\\('config'"):
+    with pytest.raises(OptionError, match="needs .option\\('seeds', 'tcp://host:port,...'\\) or .option\\('config'"):
         sink_options({"queue": "q"})
 
 

@@ -52,7 +52,7 @@ def start_pipeline(procs, output: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def queues(config, zk) -> list[str]:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         return [q["name"] for q in admin.list_queues()]
 
 
@@ -93,7 +93,7 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 def test_a_duration_ends_the_pipeline_with_0_and_no_stack_traces(cluster, procs, tmp_path, config, zk):
-    with Admin(config, zk) as admin:  # made by an operator who wants the stream kept: the pipeline leaves it
+    with Admin(config) as admin:  # made by an operator who wants the stream kept: the pipeline leaves it
         admin.create_queue(config.gcm.stats_queue)
     proc = start_pipeline(procs, tmp_path / "pipeline", "--duration", "4")
     stderr = finish(proc, 120)

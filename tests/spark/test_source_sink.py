@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def source(spark, config, queue: str, streaming: bool = False, **options: str):
     reader = (spark.readStream if streaming else spark.read).format("roq")
-    reader = reader.option("zk", config.zk.hosts).option("root", config.zk.root).option("queue", queue)
+    reader = reader.option("seeds", config.cluster.seeds).option("queue", queue)
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader
@@ -27,7 +27,7 @@ def source(spark, config, queue: str, streaming: bool = False, **options: str):
 
 def one_frame_each(config, zk, queue: str, count: int) -> None:
     """`count` messages, one frame each: positions 1..count hold sequences 1..count."""
-    with Publisher(queue, config, zk=zk) as pub:
+    with Publisher(queue, config) as pub:
         for i in range(1, count + 1):
             pub.publish("t", str(i).encode())
             pub.flush(10)
@@ -43,10 +43,10 @@ def run_available_now(spark, reader, name: str) -> list[int]:
 
 def test_max_offsets_per_trigger_counts_messages_even_inside_a_frame(spark, config, zk, paths, cluster):
     create(config, zk, paths, "bounded", 2)
-    with Publisher("bounded", config, zk=zk, prefer="x1") as pub:
+    with Publisher("bounded", config, prefer="x1") as pub:
         pub.publish_many("bulk", [str(i).encode() for i in range(500)])  # frames of many messages
         pub.flush(30)
-    with Publisher("bounded", config, zk=zk, prefer="x2") as pub:
+    with Publisher("bounded", config, prefer="x2") as pub:
         for i in range(200):
             pub.publish("single", str(i).encode())
         pub.flush(30)
@@ -72,7 +72,7 @@ def test_positions_json_reads_a_chosen_range_in_a_batch_and_a_stream(spark, conf
 
 def test_rows_carry_value_and_topic_and_a_schema_may_pick_columns(spark, config, zk, paths, cluster):
     create(config, zk, paths, "valued", 1)
-    with Publisher("valued", config, zk=zk) as pub:
+    with Publisher("valued", config) as pub:
         pub.publish("eu.orders", b"\x00\xffbytes")
         pub.flush(10)
     row = source(spark, config, "valued").load().first()
@@ -83,7 +83,7 @@ def test_rows_carry_value_and_topic_and_a_schema_may_pick_columns(spark, config,
 
 def test_headers_go_through_the_source_and_the_sink_as_kafka_has_them(spark, config, zk, paths, cluster):
     create(config, zk, paths, "headed", 1)
-    with Publisher("headed", config, zk=zk) as pub:
+    with Publisher("headed", config) as pub:
         pub.publish("in", b"with", headers={"trace-id": "4bf9", "raw": b"\xff"})
         pub.publish("in", b"without")
         pub.flush(10)
@@ -96,7 +96,7 @@ def test_headers_go_through_the_source_and_the_sink_as_kafka_has_them(spark, con
         "value", "concat(headers, array(named_struct('key', 'hop', 'value', cast('spark' as binary)))) as headers")
     mapped = spark.createDataFrame([(b"mapped", {"m": "1"})], "value binary, headers map<string,string>")
     got: list[tuple[bytes, dict[str, bytes]]] = []
-    with Subscriber("headed", config, ["out"], zk=zk, callback=lambda m: got.append((m.payload, dict(m.headers)))) \
+    with Subscriber("headed", config, ["out"], callback=lambda m: got.append((m.payload, dict(m.headers)))) \
             as sub:
         sub.wait_connected()
         sink(picked, config, "headed", topic="out").mode("append").save()
@@ -131,7 +131,7 @@ def test_an_option_the_source_does_not_know_is_an_error_naming_the_known_ones(sp
 def test_the_sink_takes_value_and_a_default_topic_and_refuses_what_it_cannot_do(spark, config, zk, paths, cluster):
     create(config, zk, paths, "valuesink", 1)
     got: list[tuple[str, bytes]] = []
-    with Subscriber("valuesink", config, zk=zk, callback=lambda m: got.append((m.topic, m.payload))) as sub:
+    with Subscriber("valuesink", config, callback=lambda m: got.append((m.topic, m.payload))) as sub:
         sub.wait_connected()
         frame = spark.createDataFrame([(f"v{i}".encode(),) for i in range(50)], "value binary")
         sink(frame, config, "valuesink", topic="kafka.style").mode("append").save()

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:
-    with Publisher(queue, config, zk=zk, prefer=prefer) as pub:
+    with Publisher(queue, config, prefer=prefer) as pub:
         for i in range(first, first + count):
             pub.publish("t", str(i).encode())
         pub.flush(30)
@@ -27,7 +27,7 @@ def publish(config, zk, queue: str, first: int, count: int, prefer: str | None =
 
 def read_to_parquet(spark, config, queue: str, out: Path) -> int:
     """One availableNow run of a query from `queue` into Parquet, checkpointed next to it."""
-    query = (spark.readStream.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+    query = (spark.readStream.format("roq").option("seeds", config.cluster.seeds)
              .option("queue", queue).option("startingOffsets", "earliest").load()
              .writeStream.format("parquet").option("path", str(out / "data"))
              .option("checkpointLocation", str(out / "checkpoint")).trigger(availableNow=True).start())
@@ -62,13 +62,13 @@ def test_a_streaming_query_copies_one_queue_to_another(spark, config, zk, paths,
     create(config, zk, paths, "source", 1)
     create(config, zk, paths, "copy", 1)
     got: list[bytes] = []
-    with Subscriber("copy", config, zk=zk, callback=lambda m: got.append(m.payload)) as sub:
+    with Subscriber("copy", config, callback=lambda m: got.append(m.payload)) as sub:
         sub.wait_connected()
         publish(config, zk, "source", 0, 700)
-        query = (spark.readStream.format("roq").option("zk", config.zk.hosts).option("root", config.zk.root)
+        query = (spark.readStream.format("roq").option("seeds", config.cluster.seeds)
                  .option("queue", "source").option("startingOffsets", "earliest").load()
-                 .select("topic", "payload").writeStream.format("roq").option("zk", config.zk.hosts)
-                 .option("root", config.zk.root).option("queue", "copy")
+                 .select("topic", "payload").writeStream.format("roq").option("seeds", config.cluster.seeds)
+                 .option("queue", "copy")
                  .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
         query.awaitTermination(120)
         assert query.exception() is None
@@ -86,7 +86,7 @@ def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cl
     from roq.spark.stats_job import aggregate_retained
     create(config, zk, paths, "known-stats", 1)
     t0 = (time.time() // 10) * 10 - 60  # the start of a 10 s window, a minute ago
-    with Publisher("known-stats", config, zk=zk) as pub:
+    with Publisher("known-stats", config) as pub:
         for i, rate in enumerate((100, 200, 300)):  # window 1: mean 200, peak 300
             pub.publish("exchange", stats_record("exchange", t0 + 2 * i, msgs_in_per_s=rate, publishers=i + 1,
                                                  latency_p99_ms=1.0 + i))
@@ -95,7 +95,7 @@ def test_the_statistics_job_aggregates_a_known_load(spark, config, zk, paths, cl
             pub.publish("host", stats_record("host", t0 + 1, cpu_percent=cpu, memory_percent=50))
         pub.flush(30)
     out = tmp_path / "pipeline"
-    aggregate_retained(spark, config.zk.hosts, config.zk.root, "known-stats", str(out), 10)
+    aggregate_retained(spark, config.cluster.seeds, config.zk.root, "known-stats", str(out), 10)
     rows = spark.read.parquet(str(out / "exchanges")).orderBy("window_start").collect()
     assert [(r.msgs_in_per_s, r.msgs_in_per_s_peak, r.publishers, r.samples) for r in rows] == \
         [(200.0, 300.0, 3, 3), (1000.0, 1000.0, 5, 1)]
@@ -113,13 +113,13 @@ def test_the_streaming_statistics_job_appends_closed_windows(spark, config, zk, 
     from roq.spark.stats_job import start_queries
     create(config, zk, paths, "stream-stats", 1)
     t0 = (time.time() // 10) * 10 - 60
-    with Publisher("stream-stats", config, zk=zk) as pub:
+    with Publisher("stream-stats", config) as pub:
         for i, rate in enumerate((100, 200, 300)):
             pub.publish("exchange", stats_record("exchange", t0 + 2 * i, msgs_in_per_s=rate))
         pub.publish("exchange", stats_record("exchange", t0 + 35, msgs_in_per_s=50))  # moves the watermark on
         pub.flush(30)
     out = tmp_path / "pipeline"
-    queries = list(start_queries(spark, config.zk.hosts, config.zk.root, "stream-stats", str(out), 10).values())
+    queries = list(start_queries(spark, config.cluster.seeds, config.zk.root, "stream-stats", str(out), 10).values())
     try:
         def closed_windows() -> list:
             for q in queries:

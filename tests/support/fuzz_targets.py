@@ -341,6 +341,50 @@ def replica_fetch(data: bytes) -> None:
     _replica().replay.handle(b"fuzz", data)
 
 
+@functools.cache
+def _metadata_server():
+    """A real ControlServer routing to a real MetadataService over a fixed topology (the cache's
+    part: what ZooKeeper would hold), with small limits so a session can reach them."""
+    from gcm.api import PEER, ControlServer, unknown_op
+    from gcm.metadata import MetadataService
+    config = Config().replace(gcm={"metadata_max_queues": 4, "metadata_max_watchers": 3, "metadata_rate": 50})
+    pushed: list[tuple[bytes, bytes]] = []
+
+    def body(queue: str) -> dict[str, object]:
+        live = {"x1": {"pub": "tcp://h:1", "sub": "tcp://h:2", "incarnation": "x1.ab", "stats": {}}}
+        return {"queue": queue, "exists": queue == "q", "exchanges": live if queue == "q" else {}, "replicas": {},
+                "relocations": {}, "leader": None, "gcms": []}
+    service = MetadataService("gcm-fuzz", config.gcm, body, lambda: True, lambda p, f: pushed.append((p, f)))
+    server = ControlServer(config, "127.0.0.1", 0, "127.0.0.1", lambda op: {
+        "metadata.get": lambda a: service.get(a, PEER.get()),
+        "metadata.watch": lambda a: service.watch(a, PEER.get())}.get(op) or unknown_op(op))
+    return server, service, pushed
+
+
+def metadata_session(data: bytes) -> None:
+    """Hostile clients' metadata requests: the first byte of each record picks the connection, the
+    rest is one request frame (records split at b"\\n\\n"), dispatched as the control loop does; then
+    a change is pushed. Every reply must be a reply; limits must hold."""
+    from gcm.api import PEER
+    from roq.protocol.metadata import decode_push
+    server, service, pushed = _metadata_server()
+    for record in data.split(b"\n\n")[:64]:
+        if not record:
+            continue
+        token = PEER.set(bytes([record[0] % 5]))
+        try:
+            reply = protocol.decode_reply(server.dispatch(record[1:], None))
+        finally:
+            PEER.reset(token)
+        assert reply.ok or reply.code, reply
+    service.dirty("q")
+    service._flush()
+    assert service.watchers <= service.config.metadata_max_watchers
+    for _, frame in pushed:
+        assert decode_push(frame) is not None
+    pushed.clear()
+
+
 TARGETS: dict[str, Target] = {
     "publisher_frame": _refused(lambda d: protocol.decode_publisher_frame(d, 65536)),
     "delivery": _refused(protocol.decode_delivery),
@@ -371,6 +415,7 @@ TARGETS: dict[str, Target] = {
     "replica_reply": _refused(protocol.decode_replica_reply),
     "replica_frame": replica_frame,
     "replica_fetch": replica_fetch,
+    "metadata_session": metadata_session,
 }
 
 
@@ -461,6 +506,9 @@ def seeds() -> dict[str, list[bytes]]:
                           protocol.encode_replica_reply(protocol.SEALED, "x1.ab"), protocol.encode_marked("x1.ab", 3)],
         "replica_frame": [follow, copy, jump, forged, protocol.encode_follow("x1.cd", "x1", FUZZ_PROOF), groups,
                           done, mark, adopt],
+        "metadata_session": [b"\x00" + protocol.encode_request(1, "metadata.watch", {"queues": ["q", "r"]})
+                             + b"\n\n\x01" + protocol.encode_request(2, "metadata.get", {"queue": "q"})
+                             + b"\n\n\x02" + protocol.encode_request(3, "metadata.watch", {"queues": ["q"] * 9})],
         "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz"),
                           protocol.encode_position_request(6, [b"t"], "x1.cd")],
     }

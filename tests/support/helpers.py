@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -87,9 +87,15 @@ def carry(queue: str, publisher: Config, subscriber: Config, count: int, topic: 
         return [sub.receive(timeout=10).payload for _ in range(count)]
 
 
+SEED_GCMS = 3  # GCM control ports reserved per test: the clients' seeds (Processes gives them out)
+
+
 def fast_config(zk_hosts: str, root: str | None = None) -> Config:
-    """Timing knobs shrunk so failures are noticed in about a second."""
+    """Timing knobs shrunk so failures are noticed in about a second; seeds for the test's GCMs."""
+    from roq.tools.zkserver import free_port
+    seeds = ",".join(f"tcp://127.0.0.1:{free_port('127.0.0.1')}" for _ in range(SEED_GCMS))
     return Config().replace(
+        cluster={"seeds": seeds},
         zk={"hosts": zk_hosts, "root": root or f"/test-{uuid.uuid4().hex[:10]}", "session_timeout": 2.0},
         # Rebalancing off: a test about failover sees placements stay where failover put them; the
         # rebalancing tests turn it on (tests/integration/test_rebalance.py).
@@ -116,6 +122,9 @@ class Processes:
         self.config_path.write_text(config.to_toml())
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
+        # The seeds' ports, given to GCMs in the order they first start (a restart keeps its port).
+        self._seed_ports = [s.rpartition(":")[2] for s in config.cluster.seeds.split(",") if s]
+        self.gcm_ports: dict[str, str] = {}
 
     def start(self, role: str, name: str, *settings: str) -> subprocess.Popen[bytes]:
         module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon", "web": "roq_web.daemon"}[role]
@@ -123,6 +132,11 @@ class Processes:
         args = [sys.executable, "-m", module, "--config", str(self.config_path)]
         if role == "hcm":  # each host its own files (journals), in the test's directory
             settings = (f"hcm.data_dir={self.workdir / name / 'data'}", *settings)
+        if role == "gcm" and not any(s.startswith("gcm.port=") for s in settings):
+            port = self.gcm_ports.get(name) or (self._seed_ports[len(self.gcm_ports)]
+                                                 if len(self.gcm_ports) < len(self._seed_ports) else "0")
+            self.gcm_ports[name] = port
+            settings = (f"gcm.port={port}", *settings)
         for setting in settings:
             args += ["--set", setting]
         with log.open("ab") as out:
@@ -212,7 +226,7 @@ class SteadyTraffic:
     application (duplicated). Bounded: at most `max_messages`.
     """
 
-    def __init__(self, queue: str, config: Config, zk: object, rate: float = 1000.0,
+    def __init__(self, queue: str, config: Config, rate: float = 1000.0,
                  max_messages: int = 1_000_000) -> None:
         import threading
         from collections import Counter
@@ -221,8 +235,8 @@ class SteadyTraffic:
 
         self.counts: Counter[int] = Counter()
         self._lock = threading.Lock()
-        self.sub = Subscriber(queue, config, zk=zk, callback=self._on_message)
-        self.load = PacedPublisher(queue, config, zk, rate, max_messages, start=False)
+        self.sub = Subscriber(queue, config, callback=self._on_message)
+        self.load = PacedPublisher(queue, config, rate, max_messages, start=False)
         self.pub = self.load.pub
         self.longest_pause = 0.0
         self._last_arrival = time.monotonic()
@@ -298,10 +312,10 @@ class PacedPublisher:
 
     Bounded: at most `max_messages`. `start=False` leaves starting to the caller."""
 
-    def __init__(self, queue: str, config: Config, zk: Any, rate: float, max_messages: int = 10_000_000,
+    def __init__(self, queue: str, config: Config, rate: float, max_messages: int = 10_000_000,
                  start: bool = True) -> None:
         from roq.client.publisher import Publisher
-        self.pub = Publisher(queue, config, zk=zk)
+        self.pub = Publisher(queue, config)
         self.rate = rate
         self.max_messages = max_messages
         self.sent = 0
@@ -367,3 +381,34 @@ def unmount_small_disk(path: Path) -> None:
         done = subprocess.run(["umount", *options, str(path)], capture_output=True, text=True, timeout=30)
         if done.returncode == 0:
             return
+
+
+class MetadataOnlyGcm:
+    """The metadata half of a real GCM (gcm/metadata_cache.py, gcm/metadata.py on a real control
+    socket) in this process, at the config's first seed: for tests that write a queue's topology
+    into ZooKeeper by hand, with no leader to place anything, yet whose clients need a seed."""
+
+    def __init__(self, config: Config) -> None:
+        from gcm.api import PEER, ControlServer, unknown_op
+        from gcm.metadata import MetadataService
+        from gcm.metadata_cache import MetadataCache
+        from roq.paths import Paths
+        from roq.zk import start_client
+        self.client = start_client(config)
+        port = int(config.cluster.seeds.split(",")[0].rpartition(":")[2])
+        self.api = ControlServer(config, "127.0.0.1", port, "127.0.0.1", lambda op: {
+            "metadata.get": lambda a: self.service.get(a, PEER.get()),
+            "metadata.watch": lambda a: self.service.watch(a, PEER.get())}.get(op) or unknown_op(op))
+        self.service = MetadataService("gcm-test", config.gcm, lambda q: self.cache.body(q),
+                                       lambda: self.cache.ready, self.api.push)
+        self.cache = MetadataCache(self.client, Paths(config.zk.root), self.service.dirty)
+        self.cache.start()
+        self.service.start()
+        self.api.start()
+
+    def close(self) -> None:
+        from roq.zk import stop_client
+        self.api.stop()
+        self.service.stop()
+        self.cache.close()
+        stop_client(self.client)

@@ -67,15 +67,15 @@ def test_close_runs_once_and_the_with_block_closes() -> None:
     assert client.shut_downs == 1
 
 
-def test_a_given_zookeeper_client_is_not_stopped() -> None:
+def test_a_given_metadata_client_is_not_closed() -> None:
     class Given:
-        stopped = False
+        closed = False
 
-        def stop(self) -> None:
-            self.stopped = True
+        def close(self) -> None:
+            self.closed = True
 
     client = _Counting()
     given = Given()
-    client._use_zk(Config(), given)  # type: ignore[arg-type]
+    client._use_metadata(Config(), given)  # type: ignore[arg-type]
     client.close()
-    assert client.zk is given and not given.stopped
+    assert client.metadata is given and not given.closed

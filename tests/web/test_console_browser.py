@@ -414,7 +414,7 @@ def make_group_backlog(web: WebCluster, queue: str) -> Subscriber:
     """Queue `queue` with group "workers": a member (returned) holding 5 messages unacked, 45 ready."""
     made = httpx.post(web.url + "/api/queues", json={"name": queue}, headers=web.headers(web.admin_token), timeout=30)
     assert made.status_code == 201, made.text
-    member = Subscriber(queue, web.config, ["jobs"], zk=web.zk, group="workers", prefetch=5, auto_ack=False)
+    member = Subscriber(queue, web.config, ["jobs"], group="workers", prefetch=5, auto_ack=False)
     sent = httpx.post(web.url + f"/api/queues/{queue}/messages", params={"topic": "jobs", "split": "lines"},
                       content="\n".join(f"job {i}" for i in range(50)).encode(), headers=web.headers(), timeout=30)
     assert sent.status_code == 200, sent.text

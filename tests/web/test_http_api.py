@@ -96,7 +96,7 @@ def test_reads_need_a_token_and_changes_need_the_admin_role(web_cluster: WebClus
     assert cluster.status_code == 200 and cluster.json()["leader"]["id"]
     forbidden = api(web, "POST", "/api/queues", json={"name": "by-client"})
     assert forbidden.status_code == 403 and "admin role" in forbidden.json()["message"]
-    with Admin(web.config, web.zk) as admin:
+    with Admin(web.config) as admin:
         assert "by-client" not in [q["name"] for q in admin.list_queues()]
     make_queue(web, "by-admin")
     assert api(web, "DELETE", "/api/queues/by-admin").status_code == 403
@@ -190,7 +190,7 @@ def test_every_listing_has_each_queues_replicas(web_cluster: WebCluster) -> None
 def test_a_gateway_shows_the_events_from_before_it_started(web_cluster: WebCluster) -> None:
     web = web_cluster
     make_queue(web, "early-q")
-    with Admin(web.config, web.zk) as admin:
+    with Admin(web.config) as admin:
         wait_until(lambda: any(e["detail"] == "queue early-q created" for e in admin.cluster_events()["events"]),
                    message="the leader logging the queue")
         leader = admin.status()["leader"]["id"]
@@ -224,7 +224,7 @@ def busy_group(web: WebCluster, queue: str) -> Iterator[Subscriber]:
     """Queue `queue` with group "workers": one member holding 5 messages unacked, 45 ready. The queue
     is deleted at the end."""
     make_queue(web, queue)
-    member = Subscriber(queue, web.config, ["jobs"], zk=web.zk, group="workers", prefetch=5, auto_ack=False)
+    member = Subscriber(queue, web.config, ["jobs"], group="workers", prefetch=5, auto_ack=False)
     try:
         publish_lines(web, queue, "jobs", [f"job {i}" for i in range(50)])
         wait_until(lambda: group_figures(web, queue) == (1, 5, 45), timeout=15, message="the group's figures")
@@ -317,7 +317,7 @@ def test_create_with_exist_ok_is_201_then_200_and_409_when_the_settings_differ(w
             assert bad.status_code == 400 and bad.json()["error"] == "bad_request", bad.text
         refused = api(web, "POST", "/api/queues", json={"name": "maybe-not", "exist_ok": True})  # the client token
         assert refused.status_code == 403
-        with Admin(web.config, web.zk) as admin:  # the refusals changed nothing
+        with Admin(web.config) as admin:  # the refusals changed nothing
             assert "maybe-not" not in [q["name"] for q in admin.list_queues()]
             assert len(admin.describe_queue(queue)["exchanges"]) == 2
     finally:
@@ -443,7 +443,7 @@ def test_a_token_from_one_gateway_resumes_on_another(web_cluster: WebCluster) ->
 def test_a_retry_with_the_same_idempotency_key_publishes_once(web_cluster: WebCluster) -> None:
     web = web_cluster
     make_queue(web, "idem-q")
-    with Subscriber("idem-q", web.config, zk=web.zk) as sub:
+    with Subscriber("idem-q", web.config) as sub:
         sub.wait_connected()
         first = publish_lines(web, "idem-q", "t", ["once"], **{"Idempotency-Key": "order-17"})
         again = publish_lines(web, "idem-q", "elsewhere", ["changed"], **{"Idempotency-Key": "order-17"})
@@ -483,7 +483,7 @@ def test_every_confirmed_http_publish_survives_an_exchange_crash(web_cluster: We
             else:
                 failures.append(answer.text)
 
-    with Subscriber("crash-q", web.config, zk=web.zk) as sub:
+    with Subscriber("crash-q", web.config) as sub:
         sub.wait_connected()
         worker = threading.Thread(target=publish_forever)
         worker.start()

@@ -186,7 +186,7 @@ class HonestTraffic:
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="honest-publisher")
-        self.subscriber = Subscriber(queue, web.config, zk=web.zk)
+        self.subscriber = Subscriber(queue, web.config)
 
     def __enter__(self) -> HonestTraffic:
         self.subscriber.wait_connected()

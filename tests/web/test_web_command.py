@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from roq.cli import main
 from roq.errors import Exit
-from roq.tools.zkserver import ZooKeeperServer, free_port
-from tests.support.helpers import fast_config, record_figures, wait_until
+from roq.tools.zkserver import free_port
+from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 ANNOUNCED = re.compile(r"RoQ console: (http://\S+)/ ")
@@ -48,16 +48,19 @@ def test_without_a_cluster_it_says_so_in_one_line_at_once(tmp_path: Path) -> Non
     started = time.monotonic()
     guessed = roq_web(cwd=tmp_path, env=without_roq_env())
     took = time.monotonic() - started
-    assert_one_line(guessed, "cannot reach ZooKeeper at 127.0.0.1:2181: nothing listens there")
+    assert_one_line(guessed, "no seeds")
     assert "roq cluster up" in guessed.stderr and took < 8, took
-    named = roq_web(cwd=tmp_path, env=without_roq_env(ROQ_ZK_HOSTS=f"127.0.0.1:{free_port()}"))
+    named = roq_web(cwd=tmp_path, env=without_roq_env(ROQ_SEEDS=f"tcp://127.0.0.1:{free_port()}"))
     assert_one_line(named, "nothing listens there")
     record_figures("roq web outside a cluster", seconds=round(took, 2))
 
 
-def test_ctrl_c_stops_it_and_says_interrupted(zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
+def test_ctrl_c_stops_it_and_says_interrupted(config, zk, paths, procs, tmp_path: Path) -> None:
+    from roq.state import read_leader
     config_path = tmp_path / "roq.toml"
-    config_path.write_text(fast_config(zookeeper.connect_string).to_toml())
+    config_path.write_text(config.to_toml())
+    procs.start("gcm", "gcm-0")  # a seed that answers: the console's way to the cluster
+    wait_until(lambda: read_leader(zk, paths), timeout=20, message="the GCM")
     web = subprocess.Popen([sys.executable, "-m", "roq.cli", "--config", str(config_path), "web", "--port", "0"],
                            cwd=tmp_path, env=without_roq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)  # its own group: SIGINT as a terminal's Ctrl-C

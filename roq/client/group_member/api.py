@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kazoo.client import KazooClient
-
 from roq import protocol
 from roq.client.group_member.exchange_links import JoinTerms, MemberLinks
 from roq.client.group_member.messages import WorkMessage
 from roq.client.lifecycle import ClientLifecycle
+from roq.client.metadata import MetadataClient
 from roq.client.stats import MemberStats
 from roq.client.topology import QueueTopology
 from roq.config import Config
@@ -64,7 +63,8 @@ def join_terms(config: Config, group: str, topics: Iterable[str | bytes], prefet
 
 
 class GroupMember(ClientLifecycle):
-    def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (), zk: KazooClient | None = None,
+    def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
+                 metadata: MetadataClient | None = None,
                  callback: Callable[[WorkMessage], None] | None = None, *, group: str, prefetch: int | None = None,
                  auto_ack: bool = True, ack_timeout: float | None = None, max_deliveries: int | None = None,
                  dead_letter: str | bytes | None = None, inbox_limit: int = 100_000) -> None:
@@ -79,11 +79,11 @@ class GroupMember(ClientLifecycle):
         self._inbox: queue_module.Queue[WorkMessage] = queue_module.Queue(inbox_limit)
         self._last: WorkMessage | None = None  # iterator style with auto_ack: acked at the next receive()
         self._closed = False
-        self._use_zk(config, zk)
+        self._use_metadata(config, metadata)
         try:
-            self._links = MemberLinks(self.zk, config, queue, terms, self._take)
+            self._links = MemberLinks(self.metadata, config, queue, terms, self._take)
         except Exception:
-            self._release_zk()
+            self._release_metadata()
             raise
         self._links.start()
         try:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from kazoo.client import KazooClient
 
 from roq import protocol
 from roq.client.io_thread import QueueIoThread
+from roq.client.metadata import MetadataClient
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.security import secure_client
@@ -59,14 +59,14 @@ class _Link:
 
 
 class MemberLinks(QueueIoThread):
-    def __init__(self, zk: KazooClient, config: Config, queue: str, terms: JoinTerms, on_work: OnWork) -> None:
+    def __init__(self, metadata: MetadataClient, config: Config, queue: str, terms: JoinTerms, on_work: OnWork) -> None:
         """Watch the queue; `start()` starts the I/O thread."""
         self.terms, self.group = terms, terms.group
         self._on_work = on_work
         self._settled: list[tuple[str, str, str, int, int]] = []  # (kind, xid, incarnation, pos, idx)
         self._settled_lock = threading.Lock()
         self._links: dict[str, _Link] = {}
-        super().__init__(zk, config, queue, f"group-{queue}-{terms.group}")
+        super().__init__(metadata, config, queue, f"group-{queue}-{terms.group}")
         # Exchanges running now hold no history for this member; one that appears later might.
         self._initial = {live.get("incarnation") for live in self.topology.snapshot().values()}
         self.changed = threading.Condition()  # notified when a join is answered or the exchanges change

@@ -24,10 +24,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
-from kazoo.client import KazooClient
-
 from roq import protocol
 from roq.client.lifecycle import ClientLifecycle
+from roq.client.metadata import MetadataClient
 from roq.client.publisher.checks import TopicChecks, checked_payloads
 from roq.client.publisher.chunks import ChunkLog
 from roq.client.publisher.exchange_link import PublisherLink
@@ -78,7 +77,7 @@ class _FromLink(Generic[T]):
 
 
 class Publisher(ClientLifecycle):
-    def __init__(self, queue: str, config: Config, zk: KazooClient | None = None,
+    def __init__(self, queue: str, config: Config, metadata: MetadataClient | None = None,
                  token: bytes | None = None, prefer: str | None = None) -> None:
         """`prefer` names an exchange id to use while it runs (default: least loaded). `token` is
         the publisher's secret (default: random); its id is derived from it."""
@@ -87,7 +86,7 @@ class Publisher(ClientLifecycle):
         self.queue = queue
         token = token if token is not None else secrets.token_bytes(16)
         self.id = protocol.publisher_id_for(token)
-        self._use_zk(config, zk)
+        self._use_metadata(config, metadata)
         # A plain lock (not re-entrant): publish() takes it directly, the fastest way to hold it.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -100,10 +99,10 @@ class Publisher(ClientLifecycle):
         self._closed = False
         self.queue_deleted = False
         try:
-            self._link = PublisherLink(queue, config, self.zk, self.id, token, self._log, self._cond, prefer,
+            self._link = PublisherLink(queue, config, self.metadata, self.id, token, self._log, self._cond, prefer,
                                        self._queue_changed)
         except Exception:
-            self._release_zk()
+            self._release_metadata()
             raise
 
     # ------------------------------------------------------------ API

@@ -9,7 +9,6 @@ runs, and stale ones (frozen: silent, or statistics that stopped) and ones that 
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from typing import Any
@@ -37,12 +36,9 @@ class ExchangeChoice:
     def avoid(self, xid: str, incarnation: str) -> None:
         self._avoid[(xid, incarnation)] = time.monotonic() + AVOID_SECONDS
 
-    def relocation(self, data: bytes | None) -> str | None:
-        """The exchange the leader's relocations znode (`data`) newly names for us, if any."""
-        try:
-            entry = json.loads(data or b"{}").get(self.publisher_id)
-        except (ValueError, AttributeError):
-            return None
+    def relocation(self, relocations: dict[str, Any]) -> str | None:
+        """The exchange the leader's relocations (publisher id → {to, from, at}) newly name for us, if any."""
+        entry = relocations.get(self.publisher_id) if isinstance(relocations, dict) else None
         if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)) \
                 or entry["at"] <= self._relocation_seen or not isinstance(entry.get("to"), str):
             return None

@@ -18,17 +18,16 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from kazoo.client import KazooClient
 
 from roq import protocol
 from roq.client.io_thread import QueueIoThread
+from roq.client.metadata import MetadataClient
 from roq.client.publisher.batches import BatchSender
 from roq.client.publisher.chunks import ChunkLog
 from roq.client.publisher.exchange_choice import ExchangeChoice
 from roq.client.publisher.exchange_socket import ExchangeSocket
 from roq.config import Config
 from roq.errors import ProtocolError
-from roq.paths import Paths
 from roq.records import ExchangeStats
 from roq.security import refusal_text
 
@@ -40,7 +39,7 @@ HELLO_RETRY = 1.0  # a hello unanswered this long is sent again (it may have bee
 
 
 class PublisherLink(QueueIoThread):
-    def __init__(self, queue: str, config: Config, zk: KazooClient, publisher_id: str, token: bytes,
+    def __init__(self, queue: str, config: Config, metadata: MetadataClient, publisher_id: str, token: bytes,
                  chunk_log: ChunkLog, cond: threading.Condition, prefer: str | None,
                  on_queue_changed: Callable[[bool], None]) -> None:
         """Watch the queue and start the I/O thread. `chunk_log` is only touched under `cond`'s
@@ -79,8 +78,9 @@ class PublisherLink(QueueIoThread):
         self.refusal: str | None = None
         self.relocations = 0
         self._sender = BatchSender(publisher_id, config, chunk_log, cond, self._batch_taken)
-        super().__init__(zk, config, queue, f"publisher-{publisher_id}", self._topology_changed)
-        zk.DataWatch(Paths(config.zk.root).relocations(queue), self._on_relocations)
+        super().__init__(metadata, config, queue, f"publisher-{publisher_id}", self._topology_changed,
+                         self._on_relocations)
+        self._on_relocations(self.topology.relocations)
         self._start_thread()  # it says goodbye to the exchange when closed
 
     def _batch_taken(self) -> None:
@@ -103,15 +103,12 @@ class PublisherLink(QueueIoThread):
             reason, self._move_request = self._move_request, None
         return reason
 
-    # ------------------------------------------------------------ ZooKeeper watches
+    # ------------------------------------------------------------ topology (the metadata client's thread)
 
-    def _on_relocations(self, data: bytes | None, _stat: object) -> bool | None:
+    def _on_relocations(self, relocations: dict[str, Any]) -> None:
         """The leader moves a heavy publisher off an overloaded exchange by naming it here."""
-        if self._closed:
-            return False  # ends the watch
-        if self._choice.relocation(data) is not None:
+        if not self._closed and self._choice.relocation(relocations) is not None:
             self._follow_relocation()
-        return None
 
     def _follow_relocation(self) -> None:
         """Move to the exchange the leader named, as soon as it runs (a new one may still be starting)."""

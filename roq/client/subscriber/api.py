@@ -18,11 +18,10 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from kazoo.client import KazooClient
-
 from roq import protocol
 from roq.client.headers import EMPTY_HEADERS
 from roq.client.lifecycle import ClientLifecycle
+from roq.client.metadata import MetadataClient
 from roq.client.stats import SubscriberStats
 from roq.client.subscriber.checkpoint import Checkpoint, checkpoint_file, load_checkpoint
 from roq.client.subscriber.copies import StoredCopies
@@ -35,7 +34,6 @@ from roq.client.topology import QueueTopology
 from roq.config import Config
 from roq.errors import RefusedError, UserError
 from roq.names import check_subscriber_name, check_topic, topic_text
-from roq.paths import Paths
 from roq.security import load_keys
 
 log = logging.getLogger(__name__)
@@ -60,7 +58,7 @@ class Subscriber(ClientLifecycle):
         return super().__new__(cls)
 
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
-                 zk: KazooClient | None = None, callback: Callable[[Message], None] | None = None,
+                 metadata: MetadataClient | None = None, callback: Callable[[Message], None] | None = None,
                  durable: str | None = None, position: dict[str, Any] | None = None,
                  batch_callback: Callable[[MessageBatch], None] | None = None, start: str = "now",
                  inbox_limit: int = HANDOFF_LIMIT, group: None = None) -> None:
@@ -102,8 +100,8 @@ class Subscriber(ClientLifecycle):
             self._streams.resume(inc, pos)
         self._progress = Progress(taken, self._streams, path, callback is not None or batch_callback is not None)
         self.topics = self._streams.prefixes  # subscribed as normalised: "a" covers "ab"
-        self._use_zk(config, zk)
-        self._copies = StoredCopies(self.zk, Paths(config.zk.root), queue, self.topology_snapshot)
+        self._use_metadata(config, metadata)
+        self._copies = StoredCopies(queue, self._replicas, self.topology_snapshot)
         self._inbox: queue_module.Queue[Message] = queue_module.Queue(inbox_limit)
         self.received = 0
         self.duplicates = 0
@@ -111,10 +109,10 @@ class Subscriber(ClientLifecycle):
         self.callback_errors = 0
         self._closed = False
         try:
-            self._receiver = SubscriberReceiver(queue, config, self.zk, self.topics, self._sync_topic, self._streams,
-                                                self._replay, self._save_tick if path else None)
+            self._receiver = SubscriberReceiver(queue, config, self.metadata, self.topics, self._sync_topic,
+                                                self._streams, self._replay, self._save_tick if path else None)
         except Exception:
-            self._release_zk()
+            self._release_metadata()
             raise
         # A new subscriber starts at the sync point of the exchanges running now (start="now"); an
         # exchange that appears later is read from the start of its retention. What came before a
@@ -201,6 +199,11 @@ class Subscriber(ClientLifecycle):
     def topology_snapshot(self) -> dict[str, dict[str, Any]]:
         receiver = getattr(self, "_receiver", None)  # None until the constructor made it
         return receiver.topology.snapshot() if receiver is not None else {}
+
+    def _replicas(self) -> dict[str, dict[str, Any]]:
+        """The queue's running replicas (exchange id → {replay, incarnation}), as the GCMs tell them."""
+        receiver = getattr(self, "_receiver", None)
+        return dict(receiver.topology.replicas) if receiver is not None else {}
 
     def _is_synced(self, xid: str, live: dict[str, Any]) -> bool:
         inc = live.get("incarnation")

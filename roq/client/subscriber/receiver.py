@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 
 import zmq
-from kazoo.client import KazooClient
 from zmq.utils.monitor import recv_monitor_message
 
 from roq import protocol
 from roq.client.io_thread import QueueIoThread
+from roq.client.metadata import MetadataClient
 from roq.client.subscriber.replay import ReplayClient
 from roq.client.subscriber.streams import StreamSet
 from roq.config import Config
@@ -36,7 +36,7 @@ _NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
 
 
 class SubscriberReceiver(QueueIoThread):
-    def __init__(self, queue: str, config: Config, zk: KazooClient, topics: list[bytes], sync_topic: bytes,
+    def __init__(self, queue: str, config: Config, metadata: MetadataClient, topics: list[bytes], sync_topic: bytes,
                  streams: StreamSet, replay: ReplayClient, save_position: Callable[[], None] | None) -> None:
         """Watch the queue; `start()` starts the I/O thread. `save_position` (durable subscribers
         only) is called from the I/O thread every `client.position_save_interval`."""
@@ -49,7 +49,7 @@ class SubscriberReceiver(QueueIoThread):
         self._refused: dict[str, bool] = {}  # endpoint → whether its last handshake was refused
         self._ready = threading.Event()
         self._endpoints: dict[str, str] = {}  # exchange id → the endpoint followed, as the I/O thread last saw
-        super().__init__(zk, config, queue, f"subscriber-{queue}")
+        super().__init__(metadata, config, queue, f"subscriber-{queue}")
 
     def start(self) -> None:
         """Start the I/O thread; returns once its socket is subscribed (at most 5 s)."""

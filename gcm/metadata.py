@@ -1,0 +1,214 @@
+"""The metadata service every GCM runs: `metadata.get` and `metadata.watch` on the control socket,
+answered from the GCM's read cache (gcm/metadata_cache.py), and pushes to the connections that
+watch a queue when its topology changes (docs/protocol.md section 8).
+
+Versions: each queue's topology (exchanges' endpoints and identities, replicas, relocations, the
+leader and the GCMs; not the figures that move every report) is numbered by this GCM, higher with
+each change it saw (one sequence for all queues, so a number is never reused). The numbering is
+this GCM's own (`gcm`, its id, new each start): a client that moves to another GCM takes its
+numbers afresh. Pushes are coalesced (one per queue per COALESCE at most), carry the whole body and
+never block: a push a client does not read is dropped, and its next renewal repairs that. A watch
+lasts `gcm.metadata_lease` seconds unless renewed.
+
+Limits (hostile or runaway clients): queues per watch, watching connections in all, requests per
+second per connection; over one, `limit_exceeded` naming it, and nothing changes. While ZooKeeper
+is down the cache keeps its last view and answers from it (the cluster cannot change meanwhile);
+only a GCM that never read the tree answers `zookeeper_unavailable`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from roq.config import GcmConfig
+from roq.errors import LimitExceededError, ZooKeeperUnavailableError
+from roq.protocol.metadata import check_get, check_watch, encode_push, topology_part
+
+log = logging.getLogger(__name__)
+
+COALESCE = 0.02  # s: changes within this go out as one push per queue
+SWEEP = 1.0  # s between sweeps of expired watches and idle rate buckets
+BUCKET_IDLE = 10.0  # s a connection's rate bucket is kept without requests
+
+Body = Callable[[str], dict[str, Any]]
+Push = Callable[[bytes, bytes], None]
+
+
+@dataclass
+class _Queue:
+    version: int
+    digest: Any
+    watchers: set[bytes] = field(default_factory=set)
+
+
+@dataclass
+class _Watcher:
+    queues: frozenset[str]
+    expires: float
+
+
+class MetadataService:
+    def __init__(self, gcm_id: str, config: GcmConfig, body: Body, ready: Callable[[], bool], push: Push) -> None:
+        """`body(queue)` reads the cache, `ready()` says whether it was ever read, `push(peer, frame)`
+        sends one frame to a connection without blocking (any thread)."""
+        self.gcm_id = gcm_id
+        self.config = config
+        self._body, self._ready, self._push = body, ready, push
+        self._lock = threading.Condition()
+        self._queues: dict[str, _Queue] = {}
+        # One sequence for every queue: a queue forgotten (deleted, unwatched) and seen again still
+        # gets a higher version than any it had.
+        self._sequence = itertools.count(1)
+        self._watchers: dict[bytes, _Watcher] = {}
+        self._buckets: dict[bytes, tuple[float, float]] = {}  # peer → (tokens, last refill)
+        self._dirty: set[str] = set()
+        self._all_dirty = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metadata-pushes", daemon=True)
+        self.pushes = 0  # frames handed to the socket (for tests and measurements)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        self._thread.join(timeout=5)
+
+    @property
+    def watchers(self) -> int:
+        with self._lock:
+            return len(self._watchers)
+
+    # ------------------------------------------------------------ requests (the control thread)
+
+    def get(self, args: dict[str, Any], peer: bytes) -> dict[str, Any]:
+        queue = check_get(args)
+        self._admit(peer)
+        with self._lock:
+            return self._current(queue)
+
+    def watch(self, args: dict[str, Any], peer: bytes) -> dict[str, Any]:
+        request = check_watch(args, self.config.metadata_max_queues)
+        theirs = args.get("gcm")
+        self._admit(peer)
+        now = time.monotonic()
+        with self._lock:
+            self._expire(now)
+            if peer not in self._watchers and len(self._watchers) >= self.config.metadata_max_watchers:
+                raise LimitExceededError(f"this GCM serves {self.config.metadata_max_watchers} watching "
+                                         "connections at most (gcm.metadata_max_watchers); try another seed")
+            self._unregister(peer)
+            self._watchers[peer] = _Watcher(frozenset(request.queues), now + self.config.metadata_lease)
+            answers = {}
+            for queue in request.queues:
+                body = self._current(queue, keep=True)
+                self._queues[queue].watchers.add(peer)
+                if theirs == self.gcm_id and request.versions.get(queue) == body["version"]:
+                    answers[queue] = {"queue": queue, "version": body["version"], "gcm": self.gcm_id,
+                                      "unchanged": True}
+                else:
+                    answers[queue] = body
+        return {"gcm": self.gcm_id, "lease": self.config.metadata_lease, "queues": answers}
+
+    def _admit(self, peer: bytes) -> None:
+        """A token bucket per connection: `gcm.metadata_rate` requests per second, as many at once."""
+        rate = self.config.metadata_rate
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(peer, (rate, now))
+            tokens = min(rate, tokens + (now - last) * rate)
+            if tokens < 1:
+                self._buckets[peer] = (tokens, now)
+                raise LimitExceededError(f"more than {rate:g} metadata requests per second on one connection "
+                                         "(gcm.metadata_rate); slow down")
+            self._buckets[peer] = (tokens - 1, now)
+
+    # ------------------------------------------------------------ changes (kazoo's threads)
+
+    def dirty(self, queue: str | None) -> None:
+        """The cache changed under `queue` (None: under every queue)."""
+        with self._lock:
+            if queue is None:
+                self._all_dirty = True
+            else:
+                self._dirty.add(queue)
+            self._lock.notify_all()
+
+    # ------------------------------------------------------------ internals (under the lock)
+
+    def _current(self, queue: str, keep: bool = False) -> dict[str, Any]:
+        """The queue's body with this GCM's version, bumped if its topology changed since last seen;
+        `keep`: remember the queue even if it does not exist (someone watches it)."""
+        if not self._ready():
+            raise ZooKeeperUnavailableError("this GCM has not read the cluster's metadata from ZooKeeper yet; "
+                                            "ask another seed or retry shortly")
+        body = self._body(queue)
+        digest = topology_part(body)
+        state = self._queues.get(queue)
+        if state is None:
+            state = _Queue(next(self._sequence), digest)
+            if body["exists"] or keep:  # only real queues and watched ones: a name costs nothing to send
+                self._queues[queue] = state
+        elif state.digest != digest:
+            state.version, state.digest = next(self._sequence), digest
+        return {**body, "version": state.version, "gcm": self.gcm_id}
+
+    def _unregister(self, peer: bytes) -> None:
+        old = self._watchers.pop(peer, None)
+        for queue in old.queues if old else ():
+            state = self._queues.get(queue)
+            if state is not None:
+                state.watchers.discard(peer)
+
+    def _expire(self, now: float) -> None:
+        for peer in [p for p, w in self._watchers.items() if w.expires < now]:
+            self._unregister(peer)
+        for peer in [p for p, (_, last) in self._buckets.items() if now - last > BUCKET_IDLE]:
+            del self._buckets[peer]
+
+    # ------------------------------------------------------------ the push thread
+
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP
+        while not self._stop.is_set():
+            with self._lock:
+                if not (self._dirty or self._all_dirty):
+                    self._lock.wait(max(0.0, next_sweep - time.monotonic()))
+            if self._stop.wait(COALESCE):
+                return
+            try:
+                self._flush()
+            except Exception:  # a bad read must not end pushes for good; the next change retries
+                log.exception("metadata pushes failed; retrying with the next change")
+            if time.monotonic() >= next_sweep:
+                with self._lock:
+                    self._expire(time.monotonic())
+                next_sweep = time.monotonic() + SWEEP
+
+    def _flush(self) -> None:
+        frames: list[tuple[bytes, bytes]] = []
+        with self._lock:
+            queues = set(self._queues) if self._all_dirty else self._dirty & set(self._queues)
+            self._dirty, self._all_dirty = set(), False
+            if not self._ready():
+                return
+            for queue in sorted(queues):
+                before = self._queues[queue].version
+                body = self._current(queue)
+                state = self._queues[queue]
+                if body["version"] != before and state.watchers:
+                    frame = encode_push(body)
+                    frames += [(peer, frame) for peer in state.watchers]
+                elif not state.watchers and not body["exists"]:
+                    del self._queues[queue]  # deleted and nobody cares
+        for peer, frame in frames:
+            self._push(peer, frame)
+        self.pushes += len(frames)

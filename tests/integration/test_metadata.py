@@ -1,0 +1,165 @@
+"""The metadata conversation (docs/protocol.md section 8) against real GCMs and a real ZooKeeper:
+any GCM answers, watches get versioned pushes, limits hold, ZooKeeper down changes nothing."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import zmq
+
+from roq.client.admin import Admin
+from roq.protocol import decode_reply, encode_request
+from roq.protocol.metadata import decode_push
+from roq.state import read_hosts, read_leader, read_live
+from tests.support.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class Conversation:
+    """One DEALER connection to one GCM, speaking the wire protocol by hand."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(endpoint)
+        self.ids = itertools.count(1)
+        self.pushes: list[dict] = []
+
+    def call(self, op: str, **args):
+        req_id = next(self.ids)
+        self.sock.send(encode_request(req_id, op, args))
+        while self.sock.poll(5000):
+            frame = self.sock.recv()
+            push = decode_push(frame)
+            if push is not None:
+                self.pushes.append(push)
+                continue
+            reply = decode_reply(frame)
+            if reply.id == req_id:
+                return reply
+        raise AssertionError(f"no answer to {op}")
+
+    def poll_pushes(self) -> list[dict]:
+        while self.sock.poll(0):
+            push = decode_push(self.sock.recv())
+            if push is not None:
+                self.pushes.append(push)
+        return self.pushes
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def endpoints(zk, paths) -> list[str]:
+    from roq.state import tree
+    return sorted(tree(zk).read_json(f"{paths.election}/{c}")["endpoint"] for c in zk.get_children(paths.election))
+
+
+@pytest.fixture
+def two_gcms(config, zk, paths, procs):
+    procs.start("gcm", "gcm-0")
+    procs.start("gcm", "gcm-1")
+    for host in ("host-1", "host-2"):
+        procs.start("hcm", host, f"hcm.host={host}")
+    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2
+               and len(zk.get_children(paths.election)) == 2, timeout=20, message="cluster")
+    return endpoints(zk, paths)
+
+
+def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, two_gcms):
+    leader = read_leader(zk, paths)["endpoint"]
+    backup = next(e for e in two_gcms if e != leader)
+    with Admin(config) as admin:
+        admin.create_queue("q", exchanges=1)
+    wait_until(lambda: len(read_live(zk, paths, "q")) == 1, timeout=15, message="exchange live")
+    conv = Conversation(backup)
+    try:
+        got = wait_until(lambda: (r := conv.call("metadata.get", queue="q")).ok and r.result["exchanges"]
+                         and r.result, message="backup answers")
+        assert got["exists"] is True and got["leader"] == leader and sorted(got["gcms"]) == two_gcms
+        assert set(got["exchanges"]["x1"]) >= {"pub", "sub", "replay", "incarnation", "stats"}
+        missing = conv.call("metadata.get", queue="nope").result
+        assert missing["exists"] is False and missing["exchanges"] == {}
+        watch = conv.call("metadata.watch", queues=["q"]).result
+        first = watch["queues"]["q"]["version"]
+        assert watch["lease"] == config.gcm.metadata_lease and watch["gcm"] == got["gcm"]
+        same = conv.call("metadata.watch", queues=["q"], version={"q": first}, gcm=watch["gcm"]).result
+        assert same["queues"]["q"] == {"queue": "q", "version": first, "gcm": watch["gcm"], "unchanged": True}
+        with Admin(config) as admin:
+            admin.call("queue.scale", name="q", exchanges=2)
+        pushed = wait_until(lambda: [p for p in conv.poll_pushes() if len(p["exchanges"]) == 2], timeout=15,
+                            message="a push with the new exchange")
+        assert pushed[0]["version"] > first and pushed[0]["queue"] == "q"
+        versions = [p["version"] for p in conv.pushes]
+        assert versions == sorted(set(versions))  # increasing, never repeated
+    finally:
+        conv.close()
+
+
+def test_bad_requests_and_limits(config, zk, paths, two_gcms):
+    conv = Conversation(two_gcms[0])
+    try:
+        wait_until(lambda: conv.call("metadata.get", queue="q").ok, message="cache read")
+        for args, code in [({}, "bad_request"), ({"queue": 5}, "invalid_name"), ({"queue": "../x"}, "invalid_name"),
+                           ({"queue": "q", "extra": 1}, "bad_request")]:
+            reply = conv.call("metadata.get", **args)
+            assert not reply.ok and reply.code == code, (args, reply)
+        too_many = [f"q{i}" for i in range(config.gcm.metadata_max_queues + 1)]
+        reply = conv.call("metadata.watch", queues=too_many)
+        assert reply.code == "limit_exceeded" and "metadata_max_queues" in reply.message
+        assert conv.call("metadata.watch", queues=["q"], version={"q": -1}).code == "bad_request"
+        codes = [conv.call("metadata.get", queue="q").code or "ok" for _ in range(int(config.gcm.metadata_rate) * 3)]
+        assert "limit_exceeded" in codes  # the connection's rate is bounded
+        assert Conversation(two_gcms[0]).call("metadata.get", queue="q").ok  # another connection is not
+    finally:
+        conv.close()
+
+
+def test_zookeeper_down_answers_from_the_last_view(config, zk, paths, two_gcms, zookeeper):
+    with Admin(config) as admin:
+        admin.create_queue("q", exchanges=1)
+    wait_until(lambda: len(read_live(zk, paths, "q")) == 1, timeout=15, message="exchange live")
+    conv = Conversation(two_gcms[1])
+    try:
+        before = wait_until(lambda: (r := conv.call("metadata.get", queue="q")).ok and r.result["exchanges"]
+                            and r.result, message="answered")
+        zookeeper.stop()
+        try:
+            during = conv.call("metadata.get", queue="q")
+            assert during.ok and during.result["exchanges"].keys() == before["exchanges"].keys()
+        finally:
+            zookeeper.start()
+    finally:
+        conv.close()
+
+
+def zookeeper_connections(zookeeper) -> int:
+    """ZooKeeper's own count of client connections (one per session), by the `mntr` word."""
+    import socket
+    with socket.create_connection((zookeeper.host, zookeeper.port), timeout=5) as conn:
+        conn.sendall(b"mntr")
+        text = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("zk_num_alive_connections")))
+
+
+def test_clients_open_no_zookeeper_session_and_skip_a_dead_seed(config, zk, paths, two_gcms, zookeeper):
+    from roq.client import Publisher, Subscriber
+    with Admin(config) as admin:
+        admin.create_queue("q", exchanges=2)
+    wait_until(lambda: len(read_live(zk, paths, "q")) == 2, timeout=15, message="exchanges live")
+    before = zookeeper_connections(zookeeper)
+    # The third reserved seed has no GCM: first in the list, so every client meets it first.
+    seeds = config.cluster.seeds.split(",")
+    dead_first = config.replace(cluster={"seeds": ",".join([seeds[2], *seeds[:2]])})
+    with Subscriber("q", dead_first, topics=["t"]) as sub, Publisher("q", dead_first) as pub, \
+            Admin(dead_first) as admin:
+        assert admin.describe_queue("q")["name"] == "q"
+        pub.wait_for_subscribers(1, timeout=15)
+        for i in range(100):
+            pub.publish("t", str(i).encode())
+        pub.flush(timeout=15)
+        got = sorted(int(sub.receive(timeout=10).payload) for _ in range(100))
+        assert got == list(range(100))
+        assert zookeeper_connections(zookeeper) <= before
