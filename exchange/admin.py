@@ -34,6 +34,7 @@ class AdminCommands:
         self.sessions = parts.sessions
         self.archives = parts.archives
         self.journal_root = parts.journal_root
+        self.disk = parts.disk
         self.link = parts.link
         self.incarnation, self.copy_secret = parts.stream.incarnation, parts.stream.copy_secret
         self._durability = durability  # its journal: purged too (None once switched off)
@@ -94,13 +95,15 @@ class AdminCommands:
 
     def _purge(self) -> dict[str, Any]:
         """Drop what the queue holds here: the retained frames (at once, or once the replica has them),
-        every group's ready and delayed messages, the journals of earlier incarnations; mark the
-        journal. The result names each publisher's highest sequence number here, so that no exchange
-        takes its resends of purged messages (exchange/commands.py)."""
+        every group's ready and delayed messages, the journals and segment stores of earlier
+        incarnations, this one's segments below the purge; mark the journal. The result names each
+        publisher's highest sequence number here, so that no exchange takes its resends of purged
+        messages (exchange/commands.py)."""
         upto = self.retention.next_pos
         frames, messages = self.retention.purge(upto)
         dropped = sum(self.groups.reset(name) or 0 for name in list(self.groups.groups))
-        archives = len(self.archives)
+        archives = len(set(self.archives) | set(self.disk.archived))
+        self.disk.purge(upto)
         for incarnation in list(self.archives):
             del self.archives[incarnation]
             if self.journal_root is not None:

@@ -35,6 +35,8 @@ class Durability:
         self.link = parts.link
         self.journal = parts.journal
         self.storage = parts.storage
+        self.disk = parts.disk  # the segment store's disk full is the journal's backpressure too
+        self._disk_was_full = False
         self.fsync = self.journal is not None and self.config.journal == "fsync"
         self.gated = self.link is not None or self.fsync  # acks wait for what is durable
         self.replica_target: str | None = None  # set from the stdin thread; the loop connects
@@ -54,6 +56,7 @@ class Durability:
             self.link.close()
         if self.journal is not None:
             self.journal.close()
+        self.disk.close()
         self.journal_wake.close()
 
     @property
@@ -63,8 +66,8 @@ class Durability:
 
     @property
     def storage_full(self) -> bool:
-        """The fsync'ed journal cannot write: nothing can be confirmed until it can."""
-        return self.storage is not None and self.config.journal == "fsync" and self.storage.full
+        """The fsync'ed journal, or the segment store, cannot write: nothing more is taken until it can."""
+        return (self.storage is not None and self.config.journal == "fsync" and self.storage.full) or self.disk.full
 
     @property
     def holds_publishers(self) -> bool:
@@ -113,6 +116,8 @@ class Durability:
         """Journal and copy what was forwarded, then release the acks that became durable."""
         if self.journal is not None:
             self._commit_journal(now)
+        if self.disk.store is not None:
+            self._write_store(now)
         if self.link is not None:
             self.link.pump(now)
             if self.journal is not None and self.config.journal == "fsync":
@@ -148,6 +153,20 @@ class Durability:
             log.warning("%d publishers told to move: %s", moved, self.storage.reason)
         if self.storage.must_restart(now):
             self.journal_failed = True  # ends the loop: the process exits with Exit.STORAGE
+
+    def _write_store(self, now: float) -> None:
+        """The segment store's writes of this turn; a disk that refuses them holds the publishers
+        (`holds_publishers`), who are told why once, as for the journal."""
+        self.disk.flush(now)
+        full = self.disk.full
+        if full:
+            self.storage_error = self.disk.error_text
+        elif self._disk_was_full and not (self.storage is not None and self.storage.full):
+            self.storage_error = ""
+        if full and not self._disk_was_full and self._ingest is not None:
+            moved = self._ingest.ask_to_move(self.disk.reason)
+            log.warning("%d publishers told to move: %s", moved, self.disk.reason)
+        self._disk_was_full = full
 
     def trim_journal(self) -> None:
         """Drop what the retention evicted (what the disk refuses to delete is logged there)."""

@@ -37,6 +37,7 @@ class Fanout:
         self.groups = parts.groups
         self.offer = parts.feed.offer
         self.journal = parts.journal  # None once the journal is switched off (exchange/durability.py)
+        self.disk = parts.disk  # keeps what the retention keeps, on disk, with a disk storage policy
         # Sync markers subscribed, counted: one per RoQ subscriber (a reconnecting subscriber's new
         # subscription may arrive before its old connection's unsubscription).
         self.subscribers: dict[bytes, int] = {}
@@ -67,7 +68,10 @@ class Fanout:
             body = protocol.encode_delivery(self.xid, self.incarnation, pos, links, pub, sent_ns, seqs,
                                             slots if parts else payloads, attrs, topics)
         kept: Any = protocol.LargeBody(body, parts) if parts else body
-        self.retention.add(topic, kept, len(seqs), topics=protocol.topic_counts(topics) if topics else None)
+        counts = protocol.topic_counts(topics) if topics else None
+        self.retention.add(topic, kept, len(seqs), topics=counts)
+        if self.disk.store is not None:
+            self.disk.append(pos, topic, kept, len(seqs), counts)
         if self.groups and offer:
             # Groups keep bytes (their work frames pack the payloads): a large payload is copied here.
             self.offer(pos, topic, pub, sent_ns, seqs, list(map(protocol.as_bytes, payloads)) if parts else payloads,

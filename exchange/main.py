@@ -33,6 +33,7 @@ from exchange.parts import Site
 from exchange.replica import Replica
 from exchange.retention import Retention
 from exchange.stats import rss_bytes
+from exchange.store_hooks import store_dir
 from roq import protocol
 from roq.config import Config, config_from_json, load_config
 from roq.daemon import Stop, run_daemon
@@ -48,6 +49,7 @@ MOVE_GRACE = 0.5  # time for "move" notices to leave before the sockets close
 JOURNAL_DOWNTIME = 3600.0  # a journal older than the retention by at most this is reloaded
 MAX_PARENT_LINE = 2 << 20  # bytes: the permission table is the longest line a parent writes (512 KiB)
 COMMANDS_WAIT = 5.0  # s an exchange under an HCM waits for its admin commands line before reading clients
+POLICY_WAIT = 5.0  # s it waits for its queue's storage policy line (right after the configuration)
 
 
 def die_with_parent(parent_pid: int | None) -> None:
@@ -202,7 +204,8 @@ def serve(config: Config, stop: threading.Event, queue: str, xid: str, replicas:
         directory = journal_dir(config, queue, xid)
         archives = load_journal_archives(config, directory)
         site = Site(xid, config.hcm.bind, advertise, gatekeeper, replicas=replicas, cluster_config=config,
-                    journal_dir=str(directory), archives=archives)
+                    journal_dir=str(directory), archives=archives,
+                    store_root=str(store_dir(config.hcm.data_dir, queue, xid)))
         forwarder = Forwarder.open(context, config.exchange, site)
     except BaseException:
         context.destroy(linger=0)  # a socket bound before the failure must not hold up the exit
@@ -210,12 +213,18 @@ def serve(config: Config, stop: threading.Event, queue: str, xid: str, replicas:
     if watch_parent:
         forwarder.commands.await_first(COMMANDS_WAIT)
         watch_stdin(stop, lambda message: _on_parent_line(gatekeeper, config, forwarder, message))
+    disk = forwarder.parts.disk  # the queue's frames beyond the memory tail, if its policy keeps them on disk
+    disk.start(disk.inbox.first(POLICY_WAIT) if watch_parent else None)
     gatekeeper.start()
 
     def report() -> None:
         emit({"event": "stats", **forwarder.report().to_dict()})
 
-    on_tick = every(config.exchange.stats_interval, report)
+    def stats_tick() -> None:
+        disk.tick()  # a new storage policy, the store synced and its retention applied
+        report()
+
+    on_tick = every(config.exchange.stats_interval, stats_tick)
 
     def command_done(command_id: str, result: dict[str, Any]) -> None:
         report()  # first the figures the command changed: who sees it done sees them (hcm/supervisor.py)
@@ -227,7 +236,7 @@ def serve(config: Config, stop: threading.Event, queue: str, xid: str, replicas:
         emit({"event": "ready", "pub": forwarder.pub_endpoint, "sub": forwarder.sub_endpoint,
               "replay": forwarder.replay_endpoint, "work": forwarder.work_endpoint,
               "incarnation": forwarder.incarnation, "pid": os.getpid(),
-              "replicas": replicas, "archived": sorted(forwarder.archives),
+              "replicas": replicas, "archived": sorted(set(forwarder.archives) | set(disk.archived)),
               "copy_digest": protocol.copy_digest(forwarder.copy_secret)})
         log.info("exchange %s/%s ready: publishers %s, subscribers %s", queue, xid,
                  forwarder.pub_endpoint, forwarder.sub_endpoint)
@@ -258,9 +267,10 @@ def _take_permissions(gatekeeper: Gatekeeper, config: Config, message: dict[str,
 
 
 def _on_parent_line(gatekeeper: Gatekeeper, config: Config, forwarder: Forwarder, message: dict[str, Any]) -> None:
-    """The HCM sends the permission table or the queue's admin commands, or says where our replica is
-    (stdin thread: the loop connects, and applies the commands)."""
+    """The HCM sends the permission table, the queue's admin commands or its storage policy, or says
+    where our replica is (stdin thread: the loop connects, and applies the commands and the policy)."""
     _take_permissions(gatekeeper, config, message)
+    forwarder.parts.disk.inbox.deliver(message)
     if "commands" in message:
         forwarder.commands.deliver(message)
     if "replica" not in message:

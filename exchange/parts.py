@@ -22,6 +22,7 @@ from exchange.commands import Commands
 from exchange.confirms import ConfirmGate
 from exchange.consumers import ConsumerProgress
 from exchange.dead_letters import DeadLetters
+from exchange.disk_tail import DiskTail
 from exchange.group_feed import GroupFeed
 from exchange.groups import Groups
 from exchange.journal import Journal
@@ -41,7 +42,9 @@ class Site:
     """Where and how one exchange runs. `gatekeeper` (CURVE, connection limits) guards the sockets
     before they bind; `replicas` = 2 copies every frame to a replica (`cluster_config` is then
     required, for the link's security); `journal_dir` keeps the journal there; `archives` are
-    earlier incarnations' streams (from the journal) served on the replay socket."""
+    earlier incarnations' streams (from the journal) served on the replay socket; `store_root` is
+    where the queue's segment stores live, one per incarnation (None: frames stay in memory only;
+    exchange/disk_tail.py)."""
     xid: str
     bind_host: str
     advertise_host: str
@@ -50,6 +53,7 @@ class Site:
     cluster_config: Config | None = None
     journal_dir: str | None = None
     archives: dict[str, Retention] = field(default_factory=dict)
+    store_root: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class Parts:
     link: ReplicaLink | None
     journal: Journal | None
     storage: JournalHealth | None  # the journal's disk, with fsync: it holds the acks
+    disk: DiskTail  # the frames beyond the memory tail, with a disk storage policy
 
     @property
     def archives(self) -> dict[str, Retention]:
@@ -135,6 +140,8 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
     feed = GroupFeed(groups)
     work_server = WorkServer(work, groups, stream.xid, stream.incarnation, retention, count, feed.offer)
     work_server.gone = gone_fds
+    disk = DiskTail(Path(site.store_root) if site.store_root is not None else None, stream.incarnation,
+                    f"{Path(site.store_root).parent.name}/{site.xid}" if site.store_root is not None else site.xid)
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()
     parts = Parts(
@@ -144,8 +151,8 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
                                    max_per_connection=config.max_publishers_per_connection),
         groups=groups, feed=feed, dead_letters=dead_letters, front=front, back=back,
         replay=ReplayServer(replay, config, count, LiveStream(retention, chains, stream.incarnation),
-                            archives=site.archives, on_progress=consumers.report),
-        work=work_server, link=link, journal=journal, storage=storage)
+                            archives=site.archives, on_progress=consumers.report, store_of=disk.store_of),
+        work=work_server, link=link, journal=journal, storage=storage, disk=disk)
     return parts
 
 

@@ -22,8 +22,10 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from exchange import tiered
 from exchange.chains import PrefixChains
 from exchange.retention import Retention
+from exchange.segment_store import SegmentStore
 from roq import protocol
 from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
@@ -44,11 +46,13 @@ class ReplayServer:
     def __init__(self, sock: zmq.Socket, limits: ExchangeConfig, count: Callable[[str, int], None],
                  live: LiveStream | None = None, archives: Mapping[str, Retention] | None = None,
                  on_ended: Callable[[str], bool] | None = None,
-                 on_progress: Callable[[protocol.Progress], None] | None = None) -> None:
+                 on_progress: Callable[[protocol.Progress], None] | None = None,
+                 store_of: Callable[[str], SegmentStore | None] | None = None) -> None:
         """`limits`: the fetch and reply byte bounds (`exchange.fetch_max_bytes`, `replay_budget_bytes`;
         a connection holds at most two fetches' worth). `count(name, n)` adds to the exchange's
         counters (fetches, fetched_frames, malformed, busy). `live` is None on a replica, which only
-        serves `archives`."""
+        serves `archives`. `store_of(incarnation)`: its segment store, which serves what the
+        memory no longer holds (exchange/tiered.py), and an earlier incarnation held only there."""
         self.sock = sock
         self.retention = live.retention if live is not None else None
         self.chains = live.chains if live is not None else None
@@ -56,6 +60,7 @@ class ReplayServer:
         self.archives: Mapping[str, Retention] = archives if archives is not None else {}
         self.on_ended = on_ended  # may a stored incarnation be read as ended (sealing it)? False: `running`
         self.on_progress = on_progress  # a durable subscriber's report (consumer lag); never answered
+        self.store_of = store_of if store_of is not None else _no_store
         self.fetch_max_bytes = limits.fetch_max_bytes
         self.budget = limits.replay_budget_bytes
         self.per_connection = 2 * limits.fetch_max_bytes
@@ -92,8 +97,8 @@ class ReplayServer:
             if self.on_progress is not None:
                 self.on_progress(req)
             return
-        store, incarnation = self._store(req.incarnation)
-        if store is None:
+        memory, incarnation = self._store(req.incarnation)
+        if memory is None:
             self._send(ident, self._unknown(req.request_id, req.incarnation))
             return
         self.release()
@@ -104,20 +109,26 @@ class ReplayServer:
                 req.request_id, "busy", f"{self._held_by.get(ident, 0)} bytes of replies to this connection "
                 f"and {self.held} in all are not yet sent: read them, then ask again"))
             return
-        before = req.before or store.next_pos
-        found, scanned_to, done = store.read(req.after, before, req.prefixes, limit)
-        lost, exact = store.lost(req.after, before, req.prefixes)
+        disk = self.store_of(incarnation)
+        before = req.before or memory.next_pos
+        page = tiered.read(memory, disk, req.after, before, req.prefixes, limit)
         self._count("fetches", 1)
-        self._count("fetched_frames", len(found))
-        reply, *parts = protocol.encode_frames_message(req.request_id, incarnation, store.served_from, found,
-                                                       scanned_to, done, lost, exact)
+        self._count("fetched_frames", len(page.frames))
+        reply, *parts = protocol.encode_frames_message(
+            req.request_id, incarnation, tiered.served_from(memory, disk), page.frames, page.scanned_to, page.done,
+            page.lost, page.exact)
         self._send(ident, reply, tracked=True, parts=parts)
 
     def _store(self, incarnation: str) -> tuple[Retention | None, str]:
-        """The stream a request names ("": our own running one)."""
+        """The stream a request names ("": our own running one); its memory part (empty for an
+        earlier incarnation whose frames are only on disk)."""
         if self.retention is not None and incarnation in ("", self.incarnation):
             return self.retention, self.incarnation
-        return self.archives.get(incarnation), incarnation
+        archive = self.archives.get(incarnation)
+        disk = self.store_of(incarnation) if archive is None and incarnation else None
+        if disk is not None:
+            archive = Retention(0.0, 0, tombstones=0, first_pos=disk.end_pos)
+        return archive, incarnation
 
     def _unknown(self, request_id: int, incarnation: str) -> bytes:
         return protocol.encode_replay_error(
@@ -129,7 +140,7 @@ class ReplayServer:
         on if it was not: the answer is then the current position, so the asker fetches the range).
         For a stored, ended incarnation: where its copy ends, which seals it."""
         if req.incarnation and req.incarnation != self.incarnation:
-            stored = self.archives.get(req.incarnation)
+            stored, _ = self._store(req.incarnation)
             if stored is None:
                 return self._unknown(req.request_id, req.incarnation)
             if self.on_ended is not None and not self.on_ended(req.incarnation):
@@ -137,13 +148,15 @@ class ReplayServer:
                     req.request_id, "running", f"{req.incarnation} is still running as far as this replica "
                     "knows: its copy is not sealed; ask again once the incarnation ended")
             end = stored.next_pos
-            return protocol.encode_position(req.request_id, req.incarnation, stored.served_from, end,
+            served = tiered.served_from(stored, self.store_of(req.incarnation))
+            return protocol.encode_position(req.request_id, req.incarnation, served, end,
                                             [end - 1] * len(req.prefixes))
         if self.retention is None or self.chains is None:
             return self._unknown(req.request_id, req.incarnation)
         next_pos = self.retention.next_pos
         last = [self.chains.track(prefix, next_pos) for prefix in req.prefixes]
-        return protocol.encode_position(req.request_id, self.incarnation, self.retention.served_from, next_pos, last)
+        served = tiered.served_from(self.retention, self.store_of(self.incarnation))
+        return protocol.encode_position(req.request_id, self.incarnation, served, next_pos, last)
 
     def _send(self, ident: bytes, body: bytes, tracked: bool = False, parts: Sequence[Any] = ()) -> None:
         """`parts`: large payloads' parts after a `frames` answer (the Frames retention holds: libzmq
@@ -187,6 +200,10 @@ class ReplayServer:
             else:
                 del self._held_by[ident]
         self._in_flight = still
+
+
+def _no_store(incarnation: str) -> SegmentStore | None:
+    return None
 
 
 def replay_socket(context: zmq.Context) -> zmq.Socket:

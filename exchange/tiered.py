@@ -1,0 +1,67 @@
+"""A stream served from its memory tail and, below it, from its segment store (exchange/disk_tail.py).
+
+The replay socket (exchange/replay.py) answers a fetch and a position request from a `Retention`
+alone when a queue keeps frames in memory only. With a store, what the memory no longer holds is
+read from disk with the same contract (exchange/store_hooks.py `fetch_below_memory`), so a page
+may start on disk and go on in memory; `served_from` is then the store's oldest position (above a
+purge's floor); positions neither holds any more, and records whose checks fail on disk
+(`damaged`), are counted lost.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from exchange.retention import Retention
+from exchange.segment_store import SegmentStore
+from exchange.store_hooks import fetch_below_memory
+
+
+class Page(NamedTuple):
+    frames: list[tuple[bytes, bytes]]
+    scanned_to: int
+    done: bool
+    lost: int
+    exact: bool
+
+
+def held(store: SegmentStore | None) -> bool:
+    return store is not None and store.first_pos < store.end_pos
+
+
+def served_from(retention: Retention, store: SegmentStore | None) -> int:
+    """Oldest position a reader may still fetch."""
+    memory = retention.served_from
+    if store is None or not held(store):
+        return memory
+    return min(max(min(store.first_pos, memory), retention.floor), retention.next_pos)
+
+
+def read(retention: Retention, store: SegmentStore | None, after: int, before: int, prefixes: list[bytes],
+         max_bytes: int) -> Page:
+    """`Retention.read` and `Retention.lost` in one, over the disk and the memory."""
+    memory_from = retention.served_from
+    start = max(after, retention.floor - 1, store.first_pos - 1) if store is not None else after
+    if store is None or not held(store) or start + 1 >= memory_from:
+        found, scanned_to, done = retention.read(after, before, prefixes, max_bytes)
+        return Page(found, scanned_to, done, *retention.lost(after, before, prefixes))
+    upto = min(before, memory_from)
+    # Below the store's oldest (or a purge's floor): gone; the retention's tombstones count them.
+    lost, exact = retention.lost(after, min(upto, start + 1), prefixes) if start > after else (0, True)
+    if upto <= start + 1:
+        return Page([], max(after, upto - 1), True, lost, exact)
+    disk = fetch_below_memory(store, start, upto, prefixes, max_bytes)
+    if disk.damaged:
+        lost += sum(end - first for first, end in disk.damaged)  # at least one message each
+        exact = False
+    if not disk.done:
+        return Page(disk.frames, disk.scanned_to, False, lost, exact)
+    if disk.scanned_to < upto - 1:  # the store ends short of the memory (its disk refused writes): gone
+        more, more_exact = retention.lost(disk.scanned_to, upto, prefixes)
+        lost, exact = lost + more, exact and more_exact
+    size = sum(len(body) for _, body in disk.frames)
+    if before <= memory_from or (disk.frames and size >= max_bytes):
+        return Page(disk.frames, upto - 1, before <= memory_from, lost, exact)
+    found, scanned_to, done = retention.read(memory_from - 1, before, prefixes, max(max_bytes - size, 1))
+    more, more_exact = retention.lost(memory_from - 1, before, prefixes)
+    return Page(disk.frames + found, scanned_to, done, lost + more, exact and more_exact)

@@ -1,0 +1,143 @@
+"""A queue whose storage policy keeps frames on disk (issue 35): real GCM, HCMs and exchange processes.
+
+The exchanges' memory tail is made tiny (`exchange.retention_bytes`), the queue's disk retention
+long, so a subscriber away for many memory tails must be served from the segment store
+(exchange/disk_tail.py, exchange/tiered.py); a restarted exchange serves its earlier incarnation's
+store; a store on a full disk is `storage_full` backpressure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from roq.client.admin import Admin
+from roq.client.publisher import Publisher
+from roq.client.subscriber import Subscriber
+from roq.errors import RequestTimeoutError, StorageFullError
+from roq.records import ExchangeStats
+from roq.state import read_hosts, read_leader, read_live
+from tests.integration.conftest import start_cluster
+from tests.support.helpers import record_figures, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+MEMORY = ("exchange.retention_bytes=200000",)  # a memory tail of 200 KB
+BODY = 2_000
+
+
+def create_on_disk(config, zk, paths, name: str) -> None:
+    with Admin(config, zk) as admin:
+        admin.create_queue(name, exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
+    wait_until(lambda: read_live(zk, paths, name).get("x1"), timeout=20, message="x1 running")
+
+
+def payload(i: int) -> bytes:
+    return i.to_bytes(4, "big") + b"x" * BODY
+
+
+def publish(pub: Publisher, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        pub.publish("t", payload(i))
+    pub.flush(60)
+
+
+def receive_all(sub: Subscriber, upto: int) -> list[int]:
+    got: list[int] = []
+    while (msg := sub.receive(timeout=10)) is not None:
+        got.append(int.from_bytes(msg.payload[:4], "big"))
+        if got[-1] == upto:
+            break
+    return got
+
+
+def away_then_back(config, zk, pub: Publisher, queue: str, first: int, away: int) -> tuple[dict, list[int], int]:
+    """A subscriber takes `first` messages, leaves, `away` more are published, it comes back from its position."""
+    sub = Subscriber(queue, config, zk=zk)
+    sub.wait_connected(1)
+    publish(pub, 0, first)
+    assert receive_all(sub, first - 1)[-1] == first - 1
+    position = sub.position()
+    sub.close()
+    publish(pub, first, away)
+    with Subscriber(queue, config, zk=zk, position=position) as back:
+        back.wait_connected(1)
+        got = receive_all(back, first + away - 1)
+        return position, got, back.stats().gaps
+
+
+def test_a_subscriber_away_for_many_memory_tails_resumes_from_disk_with_nothing_lost(config, zk, paths, procs):
+    start_cluster(procs, zk, paths, *MEMORY)
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    create_on_disk(small, zk, paths, "deep")
+    with Publisher("deep", small, zk=zk) as pub:
+        # 2 MB while it is away: ten memory tails.
+        _, got, gaps = away_then_back(small, zk, pub, "deep", 10, 1_000)
+    record_figures("durable subscriber away 10 memory tails, disk retention", resumed=len(got), gaps=gaps)
+    assert got == list(range(10, 1_010)), "every message once, in order"
+    assert gaps == 0
+    wait_until(lambda: ExchangeStats.from_dict(read_live(zk, paths, "deep")["x1"].get("stats")).evicted_frames > 0,
+               timeout=20, message="the memory tail really was left behind")
+
+
+def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, paths, procs):
+    start_cluster(procs, zk, paths, *MEMORY)
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    create_on_disk(small, zk, paths, "kept")
+    with Publisher("kept", small, zk=zk) as pub:
+        sub = Subscriber("kept", small, zk=zk)
+        sub.wait_connected(1)
+        publish(pub, 0, 10)
+        assert receive_all(sub, 9)[-1] == 9
+        position = sub.position()
+        sub.close()
+        publish(pub, 10, 500)  # 1 MB: five memory tails, on disk only
+        live = read_live(zk, paths, "kept")["x1"]
+        host, before = live["host"], live["incarnation"]
+        os.kill(live["pid"], signal.SIGKILL)  # the HCM starts a new incarnation; the data dir stays
+        wait_until(lambda: read_live(zk, paths, "kept").get("x1", {}).get("incarnation") not in (None, before),
+                   timeout=30, message="a new incarnation")
+    live = read_live(zk, paths, "kept")["x1"]
+    if live["host"] != host:
+        pytest.skip("the leader moved the exchange to the other host: its store stayed behind")
+    assert before in live.get("archived", []), "the earlier incarnation's store is served"
+    with Subscriber("kept", small, zk=zk, position=position) as back:
+        back.wait_connected(1)
+        got = receive_all(back, 509)
+        gaps = back.stats().gaps
+    assert got == list(range(10, 510)), "what the killed incarnation stored, once, in order"
+    assert gaps == 0
+
+
+def test_a_store_on_a_full_disk_holds_the_publishers_with_storage_full(config, zk, paths, procs, small_disk):
+    tiny = small_disk("host-1", 2 << 20)
+    procs.start("gcm", "gcm-0", "gcm.min_free_bytes=65536", "gcm.storage_full_grace=600")
+    procs.start("hcm", "host-1", "hcm.host=host-1", f"hcm.data_dir={tiny}", *MEMORY)
+    wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="cluster")
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    create_on_disk(small, zk, paths, "cramped")
+
+    def stats() -> ExchangeStats:
+        return ExchangeStats.from_dict((read_live(zk, paths, "cramped").get("x1") or {}).get("stats"))
+
+    pub = Publisher("cramped", small, zk=zk)
+    try:
+        refused = None
+        for i in range(2_000):  # 4 MB into 2 MiB
+            try:
+                pub.publish("t", payload(i), timeout=5)
+            except (StorageFullError, RequestTimeoutError) as exc:
+                refused = exc
+                break
+        wait_until(lambda: stats().storage_full, timeout=60, message="the store's disk to fill")
+        report = stats()
+        assert "ENOSPC" in report.storage_error
+        assert pub.confirmed < 2_000, "publishers are held, not confirmed past the disk"
+        assert refused is None or "storage_full" in str(refused)
+    finally:
+        pub.close(timeout=0)
+    text = procs.logs["host-1"].read_text(errors="replace")
+    assert "cannot write its segment store" in text or "segment store" in text
+    assert "Traceback" not in text
