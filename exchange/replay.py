@@ -128,6 +128,7 @@ class ReplayServer:
         disk = self.store_of(incarnation) if archive is None and incarnation else None
         if disk is not None:
             archive = Retention(0.0, 0, tombstones=0, first_pos=disk.end_pos)
+            archive.floor = disk.first_pos  # nothing purged: the store serves from its oldest
         return archive, incarnation
 
     def _unknown(self, request_id: int, incarnation: str) -> bytes:
