@@ -93,6 +93,9 @@ class ReplayServer:
         if isinstance(req, protocol.PositionRequest):
             self._send(ident, self._position(req))
             return
+        if isinstance(req, protocol.PositionAtRequest):
+            self._send(ident, self._position_at(req))
+            return
         if isinstance(req, protocol.Progress):
             if self.on_progress is not None:
                 self.on_progress(req)
@@ -158,6 +161,16 @@ class ReplayServer:
         last = [self.chains.track(prefix, next_pos) for prefix in req.prefixes]
         served = tiered.served_from(self.retention, self.store_of(self.incarnation))
         return protocol.encode_position(req.request_id, self.incarnation, served, next_pos, last)
+
+    def _position_at(self, req: protocol.PositionAtRequest) -> bytes:
+        """The first position stored at or after a time, of the running stream or a stored one
+        (a stored incarnation is not sealed by this: it only reads)."""
+        memory, incarnation = self._store(req.incarnation)
+        if memory is None:
+            return self._unknown(req.request_id, req.incarnation)
+        disk = self.store_of(incarnation)
+        return protocol.encode_position_at(req.request_id, incarnation, tiered.served_from(memory, disk),
+                                           memory.next_pos, tiered.position_at(memory, disk, req.at))
 
     def _send(self, ident: bytes, body: bytes, tracked: bool = False, parts: Sequence[Any] = ()) -> None:
         """`parts`: large payloads' parts after a `frames` answer (the Frames retention holds: libzmq

@@ -141,6 +141,19 @@ class Retention:
             return frames, 0, 0.0
         return frames, self.messages_total - before, max(0.0, now - stored_at)
 
+    def position_at(self, stored_at: float) -> int:
+        """The first retained position stored at or after `stored_at` (this buffer's clock:
+        monotonic), next_pos if none is; times never decrease along the buffer, so a binary search."""
+        frames = self._frames
+        low, high = 0, len(frames)
+        while low < high:
+            middle = (low + high) // 2
+            if frames[middle][0] < stored_at:
+                low = middle + 1
+            else:
+                high = middle
+        return self._first_pos + low
+
     def entries(self, start: int, max_bytes: int) -> list[list[object]]:
         """[topic, body, messages] of the frames from position `start` on (at least one if any),
         up to about `max_bytes`: what a replica is sent."""

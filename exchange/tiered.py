@@ -10,6 +10,7 @@ purge's floor); positions neither holds any more, and records whose checks fail 
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 from exchange.retention import Retention
@@ -65,3 +66,15 @@ def read(retention: Retention, store: SegmentStore | None, after: int, before: i
     found, scanned_to, done = retention.read(memory_from - 1, before, prefixes, max(max_bytes - size, 1))
     more, more_exact = retention.lost(memory_from - 1, before, prefixes)
     return Page(disk.frames + found, scanned_to, done, lost + more, exact and more_exact)
+
+
+def position_at(retention: Retention, store: SegmentStore | None, at: float) -> int:
+    """The first position a reader may fetch that was stored at or after Unix time `at` (next_pos
+    if none): from the store's time index below the memory tail, else the memory's own times."""
+    oldest, memory_from = served_from(retention, store), retention.served_from
+    if store is not None and held(store) and oldest < memory_from:
+        pos = store.position_at(at)
+        if pos < min(store.end_pos, memory_from):
+            return max(pos, oldest)
+    monotonic_at = at - time.time() + time.monotonic()  # the retention keeps monotonic times
+    return min(max(retention.position_at(monotonic_at), oldest), retention.next_pos)

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,11 @@ def publish(ctx: Context, queue_name: str, message: str | None, topic: str, sour
                    "base64: topic<TAB>payload in base64")
 @click.option("--durable", metavar="NAME", default=None,
               help="resume where the subscriber of this name stopped (position under client.state_dir)")
-@click.option("--from", "start_from", metavar="beginning|now|FILE", default=None,
+@click.option("--from", "start_from", metavar="beginning|now|TIME|FILE", default=None,
               help="where to start when there is no saved position: beginning (all the exchanges still "
-                   "retain), now (the default), or a position FILE (a durable subscriber's saved one)")
+                   "retain), now (the default), a TIME with its zone (2026-11-27T10:00:00Z: every message "
+                   "stored since, from memory or the queue's disk), or a position FILE (a durable "
+                   "subscriber's saved one)")
 @click.option("--group", metavar="NAME", default=None,
               help="join consumer group NAME: each message goes to one member of the group, acked once "
                    "the reader has its line (docs/work-queues.md)")
@@ -181,7 +184,7 @@ def _print_messages(sub: Any, count: int, timeout: float, line: Callable[[Any], 
 
 
 def _start_point(ctx: Context, queue_name: str, durable: str | None,
-                 start_from: str | None) -> tuple[str, dict[str, Any] | None]:
+                 start_from: str | None) -> tuple[str | datetime, dict[str, Any] | None]:
     """`--from` as (start, position): a saved durable position wins over it."""
     from roq.client.subscriber.checkpoint import checkpoint_file, load_checkpoint
     from roq.names import check_subscriber_name
@@ -195,8 +198,27 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
     if choice in ("now", "beginning"):
         return choice, None
     path = Path(start_from or "")
+    at = _start_time(start_from or "") if not path.is_file() else None
+    if at is not None:
+        return at, None
     position = load_checkpoint(path) if path.is_file() else None
     if position is None:
-        raise click.BadParameter(f"expected beginning, now or a position file; there is no file {start_from!r}",
+        raise click.BadParameter(f"expected beginning, now, a time (2026-11-27T10:00:00Z) or a position file; "
+                                 f"there is no file {start_from!r}",
                                  param_hint="--from")
     return "now", position.to_json()
+
+
+def _start_time(text: str) -> datetime | None:
+    """An ISO 8601 time with its zone (`Z` or `+01:00`); None if the text is not a time at all."""
+    if not text[:4].isdigit() or "-" not in text:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time (2026-11-27T10:00:00Z)",
+                                 param_hint="--from") from None
+    if at.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no time zone: add Z (UTC) or an offset such as +01:00",
+                                 param_hint="--from")
+    return at

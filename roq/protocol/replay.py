@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,15 @@ from roq.protocol.fields import Anything, Array, Bin, Bool, Conversation, Field,
 from roq.protocol.large import MAX_PARTS, LargeBody
 
 FETCH, FRAMES, POSITION, PROGRESS = "fetch", "frames", "position", "progress"
+POSITION_AT = "position_at"  # a time mapped to a position (section 5.6)
+MAX_TIME = float(1 << 40)  # Unix seconds: far beyond any clock, well within a double's exact integers
 MAX_CONSUMER_NAME = 63  # a durable subscriber's name (roq.names.check_subscriber_name)
 
 PREFIXES = ListOf(Bin(0, MAX_TOPIC), max_len=MAX_PREFIXES)
 INCARNATION = Str(1, MAX_INCARNATION)
 NAME = Test(is_name, "a name of 1-63 letters, digits, '_', '.', '-', starting with a letter or digit")
+UNIX_TIME = Test(lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+                 and math.isfinite(value) and 0 <= value <= MAX_TIME, "int or float 0..2^40 (Unix seconds)")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,14 @@ class PositionRequest:
 
 
 @dataclass(frozen=True)
+class PositionAtRequest:
+    """A decoded `position_at` request (section 5.6): the first position stored at or after `at`."""
+    request_id: int
+    incarnation: str  # "" = the running one
+    at: float  # Unix seconds
+
+
+@dataclass(frozen=True)
 class Progress:
     """A decoded `progress` report (section 5.5): durable subscriber `name` has taken every frame
     of `incarnation` up to `pos`. Never answered (unless malformed)."""
@@ -67,6 +80,8 @@ REPLAY_REQUESTS = Conversation(
     frame(POSITION, Field("request_id", Int()), Field("prefixes", PREFIXES, shown="[prefix, ...]"),
           Field("incarnation", INCARNATION, optional=True, default=""), build=PositionRequest),
     frame(PROGRESS, Field("name", NAME), Field("incarnation", INCARNATION), Field("pos", Int()), build=Progress),
+    frame(POSITION_AT, Field("request_id", Int()), Field("incarnation", Str(0, MAX_INCARNATION)),
+          Field("at", UNIX_TIME), build=PositionAtRequest),
 )
 
 
@@ -88,9 +103,15 @@ def encode_position_request(request_id: int, prefixes: Sequence[bytes] = (), inc
     return pack([POSITION, DATA_VERSION, request_id, list(prefixes)])
 
 
-def decode_replay_request(frame: bytes) -> Fetch | PositionRequest | Progress:
-    """A `fetch` or `position` request or a `progress` report, every field range-checked."""
-    request: Fetch | PositionRequest | Progress = REPLAY_REQUESTS.decode(unpack(frame, MAX_CONTROL_FRAME))
+def encode_position_at_request(request_id: int, at: float, incarnation: str = "") -> bytes:
+    """`position_at`: the first position of the stream stored at or after Unix time `at`."""
+    return pack([POSITION_AT, DATA_VERSION, request_id, incarnation, float(at)])
+
+
+def decode_replay_request(frame: bytes) -> Fetch | PositionRequest | PositionAtRequest | Progress:
+    """A `fetch`, `position` or `position_at` request or a `progress` report, every field range-checked."""
+    request: Fetch | PositionRequest | PositionAtRequest | Progress = REPLAY_REQUESTS.decode(
+        unpack(frame, MAX_CONTROL_FRAME))
     return request
 
 
@@ -105,6 +126,16 @@ class Frames:
     done: bool
     lost: int  # messages of the prefixes evicted in (after, oldest) before this fetch
     lost_exact: bool  # False: the eviction record does not reach back to `after`; at least `lost`
+
+
+@dataclass(frozen=True)
+class TimePosition:
+    """A decoded `position_at` answer."""
+    request_id: int
+    incarnation: str
+    oldest: int
+    next_pos: int
+    pos: int  # the first position stored at or after the time asked (oldest <= pos <= next_pos)
 
 
 @dataclass(frozen=True)
@@ -146,6 +177,8 @@ REPLAY_REPLIES = Conversation(
           Field("lost", Array(Field("lost", Int()), Field("exact", Bool())), shown="[lost, exact]"), build=_frames),
     frame(POSITION, Field("request_id", Int()), Field("incarnation", Str()), Field("oldest", Int()),
           Field("next_pos", Int()), Field("last", ListOf(Int()), shown="[last, ...]"), build=StreamPosition),
+    frame(POSITION_AT, Field("request_id", Int()), Field("incarnation", Str()), Field("oldest", Int()),
+          Field("next_pos", Int()), Field("pos", Int()), build=TimePosition),
     frame(ERROR, Field("request_id", Anything, shown="request_id or nil"), Field("code", Anything),
           Field("message", Anything), build=_refused),
 )
@@ -179,13 +212,19 @@ def encode_position(request_id: int, incarnation: str, oldest: int, next_pos: in
     return pack([POSITION, DATA_VERSION, request_id, incarnation, oldest, next_pos, last])
 
 
+def encode_position_at(request_id: int, incarnation: str, oldest: int, next_pos: int, pos: int) -> bytes:
+    """The answer to a position_at request."""
+    return pack([POSITION_AT, DATA_VERSION, request_id, incarnation, oldest, next_pos, pos])
+
+
 def encode_replay_error(request_id: int | None, code: str, message: str) -> bytes:
     """A refused replay request, echoing its id when it could be read."""
     return pack([ERROR, DATA_VERSION, request_id, code, message])
 
 
-def decode_replay_reply(frame: bytes, max_size: int, parts: Sequence[Any] = ()) -> Frames | StreamPosition:
-    """A `frames` or `position` answer; an `error` answer raises ReplayRefused. `parts`: the ZeroMQ
+def decode_replay_reply(frame: bytes, max_size: int,
+                        parts: Sequence[Any] = ()) -> Frames | StreamPosition | TimePosition:
+    """A `frames`, `position` or `position_at` answer; an `error` answer raises ReplayRefused. `parts`: the ZeroMQ
     parts after the reply, which a `frames` answer's [topic, body, parts] entries take in order."""
     msg = unpack(frame, max_size)
     reply = REPLAY_REPLIES.decode(msg)
@@ -195,7 +234,7 @@ def decode_replay_reply(frame: bytes, max_size: int, parts: Sequence[Any] = ()) 
         return _with_parts(reply, msg[5], parts) if parts or any(len(f) == 3 for f in msg[5]) else reply
     if parts:
         raise ProtocolError(f"a {msg[0]} answer is one part, not {1 + len(parts)}")
-    decoded: StreamPosition = reply
+    decoded: StreamPosition | TimePosition = reply
     return decoded
 
 

@@ -8,8 +8,13 @@ store; a store on a full disk is `storage_full` backpressure.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -141,3 +146,27 @@ def test_a_store_on_a_full_disk_holds_the_publishers_with_storage_full(config, z
     text = procs.logs["host-1"].read_text(errors="replace")
     assert "cannot write its segment store (ENOSPC" in text
     assert "Traceback" not in text
+
+
+def test_a_subscriber_started_from_a_time_gets_what_was_stored_since_from_disk_and_memory(config, zk, paths, procs):
+    start_cluster(procs, zk, paths, *MEMORY)
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    create_on_disk(small, zk, paths, "clock")
+    with Publisher("clock", small, zk=zk) as pub:
+        publish(pub, 0, 200)
+        since = time.time()
+        wait_until(lambda: time.time() > since + 0.05, message="the clock to move past the first batch")
+        publish(pub, 200, 1_000)  # 2 MB: ten memory tails after the time asked
+    at = datetime.fromtimestamp(since, UTC)
+    with Subscriber("clock", small, zk=zk, start=at) as sub:
+        got = receive_all(sub, 1_199)
+        gaps = sub.stats().gaps
+    assert got == list(range(200, 1_200)), "exactly what was stored since, once, in order"
+    assert gaps == 0
+    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    run = subprocess.run([sys.executable, "-m", "roq.cli", "subscribe", "clock", "--from",
+                          at.isoformat().replace("+00:00", "Z"), "--count", "1000", "--timeout", "15",
+                          "--format", "base64"], env=env, capture_output=True, timeout=90)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    printed = [int.from_bytes(base64.b64decode(line.split(b"\t")[1])[:4], "big") for line in run.stdout.splitlines()]
+    assert printed == list(range(200, 1_200))

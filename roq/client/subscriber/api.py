@@ -16,6 +16,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 from roq import protocol
@@ -25,6 +26,7 @@ from roq.client.metadata import MetadataClient
 from roq.client.stats import SubscriberStats
 from roq.client.subscriber.checkpoint import Checkpoint, checkpoint_file, load_checkpoint
 from roq.client.subscriber.copies import StoredCopies
+from roq.client.subscriber.from_time import taken_before, unix_time
 from roq.client.subscriber.messages import Message, MessageBatch
 from roq.client.subscriber.progress import Progress
 from roq.client.subscriber.receiver import SubscriberReceiver
@@ -60,20 +62,23 @@ class Subscriber(ClientLifecycle):
     def __init__(self, queue: str, config: Config, topics: Iterable[str | bytes] = (),
                  metadata: MetadataClient | None = None, callback: Callable[[Message], None] | None = None,
                  durable: str | None = None, position: dict[str, Any] | None = None,
-                 batch_callback: Callable[[MessageBatch], None] | None = None, start: str = "now",
+                 batch_callback: Callable[[MessageBatch], None] | None = None, start: str | datetime = "now",
                  inbox_limit: int = HANDOFF_LIMIT, group: None = None) -> None:
         """`callback` gets one Message at a time, `batch_callback` a MessageBatch per frame (the
         fastest way to consume); both run on the I/O thread. Give at most one: ValueError otherwise.
 
         `start`: where a subscriber without a position (none given, no saved one under its durable
-        name) begins: "now" (what is published from now on) or "beginning" (everything the
-        exchanges still retain, then on). A position, given or saved, always wins.
+        name) begins: "now" (what is published from now on), "beginning" (everything the
+        exchanges still retain, then on), or a `datetime` with a time zone (every frame the running
+        exchanges stored at or after it, then on: roq/client/subscriber/from_time.py). A position,
+        given or saved, always wins.
 
         `inbox_limit`: messages held for the iterator style before the I/O thread waits (and the
         socket, then the exchange, hold the rest)."""
         if callback is not None and batch_callback is not None:
             raise ValueError("give callback or batch_callback, not both")
-        if start not in START_POINTS:
+        at = unix_time(start) if isinstance(start, datetime) else None
+        if at is None and start not in START_POINTS:
             raise ValueError(f"start must be one of {', '.join(START_POINTS)}, not {start!r}")
         self.config = config
         load_keys(config.security)  # a missing or unreadable key fails here, not at the first connect
@@ -118,12 +123,16 @@ class Subscriber(ClientLifecycle):
         # exchange that appears later is read from the start of its retention. What came before a
         # sync point goes into the position as taken: a durable subscriber never replays history
         # from before it existed, even from an exchange it has not yet received anything from.
-        self.start = "resume" if self.resumed else start
+        self.start = "resume" if self.resumed else "time" if at is not None else str(start)
         self._streams.started = self._progress.started
         running = {live["incarnation"] for live in self.topology.snapshot().values()
                    if isinstance(live.get("incarnation"), str)}
         self._streams.start_at_sync = (set(taken.start_at_sync) & running if self.resumed
                                        else running if self.start == "now" else set())
+        if self.start == "time" and at is not None:
+            for incarnation, pos in taken_before(config, self.topology.snapshot, at).items():
+                self._streams.resume(incarnation, pos)
+                self._progress.started(incarnation, pos)
         self._receiver.start()
 
     # ------------------------------------------------------------ API

@@ -30,7 +30,7 @@ from roq.security import secure_client
 MAX_REPLY = 1 << 30
 BUSY_RETRY = 0.05  # pause before asking again an exchange that answered "busy"
 
-Answer = protocol.Frames | protocol.StreamPosition
+Answer = protocol.Frames | protocol.StreamPosition | protocol.TimePosition
 
 
 class ReplayClient:
@@ -77,6 +77,13 @@ class ReplayClient:
         answer = self._ask(xid, lambda rid: protocol.encode_position_request(rid, prefixes))
         if not isinstance(answer, protocol.StreamPosition):
             raise FetchFailed(f"{xid} answered a position request with {type(answer).__name__}")
+        return answer
+
+    def position_at(self, xid: str, at: float) -> protocol.TimePosition:
+        """The first position of `xid`'s running stream stored at or after Unix time `at` (section 5.6)."""
+        answer = self._ask(xid, lambda rid: protocol.encode_position_at_request(rid, at))
+        if not isinstance(answer, protocol.TimePosition):
+            raise FetchFailed(f"{xid} answered a position_at request with {type(answer).__name__}")
         return answer
 
     def ended_position(self, xid: str, incarnation: str, prefixes: list[bytes]) -> protocol.StreamPosition:
