@@ -128,10 +128,14 @@ class ReplayServer:
         if self.retention is not None and incarnation in ("", self.incarnation):
             return self.retention, self.incarnation
         archive = self.archives.get(incarnation)
-        disk = self.store_of(incarnation) if archive is None and incarnation else None
-        if disk is not None:
+        disk = self.store_of(incarnation) if incarnation else None
+        if disk is None:
+            return archive, incarnation
+        if archive is None:
             archive = Retention(0.0, 0, tombstones=0, first_pos=disk.end_pos)
-            archive.floor = disk.first_pos  # nothing purged: the store serves from its oldest
+        # A stored incarnation is never purged (a purge drops it whole): below its memory part
+        # (empty, or reloaded from the journal) the store serves from its oldest frame.
+        archive.floor = min(archive.floor, disk.first_pos)
         return archive, incarnation
 
     def _unknown(self, request_id: int, incarnation: str) -> bytes:

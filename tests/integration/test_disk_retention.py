@@ -87,8 +87,11 @@ def test_a_subscriber_away_for_many_memory_tails_resumes_from_disk_with_nothing_
                timeout=20, message="the memory tail really was left behind")
 
 
-def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, paths, procs):
-    start_cluster(procs, zk, paths, *MEMORY)
+@pytest.mark.parametrize("journal", ["off", "async"])
+def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, paths, procs, journal):
+    """Journal off: the earlier incarnation is on disk only; async: its journal reloads the memory
+    tail and the store serves below it."""
+    start_cluster(procs, zk, paths, *MEMORY, f"exchange.journal={journal}")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "kept")
     with Publisher("kept", small, zk=zk) as pub:
