@@ -34,7 +34,7 @@ BODY = 2_000
 
 
 def create_on_disk(config, zk, paths, name: str) -> None:
-    with Admin(config, zk) as admin:
+    with Admin(config) as admin:
         admin.create_queue(name, exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
     wait_until(lambda: read_live(zk, paths, name).get("x1"), timeout=20, message="x1 running")
 
@@ -58,16 +58,16 @@ def receive_all(sub: Subscriber, upto: int) -> list[int]:
     return got
 
 
-def away_then_back(config, zk, pub: Publisher, queue: str, first: int, away: int) -> tuple[dict, list[int], int]:
+def away_then_back(config, pub: Publisher, queue: str, first: int, away: int) -> tuple[dict, list[int], int]:
     """A subscriber takes `first` messages, leaves, `away` more are published, it comes back from its position."""
-    sub = Subscriber(queue, config, zk=zk)
+    sub = Subscriber(queue, config)
     sub.wait_connected(1)
     publish(pub, 0, first)
     assert receive_all(sub, first - 1)[-1] == first - 1
     position = sub.position()
     sub.close()
     publish(pub, first, away)
-    with Subscriber(queue, config, zk=zk, position=position) as back:
+    with Subscriber(queue, config, position=position) as back:
         back.wait_connected(1)
         got = receive_all(back, first + away - 1)
         return position, got, back.stats().gaps
@@ -77,9 +77,9 @@ def test_a_subscriber_away_for_many_memory_tails_resumes_from_disk_with_nothing_
     start_cluster(procs, zk, paths, *MEMORY)
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "deep")
-    with Publisher("deep", small, zk=zk) as pub:
+    with Publisher("deep", small) as pub:
         # 2 MB while it is away: ten memory tails.
-        _, got, gaps = away_then_back(small, zk, pub, "deep", 10, 1_000)
+        _, got, gaps = away_then_back(small, pub, "deep", 10, 1_000)
     record_figures("durable subscriber away 10 memory tails, disk retention", resumed=len(got), gaps=gaps)
     assert got == list(range(10, 1_010)), "every message once, in order"
     assert gaps == 0
@@ -94,8 +94,8 @@ def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, 
     start_cluster(procs, zk, paths, *MEMORY, f"exchange.journal={journal}")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "kept")
-    with Publisher("kept", small, zk=zk) as pub:
-        sub = Subscriber("kept", small, zk=zk)
+    with Publisher("kept", small) as pub:
+        sub = Subscriber("kept", small)
         sub.wait_connected(1)
         publish(pub, 0, 10)
         assert receive_all(sub, 9)[-1] == 9
@@ -111,7 +111,7 @@ def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, 
     if live["host"] != host:
         pytest.skip("the leader moved the exchange to the other host: its store stayed behind")
     assert before in live.get("archived", []), "the earlier incarnation's store is served"
-    with Subscriber("kept", small, zk=zk, position=position) as back:
+    with Subscriber("kept", small, position=position) as back:
         back.wait_connected(1)
         got = receive_all(back, 509)
         gaps = back.stats().gaps
@@ -130,7 +130,7 @@ def test_a_store_on_a_full_disk_holds_the_publishers_with_storage_full(config, z
     def stats() -> ExchangeStats:
         return ExchangeStats.from_dict((read_live(zk, paths, "cramped").get("x1") or {}).get("stats"))
 
-    pub = Publisher("cramped", small, zk=zk)
+    pub = Publisher("cramped", small)
     try:
         refused = None
         for i in range(2_000):  # 4 MB into 2 MiB
@@ -155,18 +155,18 @@ def test_a_subscriber_started_from_a_time_gets_what_was_stored_since_from_disk_a
     start_cluster(procs, zk, paths, *MEMORY)
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "clock")
-    with Publisher("clock", small, zk=zk) as pub:
+    with Publisher("clock", small) as pub:
         publish(pub, 0, 200)
         since = time.time()
         wait_until(lambda: time.time() > since + 0.05, message="the clock to move past the first batch")
         publish(pub, 200, 1_000)  # 2 MB: ten memory tails after the time asked
     at = datetime.fromtimestamp(since, UTC)
-    with Subscriber("clock", small, zk=zk, start=at) as sub:
+    with Subscriber("clock", small, start=at) as sub:
         got = receive_all(sub, 1_199)
         gaps = sub.stats().gaps
     assert got == list(range(200, 1_200)), "exactly what was stored since, once, in order"
     assert gaps == 0
-    env = dict(os.environ, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
+    env = dict(os.environ, ROQ_SEEDS=config.cluster.seeds, ROQ_ZK_HOSTS=config.zk.hosts, ROQ_ZK_ROOT=config.zk.root)
     run = subprocess.run([sys.executable, "-m", "roq.cli", "subscribe", "clock", "--from",
                           at.isoformat().replace("+00:00", "Z"), "--count", "1000", "--timeout", "15",
                           "--format", "base64"], env=env, capture_output=True, timeout=90)
