@@ -363,6 +363,7 @@ TestGroupMachine.settings = settings(max_examples=examples(150), stateful_step_c
 
 CAP = 4  # exchange.group_max_prefetch of the hostile model
 HOSTILE = b"h"
+STALL_ROUNDS = 3  # teardown rounds in a row that may settle nothing (HostileGroupMachine.teardown)
 Msg = tuple[int, int]
 
 
@@ -521,27 +522,60 @@ class HostileGroupMachine(RuleBasedStateMachine):
                 to = self.delivered_to[(unit.pos, i)]
                 assert set(to) - {HOSTILE}, (unit.pos, i, to)
 
+    def settled_count(self) -> int:
+        return len(self.acked_by) + sum(u.count for _, u in self.dead)
+
+    def teardown_round(self) -> None:
+        """A second passes; every member pings; the honest ones ack all they hold, the hostile one
+        nacks all it holds."""
+        self.clock.advance(1.0)
+        for route in list(self.group.members):
+            self.groups.seen(route)
+        before = self.held()
+        self.groups.tick()
+        self.note_returns(before)
+        self.dispatch_and_check()
+        for route, msgs in self.held().items():
+            if msgs:
+                self.settle(route, [(pos, idx, 1) for pos, idx in sorted(msgs)], ack=route != HOSTILE)
+
     def teardown(self) -> None:
-        """The hostile member keeps nacking; the honest ones work until everything is settled."""
+        """The hostile member keeps nacking; the honest ones work until everything is settled.
+
+        No fixed number of rounds: m1 (never leaving) may have a prefetch of 1 and so ack one
+        message a round, however many were offered. Every STALL_ROUNDS rounds must settle something:
+        m1 has its whole prefetch free at each dispatch, and a message it is passed over for (it
+        came back from m1) goes to a member it has not come back from, which acks it or, hostile,
+        returns it, after which m1 may have it."""
         if not hasattr(self, "group"):
             return
-        for _ in range(200):
-            if len(self.acked_by) + sum(u.count for _, u in self.dead) == len(self.offered):
-                break
-            self.clock.advance(1.0)
-            for route in list(self.group.members):
-                self.groups.seen(route)
-            before = self.held()
-            self.groups.tick()
-            self.note_returns(before)
-            self.dispatch_and_check()
-            for route, msgs in self.held().items():
-                if msgs:
-                    self.settle(route, [(pos, idx, 1) for pos, idx in sorted(msgs)], ack=route != HOSTILE)
+        stalled = 0
+        while self.settled_count() < len(self.offered):
+            settled = self.settled_count()
+            self.teardown_round()
+            stalled = 0 if self.settled_count() > settled else stalled + 1
+            group = self.group
+            assert stalled < STALL_ROUNDS, (f"nothing settled in {stalled} rounds: ready {group.ready}, in flight "
+                                            f"{group.in_flight_count}, members {list(group.members)}")
+        check_places(self.groups, self.group, self.dead, self.acked_by, self.offered)
         assert all(route != HOSTILE for route in self.acked_by.values())
-        assert len(self.acked_by) + sum(u.count for _, u in self.dead) == len(self.offered)
+        assert self.settled_count() == len(self.offered)
         self.dead_letters_had_an_honest_delivery()
 
 
 TestHostileGroupMachine = HostileGroupMachine.TestCase
 TestHostileGroupMachine.settings = settings(max_examples=examples(200), stateful_step_count=50, deadline=None)
+
+
+def test_hostile_model_teardown_outlasts_a_backlog_larger_than_any_fixed_round_count() -> None:
+    """The shrunk failing example of HostileGroupMachine: m1 alone with prefetch 1, 201 messages
+    offered, nothing else. Teardown acks one message a round, so the 201st needs round 201: the
+    model once gave up after 200 and reported the message still ready as neither acked nor dead."""
+    machine = HostileGroupMachine()
+    machine.start(prefetch=1)
+    for count in [6] * 33 + [3]:
+        machine.offer(count=count, keyed=False)
+    assert len(machine.offered) == machine.group.ready == 201  # every message waits in the group
+    machine.teardown()
+    assert len(machine.acked_by) == 201 and machine.dead == []
+    assert set(machine.acked_by.values()) == {b"m1"}
