@@ -17,8 +17,8 @@ import time
 import pytest
 import zmq
 
+from roq.client.group_member import GroupMember
 from roq.client.publisher import Publisher
-from roq.client.subscriber import Subscriber
 from roq.paths import Paths
 from roq.zk import encode
 from tests.integration.test_cli import assert_one_line_error
@@ -73,7 +73,11 @@ def test_a_message_argument_with_headers_and_attributes_comes_out_whole_in_every
 def test_a_group_member_prints_json_with_its_deliveries_and_attributes(lone: Lone, cfg: str) -> None:  # noqa: F811
     queue = lone.queue("member")
     # The group exists on the exchange before the message comes (as the CLI member will join it).
-    Subscriber(queue, lone.config, ["jobs"], group="cli-json", prefetch=1).close()
+    # The constructor waits only for the exchanges its first topology names, and a queue made a
+    # moment ago may have none yet (the GCM's cache sees its node before its live exchange's): wait
+    # for the join, or the group never existed and the message, published before it, is not its.
+    with GroupMember(queue, lone.config, ["jobs"], group="cli-json", prefetch=1) as creator:
+        creator.wait_connected(1)
     assert roq(cfg, "publish", queue, "-t", "jobs", "job 1", "-H", "attempt=1", "--key", "k", "--priority",
                "4").returncode == 0
     result = roq(cfg, "subscribe", queue, "-t", "jobs", "--group", "cli-json", "--format", "json", "--count", "1")
