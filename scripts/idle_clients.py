@@ -100,6 +100,7 @@ def worker(config_path: str, count: int, ready: Any, go: Any, results: Any) -> N
 class ProtocolClients:
     def __init__(self, seeds: list[str], count: int) -> None:
         self.context = zmq.Context()
+        self.context.MAX_SOCKETS = count + 16  # libzmq's default is 1,023 sockets per context
         self.socks = []
         for i in range(count):
             sock = self.context.socket(zmq.DEALER)
@@ -173,7 +174,10 @@ def while_idle(protocol: ProtocolClients, pids: list[int], seconds: float) -> fl
 
 
 def measure(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    cluster = LocalCluster(Config().replace(cluster={"gcms": 2, "hcms": 2}), run_dir)
+    # Every client here comes from one address: security.max_connections_per_client (256 per address
+    # and socket) would refuse all but the first few hundred.
+    cluster = LocalCluster(Config().replace(cluster={"gcms": 2, "hcms": 2},
+                                            security={"max_connections_per_client": 0}), run_dir)
     state = cluster.up(progress=lambda text: print(f"  {text}", file=sys.stderr))
     workers: list[multiprocessing.Process] = []
     protocol: ProtocolClients | None = None
