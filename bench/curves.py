@@ -744,7 +744,7 @@ def chart(curve: Curve, summary: list[dict[str, Any]], path: Path) -> None:
 # bytes/s for big messages, and fixed costs in seconds (a run's processes starting, a cluster).
 RATE = {"zeromq": 300_000, "python-hop": 200_000, "roq": 150_000, "roq-batch": 250_000, "nats": 50_000}
 BANDWIDTH = {"zeromq": 600e6, "python-hop": 300e6, "roq": 200e6, "roq-batch": 200e6, "nats": 120e6}
-MANY_TOPICS_RATE = 20_000  # RoQ over 10,000 topics: a frame holds runs of one topic, here of one message
+MANY_TOPICS_RATE = 150_000  # RoQ over 10,000 topics: a frame carries many topics (data path 3)
 PER_RUN, PER_PROCESS, PER_CLUSTER, PER_QUEUE = 0.3, 0.3, 4.5, 1.0
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from roq.client.publisher import Publisher
 from roq.client.subscriber import MessageBatch, Subscriber
-from roq.errors import BackpressureError, MessageTooLargeError
+from roq.errors import BackpressureError, InvalidNameError, MessageTooLargeError, UserError
 from roq.state import read_live
 from tests.integration.conftest import create
 from tests.support.helpers import wait_until
@@ -95,6 +95,35 @@ def test_publish_many_checks_every_payload_before_queueing_any(config, zk, paths
         assert pub.unconfirmed == 0
         assert pub.publish_many("t", [bytearray(b"a"), memoryview(b"b")]) == range(1, 3)  # nothing was used up
         pub.flush(10)
+
+
+def test_publish_many_with_a_topic_per_payload_reaches_each_prefix_once_in_order(config, zk, paths, cluster):
+    """One list over many topics (docs/protocol.md 3.2): each subscriber gets exactly the messages of
+    its prefix, in the publisher's order; a wrong topic list queues nothing."""
+    create(config, zk, paths, "spread", 1)
+    with Subscriber("spread", config, ["a/"]) as sub_a, Subscriber("spread", config, ["b/"]) as sub_b, \
+            Publisher("spread", config) as pub:
+        for sub in (sub_a, sub_b):
+            sub.wait_connected(2)
+        pub.wait_for_subscribers(2)
+        with pytest.raises(UserError, match="2 topics for 3 payloads"):
+            pub.publish_many(["a/1", "a/2"], payloads(0, 3))
+        with pytest.raises(InvalidNameError):
+            pub.publish_many(("a/1", ""), payloads(0, 2))
+        assert pub.unconfirmed == 0
+        topics = [f"a/{i % 7}" if i % 3 else f"b/{i % 5}" for i in range(3000)]
+        assert pub.publish_many(topics, payloads(0, 3000)) == range(1, 3001)
+        pub.flush(30)
+        for sub, prefix in ((sub_a, "a/"), (sub_b, "b/")):
+            want = [(t, i) for i, t in enumerate(topics) if t.startswith(prefix)]
+            got = []
+            while len(got) < len(want):
+                msg = sub.receive(timeout=10)
+                assert msg is not None, f"{prefix}: stalled at {len(got)} of {len(want)}"
+                got.append((msg.topic, int(msg.payload)))
+            assert got == want
+            assert sub.receive(timeout=0.2) is None  # nothing of the other prefix
+            assert sub.stats().gaps == 0
 
 
 def test_publish_many_blocks_under_backpressure_and_says_how_much_was_queued(config, zk, paths, cluster):

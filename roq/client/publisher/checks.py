@@ -32,6 +32,15 @@ class TopicChecks:
         self.known[topic] = checked
         return checked
 
+    def each(self, topics: Iterable[str | bytes], count: int) -> list[bytes]:
+        """Each of `count` messages' own topic, checked (each distinct one once); UserError unless
+        there is exactly one per message."""
+        known = self.known
+        checked = [known.get(topic) or self.remember(topic) for topic in topics]
+        if len(checked) != count:
+            raise UserError(f"{len(checked)} topics for {count} payloads: give one topic, or one per payload")
+        return checked
+
     def attributed_slot(self, topic: str | bytes, priority: int | None, not_before: float | None,
                         key: str | bytes | None, headers: Headers | None = None) -> tuple[Attributed, int]:
         """The topic slot of a message with attributes: [topic, priority, not_before_ms, key] or
