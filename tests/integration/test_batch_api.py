@@ -104,7 +104,7 @@ def test_publish_many_with_a_topic_per_payload_reaches_each_prefix_once_in_order
     with Subscriber("spread", config, ["a/"]) as sub_a, Subscriber("spread", config, ["b/"]) as sub_b, \
             Publisher("spread", config) as pub:
         for sub in (sub_a, sub_b):
-            sub.wait_connected(2)
+            sub.wait_connected(1)
         pub.wait_for_subscribers(2)
         with pytest.raises(UserError, match="2 topics for 3 payloads"):
             pub.publish_many(["a/1", "a/2"], payloads(0, 3))

@@ -174,10 +174,10 @@ class Publisher(ClientLifecycle):
         """
         items = checked_payloads(payloads, self._max_message)
         checked: bytes | list[Any]
-        if isinstance(topic, (list, tuple)):
-            checked = list(self._checks.each(topic, len(items)))
-        else:
+        if isinstance(topic, (str, bytes)):
             checked = self._checks.remember(topic)  # once per list: no need for publish()'s cache lookup
+        else:
+            checked = self._checks.each(topic, len(items))
         wait = self.config.client.publish_timeout if timeout is None else timeout
         with self._lock:
             first = self._log.next_seq
