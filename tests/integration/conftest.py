@@ -14,12 +14,15 @@ def cluster(config, zk, paths, procs):
     return start_cluster(procs, zk, paths)
 
 
-def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str, ...] = ()):
-    """One GCM and two HCMs; `host_settings` ("exchange.sub_hwm=5") reach the exchanges."""
-    procs.start("gcm", "gcm-0", *gcm_settings)
+def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str, ...] = (), gcms: int = 1):
+    """`gcms` GCMs (all in the election) and two HCMs; `host_settings` ("exchange.sub_hwm=5") reach the
+    exchanges."""
+    for i in range(gcms):
+        procs.start("gcm", f"gcm-{i}", *gcm_settings)
     for host in ("host-1", "host-2"):
         procs.start("hcm", host, f"hcm.host={host}", *host_settings)
-    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2, message="cluster")
+    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2
+               and len(zk.get_children(paths.election)) == gcms, timeout=20, message="cluster")
     return procs
 
 

@@ -13,10 +13,6 @@ tests/unit/test_large_payloads.py.)
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +27,7 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from tests.integration.conftest import create
 from tests.profiles import examples
-from tests.support.helpers import fast_config, wait_until
+from tests.support.helpers import fast_config, lone_exchange, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,17 +39,8 @@ LARGE = protocol.LARGE_PAYLOAD_BYTES
 def exchange(zookeeper) -> Iterator[dict[str, Any]]:
     cfg = fast_config(zookeeper.connect_string).replace(exchange={
         "sub_hwm": SUB_HWM, "retention_seconds": 3600, "retention_bytes": 1 << 30})
-    proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", "large", "--id", "x1",
-                             "--config-json", cfg.to_json(), "--no-watch-stdin"],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    ready = json.loads(proc.stdout.readline())
-    assert ready["event"] == "ready"
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-    yield ready
-    proc.kill()
-    proc.wait()
-    assert proc.returncode is not None
+    with lone_exchange(cfg, "large") as ready:
+        yield ready
 
 
 def socket(context: zmq.Context, kind: int, endpoint: str, hwm: int = 0) -> zmq.Socket:

@@ -12,10 +12,6 @@ tracks only a few prefixes, so some examples run with an incomplete set (frames 
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +24,7 @@ from hypothesis import strategies as st
 from roq import protocol
 from roq.client.subscriber.streams import normalise
 from tests.profiles import examples
-from tests.support.helpers import fast_config, wait_until
+from tests.support.helpers import fast_config, lone_exchange, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -40,17 +36,8 @@ SUB_HWM = 4  # frames XPUB queues per subscriber before it drops for it
 def exchange(zookeeper) -> Iterator[dict[str, Any]]:
     cfg = fast_config(zookeeper.connect_string).replace(exchange={
         "sub_hwm": SUB_HWM, "max_prefixes": MAX_PREFIXES, "retention_seconds": 3600, "beat_interval": 0.1})
-    proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", "topics", "--id", "x1",
-                             "--config-json", cfg.to_json(), "--no-watch-stdin"],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    ready = json.loads(proc.stdout.readline())
-    assert ready["event"] == "ready"
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-    yield ready
-    proc.kill()
-    proc.wait()
-    assert proc.returncode is not None
+    with lone_exchange(cfg, "topics") as ready:
+        yield ready
 
 
 class RawSubscriber:

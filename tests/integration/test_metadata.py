@@ -11,7 +11,8 @@ import zmq
 from roq.client.admin import Admin
 from roq.protocol import decode_reply, encode_request
 from roq.protocol.metadata import decode_push
-from roq.state import read_hosts, read_leader, read_live
+from roq.state import read_leader, read_live
+from tests.integration.conftest import start_cluster
 from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -59,12 +60,7 @@ def endpoints(zk, paths) -> list[str]:
 
 @pytest.fixture
 def two_gcms(config, zk, paths, procs):
-    procs.start("gcm", "gcm-0")
-    procs.start("gcm", "gcm-1")
-    for host in ("host-1", "host-2"):
-        procs.start("hcm", host, f"hcm.host={host}")
-    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2
-               and len(zk.get_children(paths.election)) == 2, timeout=20, message="cluster")
+    start_cluster(procs, zk, paths, gcms=2)
     return endpoints(zk, paths)
 
 

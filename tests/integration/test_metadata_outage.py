@@ -14,7 +14,8 @@ import time
 import pytest
 
 from roq.client.admin import Admin
-from roq.state import read_hosts, read_leader, read_live
+from roq.state import read_live
+from tests.integration.conftest import start_cluster
 from tests.support.helpers import SteadyTraffic, record_figures, wait_until
 
 OUTAGE = float(os.environ.get("ZK_OUTAGE_SECONDS", "6"))
@@ -23,12 +24,7 @@ pytestmark = pytest.mark.timeout(120 + 2 * OUTAGE)
 
 @pytest.fixture
 def two_gcms(config, zk, paths, procs):
-    procs.start("gcm", "gcm-0")
-    procs.start("gcm", "gcm-1")
-    for host in ("host-1", "host-2"):
-        procs.start("hcm", host, f"hcm.host={host}")
-    wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == 2
-               and len(zk.get_children(paths.election)) == 2, timeout=20, message="cluster")
+    start_cluster(procs, zk, paths, gcms=2)
     with Admin(config) as admin:
         admin.create_queue("q", exchanges=2)
     wait_until(lambda: len(read_live(zk, paths, "q")) == 2, timeout=15, message="exchanges live")

@@ -7,6 +7,7 @@ and kills every one of them (and their process groups) in `stop_all()`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,9 +16,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -109,6 +111,24 @@ def fast_config(zk_hosts: str, root: str | None = None) -> Config:
 
 
 _SERVING = re.compile(r"serving the console at (http\S+)/ ")  # roq-web's line once it serves
+
+
+@contextmanager
+def lone_exchange(config: Config, queue: str) -> Iterator[dict[str, Any]]:
+    """One exchange process with no HCM (exchange x1 of `queue`), its `ready` line yielded; killed after."""
+    proc = subprocess.Popen([sys.executable, "-m", "exchange.main", "--queue", queue, "--id", "x1",
+                             "--config-json", config.to_json(), "--no-watch-stdin"],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        ready = json.loads(proc.stdout.readline())
+        assert ready["event"] == "ready"
+        out = proc.stdout
+        threading.Thread(target=lambda: [None for _ in out], daemon=True).start()  # keep its pipe drained
+        yield ready
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 class Processes:
