@@ -26,7 +26,7 @@ from roq.client.metadata import MetadataClient
 from roq.client.stats import SubscriberStats
 from roq.client.subscriber.checkpoint import Checkpoint, checkpoint_file, load_checkpoint
 from roq.client.subscriber.copies import StoredCopies
-from roq.client.subscriber.from_time import taken_before, unix_time
+from roq.client.subscriber.from_time import archived, taken_before, unix_time
 from roq.client.subscriber.messages import Message, MessageBatch
 from roq.client.subscriber.progress import Progress
 from roq.client.subscriber.receiver import SubscriberReceiver
@@ -69,9 +69,10 @@ class Subscriber(ClientLifecycle):
 
         `start`: where a subscriber without a position (none given, no saved one under its durable
         name) begins: "now" (what is published from now on), "beginning" (everything the
-        exchanges still retain, then on), or a `datetime` with a time zone (every frame the running
-        exchanges stored at or after it, then on: roq/client/subscriber/from_time.py). A position,
-        given or saved, always wins.
+        exchanges still retain, earlier incarnations a restarted exchange serves from disk
+        included, then on), or a `datetime` with a time zone (every frame the running exchanges
+        stored at or after it, then on: roq/client/subscriber/from_time.py). A position, given or
+        saved, always wins.
 
         `inbox_limit`: messages held for the iterator style before the I/O thread waits (and the
         socket, then the exchange, hold the rest)."""
@@ -133,7 +134,18 @@ class Subscriber(ClientLifecycle):
             for incarnation, pos in taken_before(config, self.topology.snapshot, at).items():
                 self._streams.resume(incarnation, pos)
                 self._progress.started(incarnation, pos)
+        if self.start in ("beginning", "time"):
+            self._read_archived()
         self._receiver.start()
+
+    def _read_archived(self) -> None:
+        """From the beginning or a time, the earlier incarnations the running exchanges still serve
+        (a restarted exchange's segment store or journal) are read too: each as an ended stream,
+        drained from the running exchange's replay socket like any ended incarnation."""
+        for xid, running in self.topology.snapshot().items():
+            for incarnation in archived(running):
+                self._streams.stream(incarnation, xid)
+                self._streams.end(incarnation)
 
     # ------------------------------------------------------------ API
 
