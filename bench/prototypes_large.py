@@ -14,13 +14,20 @@ prototypes off.
 
     .venv/bin/python bench/prototypes_large.py --repeat 5 --out docs/bench/i34-prototypes
     .venv/bin/python bench/prototypes_large.py --smoke --out /tmp/prototypes    # checks the tool works
+
+`--profile` adds py-spy samples of the exchange's Python work (samples holding the GIL) to each
+RoQ run's row in the JSON; it needs py-spy beside the interpreter or on PATH, and costs the
+exchange some CPU, so the lead's figures come from a run without it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +41,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
 from bench import compare, servers  # noqa: E402
-from bench.frame_cost import ThreadCpu, _live_exchange  # noqa: E402
+from bench.frame_cost import PySpy, ThreadCpu, _live_exchange  # noqa: E402
 from bench.peers import ZmqAdapter  # noqa: E402
 from roq.tools.bench import RoqAdapter, RoqBatchAdapter, run  # noqa: E402
 
@@ -118,14 +125,37 @@ def with_client(settings: dict[str, Any], knobs: dict[str, Any]) -> dict[str, An
     return {**settings, "config": config.replace(client=knobs).to_json()} if knobs else settings
 
 
+class GilProfile(PySpy):
+    """py-spy samples of the exchange's threads that hold the GIL (its Python work, idle waits
+    left out) from start to stop()."""
+
+    def __init__(self, pid: int) -> None:
+        self.out = Path(tempfile.mkstemp(prefix="roq-pyspy-", suffix=".txt")[1])
+        self.proc = subprocess.Popen([_py_spy() or "py-spy", "record", "--pid", str(pid), "--duration", "3600",
+                                      "--rate", "250", "--gil", "--format", "raw", "--output", str(self.out),
+                                      "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> dict[str, Any]:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled, then exits
+        return super().stop()
+
+
+def _py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
 def measured(system: str, settings: dict[str, Any], size: int, messages: int,
-             exchange_pid: int | None) -> dict[str, Any]:
-    """One run with the CPU of each stage, µs per message."""
+             exchange_pid: int | None, profile: bool = False) -> dict[str, Any]:
+    """One run with the CPU of each stage, µs per message (and with `profile`, where the
+    exchange's Python time goes)."""
     with tempfile.TemporaryDirectory(prefix="roq-cpu-") as cpu_dir:
         meter = ThreadCpu(exchange_pid) if exchange_pid else None
+        spy = GilProfile(exchange_pid) if exchange_pid and profile and _py_spy() else None
         if meter:
             meter.start()
         result = run(ADAPTERS[system], {**settings, "cpu_dir": cpu_dir}, size, messages, timeout=600)
+        profiled = spy.stop() if spy else None
         cpu: dict[str, Any] = {}
         for role in ("pub", "sub"):
             path = Path(cpu_dir) / f"{role}.json"
@@ -133,7 +163,8 @@ def measured(system: str, settings: dict[str, Any], size: int, messages: int,
                 cpu[role] = per_message(json.loads(path.read_text()), result.received)
         if meter:
             cpu["exchange"] = meter.stop(max(result.received, 1))
-    return {"msgs_per_s": result.msgs_per_s, "mb_per_s": result.mb_per_s, "lost": result.lost, "cpu_us": cpu}
+    row = {"msgs_per_s": result.msgs_per_s, "mb_per_s": result.mb_per_s, "lost": result.lost, "cpu_us": cpu}
+    return {**row, "exchange_profile": profiled} if profiled else row
 
 
 def per_message(totals: dict[str, Any], messages: int) -> dict[str, Any]:
@@ -146,7 +177,7 @@ def per_message(totals: dict[str, Any], messages: int) -> dict[str, Any]:
 
 
 def one_round(round_no: int, sizes: list[int], knobs: dict[int, list[str]], messages: dict[int, int],
-              workdir: Path) -> list[dict[str, Any]]:
+              workdir: Path, profile: bool = False) -> list[dict[str, Any]]:
     rows = []
     with compare.roq_cluster(servers.scratch(workdir, f"round{round_no}")) as settings:
         pid = int(_live_exchange(settings)["pid"])
@@ -160,7 +191,8 @@ def one_round(round_no: int, sizes: list[int], knobs: dict[int, list[str]], mess
                 variants.reverse()
             for system in CASES[size]["systems"]:
                 for variant in variants:
-                    row = measured(system, with_client(settings, KNOBS.get(variant, {})), size, messages[size], pid)
+                    row = measured(system, with_client(settings, KNOBS.get(variant, {})), size, messages[size], pid,
+                                   profile)
                     row.update({"round": round_no, "size": size, "system": system, "variant": variant,
                                 "load1": round(os.getloadavg()[0], 2), "vs_zeromq": ratio(row, raw)})
                     rows.append(row)
@@ -240,7 +272,9 @@ def _range(spread: dict[str, float] | None) -> str:
               help="multiplies each size's messages per run")
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--smoke", is_flag=True, help="one round, few messages: checks that the tool works, measures nothing")
-def main(sizes: str, knob_list: str, repeat: int, messages_scale: float, out: str, smoke: bool) -> None:
+@click.option("--profile", is_flag=True, help="py-spy samples (GIL held) of the exchange in each RoQ run, in the JSON")
+def main(sizes: str, knob_list: str, repeat: int, messages_scale: float, out: str, smoke: bool,
+         profile: bool) -> None:
     chosen = [int(s) for s in sizes.split(",") if s]
     if unknown := [s for s in chosen if s not in CASES] + [k for k in knob_list.split(",") if k and k not in KNOBS]:
         raise click.UsageError(f"unknown sizes or prototypes: {unknown}; sizes {list(CASES)}, prototypes {list(KNOBS)}")
@@ -252,7 +286,7 @@ def main(sizes: str, knob_list: str, repeat: int, messages_scale: float, out: st
     with tempfile.TemporaryDirectory(prefix="roq-prototypes-") as tmp:
         for round_no in range(repeat):
             console.print(f"[bold]round {round_no + 1}[/] (load {os.getloadavg()[0]:.2f})")
-            rows += one_round(round_no, chosen, knobs, messages, Path(tmp))
+            rows += one_round(round_no, chosen, knobs, messages, Path(tmp), profile)
     summary = summarise(rows)
     console.print(table(summary))
     out_dir = Path(out)
