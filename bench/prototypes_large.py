@@ -54,11 +54,12 @@ KNOBS: dict[str, dict[str, Any]] = {
     "big-frames": {"max_batch_bytes": 1 << 20},  # 4x the messages per frame: fewer per-frame costs
 }
 KNOBS["views+copy-send"] = {**KNOBS["views"], **KNOBS["copy-send"]}
+KNOBS["all"] = {**KNOBS["views"], **KNOBS["copy-send"], **KNOBS["buffers"], **KNOBS["big-frames"]}
 # Per size: the RoQ systems and the prototypes measured, and the messages per run.
 CASES: dict[int, dict[str, Any]] = {
-    65536: {"systems": ["roq", "roq-batch"], "knobs": ["views", "copy-send", "buffers", "views+copy-send"],
+    65536: {"systems": ["roq", "roq-batch"], "knobs": ["views", "copy-send", "buffers", "big-frames", "all"],
             "messages": 30_000},
-    1000: {"systems": ["roq-batch"], "knobs": ["big-frames", "copy-send", "buffers"], "messages": 500_000},
+    1000: {"systems": ["roq-batch"], "knobs": ["big-frames", "copy-send", "buffers", "all"], "messages": 500_000},
 }
 ADAPTERS = {"zeromq": "bench.prototypes_large.CpuZmqAdapter", "roq": "bench.prototypes_large.CpuRoqAdapter",
             "roq-batch": "bench.prototypes_large.CpuRoqBatchAdapter"}
