@@ -23,7 +23,8 @@ from roq.config import Config
 # a GIL switch interval (5 ms) while the application thread builds messages, and at 1M msg/s
 # that is 2 to 3 full batches the exchange should not go without.
 MAX_IN_FLIGHT = 4
-# A payload block this big is handed to libzmq without a copy (pyzmq then keeps it until sent).
+# A payload block this big is handed to libzmq without a copy (pyzmq then keeps it until sent):
+# client.zero_copy_send_bytes' default.
 ZERO_COPY_BYTES = 64 << 10
 _NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 
@@ -72,28 +73,31 @@ class BatchSender:
             if set(map(type, topics)) == {bytes}:  # an attributed topic is a list (or an Attributed)
                 head, block, *parts = protocol.encode_batch_message(self.id, first, time.time_ns(), topics,
                                                                     flat[1::2], self.config.client.large_payload_bytes)
-                return _send_frame(sock, head, block, parts)
+                return _send_frame(sock, head, block, parts, self.config.client.zero_copy_send_bytes)
         return _send_frame(sock, protocol.encode_batch(self.id, first, time.time_ns(), flat))
 
 
-def _send_frame(sock: zmq.Socket, frame: bytes, block: bytes | None = None, parts: list[bytes] | None = None) -> bool:
+def _send_frame(sock: zmq.Socket, frame: bytes, block: bytes | None = None, parts: list[bytes] | None = None,
+                zero_copy: int = ZERO_COPY_BYTES) -> bool:
     """Never block: an exchange whose queue to us is full is not reading (dead or stuck). A
     message's first part queued means the rest is too. `parts`: large payloads, each a part of its
-    own after the block, handed to libzmq without a copy (the log keeps the bytes until acked)."""
+    own after the block. The block and parts of at least `zero_copy` bytes (0: none) go to libzmq
+    without a copy (the log keeps the bytes until acked)."""
+    zero_copy = zero_copy or 1 << 62
     try:
         if block is None:
             sock.send(frame, _NOBLOCK)
         else:
             sock.send(frame, _MORE_NOBLOCK)
-            sock.send(block, _MORE_NOBLOCK if parts else _NOBLOCK, copy=len(block) < ZERO_COPY_BYTES)
+            sock.send(block, _MORE_NOBLOCK if parts else _NOBLOCK, copy=len(block) < zero_copy)
             if parts:
-                _send_parts(sock, parts)
+                _send_parts(sock, parts, zero_copy)
         return True
     except zmq.Again:
         return False
 
 
-def _send_parts(sock: zmq.Socket, parts: list[bytes]) -> None:
+def _send_parts(sock: zmq.Socket, parts: list[bytes], zero_copy: int) -> None:
     last = len(parts) - 1
     for index, part in enumerate(parts):
-        sock.send(part, _NOBLOCK if index == last else _MORE_NOBLOCK, copy=len(part) < ZERO_COPY_BYTES)
+        sock.send(part, _NOBLOCK if index == last else _MORE_NOBLOCK, copy=len(part) < zero_copy)
