@@ -325,7 +325,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2, help="worker processes of real clients")
     parser.add_argument("--real-per-process", type=int, default=10, help="real Subscriber objects per worker")
     parser.add_argument("--protocol", type=int, default=100, help="protocol-level clients in this process")
-    parser.add_argument("--idle", type=float, default=10.0, help="seconds of each CPU window")
+    parser.add_argument("--idle", type=float, default=10.0,
+                        help="seconds of each CPU window; a multiple of a third of gcm.metadata_lease (10 s) "
+                             "holds as many renewal rounds in each window (30 for figures)")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after the queue runs, before measuring")
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
