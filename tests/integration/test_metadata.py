@@ -8,6 +8,7 @@ import itertools
 import pytest
 import zmq
 
+from roq.client import Publisher
 from roq.client.admin import Admin
 from roq.protocol import decode_reply, encode_request
 from roq.protocol.metadata import decode_push
@@ -72,8 +73,9 @@ def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, tw
     wait_until(lambda: len(read_live(zk, paths, "q")) == 1, timeout=15, message="exchange live")
     conv = Conversation(backup)
     try:
+        # With its first report in: from then on only its figures move while nothing else changes.
         got = wait_until(lambda: (r := conv.call("metadata.get", queue="q")).ok and r.result["exchanges"]
-                         and r.result, message="backup answers")
+                         and r.result["exchanges"]["x1"]["stats"] and r.result, message="backup answers")
         assert got["exists"] is True and got["leader"] == leader and sorted(got["gcms"]) == two_gcms
         assert set(got["exchanges"]["x1"]) >= {"pub", "sub", "replay", "incarnation", "stats"}
         missing = conv.call("metadata.get", queue="nope").result
@@ -83,10 +85,15 @@ def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, tw
         assert watch["lease"] == config.gcm.metadata_lease and watch["gcm"] == got["gcm"]
         same = conv.call("metadata.watch", queues=["q"], version={"q": first}, gcm=watch["gcm"]).result
         assert same["queues"]["q"] == {"queue": "q", "version": first, "gcm": watch["gcm"], "unchanged": True}
-        with Admin(config) as admin:
-            admin.call("queue.scale", name="q", exchanges=2)
-        pushed = wait_until(lambda: [p for p in conv.poll_pushes() if len(p["exchanges"]) == 2], timeout=15,
-                            message="a push with the new exchange")
+        with Publisher("q", config):  # its exchange's statistics change (publishers 0 -> 1): no push
+            wait_until(lambda: conv.call("metadata.get", queue="q").result["exchanges"]["x1"]["stats"]
+                       .get("publishers") == 1, timeout=15, message="the GCM sees the publisher")
+            with Admin(config) as admin:
+                admin.call("queue.scale", name="q", exchanges=2)
+            pushed = wait_until(lambda: [p for p in conv.poll_pushes() if len(p["exchanges"]) == 2], timeout=15,
+                                message="a push with the new exchange")
+        # Pushes go out in the order of the changes: a push for the statistics would come first.
+        assert [len(p["exchanges"]) for p in conv.pushes[:conv.pushes.index(pushed[0]) + 1]] == [2]
         assert pushed[0]["version"] > first and pushed[0]["queue"] == "q"
         versions = [p["version"] for p in conv.pushes]
         assert versions == sorted(set(versions))  # increasing, never repeated
