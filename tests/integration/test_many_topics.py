@@ -286,10 +286,12 @@ def test_a_batch_subscriber_gets_each_frame_as_one_batch_with_each_message_topic
         assert sorted(b.pos for b in got) == sorted(by_pos), "not one batch per frame"
         for batch in got:
             routing, d = by_pos[batch.pos]
-            assert (batch.topic_bytes, batch.seqs, batch.publisher) == (routing, d.seqs, pub.id)
+            assert (batch.seqs, batch.publisher) == (d.seqs, pub.id)
             topics = [t.encode() for t in batch.message_topics()]
             assert topics == d.message_topics(routing) == [published[s] for s in batch.seqs]
-            assert (batch.topics is None) == (set(topics) == {routing})
+            # The routing topic; the one topic of a batch that has one (a fetched frame may be cut to it).
+            assert batch.topic_bytes == (routing if len(set(topics)) > 1 else topics[0])
+            assert (batch.topics is None) == (len(set(topics)) == 1)
         # Publisher order per topic (docs/guarantees.md: a frame fetched back after XPUB dropped it
         # may come after newer frames of another subscribed prefix).
         arrived = [(topic, seq) for b in got for topic, seq in zip(b.message_topics(), b.seqs)]

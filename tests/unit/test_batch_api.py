@@ -71,6 +71,8 @@ def test_duplicates_leave_the_rest_of_the_frame_with_their_own_topics_and_header
     assert batch.headers == [{"h": b"1"}, {"h": b"3"}]
     rest = frame_batch(b"a", d, [2, 3])  # what is left has the routing topic alone
     assert (rest.topic, rest.topics, rest.headers) == ("a", None, [{}, {"h": b"3"}])
+    other = frame_batch(b"a", d, [1])  # ... or one topic longer than it: the batch's topic
+    assert (other.topic, other.topics, other.seqs) == ("a/y", None, [2])
 
 
 def test_topics_that_are_not_utf8_round_trip_through_the_batch() -> None:
@@ -86,7 +88,8 @@ def test_any_fresh_subset_of_a_frame_keeps_each_message_topic(topics: list[bytes
     batch = frame_batch(b"r", delivery(seqs, topics), fresh)
     assert batch.seqs == [seqs[i] for i in fresh]
     assert [t.encode() for t in batch.message_topics()] == [topics[i] for i in fresh]
-    assert (batch.topics is None) == all(topics[i] == b"r" for i in fresh)
+    assert (batch.topics is None) == (len({topics[i] for i in fresh}) == 1)
+    assert batch.topic == "r" if batch.topics is not None else batch.topic == batch.message_topics()[0]
     assert all(t.startswith(batch.topic) for t in batch.message_topics())
 
 

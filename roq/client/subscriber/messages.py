@@ -33,8 +33,9 @@ class MessageBatch(NamedTuple):
     """The fresh messages of one exchange frame, from one publisher (duplicates already removed):
     what a `batch_callback` gets, with no object per message. A frame may hold messages of many
     topics (docs/protocol.md 4.2): `topic` is the frame's routing topic, a prefix of every
-    message's topic; `topics[i]` is message i's own topic, or `topics` is None when every message's
-    topic is `topic`. `message_topics()` gives the list either way.
+    message's topic (their one topic when they have one); `topics[i]` is message i's own topic, or
+    `topics` is None when every message's topic is `topic`. `message_topics()` gives the list
+    either way.
     `headers[i]` are message i's headers when any message of the batch has some (else None)."""
     topic: str
     payloads: list[bytes]
@@ -72,8 +73,8 @@ def frame_batch(routing: bytes, d: protocol.Delivery, fresh: range | list[int]) 
         payloads, seqs = [payloads[i] for i in fresh], [seqs[i] for i in fresh]
         own = [headers[i] for i in fresh] if headers else None
         topics = [topics[i] for i in fresh] if topics is not None else None
-    if topics is not None and topics[0] == routing and topics.count(routing) == len(topics):
-        topics = None  # what is left has the routing topic alone
+    if topics is not None and topics.count(topics[0]) == len(topics):
+        routing, topics = topics[0], None  # what is left (of a fetched frame, say) has one topic
     return MessageBatch(topic_text(routing), payloads, d.publisher, seqs, d.exchange, d.sent_ns, d.incarnation, d.pos,
                         own, topic_texts(topics) if topics is not None else None)
 
