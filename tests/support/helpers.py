@@ -403,6 +403,26 @@ def unmount_small_disk(path: Path) -> None:
             return
 
 
+@contextmanager
+def advertised(config: Config, queue: str, ready: dict[str, Any]) -> Iterator[None]:
+    """`queue` in ZooKeeper with the lone exchange of `ready` (lone_exchange) as its x1, and a seed
+    (MetadataOnlyGcm) at the config's first seed: the client library can use that exchange."""
+    from roq.paths import Paths
+    from roq.zk import encode, start_client, stop_client
+    zk = start_client(config)
+    seed = MetadataOnlyGcm(config)
+    try:
+        paths = Paths(config.zk.root)
+        zk.ensure_path(paths.queue(queue))
+        zk.ensure_path(paths.live_queue(queue))
+        data = {k: ready[k] for k in ("pub", "sub", "replay", "work", "incarnation", "pid") if k in ready}
+        zk.create(paths.live_exchange(queue, "x1"), encode({**data, "host": "local", "stats": {}}), ephemeral=True)
+        yield
+    finally:
+        seed.close()
+        stop_client(zk)
+
+
 class MetadataOnlyGcm:
     """The metadata half of a real GCM (gcm/metadata_cache.py, gcm/metadata.py on a real control
     socket) in this process, at the config's first seed: for tests that write a queue's topology
