@@ -246,6 +246,51 @@ def test_j_an_exchange_host_lost_with_its_disk_under_load_loses_nothing_the_repl
             back.sub.close()
 
 
+def test_k_a_late_replica_catches_up_from_the_primary_disk_then_takes_over(config, zk, paths, procs) -> None:
+    """Disk retention, a memory tail of 200 KB: ~3 MB confirmed, then the replica's host killed;
+    the new replica's copy starts at the primary's memory tail and the rest comes from the primary's
+    segment store by state transfer (protocol 6.5). Then the exchange's host is killed: a durable
+    subscriber away since message 10 gets every confirmed message once, from the new replica."""
+    memory = "exchange.retention_bytes=200000"
+    start_hosts(procs, zk, paths, memory)
+    procs.start("hcm", "host-4", "hcm.host=host-4", memory)  # room for the exchange and a new replica
+    wait_until(lambda: len(read_hosts(zk, paths)) == 4, message="four hosts")
+    create_replicated(config, zk, paths, "late", retention=3_600.0)
+    config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
+    publish_with_a_subscriber_away(config, zk, "late", "audit", taken=10, total=10)
+    with Publisher("late", config) as pub:
+        for i in range(10, 3000):
+            pub.publish("load", str(i).encode().ljust(1000))
+        pub.flush(60)
+        old_replica = read_json(zk, paths.replica_live("late", "x1"))
+        assert old_replica
+        procs.kill(str(old_replica["host"]))
+        procs.wait_gone(str(old_replica["host"]))
+        for i in range(3000, 3100):  # confirmed only once the new replica holds the memory tail
+            pub.publish("load", str(i).encode().ljust(1000))
+        pub.flush(60)
+    primary = read_live(zk, paths, "late")["x1"]
+    new = read_json(zk, paths.replica_live("late", "x1"))
+    assert new and new["host"] not in (old_replica["host"], primary["host"])
+    copy_dir = procs.workdir / str(new["host"]) / "data" / "store" / "late" / "x1~r" / str(primary["incarnation"])
+    wait_until(lambda: (copy_dir / f"{1:020d}.seg").exists() and not list(copy_dir.parent.glob("*~base")),
+               timeout=60, message=f"the state transfer to complete at {copy_dir}")
+    procs.kill(str(primary["host"]))  # the primary's disk goes with it: only the new replica holds 10-3099
+    wait_until(lambda: (read_live(zk, paths, "late").get("x1") or {}).get("incarnation") not in
+               (None, primary["incarnation"]), timeout=20, message="x1 back on another host")
+    back = Collector("late", config, zk, durable="audit")
+    try:
+        wanted = set(range(10, 3100))
+        wait_until(lambda: wanted <= set(back.counts), timeout=60, message="every confirmed message")
+        record_figures("replication k (processes): late replica caught up from disk, then the exchange host lost",
+                       confirmed=3100, received_after_resume=len(back.counts), lost=len(wanted - set(back.counts)),
+                       duplicated=back.duplicated() + sum(1 for i in back.counts if i < 10))
+        assert back.duplicated() == 0
+        assert not [i for i in back.counts if i < 10], "taken before: not again"
+    finally:
+        back.sub.close()
+
+
 def test_confirms_wait_for_the_replica(config, zk, paths, procs) -> None:
     start_hosts(procs, zk, paths)
     create_replicated(config, zk, paths, "held")
