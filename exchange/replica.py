@@ -336,6 +336,6 @@ class Replica:
         while len(self.sealed) > MAX_SEALED:
             self.sealed.popitem(last=False)
 
-    def report(self) -> dict[str, int]:
+    def report(self) -> dict[str, int | bool]:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}

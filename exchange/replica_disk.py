@@ -228,10 +228,10 @@ class ReplicaDisk:
         for store in [*self.stores.values(), *self.bases.values()]:
             store.close()
 
-    def report(self) -> dict[str, int]:
+    def report(self) -> dict[str, int | bool]:
         return {"stored_bytes": sum(store.disk_bytes for store in self.stores.values()),
                 "transferring": len(self.bases),
-                "storage_full": int(any(store.state is not StoreState.OK for store in self.stores.values()))}
+                "storage_full": bool(any(store.state is not StoreState.OK for store in self.stores.values()))}
 
     def _flush(self, store: SegmentStore, sync: bool = False) -> bool:
         if store.flush(sync=sync):

@@ -25,6 +25,7 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.paths import Paths
+from roq.records import ExchangeStats
 from roq.state import read_hosts, read_leader, read_live
 from roq.zk import read_json
 from tests.support.helpers import record_figures, wait_until
@@ -275,6 +276,9 @@ def test_k_a_late_replica_catches_up_from_the_primary_disk_then_takes_over(confi
     copy_dir = procs.workdir / str(new["host"]) / "data" / "store" / "late" / "x1~r" / str(primary["incarnation"])
     wait_until(lambda: (copy_dir / f"{1:020d}.seg").exists() and not list(copy_dir.parent.glob("*~base")),
                timeout=60, message=f"the state transfer to complete at {copy_dir}")
+    wait_until(lambda: ExchangeStats.from_dict(read_live(zk, paths, "late")["x1"].get("stats")).transferred_to > 1
+               and ExchangeStats.from_dict(read_live(zk, paths, "late")["x1"].get("stats")).transfer_end == 0,
+               timeout=20, message="the exchange to report the transfer done")
     procs.kill(str(primary["host"]))  # the primary's disk goes with it: only the new replica holds 10-3099
     wait_until(lambda: (read_live(zk, paths, "late").get("x1") or {}).get("incarnation") not in
                (None, primary["incarnation"]), timeout=20, message="x1 back on another host")
