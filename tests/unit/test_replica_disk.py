@@ -279,3 +279,36 @@ def replay_copy(r: Replica) -> list[bytes]:
     assert memory is not None
     page = tiered.read(memory, r.disk.store_of(incarnation), 0, memory.next_pos, [], 1 << 20)
     return [frame_body for _, frame_body in page.frames]
+
+
+def test_lost_fill_pages_are_sent_again_and_the_transfer_completes_whole(ctx: zmq.Context, replica: Replica,
+                                                                         tmp_path: Path) -> None:
+    """Every third `fill` frame lost on the way: the replica answers the next one with where it is
+    (a gap), or the primary hears nothing and sends again after RESEND_AFTER; nothing is skipped."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    send = primary.link._send
+    fills = [0]
+
+    def lossy(frame: bytes) -> bool:
+        if frame[1:6] == b"\xa4fill":  # msgpack: an array, then the str "fill"
+            fills[0] += 1
+            if fills[0] % 3 == 0:
+                return True  # lost on the way
+        return send(frame)
+    primary.link._send = lossy  # type: ignore[method-assign]
+    clock = [time.monotonic()]
+    deadline = time.monotonic() + 20
+    while not (replica.disk.starts.get(INC, 0) > 1 and INC in replica.disk.in_sync and primary.link.transfer.in_sync):
+        assert time.monotonic() < deadline, "the transfer did not complete"
+        clock[0] += 0.5  # time passes for the primary: silences end in resends
+        primary.link.pump(clock[0])
+        if replica.repl.poll(10):
+            replica._drain_primary()
+        sock = primary.link.sock
+        assert sock is not None
+        while sock.poll(10):
+            primary.link.on_reply(sock.recv())
+    assert fills[0] >= 3, "fill frames were lost on the way"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    end = primary.retention.next_pos
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end)]
