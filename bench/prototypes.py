@@ -18,12 +18,13 @@ round, so load on a shared machine hits them alike. Per variant and round:
 * the latency rows of bench/compare.py: `roq` (`publish()`) and `roq-batch` (`publish_many()`),
   `--latency-messages` 100-B messages paced at `--rate`, p50 and p99;
 * `--frames`: one-message frames/s through the exchange (bench/frame_cost.py, a raw publisher with
-  `--window` batches unacknowledged: the client knob plays no part there).
+  `--window` batches unacknowledged, one run per window given: 64 keeps the exchange busy, 1 is
+  the paced case; the client knob plays no part there).
 
 Ratios to `off` are taken within each round, then their median and spread. `--nats` adds NATS's
 latency row to each round (the goal's yardstick). Writes prototypes.json to `--out`.
 
-    .venv/bin/python bench/prototypes.py --repeat 5 --nats --frames --out /tmp/prototypes
+    .venv/bin/python bench/prototypes.py --repeat 5 --nats --out /tmp/prototypes
     .venv/bin/python bench/prototypes.py --smoke     # seconds: the tool works, nothing measured
 """
 
@@ -65,7 +66,7 @@ def overrides(variant: str, eager_in_flight: int, eager_batch_messages: int,
 
 
 def one_variant(variant: str, knobs: dict[str, dict[str, Any]], workdir: Path, latency_messages: int, rate: float,
-                frames: int, window: int) -> dict[str, Any]:
+                frames: int, windows: list[int]) -> dict[str, Any]:
     """One variant's runs on its own fresh cluster."""
     from bench import frame_cost
     row: dict[str, Any] = {"variant": variant, "knobs": knobs, "load1": round(os.getloadavg()[0], 2)}
@@ -74,8 +75,8 @@ def one_variant(variant: str, knobs: dict[str, dict[str, Any]], workdir: Path, l
             result = run(compare.ADAPTERS[system], settings, SIZE, latency_messages, rate=rate, timeout=600)
             row[system] = {"p50_us": result.p50_us, "p99_us": result.p99_us, "p999_us": result.p999_us,
                            "lost": result.lost}
-        if frames:
-            row["frames"] = frame_cost.frames_run(settings, frames, window, False, False)
+        for window in windows if frames else []:
+            row[f"frames_w{window}"] = frame_cost.frames_run(settings, frames, window, False, False)
     return row
 
 
@@ -90,9 +91,10 @@ def figures(row: dict[str, Any]) -> dict[str, float]:
     """A row's comparable figures, flat: roq.p50_us, roq-batch.p99_us, frames_per_s, ..."""
     out = {f"{system}.{field}": row[system][field] for system in LATENCY_SYSTEMS + ("nats",) if system in row
            for field in ("p50_us", "p99_us")}
-    if "frames" in row:
-        out["frames_per_s"] = row["frames"]["frames_per_s"]
-        out["cpu_us_per_frame"] = row["frames"]["cpu_per_frame"]["total_us"]
+    for key in sorted(k for k in row if k.startswith("frames_w")):
+        window = key.removeprefix("frames_")
+        out[f"frames_per_s.{window}"] = row[key]["frames_per_s"]
+        out[f"cpu_us_per_frame.{window}"] = row[key]["cpu_per_frame"]["total_us"]
     return out
 
 
@@ -134,17 +136,19 @@ def show(row: dict[str, Any]) -> str:
 @click.option("--latency-messages", type=click.IntRange(100), default=30_000, show_default=True)
 @click.option("--frames", "frame_count", type=click.IntRange(0), default=40_000, show_default=True,
               help="one-message frames per frames run (0: no frames run)")
-@click.option("--window", type=click.IntRange(1), default=64, show_default=True, help="frames run: batches in flight")
+@click.option("--windows", default="64,1", show_default=True,
+              help="frames runs: batches in flight, one run per comma-separated value")
 @click.option("--eager-in-flight", type=click.IntRange(1, 4), default=4, show_default=True)
 @click.option("--eager-batch-messages", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--held-frames", type=click.IntRange(1, 256), default=16, show_default=True)
 @click.option("--nats", is_flag=True, help="NATS's latency row in each round too")
 @click.option("--out", type=click.Path(file_okay=False), default="bench/results", show_default=True)
 @click.option("--smoke", is_flag=True, help="tiny counts: checks that the tool works, measures nothing")
-def main(variants: str, repeat: int, rate: float, latency_messages: int, frame_count: int, window: int,
+def main(variants: str, repeat: int, rate: float, latency_messages: int, frame_count: int, windows: str,
          eager_in_flight: int, eager_batch_messages: int, held_frames: int, nats: bool, out: str,
          smoke: bool) -> None:
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    window_list = [int(w) for w in windows.split(",") if w.strip()]
     unknown = set(chosen) - set(VARIANTS)
     if unknown or "off" not in chosen:
         raise click.BadParameter(f"choose from {VARIANTS}, `off` included", param_hint="--variants")
@@ -163,7 +167,7 @@ def main(variants: str, repeat: int, rate: float, latency_messages: int, frame_c
             for variant in chosen[turn:] + chosen[:turn]:
                 knobs = overrides(variant, eager_in_flight, eager_batch_messages, held_frames)
                 rows.append(one_variant(variant, knobs, Path(tmp) / f"{variant}-{round_no}", latency_messages, rate,
-                                        frame_count, window))
+                                        frame_count, window_list))
                 console.print("  " + show(rows[-1]))
             if nats:
                 rows.append(nats_row(Path(tmp) / f"nats-{round_no}", latency_messages, rate))
@@ -181,7 +185,8 @@ def main(variants: str, repeat: int, rate: float, latency_messages: int, frame_c
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
               "command": " ".join(["bench/prototypes.py"] + sys.argv[1:]),
-              "settings": {"rate": rate, "latency_messages": latency_messages, "frames": frame_count, "window": window,
+              "settings": {"rate": rate, "latency_messages": latency_messages, "frames": frame_count,
+                           "windows": window_list,
                            "eager_in_flight": eager_in_flight, "eager_batch_messages": eager_batch_messages,
                            "held_frames": held_frames, "repeat": repeat, "size": SIZE},
               "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
