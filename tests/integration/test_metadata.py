@@ -13,7 +13,7 @@ from roq.protocol import decode_reply, encode_request
 from roq.protocol.metadata import decode_push
 from roq.state import read_leader, read_live
 from tests.integration.conftest import start_cluster
-from tests.support.helpers import wait_until
+from tests.support.helpers import wait_until, zookeeper_connections
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -129,15 +129,6 @@ def test_zookeeper_down_answers_from_the_last_view(config, zk, paths, two_gcms, 
             zookeeper.start()
     finally:
         conv.close()
-
-
-def zookeeper_connections(zookeeper) -> int:
-    """ZooKeeper's own count of client connections (one per session), by the `mntr` word."""
-    import socket
-    with socket.create_connection((zookeeper.host, zookeeper.port), timeout=5) as conn:
-        conn.sendall(b"mntr")
-        text = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
-    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("zk_num_alive_connections")))
 
 
 def test_clients_open_no_zookeeper_session_and_skip_a_dead_seed(config, zk, paths, two_gcms, zookeeper):
