@@ -118,7 +118,8 @@ def parse(document: Any, where: str) -> Backup:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise bad(f"not a RoQ backup (no \"format\": \"{FORMAT}\")")
     version = document.get("version")
-    if version not in FIELDS_BY_VERSION or isinstance(version, bool):
+    # int first: a list or map is unhashable, and `in` would raise TypeError, not refuse it
+    if isinstance(version, bool) or not isinstance(version, int) or version not in FIELDS_BY_VERSION:
         newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
         raise bad(f"backup format version {version!r} "
                   + ("is newer than this roq reads" if newer else "is not one this roq reads")

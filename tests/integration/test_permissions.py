@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
 from gcm.backup_document import MAX_QUEUES
@@ -36,6 +35,7 @@ from roq.state import read_hosts, read_leader, read_live
 from roq.zk import read_json, start_client, stop_client
 from tests.profiles import examples
 from tests.support.helpers import OK, REFUSED, Processes, carry, fast_config, handshake, record_figures, wait_until
+from tests.support.hostile_documents import hostile_restores
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -348,49 +348,6 @@ def znodes(zk: KazooClient, path: str) -> dict[str, tuple[bytes, int]]:
         for child in zk.get_children(path):
             found.update(znodes(zk, f"{path}/{child}"))
     return found
-
-
-# Any value msgpack carries (its integers end at 64 bits), nested.
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
-                       | st.text(max_size=12) | st.binary(max_size=8),
-                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                   max_size=4),
-                       max_leaves=12)
-
-
-def places(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every path (keys and indexes) into a JSON document."""
-    found = [at]
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, child in children:
-        found += places(child, (*at, key))
-    return found
-
-
-@st.composite
-def hostile_restores(draw: st.DrawFn, good: dict[str, Any]) -> dict[str, Any]:
-    """A restore request's arguments: the good document with one place replaced, dropped or given an
-    unknown field, or any value at all; flags of any type. Never a forced restore that applies."""
-    document: Any = json.loads(json.dumps(good))
-    how = draw(st.sampled_from(["replace", "drop", "add", "anything"]))
-    if how == "anything":
-        document = draw(JSONISH)
-    else:
-        at = draw(st.sampled_from(places(document)[1:]))
-        parent = document
-        for key in at[:-1]:
-            parent = parent[key]
-        if how == "replace":
-            parent[at[-1]] = draw(JSONISH)
-        elif how == "drop":
-            del parent[at[-1]]
-        elif isinstance(parent, dict):
-            parent[draw(st.text(min_size=1, max_size=8))] = draw(JSONISH)
-        else:
-            parent.append(draw(JSONISH))
-    dry_run = draw(st.sampled_from([True, False, 0, "yes", None]))
-    force = draw(st.sampled_from([False, 1, "true"] + ([True] if dry_run is True else [])))
-    return {"document": document, "force": force, "dry_run": dry_run}
 
 
 def test_hostile_restore_documents_are_refused_and_change_nothing(cluster: Cluster) -> None:
