@@ -74,6 +74,8 @@ def start_cluster(procs, zk, paths, *host_settings: str, gcm_settings: tuple[str
 
 def create(config, zk, paths, name, exchanges):
     """Create a queue and wait until all its exchanges run."""
+    # A GCM just started may not listen yet: the client gives up once every seed refused for 1.5 s.
+    wait_until(lambda: read_leader(zk, paths), timeout=30, message="a leader")
     with Admin(config) as admin:
         admin.create_queue(name, exchanges=exchanges)
     wait_until(lambda: len(read_live(zk, paths, name)) == exchanges, timeout=15, message="exchanges live")
