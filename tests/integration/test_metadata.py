@@ -98,6 +98,28 @@ def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(two_gcm_cluster, two_
         conv.close()
 
 
+def test_a_queue_created_while_a_client_asks_is_found_not_refused(two_gcm_cluster, two_gcms):
+    """A GCM's cache follows the leader's writes a few ms behind: `follow` waits NOT_FOUND_GRACE for
+    the push that shows a queue the seed does not know yet, and only then says it does not exist."""
+    import threading
+
+    from roq.client.metadata import NOT_FOUND_GRACE, MetadataClient
+    from roq.errors import QueueNotFoundError
+    config = two_gcm_cluster.config
+    with Admin(config) as admin:
+        client = MetadataClient(config)
+        try:
+            creator = threading.Timer(NOT_FOUND_GRACE / 4, lambda: admin.create_queue("late-made", exchanges=1))
+            creator.start()
+            body = client.follow("late-made", lambda body: None, timeout=10)
+            creator.join()
+            assert body["exists"] is True, "the queue made during the grace is found"
+            with pytest.raises(QueueNotFoundError):
+                client.follow("never-made", lambda body: None, timeout=10)
+        finally:
+            client.close()
+
+
 def test_bad_requests_and_limits(two_gcm_cluster, two_gcms):
     config = two_gcm_cluster.config
     conv = Conversation(two_gcms[0])
