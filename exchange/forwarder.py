@@ -211,8 +211,8 @@ class Forwarder:
         """Read no batches while the replica lags too far, while the journal's disk refuses writes,
         while the groups hold too much, while we adopt our predecessor's groups, and until the
         admin commands came."""
-        return self.durability.holds_publishers or self.group_sync.adopting \
-            or self.groups.held_bytes > self.config.group_max_bytes or not self.commands.ready
+        return self.durability.holds_publishers or self.group_sync.adopting or not self.commands.ready \
+            or (self.groups.held_bytes > self.config.group_max_bytes and not self.parts.spill.enabled)
 
     def _groups_turn(self, now: float) -> None:
         """Dispatch to the members, time out what they hold, publish dead letters, copy the groups
@@ -225,6 +225,7 @@ class Forwarder:
                 self.groups.tick()
                 self._shed_idle_groups()
             self.parts.dead_letters.publish(self.fanout.send)
+            self.parts.spill.turn()  # read-ahead from the store for the groups that have room
             if self.link is not None:
                 self.group_sync.settle_acks()  # before the pump: credit freed now is filled in this turn
             self.work.pump()
@@ -234,7 +235,7 @@ class Forwarder:
     def _shed_idle_groups(self) -> None:
         """Over exchange.group_max_bytes, groups without members go first: an abandoned group must
         not hold the publishers."""
-        if self.groups.held_bytes > self.config.group_max_bytes:
+        if self.groups.held_bytes > self.config.group_max_bytes and not self.parts.spill.enabled:
             for name in self.groups.shed_idle(self.config.group_max_bytes):
                 log.warning("consumer group %s dropped with its messages: it had no member and the groups "
                             "held more than exchange.group_max_bytes", name)

@@ -138,7 +138,9 @@ class Groups:
                    payloads: list[bytes], attrs: list[tuple[Any, ...]] | None, only: Group | None, start: int,
                    end: int, deliveries: int) -> None:
         """Messages start..end-1 of a frame, all of `topic`, to the groups that match it."""
-        groups = [g for g in ((only,) if only is not None else self.groups.values()) if g.matches(topic)]
+        # A spilled group (exchange/group_spill.py) takes frames from the store, not live.
+        groups = [g for g in ((only,) if only is not None else self.groups.values())
+                  if g.matches(topic) and (only is not None or not g.spilled_from)]
         if not groups or start >= end:
             return
         now, wall = self.clock(), self.wall()
@@ -278,6 +280,7 @@ class Groups:
         group.levels.clear()
         group.delayed.clear()
         group.ready = group.delayed_count = 0
+        group.spilled_from = 0  # what waits on disk for it goes too
         return sum(unit.count for unit in waiting)
 
     def delete(self, name: str) -> int:

@@ -24,6 +24,7 @@ from exchange.consumers import ConsumerProgress
 from exchange.dead_letters import DeadLetters
 from exchange.disk_tail import DiskTail
 from exchange.group_feed import GroupFeed
+from exchange.group_spill import GroupSpill
 from exchange.groups import Groups
 from exchange.journal import Journal
 from exchange.replay import LiveStream, ReplayServer, replay_socket
@@ -93,6 +94,7 @@ class Parts:
     commands: Commands
     groups: Groups
     feed: GroupFeed
+    spill: GroupSpill  # a disk-retained queue's group backlogs wait in its segment store
     dead_letters: DeadLetters
     front: zmq.Socket  # ROUTER: publishers
     back: zmq.Socket  # XPUB: subscribers
@@ -142,6 +144,8 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
     work_server.gone = gone_fds
     disk = DiskTail(Path(site.store_root) if site.store_root is not None else None, stream.incarnation,
                     f"{Path(site.store_root).parent.name}/{site.xid}" if site.store_root is not None else site.xid)
+    spill = GroupSpill(groups, feed, retention, disk, config.group_max_bytes)
+    feed.before_live = spill.mark
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()
     parts = Parts(
@@ -149,7 +153,7 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
         chains=chains, gate=ConfirmGate(), consumers=consumers, commands=Commands(config.publisher_ttl),
         sessions=PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
                                    max_per_connection=config.max_publishers_per_connection),
-        groups=groups, feed=feed, dead_letters=dead_letters, front=front, back=back,
+        groups=groups, feed=feed, spill=spill, dead_letters=dead_letters, front=front, back=back,
         replay=ReplayServer(replay, config, count, LiveStream(retention, chains, stream.incarnation),
                             archives=site.archives, on_progress=consumers.report, store_of=disk.store_of),
         work=work_server, link=link, journal=journal, storage=storage, disk=disk)
