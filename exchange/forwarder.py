@@ -81,6 +81,13 @@ class Forwarder:
             sock.close(linger=0)
         self.work.close()
         self.durability.close()
+        self.parts.cursors.close()
+
+    def restore_groups(self) -> None:
+        """Before reading anyone: the groups an earlier incarnation's cursor files describe, with a
+        disk policy and no replica (with one, the replica's adoption stands: exchange/group_sync.py)."""
+        if self.link is None and self.parts.cursors.enabled:
+            self.parts.cursors.restore(self.fanout.send, self.chains)
 
     # ------------------------------------------------------------ what main.py and the HCM see
 
@@ -229,6 +236,7 @@ class Forwarder:
             if self.link is not None:
                 self.group_sync.settle_acks()  # before the pump: credit freed now is filled in this turn
             self.work.pump()
+        self.parts.cursors.turn()  # what left the groups, to their cursor files (a disk policy)
         if self.link is not None and not self.group_sync.adopting:
             self.group_sync.replicate(now)  # also once when the last group went: it must not come back
 

@@ -7,9 +7,11 @@ floor that left it (acked or dead-lettered) as (pos, idx, count) ranges. These a
 to one file per group, each framed as the store's (length u32 | crc u32 | payload, little-endian,
 CRC-32 of the payload), the payload msgpack:
 
-    ["start", prefixes, ack_timeout_ms, max_deliveries, dead_letter, first_pos]   the first record
+    ["start", prefixes, ack_timeout_ms, max_deliveries, dead_letter, first_pos, incarnation]
+                                                   the first record: positions are that incarnation's
     ["done", [[pos, idx, count], ...]]                                            messages that left
     ["floor", pos]                                                                nothing held below pos
+    ["gap", from, to]              positions from..to-1 hold nothing of the group's (other groups' restored frames)
 
 Recovery reads records until the first that fails (a torn tail after a crash, a damaged byte):
 the state is that of the records before it, which is always a prefix of what was written, and
@@ -44,19 +46,24 @@ class CursorState:
     max_deliveries: int = 0
     dead_letter: bytes = b""
     first_pos: int = 0  # 0: no start record (an empty or unreadable file)
+    incarnation: str = ""  # whose stream the positions are of
     floor: int = 0  # every message below this position left the group
     done: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # pos → sorted (idx, count) above floor
+    gap: tuple[int, int] = (0, 0)
 
     def apply(self, record: list[Any]) -> None:
         kind = record[0]
         if kind == "start":
-            _, prefixes, self.ack_timeout_ms, self.max_deliveries, dead_letter, self.first_pos = record
+            _, prefixes, self.ack_timeout_ms, self.max_deliveries, dead_letter, self.first_pos, incarnation = record
+            self.incarnation = str(incarnation)
             self.prefixes, self.dead_letter = tuple(bytes(p) for p in prefixes), bytes(dead_letter)
             self.floor = max(self.floor, self.first_pos)
         elif kind == "done":
             for pos, idx, count in record[1]:
                 if pos >= self.floor:
                     insort(self.done.setdefault(int(pos), []), (int(idx), int(count)))
+        elif kind == "gap":
+            self.gap = (int(record[1]), int(record[2]))
         elif kind == "floor":
             self.floor = max(self.floor, int(record[1]))
             self.done = {pos: runs for pos, runs in self.done.items() if pos >= self.floor}
@@ -65,7 +72,7 @@ class CursorState:
 
     def is_done(self, pos: int, idx: int) -> bool:
         """Whether message `idx` of the frame at `pos` left the group."""
-        if pos < self.floor:
+        if pos < self.floor or self.gap[0] <= pos < self.gap[1]:
             return True
         return any(start <= idx < start + count for start, count in self.done.get(pos, ()))
 
@@ -74,8 +81,10 @@ class CursorState:
         out: list[list[Any]] = []
         if self.first_pos:
             out.append(["start", list(self.prefixes), self.ack_timeout_ms, self.max_deliveries, self.dead_letter,
-                        self.first_pos])
+                        self.first_pos, self.incarnation])
             out.append(["floor", self.floor])
+        if self.gap != (0, 0):
+            out.append(["gap", *self.gap])
         runs = [[pos, idx, count] for pos, pieces in sorted(self.done.items()) for idx, count in pieces]
         if runs:
             out.append(["done", runs])
@@ -101,7 +110,8 @@ def decode_all(data: bytes) -> tuple[CursorState, int]:
         try:
             record = msgpack.unpackb(payload, raw=False)
             trial = CursorState(state.prefixes, state.ack_timeout_ms, state.max_deliveries, state.dead_letter,
-                                state.first_pos, state.floor, {p: list(r) for p, r in state.done.items()})
+                                state.first_pos, state.incarnation, state.floor,
+                                {p: list(r) for p, r in state.done.items()}, state.gap)
             trial.apply(record)
         except (ValueError, TypeError, IndexError, msgpack.UnpackException):
             break
@@ -134,8 +144,8 @@ class GroupCursor:
         return self.state
 
     def start(self, prefixes: tuple[bytes, ...], ack_timeout_ms: int, max_deliveries: int, dead_letter: bytes,
-              first_pos: int) -> None:
-        self._append(["start", list(prefixes), ack_timeout_ms, max_deliveries, dead_letter, first_pos])
+              first_pos: int, incarnation: str) -> None:
+        self._append(["start", list(prefixes), ack_timeout_ms, max_deliveries, dead_letter, first_pos, incarnation])
 
     def done(self, ranges: list[tuple[int, int, int]]) -> None:
         if ranges:
@@ -151,8 +161,11 @@ class GroupCursor:
         if self._file is not None:
             os.fdatasync(self._file.fileno())
 
-    def compact(self) -> None:
-        """Rewrite the file as its state's fewest records (atomically)."""
+    def compact(self, state: CursorState | None = None) -> None:
+        """Rewrite the file as its state's fewest records (or as `state`'s: a group moved to a new
+        incarnation's positions), atomically."""
+        if state is not None:
+            self.state = state
         data = b"".join(encode(r) for r in self.state.records())
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "wb") as out:

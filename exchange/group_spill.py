@@ -76,8 +76,15 @@ class GroupSpill:
                     break  # nothing readable yet (cannot happen with a consistent store): next turn
 
     def _read_ahead(self, group: Group, share: int) -> None:
-        """One page of the frames after `group.spilled_from`, offered to `group` alone."""
-        after, end = group.spilled_from - 1, self.retention.next_pos
+        """One page of the frames after `group.spilled_from`, offered to `group` alone (up to its
+        `spill_gap`, which it then skips)."""
+        gap_from, gap_to = group.spill_gap
+        if gap_from and group.spilled_from >= gap_from:
+            group.spilled_from, group.spill_gap = max(group.spilled_from, gap_to), (0, 0)
+            if group.spilled_from >= self.retention.next_pos:
+                group.spilled_from = 0
+            return
+        after, end = group.spilled_from - 1, gap_from or self.retention.next_pos
         page = read(self.retention, self.disk.store, after, end, list(group.settings.prefixes),
                     min(READ_AHEAD_BYTES, share))
         if page.lost:
@@ -87,7 +94,7 @@ class GroupSpill:
         for topic, body in page.frames:
             self._offer(group, topic, body)
         group.spilled_from = page.scanned_to + 1
-        if group.spilled_from >= end:
+        if group.spilled_from >= end and not gap_from:
             group.spilled_from = 0  # caught up: frames come live again
 
     def _offer(self, group: Group, topic: bytes, body: object) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from exchange.group_cursor import COMPACT_MIN_BYTES, CursorState, GroupCursor, encode
 from tests.profiles import examples
 
-START = ["start", [b"jobs"], 30_000, 5, b"dead", 10]
+START = ["start", [b"jobs"], 30_000, 5, b"dead", 10, "x1.0a0b0c0d"]
 RANGES = st.lists(st.tuples(st.integers(10, 60), st.integers(0, 20), st.integers(1, 5)), min_size=1, max_size=4)
 OPS = st.lists(st.one_of(RANGES.map(lambda r: ["done", [list(x) for x in r]]),
                          st.integers(10, 60).map(lambda p: ["floor", p])), max_size=25)
@@ -32,7 +32,7 @@ def write(path: Path, records: list[list[Any]]) -> list[int]:
     sizes = []
     for record in records:
         if record[0] == "start":
-            cursor.start([bytes(p) for p in record[1]], *record[2:5], record[5])  # type: ignore[arg-type]
+            cursor.start(tuple(bytes(p) for p in record[1]), *record[2:5], record[5], record[6])  # type: ignore[arg-type]
         elif record[0] == "done":
             cursor.done([tuple(r) for r in record[1]])
         else:
@@ -72,7 +72,7 @@ def test_a_compacted_cursor_says_the_same_in_fewer_bytes() -> None:
         path = Path(tmp) / "g.cur"
         cursor = GroupCursor(path)
         cursor.recover()
-        cursor.start((b"jobs",), 30_000, 5, b"", 1)
+        cursor.start((b"jobs",), 30_000, 5, b"", 1, "x1.0a0b0c0d")
         written = 0
         for pos in range(1, 80_000):  # about 1.2 MB of records in all
             cursor.done([(pos, 0, 100)])

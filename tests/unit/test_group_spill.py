@@ -1,4 +1,5 @@
-"""A disk-retained queue's groups read their backlog from the segment store (exchange/group_spill.py).
+"""A disk-retained queue's groups read their backlog from the segment store (exchange/group_spill.py),
+and find it again after a restart from their cursor files (exchange/group_restore.py).
 
 Real segment store on a temporary directory, the exchange's own retention, feed and groups; the
 frames are numbered, retained, stored and offered as exchange/fanout.py does.
@@ -13,8 +14,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exchange.chains import PrefixChains
 from exchange.disk_tail import DiskTail
 from exchange.group_feed import GroupFeed
+from exchange.group_restore import GroupCursors
 from exchange.group_spill import GroupSpill
 from exchange.groups import Groups, GroupSettings
 from exchange.retention import Retention
@@ -29,31 +32,45 @@ MAX_BYTES = 20_000
 class Stream:
     """An exchange's frames path: retention (a tiny memory tail), its store, the groups."""
 
-    def __init__(self, root: Path, on_disk: bool = True) -> None:
+    def __init__(self, root: Path, on_disk: bool = True, incarnation: str = "x1.00000001") -> None:
         self.retention = Retention(3600.0, 5_000)
-        self.disk = DiskTail(root, "inc1", "q/x1")
+        self.incarnation = incarnation
+        self.disk = DiskTail(root, incarnation, "q/x1")
         self.disk.start(StoragePolicy(retention=3600.0 if on_disk else 0.0))
         self.groups = Groups(group_ttl=60.0)
         self.feed = GroupFeed(self.groups)
         self.spill = GroupSpill(self.groups, self.feed, self.retention, self.disk, MAX_BYTES)
         self.feed.before_live = self.spill.mark
-        self.next_id = 0
+        self.cursors = GroupCursors(self.groups, self.retention, self.disk, incarnation)
+        self.groups.on_done = self.cursors.left
+        self.next_id = 1  # sequence numbers start at 1
 
     def publish(self, messages: int, size: int, topic: bytes = b"jobs") -> None:
-        pos = self.retention.next_pos
         ids = list(range(self.next_id, self.next_id + messages))
         self.next_id += messages
         payloads = [i.to_bytes(4, "big") + b"x" * size for i in ids]
-        body = protocol.encode_delivery("x1", "inc1", pos, [], "p", 0, ids, payloads)
-        self.retention.add(topic, body, messages)
-        self.disk.append(pos, topic, body, messages, None)
+        self.send(topic, "p", 0, ids, payloads, 0)
+
+    def send(self, topic: bytes, pub: str, sent_ns: int, seqs: list[int], payloads: list[bytes], size: int,
+             attrs: object = None, offer: bool = True, topics: list[bytes] | None = None) -> int:
+        """exchange/fanout.py's Fanout.send without the sockets."""
+        pos = self.retention.next_pos
+        body = protocol.encode_delivery("x1", self.incarnation, pos, [], pub, sent_ns, seqs, payloads, None, topics)
+        self.retention.add(topic, body, len(seqs))
+        self.disk.append(pos, topic, body, len(seqs), None)
         self.disk.flush(0.0)
-        self.feed.offer(pos, topic, "p", 0, ids, payloads, None)
+        if offer:
+            self.feed.offer(pos, topic, pub, sent_ns, seqs, payloads, None, topics=topics)
+        self.cursors.turn()
+        return pos
 
     def work(self, route: bytes, rounds: int = 10_000) -> list[int]:
-        """`route` takes and acks everything the group has, read-aheads included."""
+        return self.work_of("g", route, rounds)
+
+    def work_of(self, name: str, route: bytes, rounds: int = 10_000) -> list[int]:
+        """`route` takes and acks everything group `name` has, read-aheads included."""
         got: list[int] = []
-        group = self.groups.groups["g"]
+        group = self.groups.groups[name]
         for _ in range(rounds):
             self.spill.turn()
             served = self.groups.dispatch(group)
@@ -62,7 +79,8 @@ class Stream:
             for _, units in served:
                 for unit in units:
                     got += [int.from_bytes(p[:4], "big") for p in unit.payloads[unit.idx:unit.idx + unit.count]]
-                    self.groups.ack("g", route, [(unit.pos, unit.idx, unit.count)])
+                    self.groups.ack(name, route, [(unit.pos, unit.idx, unit.count)])
+                    self.cursors.turn()
         return got
 
 
@@ -87,7 +105,7 @@ def test_a_group_with_no_member_keeps_its_backlog_on_disk_and_hands_out_each_mes
         assert spilled or sum(m * (s + 4) for m, s in frames) <= MAX_BYTES + 3_004 * 20
         stream.groups.join("g", b"m2", SETTINGS, prefetch)
         got = stream.work(b"m2")
-        assert Counter(got) == Counter(range(stream.next_id)), "every message once"
+        assert Counter(got) == Counter(range(1, stream.next_id)), "every message once"
         assert got == sorted(got), "in order (one member, no redelivery)"
         assert stream.groups.held_bytes == 0
         stream.disk.close()
@@ -124,3 +142,35 @@ def test_an_idle_spilled_group_lives_as_long_as_the_queue_retention() -> None:
         stream = Stream(Path(tmp))
         stream.spill.turn()
         assert stream.groups.group_ttl == 3600.0
+
+
+def test_a_restarted_exchange_finds_its_groups_backlog_and_acks_again() -> None:
+    """Two groups, one half acked, the other not; a new incarnation over the same disk restores both:
+    each gets exactly what it had not acked, and then the new stream's frames."""
+    other = GroupSettings((b"jobs",), 30.0, 5, b"dl")
+    with tempfile.TemporaryDirectory() as tmp:
+        first = Stream(Path(tmp))
+        first.groups.join("g", b"m1", SETTINGS, 10)
+        first.groups.join("h", b"m9", other, 10)
+        first.groups.leave("h", b"m9")
+        for _ in range(30):
+            first.publish(3, 1_000)
+        taken = first.work(b"m1", rounds=5)  # acks 5 rounds of 10, then it is gone (a crash)
+        assert 0 < len(taken) < first.next_id - 1
+        first.cursors.tick()
+        first.disk.tick()
+        first.disk.close()
+        first.cursors.close()
+
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        assert "x1.00000001" in second.disk.archived
+        second.cursors.restore(second.send, PrefixChains())
+        assert set(second.groups.groups) == {"g", "h"}
+        second.next_id = first.next_id
+        second.publish(2, 10)  # the new stream's own
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        got = second.work(b"m2")
+        assert Counter(got) == Counter(set(range(1, second.next_id)) - set(taken)), "what was acked stays acked"
+        second.groups.join("h", b"m3", other, 10)
+        got_h = second.work_of("h", b"m3")
+        assert Counter(got_h) == Counter(range(1, second.next_id)), "the other group's whole backlog, once"
