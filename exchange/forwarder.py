@@ -86,7 +86,7 @@ class Forwarder:
     def restore_groups(self) -> None:
         """Before reading anyone: the groups an earlier incarnation's cursor files describe, with a
         disk policy and no replica (with one, the replica's adoption stands: exchange/group_sync.py)."""
-        if self.link is None and self.parts.cursors.enabled:
+        if self.parts.cursors.enabled:
             self.parts.cursors.restore(self.fanout.send, self.chains)
 
     # ------------------------------------------------------------ what main.py and the HCM see

@@ -61,7 +61,9 @@ class CursorState:
         elif kind == "done":
             for pos, idx, count in record[1]:
                 if pos >= self.floor:
-                    insort(self.done.setdefault(int(pos), []), (int(idx), int(count)))
+                    runs = self.done.setdefault(int(pos), [])
+                    insort(runs, (int(idx), int(count)))
+                    self.done[int(pos)] = _merged(runs)
         elif kind == "gap":
             self.gap = (int(record[1]), int(record[2]))
         elif kind == "floor":
@@ -89,6 +91,19 @@ class CursorState:
         if runs:
             out.append(["done", runs])
         return out
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted (idx, count) runs with the touching and overlapping ones joined: a frame acked message
+    by message is one run."""
+    out: list[tuple[int, int]] = []
+    for idx, count in runs:
+        if out and idx <= out[-1][0] + out[-1][1]:
+            start, length = out[-1]
+            out[-1] = (start, max(length, idx + count - start))
+        else:
+            out.append((idx, count))
+    return out
 
 
 def encode(record: list[Any]) -> bytes:

@@ -6,8 +6,8 @@ appended with what left the group (acked, dead-lettered) at each turn of the loo
 lowest position the group still holds) and a sync on the stats tick. So what a crash can undo is
 the acks of the last stats interval: those messages are delivered again (docs/guarantees.md).
 
-A restarted exchange without a replica (with one, the replica's adoption stands: exchange/group_sync.py)
-reads the cursor files before it reads any publisher or member. The frames of a group's
+Only without a replica (with one, the replica's adoption keeps the groups: exchange/group_sync.py).
+A restarted exchange reads the cursor files before it reads any publisher or member. The frames of a group's
 incarnation are in that incarnation's store (archived, read only); each message of the group's
 topics at or above its floor that did not leave it is forwarded again, in frames of the new stream
 (as the replica's adoption does, so subscribers drop them as duplicates), offered to no group. The
@@ -42,8 +42,10 @@ Send = Callable[..., int]  # Fanout.send
 
 
 class GroupCursors:
-    def __init__(self, groups: Groups, retention: Retention, disk: DiskTail, incarnation: str) -> None:
+    def __init__(self, groups: Groups, retention: Retention, disk: DiskTail, incarnation: str,
+                 replicated: bool = False) -> None:
         self.groups, self.retention, self.disk, self.incarnation = groups, retention, disk, incarnation
+        self.replicated = replicated  # the replica's adoption keeps the groups (exchange/group_sync.py)
         self.cursors: dict[str, GroupCursor] = {}
         self._done: dict[str, list[tuple[int, int, int]]] = {}  # left each group since the last turn
 
@@ -53,7 +55,7 @@ class GroupCursors:
 
     @property
     def enabled(self) -> bool:
-        return self.disk.store is not None and self.disk.policy.on_disk
+        return self.disk.store is not None and self.disk.policy.on_disk and not self.replicated
 
     def left(self, group: Group, pos: int, idx: int, count: int) -> None:
         """Groups.on_done: written at the next turn."""

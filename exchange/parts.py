@@ -147,9 +147,9 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
     work_server.gone = gone_fds
     disk = DiskTail(Path(site.store_root) if site.store_root is not None else None, stream.incarnation,
                     f"{Path(site.store_root).parent.name}/{site.xid}" if site.store_root is not None else site.xid)
-    spill = GroupSpill(groups, feed, retention, disk, config.group_max_bytes)
+    spill = GroupSpill(groups, feed, retention, disk, config.group_max_bytes, replicated=link is not None)
     feed.before_live = spill.mark
-    cursors = GroupCursors(groups, retention, disk, stream.incarnation)
+    cursors = GroupCursors(groups, retention, disk, stream.incarnation, replicated=link is not None)
     groups.on_done = cursors.left
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()

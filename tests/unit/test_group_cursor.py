@@ -95,3 +95,12 @@ def test_garbage_is_no_state_and_is_cut() -> None:
         cursor = GroupCursor(path)
         assert cursor.recover() == fold([START]) and cursor.cut == 40
         cursor.close()
+
+
+def test_a_frame_acked_message_by_message_is_one_run() -> None:
+    state = CursorState()
+    state.apply(START)
+    for idx in (3, 0, 2, 1, 5):
+        state.apply(["done", [[20, idx, 1]]])
+    assert state.done[20] == [(0, 4), (5, 1)]
+    assert [state.is_done(20, i) for i in range(7)] == [True, True, True, True, False, True, False]
