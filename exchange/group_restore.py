@@ -121,17 +121,18 @@ class GroupCursors:
             cursor.close()
             if cursor.cut:
                 log.warning("cursor file %s: a torn or damaged tail of %d bytes cut", path, cursor.cut)
-            name = bytes.fromhex(path.stem).decode()
-            store = self.disk.archived.get(state.incarnation)
-            if not state.first_pos or store is None or name in self.groups.groups:
-                log.warning("consumer group %s: no stored frames of %s left; its cursor is dropped", name,
-                            state.incarnation or "an unreadable cursor")
+            name = group_name(path)
+            if not state.first_pos or name is None or name in self.groups.groups:
+                log.warning("cursor file %s is not a group's (unreadable, or a name that is not hex); dropped", path)
                 path.unlink(missing_ok=True)
                 continue
             group = self.groups.adopt(protocol.GroupRecord(name, state.prefixes, state.ack_timeout_ms,
                                                            state.max_deliveries, state.dead_letter, 0, []))
             first = self.retention.next_pos
-            forwarded = self._forward_again(store, state, send, chains)
+            store = self.disk.archived.get(state.incarnation)
+            if store is None:  # its frames aged out, or it had none left: the group goes on, empty
+                log.info("consumer group %s: no stored frames of %s left", name, state.incarnation)
+            forwarded = self._forward_again(store, state, send, chains) if store is not None else 0
             end = self.retention.next_pos
             restored.append((group, first, end))
             log.info("consumer group %s restored from its cursor: %d pending messages", name, forwarded)
@@ -181,6 +182,14 @@ class GroupCursors:
             send(frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads, sum(map(len, frame.payloads)),
                  frame.attrs, offer=False, topics=frame.topics)
         return len(keep)
+
+
+def group_name(path: Path) -> str | None:
+    """The group a cursor file is of (its name is the group's in hex), or None."""
+    try:
+        return bytes.fromhex(path.stem).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def lowest_held(group: Group, next_pos: int) -> int:

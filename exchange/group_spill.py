@@ -6,10 +6,11 @@ gets a share of `exchange.group_max_bytes` (the bound divided by the number of g
 over its share, or any group while the groups together hold more than the bound, is *spilled*: it
 remembers the first position it was not offered (`Group.spilled_from`) and takes no frame live
 from then on. Once it holds less than half its share (its members acked), the next frames are
-read from the store (or the memory tail: exchange/tiered.py) and offered to it alone, a read-ahead
-at a time, until it reaches the stream's end and takes frames live again. So a group keeps its
-backlog with no member for as long as the store keeps the frames, memory holds what is in flight
-and a read-ahead, and publishers are never held nor groups dropped for the groups' bytes.
+read from the store (or the memory tail: exchange/tiered.py) and offered to it alone, half a
+share at a time, until it reaches the stream's end and takes frames live again. Each group refills
+within its own share, so an idle one never starves another. So a group keeps its backlog with no
+member for as long as the store keeps the frames, memory holds what is in flight and a
+read-ahead, and publishers are never held nor groups dropped for the groups' bytes.
 
 Positions stay the stream's own: a message read back carries the position it was stored with, so
 the members' acks (protocol section 7) are the same. Frames the store no longer holds (retention
@@ -72,7 +73,8 @@ class GroupSpill:
         self.groups.group_ttl = ttl
         share = self.share()
         for group in list(self.groups.groups.values()):
-            while group.spilled_from and group.held_bytes < share // 2 and self.groups.held_bytes < self.max_bytes:
+            # Each within its own share: a group without members must not starve one with members.
+            while group.spilled_from and group.held_bytes < share // 2:
                 before = group.spilled_from
                 self._read_ahead(group, share)
                 if group.spilled_from and group.spilled_from <= before:
@@ -89,7 +91,7 @@ class GroupSpill:
             return
         after, end = group.spilled_from - 1, gap_from or self.retention.next_pos
         page = read(self.retention, self.disk.store, after, end, list(group.settings.prefixes),
-                    min(READ_AHEAD_BYTES, share))
+                    min(READ_AHEAD_BYTES, max(1, share // 2)))  # so it holds its share, give or take a frame
         if page.lost:
             self.lost += page.lost
             log.warning("consumer group %s: %d messages after position %d were gone from the store "

@@ -187,3 +187,32 @@ def test_a_replicated_queue_keeps_todays_bound() -> None:
             stream.publish(1, 1_000)
         assert stream.groups.held_bytes > MAX_BYTES and not stream.groups.groups["g"].spilled_from
         assert stream.cursors.root is not None and not stream.cursors.root.exists(), "no cursor files"
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(frames=st.lists(st.integers(1, 8), min_size=1, max_size=40), groups=st.integers(1, 3),
+       rounds=st.lists(st.integers(0, 30), min_size=3, max_size=3), restarts=st.integers(1, 2))
+def test_restarts_hand_out_exactly_what_no_member_acked(frames, groups, rounds, restarts) -> None:
+    """Groups that each ack some of a backlog, then restarts (cursors synced): each group gets every
+    message it had not acked once, and nothing it had; a second restart in a row changes nothing."""
+    names = ["g", "h", "k"][:groups]
+    with tempfile.TemporaryDirectory() as tmp:
+        stream = Stream(Path(tmp))
+        for name in names:
+            stream.groups.join(name, b"m-" + name.encode(), SETTINGS, 7)
+        for messages in frames:
+            stream.publish(messages, 1_500)
+        acked = {name: stream.work_of(name, b"m-" + name.encode(), rounds=r) for name, r in zip(names, rounds)}
+        published = stream.next_id
+        for n in range(restarts):
+            stream.cursors.tick()
+            stream.disk.tick()
+            stream.disk.close()
+            stream.cursors.close()
+            stream = Stream(Path(tmp), incarnation=f"x1.{n + 2:08d}")
+            stream.cursors.restore(stream.send, PrefixChains())
+            assert set(stream.groups.groups) == set(names)
+        for name in names:
+            stream.groups.join(name, b"again", SETTINGS, 7)
+            got = stream.work_of(name, b"again")
+            assert Counter(got) == Counter(set(range(1, published)) - set(acked[name])), name
