@@ -167,10 +167,12 @@ class GroupCursor:
             self._append(["done", [list(r) for r in ranges]])
 
     def floor(self, pos: int) -> None:
+        """On the stats tick: the group's floor, and a compaction when the file has grown enough
+        (also when the floor is stuck: acks above it pile up in the file, merged in its state)."""
         if pos > self.state.floor:
             self._append(["floor", pos])
-            if self._size >= COMPACT_MIN_BYTES and self._size > COMPACT_RATIO * self._state_size():
-                self.compact()
+        if self._size >= COMPACT_MIN_BYTES and self._size > COMPACT_RATIO * self._state_size():
+            self.compact()
 
     def sync(self) -> None:
         if self._file is not None:

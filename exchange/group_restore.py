@@ -67,6 +67,8 @@ class GroupCursors:
     def turn(self) -> None:
         """Each turn of the loop: cursors for new groups, the ranges that left, files of groups gone."""
         if not self.enabled or self.root is None:
+            if self.cursors:  # the queue was made memory only: its groups no longer outlive the exchange
+                self._forget(list(self.cursors))
             return
         for name, group in self.groups.groups.items():
             if name not in self.cursors:
@@ -76,7 +78,10 @@ class GroupCursors:
             if cursor is not None:
                 cursor.done(ranges)
         self._done = {}
-        for name in [n for n in self.cursors if n not in self.groups.groups]:
+        self._forget([n for n in self.cursors if n not in self.groups.groups])
+
+    def _forget(self, names: list[str]) -> None:
+        for name in names:
             self.cursors.pop(name).close()
             self._path(name).unlink(missing_ok=True)
 

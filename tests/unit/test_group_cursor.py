@@ -18,6 +18,15 @@ OPS = st.lists(st.one_of(RANGES.map(lambda r: ["done", [list(x) for x in r]]),
                          st.integers(10, 60).map(lambda p: ["floor", p])), max_size=25)
 
 
+def started(directory: Path) -> tuple[Path, GroupCursor]:
+    """A new cursor file, its group started at position 1."""
+    path = directory / "g.cur"
+    cursor = GroupCursor(path)
+    cursor.recover()
+    cursor.start((b"jobs",), 30_000, 5, b"", 1, "x1.0a0b0c0d")
+    return path, cursor
+
+
 def fold(records: list[list[Any]]) -> CursorState:
     state = CursorState()
     for record in records:
@@ -69,10 +78,7 @@ def test_a_cut_or_damaged_cursor_file_recovers_the_state_of_a_prefix_of_its_reco
 
 def test_a_compacted_cursor_says_the_same_in_fewer_bytes() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "g.cur"
-        cursor = GroupCursor(path)
-        cursor.recover()
-        cursor.start((b"jobs",), 30_000, 5, b"", 1, "x1.0a0b0c0d")
+        path, cursor = started(Path(tmp))
         written = 0
         for pos in range(1, 80_000):  # about 1.2 MB of records in all
             cursor.done([(pos, 0, 100)])
@@ -104,3 +110,19 @@ def test_a_frame_acked_message_by_message_is_one_run() -> None:
         state.apply(["done", [[20, idx, 1]]])
     assert state.done[20] == [(0, 4), (5, 1)]
     assert [state.is_done(20, i) for i in range(7)] == [True, True, True, True, False, True, False]
+
+
+def test_a_stuck_floor_still_compacts_the_acks_above_it() -> None:
+    """One message never acked at position 1: the acks of every later frame merge into runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cursor = started(Path(tmp))
+        for pos in range(2, 700):  # about 1.3 MB of records
+            for idx in range(0, 100, 2):  # acked in two passes, one message at a time
+                cursor.done([(pos, idx, 1)])
+            for idx in range(1, 100, 2):
+                cursor.done([(pos, idx, 1)])
+            cursor.floor(1)
+        assert path.stat().st_size < COMPACT_MIN_BYTES, "compacted although the floor never moved"
+        assert cursor.state.done[699] == [(0, 100)]
+        cursor.close()
+        assert GroupCursor(path).recover() == cursor.state

@@ -216,3 +216,14 @@ def test_restarts_hand_out_exactly_what_no_member_acked(frames, groups, rounds, 
             stream.groups.join(name, b"again", SETTINGS, 7)
             got = stream.work_of(name, b"again")
             assert Counter(got) == Counter(set(range(1, published)) - set(acked[name])), name
+
+
+def test_a_queue_made_memory_only_forgets_its_cursor_files() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        stream = Stream(Path(tmp))
+        stream.groups.join("g", b"m1", SETTINGS, 10)
+        stream.publish(1, 10)
+        assert stream.cursors.root is not None and list(stream.cursors.root.glob("*.cur"))
+        stream.disk.apply(StoragePolicy())
+        stream.cursors.turn()
+        assert not list(stream.cursors.root.glob("*.cur")), "a later restart must not bring the group back"
