@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 64 << 20  # appended, not yet written: past this the publishers are held
 RETRY_EVERY = 0.5  # s between two flushes of a store whose disk refused the last one
 GONE = StoreLimits(retention=1e-9)  # a queue made memory only: every segment goes at the next pass
+GROUPS_DIR = "groups"  # beside the incarnations' stores: the consumer groups' cursor files (exchange/group_restore.py)
 
 
 class DiskTail:
@@ -78,7 +79,7 @@ class DiskTail:
         if not self.root.is_dir():
             return
         for directory in sorted(self.root.iterdir()):
-            if not directory.is_dir() or directory.name == self.incarnation:
+            if not directory.is_dir() or directory.name in (self.incarnation, GROUPS_DIR):
                 continue
             store = SegmentStore(directory, StoreLimits(retention=self.policy.retention,
                                                         retention_bytes=self.policy.retention_bytes))

@@ -81,6 +81,13 @@ class Forwarder:
             sock.close(linger=0)
         self.work.close()
         self.durability.close()
+        self.parts.cursors.close()
+
+    def restore_groups(self) -> None:
+        """Before reading anyone: the groups an earlier incarnation's cursor files describe, with a
+        disk policy and no replica (with one, the replica's adoption stands: exchange/group_sync.py)."""
+        if self.parts.cursors.enabled:
+            self.parts.cursors.restore(self.fanout.send, self.chains)
 
     # ------------------------------------------------------------ what main.py and the HCM see
 
@@ -213,8 +220,8 @@ class Forwarder:
         """Read no batches while the replica lags too far, while the journal's disk refuses writes,
         while the groups hold too much, while we adopt our predecessor's groups, and until the
         admin commands came."""
-        return self.durability.holds_publishers or self.group_sync.adopting \
-            or self.groups.held_bytes > self.config.group_max_bytes or not self.commands.ready
+        return self.durability.holds_publishers or self.group_sync.adopting or not self.commands.ready \
+            or (self.groups.held_bytes > self.config.group_max_bytes and not self.parts.spill.enabled)
 
     def _groups_turn(self, now: float) -> None:
         """Dispatch to the members, time out what they hold, publish dead letters, copy the groups
@@ -227,16 +234,18 @@ class Forwarder:
                 self.groups.tick()
                 self._shed_idle_groups()
             self.parts.dead_letters.publish(self.fanout.send)
+            self.parts.spill.turn()  # read-ahead from the store for the groups that have room
             if self.link is not None:
                 self.group_sync.settle_acks()  # before the pump: credit freed now is filled in this turn
             self.work.pump()
+        self.parts.cursors.turn()  # what left the groups, to their cursor files (a disk policy)
         if self.link is not None and not self.group_sync.adopting:
             self.group_sync.replicate(now)  # also once when the last group went: it must not come back
 
     def _shed_idle_groups(self) -> None:
         """Over exchange.group_max_bytes, groups without members go first: an abandoned group must
         not hold the publishers."""
-        if self.groups.held_bytes > self.config.group_max_bytes:
+        if self.groups.held_bytes > self.config.group_max_bytes and not self.parts.spill.enabled:
             for name in self.groups.shed_idle(self.config.group_max_bytes):
                 log.warning("consumer group %s dropped with its messages: it had no member and the groups "
                             "held more than exchange.group_max_bytes", name)

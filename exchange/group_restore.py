@@ -1,0 +1,204 @@
+"""A disk-retained queue's consumer groups across restarts: their cursor files, kept and read back.
+
+While the exchange runs, each group of a queue with a disk storage policy has a cursor file
+(exchange/group_cursor.py) under `<store root>/groups/`: started when the group is first seen,
+appended with what left the group (acked, dead-lettered) at each turn of the loop, its floor (the
+lowest position the group still holds) and a sync on the stats tick. So what a crash can undo is
+the acks of the last stats interval: those messages are delivered again (docs/guarantees.md).
+
+Only without a replica (with one, the replica's adoption keeps the groups: exchange/group_sync.py).
+A restarted exchange reads the cursor files before it reads any publisher or member. The frames of a group's
+incarnation are in that incarnation's store (archived, read only); each message of the group's
+topics at or above its floor that did not leave it is forwarded again, in frames of the new stream
+(as the replica's adoption does, so subscribers drop them as duplicates), offered to no group. The
+groups are then spilled (exchange/group_spill.py) from the first of those frames: each reads its
+own back from the new store a read-ahead at a time, skipping the other groups' forwarded frames
+(`Group.spill_gap`), then takes the new stream's frames. The cursor is rewritten at once
+(atomically) in the new incarnation's positions. Delivery counts start again from 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from exchange.chains import PrefixChains
+from exchange.disk_tail import GROUPS_DIR, DiskTail
+from exchange.group_cursor import CursorState, GroupCursor
+from exchange.grouping import frames_of
+from exchange.groups import Group, Groups
+from exchange.retention import Retention
+from exchange.store_hooks import fetch_below_memory
+from roq import protocol
+from roq.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+RESTORE_PAGE_BYTES = 4 << 20  # stored bodies read at once while forwarding a backlog again
+Send = Callable[..., int]  # Fanout.send
+
+
+class GroupCursors:
+    def __init__(self, groups: Groups, retention: Retention, disk: DiskTail, incarnation: str,
+                 replicated: bool = False) -> None:
+        self.groups, self.retention, self.disk, self.incarnation = groups, retention, disk, incarnation
+        self.replicated = replicated  # the replica's adoption keeps the groups (exchange/group_sync.py)
+        self.cursors: dict[str, GroupCursor] = {}
+        self._done: dict[str, list[tuple[int, int, int]]] = {}  # left each group since the last turn
+
+    @property
+    def root(self) -> Path | None:
+        return self.disk.root / GROUPS_DIR if self.disk.root is not None else None
+
+    @property
+    def enabled(self) -> bool:
+        return self.disk.store is not None and self.disk.policy.on_disk and not self.replicated
+
+    def left(self, group: Group, pos: int, idx: int, count: int) -> None:
+        """Groups.on_done: written at the next turn."""
+        if self.enabled:
+            self._done.setdefault(group.name, []).append((pos, idx, count))
+
+    # ------------------------------------------------------------ while running
+
+    def turn(self) -> None:
+        """Each turn of the loop: cursors for new groups, the ranges that left, files of groups gone."""
+        if not self.enabled or self.root is None:
+            if self.cursors:  # the queue was made memory only: its groups no longer outlive the exchange
+                self._forget(list(self.cursors))
+            return
+        for name, group in self.groups.groups.items():
+            if name not in self.cursors:
+                self._start(group)
+        for name, ranges in self._done.items():
+            cursor = self.cursors.get(name)
+            if cursor is not None:
+                cursor.done(ranges)
+        self._done = {}
+        self._forget([n for n in self.cursors if n not in self.groups.groups])
+
+    def _forget(self, names: list[str]) -> None:
+        for name in names:
+            self.cursors.pop(name).close()
+            self._path(name).unlink(missing_ok=True)
+
+    def tick(self) -> None:
+        """On the stats tick: each group's floor, and the files synced."""
+        if not self.enabled:
+            return
+        for name, cursor in self.cursors.items():
+            group = self.groups.groups.get(name)
+            if group is not None:
+                cursor.floor(lowest_held(group, self.retention.next_pos))
+            cursor.sync()
+
+    def close(self) -> None:
+        for cursor in self.cursors.values():
+            cursor.close()
+
+    def _start(self, group: Group) -> None:
+        cursor = GroupCursor(self._path(group.name))
+        cursor.recover()
+        s = group.settings
+        first = lowest_held(group, self.retention.next_pos)
+        cursor.compact(CursorState(s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries, s.dead_letter,
+                                   first_pos=first, incarnation=self.incarnation, floor=first))
+        self.cursors[group.name] = cursor
+
+    def _path(self, name: str) -> Path:
+        assert self.root is not None
+        return self.root / (name.encode().hex() + ".cur")
+
+    # ------------------------------------------------------------ at start
+
+    def restore(self, send: Send, chains: PrefixChains) -> None:
+        """Adopt the groups an earlier incarnation's cursor files describe (see the module's docstring)."""
+        root = self.root
+        if root is None or not root.is_dir():
+            return
+        restored: list[tuple[Group, int, int]] = []  # each group's own forwarded frames: [first, end)
+        for path in sorted(root.glob("*.cur")):
+            cursor = GroupCursor(path)
+            state = cursor.recover()
+            cursor.close()
+            if cursor.cut:
+                log.warning("cursor file %s: a torn or damaged tail of %d bytes cut", path, cursor.cut)
+            name = group_name(path)
+            if not state.first_pos or name is None or name in self.groups.groups:
+                log.warning("cursor file %s is not a group's (unreadable, or a name that is not hex); dropped", path)
+                path.unlink(missing_ok=True)
+                continue
+            group = self.groups.adopt(protocol.GroupRecord(name, state.prefixes, state.ack_timeout_ms,
+                                                           state.max_deliveries, state.dead_letter, 0, []))
+            first = self.retention.next_pos
+            store = self.disk.archived.get(state.incarnation)
+            if store is None:  # its frames aged out, or it had none left: the group goes on, empty
+                log.info("consumer group %s: no stored frames of %s left", name, state.incarnation)
+            forwarded = self._forward_again(store, state, send, chains) if store is not None else 0
+            end = self.retention.next_pos
+            restored.append((group, first, end))
+            log.info("consumer group %s restored from its cursor: %d pending messages", name, forwarded)
+        last = self.retention.next_pos
+        self.disk.flush(time.monotonic(), sync=True)  # the frames forwarded again, before the cursors say so
+        for group, first, end in restored:  # the frames after a group's own were forwarded for the others
+            if end > first:
+                group.spilled_from, group.spill_gap = first, (end, last)
+            cursor = GroupCursor(self._path(group.name))
+            cursor.recover()
+            s = group.settings
+            cursor.compact(CursorState(s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries, s.dead_letter,
+                                       first_pos=first, incarnation=self.incarnation, floor=first,
+                                       gap=(end, last) if last > end else (0, 0)))
+            self.cursors[group.name] = cursor
+
+    def _forward_again(self, store: Any, state: CursorState, send: Send, chains: PrefixChains) -> int:
+        """The group's messages in `store` that did not leave it, forwarded in the new stream."""
+        after, count = state.floor - 1, 0
+        prefixes = state.prefixes
+        while after + 1 < store.end_pos:
+            page = fetch_below_memory(store, after, store.end_pos, list(prefixes), RESTORE_PAGE_BYTES)
+            for topic, body in page.frames:
+                count += self._frame_again(topic, body, state, send, chains)
+            if page.scanned_to <= after:
+                break
+            after = page.scanned_to
+            self.disk.flush(time.monotonic())
+        return count
+
+    @staticmethod
+    def _frame_again(topic: bytes, body: bytes, state: CursorState, send: Send, chains: PrefixChains) -> int:
+        try:
+            d = protocol.decode_delivery(body)
+        except ProtocolError:
+            log.exception("a stored frame does not decode; passed over")
+            return 0
+        topics = d.message_topics(topic)
+        keep = [i for i in range(len(d.seqs))
+                if topics[i].startswith(state.prefixes) and not state.is_done(d.pos, i)]
+        if not keep:
+            return 0
+        attrs_of = {a[0]: a for a in d.attrs or ()}
+        attrs = [[n, *attrs_of[i][1:]] for n, i in enumerate(keep) if i in attrs_of]
+        for frame in frames_of(chains, [d.seqs[i] for i in keep], [topics[i] for i in keep],
+                               [protocol.as_bytes(d.payloads[i]) for i in keep], attrs):
+            send(frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads, sum(map(len, frame.payloads)),
+                 frame.attrs, offer=False, topics=frame.topics)
+        return len(keep)
+
+
+def group_name(path: Path) -> str | None:
+    """The group a cursor file is of (its name is the group's in hex), or None."""
+    try:
+        return bytes.fromhex(path.stem).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def lowest_held(group: Group, next_pos: int) -> int:
+    """The lowest position whose messages the group may still hand out (`next_pos`: none held)."""
+    units = group.waiting() + [u for flying in group.in_flight.values() for u in flying]
+    lowest = min((u.pos for u in units), default=next_pos)
+    return min(lowest, group.spilled_from) if group.spilled_from else lowest
