@@ -349,10 +349,12 @@ class Group:
         """Its state at stream position `upto` (every frame below it was offered), for the replica:
         its messages not yet acked or dead-lettered, as (pos, idx, count, deliveries that counted)."""
         units = self.waiting() + [u for flying in self.in_flight.values() for u in flying]
-        upto = self.spilled_from or upto  # what it was not offered yet is all its own
-        s = self.settings
+        upto = self.spilled_from or upto  # what it was not offered yet is all its own ...
+        gap = self.spill_gap if self.spilled_from and self.spill_gap[1] > max(upto, self.spill_gap[0]) else (0, 0)
+        s = self.settings  # ... but for the frames it skips (other groups' backlogs forwarded again)
         return protocol.GroupRecord(self.name, s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries,
-                                    s.dead_letter, upto, [(u.pos, u.idx, u.count, u.counted) for u in units])
+                                    s.dead_letter, upto, [(u.pos, u.idx, u.count, u.counted) for u in units],
+                                    (max(upto, gap[0]), gap[1]) if gap != (0, 0) else gap)
 
     def stats(self, now: float) -> GroupStats:
         """Members and messages as they stand, counters since its creation."""

@@ -14,9 +14,12 @@ read-ahead, and publishers are never held nor groups dropped for the groups' byt
 
 Positions stay the stream's own: a message read back carries the position it was stored with, so
 the members' acks (protocol section 7) are the same. Frames the store no longer holds (retention
-deleted their segment) are passed over and logged. A queue that keeps frames in memory only, or
-has a replica (which keeps no segments yet), keeps the behaviour of exchange/groups.py exactly
-(the bound holds the publishers, idle groups are shed).
+deleted their segment) are passed over and logged. With a replica, the replica writes the same
+frames to its own store (exchange/replica_disk.py) and what it is sent of a group is its cursor:
+the in-memory messages, where its backlog on disk starts (`upto`) and the frames it skips (`gap`),
+protocol section 7.6; an adopting exchange reads the backlog back the same way (exchange/group_sync.py).
+A queue that keeps frames in memory only keeps the behaviour of exchange/groups.py exactly (the
+bound holds the publishers, idle groups are shed).
 """
 
 from __future__ import annotations
@@ -38,10 +41,8 @@ READ_AHEAD_BYTES = 4 << 20  # bodies read from the store in one page for one gro
 
 class GroupSpill:
     def __init__(self, groups: Groups, feed: GroupFeed, retention: Retention, disk: DiskTail,
-                 max_bytes: int, replicated: bool = False) -> None:
+                 max_bytes: int) -> None:
         self.groups, self.feed, self.retention, self.disk = groups, feed, retention, disk
-        # A replica keeps no segments yet: what waits on disk only would be lost by a failover.
-        self.replicated = replicated
         self.max_bytes = max_bytes
         self.base_ttl = groups.group_ttl
         self.lost = 0  # frames a spilled group found gone from the store (retention deleted them)
@@ -49,7 +50,7 @@ class GroupSpill:
     @property
     def enabled(self) -> bool:
         """The queue keeps its frames on disk now: backlogs may wait there."""
-        return self.disk.store is not None and self.disk.policy.on_disk and not self.replicated
+        return self.disk.store is not None and self.disk.policy.on_disk
 
     def share(self) -> int:
         """What one group may hold in memory."""

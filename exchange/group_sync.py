@@ -2,7 +2,10 @@
 
 With a replica, a starting exchange first asks it for the groups its earlier incarnation left
 and takes them before reading any publisher or member (their resends must meet the adopted
-groups); the pending messages are forwarded again in the new stream. Afterwards the members' acks
+groups); the pending messages are forwarded again in the new stream. With a disk storage policy a
+group whose backlog is over its share of exchange.group_max_bytes is not handed it in memory: it
+reads it back from our store a read-ahead at a time (exchange/group_spill.py), skipping the other
+groups' backlogs forwarded after its own (its `spill_gap`). Afterwards the members' acks
 go to the replica as they come, and the groups' whole state when it changed, at most every
 GROUP_SYNC (protocol section 7.6); an ack's credit comes back to its member once the replica
 holds it (a mark answered), so that a failover never delivers again what was acked.
@@ -35,6 +38,7 @@ class GroupSync:
         self.link = parts.link  # None: no replica keeps the groups (adopt still takes what it is given)
         self.groups = parts.groups
         self.feed = parts.feed
+        self.spill, self.disk = parts.spill, parts.disk
         self.commands = parts.commands
         self.retention = parts.retention
         self.publisher_ttl = parts.config.publisher_ttl
@@ -77,26 +81,37 @@ class GroupSync:
         self.commands.mark_applied(adoption.applied)  # an earlier incarnation's: not again
         if not adoption.ended:
             return
-        self.feed.adopted(adoption.high, time.monotonic() + self.publisher_ttl)
         frames = {pos: (topic, body) for pos, topic, body in adoption.frames}
         adopted = 0
+        spilled: list[tuple[Group, int, int]] = []  # groups that read their backlog back: (group, first, end)
         for record in adoption.groups:
             group = self.groups.adopt(record)
             pending: dict[int, list[tuple[int, int, int]]] = {}
             for pos, idx, count, deliveries in record.pending:
                 pending.setdefault(pos, []).append((idx, count, deliveries))
-            for pos in sorted(frames):
+            wanted = [pos for pos in sorted(frames)
+                      if not record.is_pending_whole(pos) or group.matches(frames[pos][0])]
+            # Over its share: on disk, read back later (its deliveries counted afresh), not in memory.
+            offer = not self.spill.enabled or sum(len(frames[p][1]) for p in wanted) <= self.spill.share()
+            first = self.retention.next_pos
+            for pos in wanted:
                 topic, body = frames[pos]
-                if pos >= record.upto and not group.matches(topic):
-                    continue
-                runs = pending.get(pos) if pos < record.upto else [(0, 1 << 62, 0)]
+                runs = pending.get(pos) if not record.is_pending_whole(pos) else [(0, 1 << 62, 0)]
                 if runs:
-                    adopted += self._forward_again(group, topic, body, runs)
+                    adopted += self._forward_again(group, topic, body, runs, offer)
+            if not offer and self.retention.next_pos > first:
+                spilled.append((group, first, self.retention.next_pos))
+                self.disk.flush(time.monotonic())  # written before the memory tail lets them go
+        last = self.retention.next_pos
+        self.feed.adopted(adoption.high, time.monotonic() + self.publisher_ttl, last)
+        for group, first, end in spilled:  # the frames after a group's own were forwarded for the others
+            group.spilled_from, group.spill_gap = first, (end, last) if last > end else (0, 0)
         log.info("adopted %d consumer groups of %s: %d pending messages", len(adoption.groups), adoption.ended,
                  adopted)
         self._groups_sent = (0.0, None, 0)  # our own state to the replica at once
 
-    def _forward_again(self, group: Group, topic: bytes, body: bytes, runs: list[tuple[int, int, int]]) -> int:
+    def _forward_again(self, group: Group, topic: bytes, body: bytes, runs: list[tuple[int, int, int]],
+                       offer: bool = True) -> int:
         try:
             d = protocol.decode_delivery(body)
         except ProtocolError:
@@ -112,9 +127,10 @@ class GroupSync:
                                    d.payloads[idx:end], attrs):
                 pos = self._send(frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
                                  sum(map(len, frame.payloads)), frame.attrs, offer=False, topics=frame.topics)
-                self.groups.offer(pos, frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
-                                  [tuple(a) for a in frame.attrs or ()] or None, only=group, deliveries=deliveries,
-                                  topics=frame.topics)
+                if offer:
+                    self.groups.offer(pos, frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
+                                      [tuple(a) for a in frame.attrs or ()] or None, only=group,
+                                      deliveries=deliveries, topics=frame.topics)
             count += end - idx
         return count
 

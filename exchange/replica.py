@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 
 from exchange.replay import ReplayServer, replay_socket
-from exchange.replica_adoption import adoption_reply
+from exchange.replica_adoption import adoption_reply, needed_from
 from exchange.replica_disk import ReplicaDisk
 from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
@@ -252,8 +252,9 @@ class Replica:
             return
         self.group_state[state.incarnation] = state.groups
         self.group_done.pop(state.incarnation, None)  # the state includes them
-        pins = [min([p[0] for p in g.pending], default=g.upto) for g in state.groups]
-        copy.protect_from = min(pins) if pins else None
+        pins = [needed_from(g) for g in state.groups]
+        # Frames on this host's disk stay there for adoption (exchange/replica_adoption.py), not in memory.
+        copy.protect_from = min(pins) if pins and self.disk.store_of(state.incarnation) is None else None
         for older in list(self.copies):
             if older == state.incarnation:
                 break
@@ -295,7 +296,8 @@ class Replica:
     def _adopt(self, adopt: protocol.Adopt) -> bytes:
         """A restarted exchange asks for the groups its earlier incarnation left
         (exchange/replica_adoption.py)."""
-        return adoption_reply(adopt, self.copies, self.group_state, self.group_done, tuple(self.applied))
+        return adoption_reply(adopt, self.copies, self.group_state, self.group_done, tuple(self.applied),
+                              self.disk.stores)
 
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange

@@ -99,10 +99,18 @@ class GroupRecord:
     dead_letter: bytes
     upto: int
     pending: list[tuple[int, int, int, int]]
+    # [from, to): frames from `upto` on that hold nothing of the group's (other groups' backlogs
+    # forwarded again at an adoption or restore: exchange/group_spill.py); (0, 0): none.
+    gap: tuple[int, int] = (0, 0)
 
     def wire(self) -> list[Any]:
-        return [self.name, list(self.prefixes), self.ack_timeout_ms, self.max_deliveries, self.dead_letter, self.upto,
-                [list(p) for p in self.pending]]
+        fields = [self.name, list(self.prefixes), self.ack_timeout_ms, self.max_deliveries, self.dead_letter,
+                  self.upto, [list(p) for p in self.pending]]
+        return fields + [list(self.gap)] if self.gap != (0, 0) else fields  # absent when empty: older peers
+
+    def is_pending_whole(self, pos: int) -> bool:
+        """Whether the group's messages in the frame at `pos` were all pending (never offered)."""
+        return pos >= self.upto and not self.gap[0] <= pos < self.gap[1]
 
 
 @dataclass(frozen=True)
@@ -188,15 +196,22 @@ GROUP_STATE = Array(
     Field("dead_letter", Bin(1, MAX_TOPIC)), Field("upto", Int(1)),
     Field("pending", ListOf(Array(Field("pos", Int(1)), Field("idx", Int()), Field("count", Int(1)),
                                   Field("deliveries", Int(0, MAX_DELIVERIES)))),
-          shown="[[pos, idx, count, deliveries], ...]"))
+          shown="[[pos, idx, count, deliveries], ...]"),
+    # absent from a primary of before groups on disk with a replica, and when the group has no gap
+    Field("gap", Array(Field("from", Int(1)), Field("to", Int(1)),
+                       rules=[(lambda start, end: start < end, "gap from < to")]),
+          shown="[from, to]", optional=True, default=None),
+    rules=[(lambda *g: g[7] is None or g[7][0] >= g[5], "gap from >= upto")])
 _GROUP_STATES = ListOf(GROUP_STATE, max_len=MAX_GROUP_STATES)
 GROUP_STATES = Field("groups", _GROUP_STATES, shown="[[group, [prefix, ...], ack_timeout_ms, max_deliveries, "
-                                                    "dead_letter, upto, [[pos, idx, count, deliveries], ...]], ...]")
+                                                    "dead_letter, upto, [[pos, idx, count, deliveries], ...], "
+                                                    "[from, to]?], ...]")
 GROUP_STATE_LIST = Field("groups", _GROUP_STATES, shown="[group state, ...]")
 
 
 def records_of(groups: list[list[Any]]) -> list[GroupRecord]:
-    return [GroupRecord(g[0], tuple(g[1]), g[2], g[3], g[4], g[5], [(p[0], p[1], p[2], p[3]) for p in g[6]])
+    return [GroupRecord(g[0], tuple(g[1]), g[2], g[3], g[4], g[5], [(p[0], p[1], p[2], p[3]) for p in g[6]],
+                        (g[7][0], g[7][1]) if len(g) > 7 else (0, 0))
             for g in groups]
 
 

@@ -218,23 +218,30 @@ def take(member: GroupMember, upto: int, seen: list[tuple[int, int]]) -> None:
             return
 
 
+def backlog_beyond_memory(config, zk, paths, queue: str) -> tuple[list[tuple[int, int]], list[int]]:
+    """Group "w" takes and acks messages 0-99, then has no member while 1,000 more come (2 MB: 20
+    times exchange.group_max_bytes), all stored: what it took, and what the groups held meanwhile."""
+    first: list[tuple[int, int]] = []
+    with Publisher(queue, config) as pub:
+        with GroupMember(queue, config, ["t"], group="w", prefetch=20, auto_ack=False) as member:
+            member.wait_connected(1)
+            publish(pub, 0, 100)
+            take(member, 99, first)
+        held: list[int] = []
+        for start in range(100, 1_100, 100):
+            publish(pub, start, 100)  # never held: the backlog waits on disk
+            held.append(group_held(zk, paths, queue))
+        wait_until(lambda: stored_all(zk, paths, queue, 1_100), timeout=30, message="the store to write all")
+        held.append(group_held(zk, paths, queue))
+    return first, held
+
+
 def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_across_a_kill(
         config, zk, paths, procs):
     start_cluster(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "backlog")
-    first: list[tuple[int, int]] = []
-    with Publisher("backlog", small) as pub:
-        with GroupMember("backlog", small, ["t"], group="w", prefetch=20, auto_ack=False) as member:
-            member.wait_connected(1)
-            publish(pub, 0, 100)
-            take(member, 99, first)
-        held: list[int] = []
-        for start in range(100, 1_100, 100):  # 2 MB with no member: 20 times exchange.group_max_bytes
-            publish(pub, start, 100)  # never held: the backlog waits on disk
-            held.append(group_held(zk, paths, "backlog"))
-        wait_until(lambda: stored_all(zk, paths, "backlog", 1_100), timeout=30, message="the store to write all")
-        held.append(group_held(zk, paths, "backlog"))
+    first, held = backlog_beyond_memory(small, zk, paths, "backlog")
     record_figures("group backlog on disk", published=1_000, most_held=max(held), bound=GROUP_BYTES)
     assert max(held) <= GROUP_BYTES + 25_000, "memory holds a share of group_max_bytes, give or take a frame"
     assert sorted(n for n, _ in first) == list(range(100))
@@ -245,9 +252,19 @@ def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_a
                timeout=30, message="a new incarnation")
     if read_live(zk, paths, "backlog")["x1"]["host"] != host:
         pytest.skip("the leader moved the exchange to the other host: its disk stayed behind")
+    seen = drain_with_two_members(small, "backlog", set(range(100, 1_100)))
+    counts = Counter(n for n, _ in seen)
+    record_figures("group backlog after SIGKILL", delivered=len(seen), distinct=len(counts))
+    assert not [n for n in counts if n < 100], "nothing acked before the kill comes again"
+    assert set(counts) == set(range(100, 1_100)), "nothing lost"
+    assert [n for n, c in counts.items() if c > 1] == [], "nothing twice (no ack was lost, no member died)"
+
+
+def drain_with_two_members(config, queue: str, wanted: set[int]) -> list[tuple[int, int]]:
+    """Two members receive and ack until every message of `wanted` came: (number, deliveries) of each."""
     seen: list[tuple[int, int]] = []
-    with GroupMember("backlog", small, ["t"], group="w", prefetch=20, auto_ack=False) as a, \
-            GroupMember("backlog", small, ["t"], group="w", prefetch=20, auto_ack=False) as b:
+    with GroupMember(queue, config, ["t"], group="w", prefetch=20, auto_ack=False) as a, \
+            GroupMember(queue, config, ["t"], group="w", prefetch=20, auto_ack=False) as b:
         a.wait_connected(1)
         b.wait_connected(1)
         done = threading.Event()
@@ -263,14 +280,9 @@ def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_a
         for worker in workers:
             worker.start()
         try:
-            wait_until(lambda: {n for n, _ in seen} >= set(range(100, 1_100)), timeout=90,
-                       message="every message of the backlog")
+            wait_until(lambda: {n for n, _ in seen} >= wanted, timeout=90, message="every message of the backlog")
         finally:
             done.set()
             for worker in workers:
                 worker.join(10)
-    counts = Counter(n for n, _ in seen)
-    record_figures("group backlog after SIGKILL", delivered=len(seen), distinct=len(counts))
-    assert not [n for n in counts if n < 100], "nothing acked before the kill comes again"
-    assert set(counts) == set(range(100, 1_100)), "nothing lost"
-    assert [n for n, c in counts.items() if c > 1] == [], "nothing twice (no ack was lost, no member died)"
+    return seen

@@ -22,7 +22,15 @@ import pytest
 
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
+from roq.records import ExchangeStats
 from roq.state import read_live
+from tests.integration.test_disk_retention import (
+    GROUP_BYTES,
+    MEMORY,
+    backlog_beyond_memory,
+    drain_with_two_members,
+    group_held,
+)
 from tests.integration.test_replication import create_replicated, start_hosts
 from tests.support.helpers import record_figures, wait_until
 
@@ -99,3 +107,40 @@ def test_a_group_backlog_survives_the_loss_of_its_exchange_host(config, zk, path
     create_replicated(config, zk, paths, "hostloss")
     figures = kill_under_backlog(config, zk, paths, "hostloss", 15.0, lambda live: procs.kill(str(live["host"])))
     assert figures["lost"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_disk_retained_group_backlog_beyond_its_memory_survives_the_loss_of_its_exchange_host(
+        config, zk, paths, procs) -> None:
+    """Disk retention with `replicas 2` and a tiny exchange.group_max_bytes: a group with no member
+    holds a backlog 20 times its memory (on disk, not in memory, publishers never held), then the
+    exchange's host is SIGKILLed (HCM and exchange, its disk lost with it). The exchange's next
+    incarnation, on another host, adopts the group from the replica, which reads the backlog from
+    its own segment store: members get every message once, and none acked before the kill."""
+    start_hosts(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    create_replicated(config, zk, paths, "deepgroup", retention=3_600.0)
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    # Confirms wait for the replica, which takes frames in order: it holds the acks of 0-99 then.
+    first, held = backlog_beyond_memory(small, zk, paths, "deepgroup")
+    assert max(held) <= GROUP_BYTES + 25_000, "memory holds a share of group_max_bytes, give or take a frame"
+    assert sorted(n for n, _ in first) == list(range(100))
+    live = read_live(zk, paths, "deepgroup")["x1"]
+    host, before = str(live["host"]), live["incarnation"]
+    os.kill(live["pid"], signal.SIGKILL)
+    procs.kill(host)
+    procs.wait_gone(host)
+    wait_until(lambda: read_live(zk, paths, "deepgroup").get("x1", {}).get("incarnation") not in (None, before),
+               timeout=30, message="a new incarnation on another host")
+    assert read_live(zk, paths, "deepgroup")["x1"]["host"] != host
+    wait_until(lambda: "w" in ExchangeStats.from_dict(read_live(zk, paths, "deepgroup")["x1"].get("stats")).groups,
+               timeout=30, message="the new incarnation to report the adopted group")
+    adopted_held = group_held(zk, paths, "deepgroup")
+    seen = drain_with_two_members(small, "deepgroup", set(range(100, 1_100)))
+    counts = Counter(n for n, _ in seen)
+    record_figures("group backlog on disk, replicas 2, exchange host lost", delivered=len(seen),
+                   distinct=len(counts), held_after_adoption=adopted_held, bound=GROUP_BYTES)
+    assert adopted_held <= GROUP_BYTES + 25_000, "the adopted backlog waits on disk, not in memory"
+    assert not [n for n in counts if n < 100], "nothing acked before the kill comes again"
+    assert set(counts) == set(range(100, 1_100)), "nothing lost"
+    assert [n for n, c in counts.items() if c > 1] == [], "nothing twice (no ack was lost, no member died)"
+

@@ -176,16 +176,18 @@ def test_a_restarted_exchange_finds_its_groups_backlog_and_acks_again() -> None:
         assert Counter(got_h) == Counter(range(1, second.next_id)), "the other group's whole backlog, once"
 
 
-def test_a_replicated_queue_keeps_todays_bound() -> None:
-    """A replica keeps no segments yet: a backlog on this disk only would be lost by a failover."""
+def test_a_replicated_queue_spills_too_and_keeps_no_cursor_files() -> None:
+    """The replica writes the same frames to its own store and holds the groups' cursors (protocol
+    section 7.6): a replicated queue's backlog waits on disk too; the replica's adoption, not cursor
+    files, brings the groups to the next incarnation."""
     with tempfile.TemporaryDirectory() as tmp:
         stream = Stream(Path(tmp))
-        stream.spill.replicated = stream.cursors.replicated = True
+        stream.cursors.replicated = True
         stream.groups.join("g", b"m1", SETTINGS, 10)
         stream.groups.leave("g", b"m1")
         for _ in range(40):
             stream.publish(1, 1_000)
-        assert stream.groups.held_bytes > MAX_BYTES and not stream.groups.groups["g"].spilled_from
+        assert stream.groups.held_bytes <= MAX_BYTES + 1_004 and stream.groups.groups["g"].spilled_from
         assert stream.cursors.root is not None and not stream.cursors.root.exists(), "no cursor files"
 
 

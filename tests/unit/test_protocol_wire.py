@@ -218,7 +218,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
         "05010200c4205050505050505050505050505050505050505050505050505050505050505050",
         "GroupState(incarnation='x1.0badf00d', groups=[GroupRecord(name='g', prefixes=(b'jobs',), ack_tim"
         "eout_ms=30000, max_deliveries=3, dead_letter=b'dead', upto=7, pending=[(2, 0, 1, 1), (5, 1, 2, 0"
-        ")])], proof=b'PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP')"),
+        ")], gap=(0, 0))], proof=b'PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP')"),
     'done': (
         "95a4646f6e6503ab78312e30626164663030649192a1679193010002c4205050505050505050505050505050505050505050"
         "505050505050505050505050",
@@ -238,7 +238,8 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
         "505050505050505050",
         "Applied(incarnation='x1.0badf00d', command_id='c-0123456789abcdef', groups=[GroupRecord(name='g'"
         ", prefixes=(b'jobs',), ack_timeout_ms=30000, max_deliveries=3, dead_letter=b'dead', upto=7, pend"
-        "ing=[(2, 0, 1, 1), (5, 1, 2, 0)])], purge_upto=4, proof=b'PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP')"),
+        "ing=[(2, 0, 1, 1), (5, 1, 2, 0)], gap=(0, 0))], purge_upto=4, proof=b'PPPPPPPPPPPPPPPPPPPPPPPPPPPP"
+        "PPPP')"),
     'following': (
         "94a9666f6c6c6f77696e6703ab78312e306261646630306404",
         "ReplicaReply(kind='following', incarnation='x1.0badf00d', next_pos=4)"),
@@ -260,8 +261,8 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
         "02c40174c404626f647991a3632d31",
         "Adoption(incarnation='x1.00000001', ended='x1.0badf00d', groups=[GroupRecord(name='g', prefixes="
         "(b'jobs',), ack_timeout_ms=30000, max_deliveries=3, dead_letter=b'dead', upto=7, pending=[(2, 0,"
-        " 1, 1), (5, 1, 2, 0)])], high={'p-9cda9765a71f364072d21550': 9}, frames=[(2, b't', b'body')], ap"
-        "plied=('c-1',), kind='adoption')"),
+        " 1, 1), (5, 1, 2, 0)], gap=(0, 0))], high={'p-9cda9765a71f364072d21550': 9}, frames=[(2, b't', b"
+        "'body')], applied=('c-1',), kind='adoption')"),
     'join': (
         "99a46a6f696e03a16793c40162c40161c401610acd753003c40464656164c3",
         "Join(group='g', prefixes=(b'a', b'b'), prefetch=10, ack_timeout_ms=30000, max_deliveries=3, dead"
