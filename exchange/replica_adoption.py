@@ -89,6 +89,9 @@ def stored_entries(store: SegmentStore, first: int, end: int) -> list[tuple[int,
     backlog below the copy's memory tail). Positions its retention deleted are passed over: the
     queue's policy let them go."""
     entries: list[tuple[int, bytes, bytes, int]] = []
+    if store.first_pos > first:
+        log.warning("adoption: the copy's store starts at %d, the groups' backlog at %d (retention deleted "
+                    "the rest, or a state transfer is under way): those messages are gone", store.first_pos, first)
     pos, end = max(first, store.first_pos), min(end, store.end_pos)
     while pos < end:
         page = store.read(pos, end, READ_PAGE_BYTES)

@@ -10,6 +10,7 @@ harness of tests/unit/test_group_spill.py); the replica's side is exchange/repli
 from __future__ import annotations
 
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exchange.chains import PrefixChains
-from exchange.groups import GroupSettings
+from exchange.group_feed import GroupFeed
+from exchange.groups import Groups, GroupSettings
 from exchange.replica_adoption import _final, needed_from, stored_entries
 from exchange.tiered import read
 from roq import protocol
@@ -144,3 +146,26 @@ def test_the_replica_reads_a_backlog_below_its_memory_from_its_store() -> None:
         assert [pos for pos, *_ in entries] == list(range(3, stream.retention.oldest))
         assert all(messages == 2 and topic == b"jobs" for _, topic, _, messages in entries)
         stream.disk.close()
+
+
+def test_resends_after_an_adoption_are_left_out_by_position_also_when_read_back_later() -> None:
+    """exchange/group_feed.py: frames retained from `live_from` on lose a publisher's messages up to
+    its adopted highest sequence number while the resend window is open, also when a spilled group
+    reads them back from disk after it closed; the backlog forwarded again below `live_from` never."""
+    groups = Groups(group_ttl=60.0)
+    live, _ = groups.join("g", b"m1", SETTINGS, 100)
+    spilled, _ = groups.join("h", b"m2", SETTINGS, 100)
+    assert live is not None and spilled is not None
+    spilled.spilled_from = 10  # it reads frames from 10 on back from disk
+    feed = GroupFeed(groups)
+    now = time.monotonic()
+    feed.adopted({"p": 5}, now + 60.0, live_from=10)
+    feed.offer(4, b"jobs", "p", 0, [1, 2], [b"a", b"b"], None, only=live)  # forwarded again: kept
+    feed.offer(10, b"jobs", "p", 0, [4, 5, 6], [b"c", b"d", b"e"], None)  # two resends and a new one
+    feed._adopted_until = now - 1.0  # the resend window closed
+    feed.offer(11, b"jobs", "p", 0, [3, 7], [b"f", b"g"], None)  # live after it: new
+    assert feed.closed_at == 11
+    for pos, seqs in ((10, [4, 5, 6]), (11, [3, 7])):  # read back later
+        feed.offer(pos, b"jobs", "p", 0, seqs, [b"x"] * len(seqs), None, only=spilled)
+    assert sorted((u.pos, u.idx, u.count) for u in live.waiting()) == [(4, 0, 2), (10, 2, 1), (11, 0, 2)]
+    assert sorted((u.pos, u.idx, u.count) for u in spilled.waiting()) == [(10, 2, 1), (11, 0, 2)]
