@@ -92,8 +92,9 @@ class GcmConfig:
     tick: float = setting(1.0, "reconcile interval of the leader, seconds", positive=True)
     reassign_grace: float = setting(0.0, "seconds to wait after a host vanishes before moving its exchanges", lo=0)
     journal_reassign_grace: float = setting(
-        30.0, "the same for a host whose exchanges keep a journal: restarted within it, it gets them back with "
-        "their journals", lo=0)
+        30.0, "the same for a host whose exchanges keep a journal, or that holds an exchange or replica of a "
+        "queue with a disk storage policy: restarted within it, it gets them back with their journals and "
+        "segment stores", lo=0)
     storage_full_grace: float = setting(3.0, "seconds an exchange's journal disk may refuse writes before the "
                                         "exchange moves to a host with room (docs/guarantees.md)", lo=0)
     min_free_bytes: int = setting(64 << 20, "a host whose exchanges journal gets no new exchange while its data disk "

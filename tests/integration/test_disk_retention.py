@@ -46,6 +46,25 @@ def stored_all(zk, paths, queue: str, messages: int) -> bool:
     return stats.msgs_out >= messages and not stats.storage_full
 
 
+def taken_then_stored(config, zk, paths, queue: str, total: int) -> dict:
+    """A subscriber takes 10 messages and leaves (its position returned), `total` - 10 more are
+    published and stored, the publisher closed (nothing is resent to a later incarnation, so what
+    a subscriber gets after a kill comes from the store)."""
+    with Publisher(queue, config) as pub:
+        sub = Subscriber(queue, config)
+        sub.wait_connected(1)
+        publish(pub, 0, 10)
+        assert receive_all(sub, 9)[-1] == 9
+        position = sub.position()
+        sub.close()
+        publish(pub, 10, total - 10)
+        # Acks do not wait for the store (docs/guarantees.md): a kill right after them may find the last
+        # frames acked but not yet written. What is promised is what the store wrote: wait for a report
+        # (made after the stats tick's sync) that counts all messages sent, so appended and written.
+        wait_until(lambda: stored_all(zk, paths, queue, total), timeout=30, message=f"the store to write {total}")
+    return position
+
+
 def payload(i: int) -> bytes:
     return i.to_bytes(4, "big") + b"x" * BODY
 
@@ -101,18 +120,7 @@ def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, 
     start_cluster(procs, zk, paths, *MEMORY, f"exchange.journal={journal}")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "kept")
-    with Publisher("kept", small) as pub:
-        sub = Subscriber("kept", small)
-        sub.wait_connected(1)
-        publish(pub, 0, 10)
-        assert receive_all(sub, 9)[-1] == 9
-        position = sub.position()
-        sub.close()
-        publish(pub, 10, 500)  # 1 MB: five memory tails, on disk only
-        # Acks do not wait for the store (docs/guarantees.md): a kill right after them may find the last
-        # frames acked but not yet written. What is promised is what the store wrote: wait for a report
-        # (made after the stats tick's sync) that counts all 510 messages sent, so appended and written.
-        wait_until(lambda: stored_all(zk, paths, "kept", 510), timeout=30, message="the store to write all 510")
+    position = taken_then_stored(small, zk, paths, "kept", 510)  # 1 MB: five memory tails, on disk only
     # The publisher is gone before the kill: nothing is resent to the new incarnation, so what the
     # subscribers below get comes from the earlier incarnation's store.
     live = read_live(zk, paths, "kept")["x1"]
