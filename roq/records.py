@@ -192,6 +192,7 @@ class ExchangeStats(Record):
     copied_frames: int = 0
     stored_bytes: int = 0  # its copies' segment stores on disk (exchange/replica_disk.py)
     transferring: int = 0  # copies whose state transfer is under way
+    adopted: int = 0  # stores an earlier process of this replica wrote, served as stored incarnations
     refused_copies: int = 0
     refused_seals: int = 0
     # The journal's disk (exchange/storage.py): with exchange.journal = fsync, true while it refuses

@@ -102,6 +102,57 @@ def test_a_jump_replaces_the_store_and_a_dropped_copy_deletes_it(ctx: zmq.Contex
     assert not (tmp_path / "x1~r" / INC).exists()
 
 
+def restarted(ctx: zmq.Context, root: Path, policy: StoragePolicy = ON_DISK) -> Replica:
+    """A new replica process on the data directory an earlier one wrote (its host restarted)."""
+    r = Replica(ctx, config(retention_bytes=4_000), X, "127.0.0.1", "127.0.0.1", store_root=root)
+    r.disk.start(policy)
+    return r
+
+
+def test_a_restarted_replica_adopts_its_stores_and_serves_them_as_stored_incarnations(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    primary = dealer(ctx, replica.repl_endpoint)
+    follow(replica, primary)
+    for first in range(1, 101, 20):
+        copy(replica, primary, first, frames(INC, first, 20, size=200))
+    replica.disk.tick()
+    (tmp_path / "x1~r" / (INC2 + "~base")).mkdir()  # an unfinished transfer: never served
+    replica.close()
+    again = restarted(ctx, tmp_path / "x1~r")
+    try:
+        vouch(again, INC, INC2, running=INC2)  # INC ended with the whole cluster; INC2 runs
+        assert set(again.disk.adopted) == {INC} and again.report()["adopted"] == 1
+        assert not (tmp_path / "x1~r" / (INC2 + "~base")).exists()
+        subscriber = dealer(ctx, again.replay_endpoint)
+        answer = replay_ask(again, subscriber, protocol.encode_position_request(1, [TOPIC], INC))
+        assert isinstance(answer, protocol.StreamPosition) and (answer.oldest, answer.next_pos) == (1, 101)
+        assert fetch_all(again, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 101)]
+        assert follow(again, dealer(ctx, again.repl_endpoint), INC).kind == protocol.SEALED, \
+            "a stored incarnation a subscriber read is sealed, as a copy is"
+    finally:
+        again.close()
+
+
+def test_an_adopted_store_of_the_running_incarnation_is_copied_afresh_and_memory_only_drops_them(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    primary = dealer(ctx, replica.repl_endpoint)
+    follow(replica, primary)
+    copy(replica, primary, 1, frames(INC, 1, 5))
+    replica.disk.tick()
+    replica.close()
+    again = restarted(ctx, tmp_path / "x1~r")
+    try:
+        vouch(again, INC, running=INC)  # only the replica restarted: its primary runs on
+        assert follow(again, dealer(ctx, again.repl_endpoint), INC).next_pos == 0, "the primary sends it again"
+        store = again.disk.store_of(INC)
+        assert store is not None and store.end_pos == 1 and not again.disk.adopted
+    finally:
+        again.close()
+    gone = restarted(ctx, tmp_path / "x1~r", StoragePolicy())
+    gone.close()
+    assert not any((tmp_path / "x1~r").iterdir()), "a queue made memory only keeps no store"
+
+
 def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: zmq.Context, small_disk) -> None:
     disk = small_disk("replica", 1 << 20)
     filler = disk / "filler"
