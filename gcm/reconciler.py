@@ -34,13 +34,12 @@ from gcm.fence import LeaderFence
 from gcm.placement import Move, plan_moves
 from gcm.queues import QueueManager
 from gcm.rebalancer import Rebalancer
-from gcm.view import Placements, full_hosts, placement_data, storage_full
+from gcm.view import Placements, full_hosts, keeps_frames_on_disk, placement_data, storage_full
 from roq.config import GcmConfig
 from roq.errors import QueueNotFoundError
 from roq.names import check_queue_name
 from roq.paths import Paths, is_replica_slot, primary_of
 from roq.state import HostInfo, queue_names, read_hosts
-from roq.storage_policy import policy_of
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +187,10 @@ class Reconciler:
         (as last recorded), or segment stores (a slot of a queue with a disk storage policy)."""
         if self.writer.keeps_journals(host):
             return "journals"
-        if any(placed == host and self._on_disk(queue) for (queue, _), placed in placements.items()):
+        if any(placed == host and keeps_frames_on_disk(self.cache, self.paths, queue)
+               for (queue, _), placed in placements.items()):
             return "segment stores"
         return ""
-
-    def _on_disk(self, queue: str) -> bool:
-        return policy_of(self.cache.read_json(self.paths.queue(queue)) or {}).on_disk
 
     def _stuck_replicas(self, hosts: dict[str, HostInfo], placements: Placements) -> set[tuple[str, str]]:
         """Replica slots on live hosts whose process has said nothing for REPLICA_SILENT_GRACE."""

@@ -13,8 +13,9 @@ import signal
 import pytest
 
 from roq import protocol
+from roq.client.admin import Admin
 from roq.client.subscriber import Subscriber
-from roq.state import read_live
+from roq.state import read_hosts, read_leader, read_live
 from roq.zk import read_json
 from tests.integration.conftest import start_cluster
 from tests.integration.test_disk_retention import MEMORY, create_on_disk, receive_all, taken_then_stored
@@ -120,3 +121,22 @@ def test_a_restart_of_every_host_under_load_with_disk_and_replicas_loses_nothing
             os.killpg(publisher.pid, signal.SIGKILL)
         if back is not None:
             back.sub.close()
+
+
+def test_an_exchange_keeping_frames_on_disk_is_not_rebalanced_away_from_its_store(config, zk, paths, procs):
+    """Both queues' exchanges on host-1, then host-2 joins: `queue.rebalance` moves a memory-only
+    queue's exchange, never the disk-retained one's (its store would stay behind on host-1)."""
+    procs.start("gcm", "gcm-0")
+    procs.start("hcm", "host-1", "hcm.host=host-1")
+    wait_until(lambda: read_leader(zk, paths) and read_hosts(zk, paths), message="leader and host-1")
+    with Admin(config) as admin:
+        admin.create_queue("stored", exchanges=2, retention=3_600.0)
+        admin.create_queue("volatile", exchanges=2)
+    wait_until(lambda: len(read_live(zk, paths, "stored")) == 2 and len(read_live(zk, paths, "volatile")) == 2,
+               timeout=30, message="both queues running on host-1")
+    procs.start("hcm", "host-2", "hcm.host=host-2")
+    wait_until(lambda: len(read_hosts(zk, paths)) == 2, message="host-2")
+    with Admin(config) as admin:
+        assert admin.rebalance("stored")["moves"] == [], "a disk-retained exchange stays with its store"
+        moved = admin.rebalance("volatile")["moves"]
+    assert len(moved) == 1 and moved[0]["to"] == "host-2", moved
