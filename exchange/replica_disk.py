@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 BASE_SUFFIX = "~base"  # a transfer in progress, beside the copy's store
 REPLICA_SUFFIX = "~r"  # the replica's stores of xid live beside the primary's, as <xid>~r
 MAX_PENDING_BYTES = 64 << 20  # appended, not written yet: past this no page is taken
+MAX_ADOPTED = 8  # stores adopted at start (as many as copies kept): the most recently written
 RETRY_EVERY = 0.5  # s between two flushes of a store whose disk refused the last one
 _DIR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.~-]{0,199}")
 
@@ -89,10 +90,9 @@ class ReplicaDisk:
         if self.root is None or not self.root.is_dir():
             return
         limits = limits_for(self.policy)
-        for directory in sorted(self.root.iterdir()):
-            if not directory.is_dir() or not safe_dir_name(directory.name):
-                continue
-            if limits is None or directory.name.endswith(BASE_SUFFIX):
+        found = [d for d in self.root.iterdir() if d.is_dir() and safe_dir_name(d.name)]
+        for directory in sorted(found, key=_modified, reverse=True):  # the newest kept past MAX_ADOPTED
+            if limits is None or directory.name.endswith(BASE_SUFFIX) or len(self.adopted) >= MAX_ADOPTED:
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
             store = SegmentStore(directory, limits)
@@ -273,6 +273,13 @@ class ReplicaDisk:
             return True
         self._retry_at = time.monotonic() + RETRY_EVERY
         return False
+
+
+def _modified(directory: Path) -> float:
+    try:
+        return directory.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _delete(store: SegmentStore) -> None:

@@ -8,6 +8,7 @@ sends makes the replica write outside its root.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from exchange import tiered
 from exchange.replica import MAX_COPIES, Replica
-from exchange.replica_disk import ReplicaDisk, safe_dir_name
+from exchange.replica_disk import MAX_ADOPTED, ReplicaDisk, safe_dir_name
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits
@@ -151,6 +152,26 @@ def test_an_adopted_store_of_the_running_incarnation_is_copied_afresh_and_memory
     gone = restarted(ctx, tmp_path / "x1~r", StoragePolicy())
     gone.close()
     assert not any((tmp_path / "x1~r").iterdir()), "a queue made memory only keeps no store"
+
+
+def test_a_restart_adopts_at_most_the_newest_stores(tmp_path: Path) -> None:
+    """Stores left by many earlier lives: the MAX_ADOPTED most recently written are adopted, the
+    others deleted (retention would have; an operator's restarts must not pile them up)."""
+    root = tmp_path / "x1~r"
+    names = [f"{X}.old{i}" for i in range(MAX_ADOPTED + 3)]
+    for age, name in enumerate(reversed(names)):  # names[-1] written last
+        store = SegmentStore(root / name, StoreLimits())
+        store.append(stored_frame(1, time.time(), TOPIC, body(name, 1), 1))
+        assert store.flush()
+        store.close()
+        os.utime(root / name, (time.time() - 60 * age, time.time() - 60 * age))
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    try:
+        assert set(disk.adopted) == set(names[-MAX_ADOPTED:])
+        assert sorted(p.name for p in root.iterdir()) == sorted(names[-MAX_ADOPTED:])
+    finally:
+        disk.close()
 
 
 def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: zmq.Context, small_disk) -> None:
