@@ -22,6 +22,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from exchange.retention import TopicCounts
 from exchange.segment_store import SegmentStore, StoreLimits, StoreState
@@ -34,6 +35,15 @@ log = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 64 << 20  # appended, not yet written: past this the publishers are held
 RETRY_EVERY = 0.5  # s between two flushes of a store whose disk refused the last one
 GONE = StoreLimits(retention=1e-9)  # a queue made memory only: every segment goes at the next pass
+
+
+class StoreFigures(TypedDict, total=False):
+    """The `store_*` fields of records.ExchangeStats (none: no store)."""
+    store_state: str
+    store_bytes: int
+    store_segments: int
+    store_oldest_pos: int
+    store_oldest_time: float | None
 
 
 class DiskTail:
@@ -156,6 +166,22 @@ class DiskTail:
         store = self.store
         return store is not None and self.policy.on_disk and (
             store.state is not StoreState.OK or store.pending_bytes > MAX_PENDING_BYTES)
+
+    def figures(self) -> StoreFigures:
+        """The store's figures for the statistics (records.ExchangeStats `store_*`): bytes and
+        segments on disk over every incarnation's store, this one's oldest position, the oldest
+        time held, and the state ("" with no store at all)."""
+        stores = self.stores()
+        if not stores:
+            return StoreFigures()
+        store = self.store
+        oldest = [held[0].index.times[0] for s in stores
+                  if (held := [seg for seg in s.segments if seg.end_pos > seg.first_pos and len(seg.index)])]
+        return StoreFigures(
+            store_state="full" if self.full else "ok", store_bytes=sum(s.disk_bytes for s in stores),
+            store_segments=sum(len(s.segments) for s in stores),
+            store_oldest_pos=store.first_pos if store is not None and store.first_pos < store.end_pos else 0,
+            store_oldest_time=min(oldest) if oldest else None)
 
     @property
     def error_text(self) -> str:

@@ -3,6 +3,7 @@ incarnation, earlier ones served read-only after a restart, policies applied, a 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from exchange.disk_tail import DiskTail
@@ -55,4 +56,28 @@ def test_positions_that_skip_start_the_store_again_and_a_purge_drops_earlier_sto
     fill(tail, 25, 3)
     tail.purge(28)
     assert not tail.archived and not tmp_path.joinpath("x1.a").exists() and tail.store.end_pos == 28
+    tail.close()
+
+
+def test_the_figures_count_every_incarnations_files_and_name_the_oldest_frame(tmp_path: Path) -> None:
+    memory_only = DiskTail(tmp_path / "none", "x1.a", "q/x1")
+    memory_only.start(StoragePolicy())
+    assert memory_only.figures() == {}  # no store: the statistics keep their defaults
+    earlier = DiskTail(tmp_path, "x1.a", "q/x1")
+    earlier.start(ON_DISK)
+    before = time.time()
+    fill(earlier, 1, 5)
+    earlier.close()
+    tail = DiskTail(tmp_path, "x1.b", "q/x1")
+    tail.start(ON_DISK)
+    assert tail.figures()["store_oldest_pos"] == 0  # nothing of this incarnation on disk yet
+    fill(tail, 1, 10)
+    figures = tail.figures()
+    on_disk = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+    assert figures["store_bytes"] == on_disk and figures["store_segments"] == 2
+    assert figures["store_state"] == "ok" and figures["store_oldest_pos"] == 1
+    oldest = figures["store_oldest_time"]
+    assert oldest is not None and before <= oldest <= time.time()
+    tail.purge(11)  # the earlier incarnation's store goes: the oldest time is this one's
+    assert tail.figures()["store_segments"] == 1
     tail.close()
