@@ -60,6 +60,7 @@ class DiskTail:
         self.policy = StoragePolicy()
         self._retry_at = 0.0
         self._started = False
+        self.unsynced_from: int | None = None  # the first position appended and not yet fsync'ed (None: none)
 
     # -- starting and policies ----------------------------------------------------------------
 
@@ -76,6 +77,8 @@ class DiskTail:
     def apply(self, policy: StoragePolicy) -> None:
         """A storage policy (the first, or a change from `queue.set`): applied to every store."""
         self.policy = policy
+        if not policy.on_disk:
+            self.unsynced_from = None  # memory only: nothing more waits for the store
         limits = limits_for(policy)
         for store in self.stores():
             store.set_limits(limits or GONE)
@@ -116,6 +119,8 @@ class DiskTail:
         if store.next_pos is not None and store.next_pos != pos:
             store = self._restart(pos)  # the policy was memory only meanwhile: positions must follow
         store.append(stored_frame(pos, time.time(), topic, protocol.inline(body), messages, topics))
+        if self.unsynced_from is None:
+            self.unsynced_from = pos
 
     def flush(self, now: float, sync: bool = False) -> None:
         """Write what was appended (each turn of the loop; a refused write is retried every RETRY_EVERY s)."""
@@ -126,12 +131,29 @@ class DiskTail:
             return
         was_full = store.state is StoreState.FULL
         if store.flush(sync=sync):
+            if sync:
+                self.unsynced_from = None  # every record appended is written, and the tail synced
             if was_full:
                 log.info("segment store of %s writes again", self.name)
             return
         self._retry_at = now + RETRY_EVERY
         if not was_full:
             log.error("segment store of %s: %s; publishers held until it writes", self.name, self.error_text)
+
+    def sync(self, now: float) -> None:
+        """Write and fsync what was appended (`exchange.store_sync = confirm`: once per loop turn
+        with acks waiting, a group commit); a disk that refused the last write is retried only
+        every RETRY_EVERY s."""
+        store = self.store
+        if self.unsynced_from is None or store is None or store.state is StoreState.BROKEN:
+            return
+        if store.state is StoreState.FULL and now < self._retry_at:
+            return
+        self.flush(now, sync=True)
+
+    def durable_before(self, next_pos: int) -> int:
+        """Every position below this is on the store's disk, fsync'ed (`next_pos`: the stream's)."""
+        return next_pos if self.unsynced_from is None else min(next_pos, self.unsynced_from)
 
     def tick(self, now: float | None = None) -> None:
         """On the stats tick: a new policy, the frames written made durable, retention applied."""

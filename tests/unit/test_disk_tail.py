@@ -81,3 +81,23 @@ def test_the_figures_count_every_incarnations_files_and_name_the_oldest_frame(tm
     tail.purge(11)  # the earlier incarnation's store goes: the oldest time is this one's
     assert tail.figures()["store_segments"] == 1
     tail.close()
+
+
+def test_positions_are_durable_only_once_a_sync_covered_them(tmp_path: Path) -> None:
+    tail = DiskTail(tmp_path, "x1.a", "q/x1")
+    tail.start(ON_DISK)
+    assert tail.durable_before(1) == 1  # nothing appended: nothing waits
+    for pos in range(1, 6):
+        tail.append(pos, b"t", bytes(100), 1, None)
+    tail.flush(0.0)  # written, not synced: acks must still wait
+    assert tail.durable_before(6) == 1
+    tail.sync(0.0)
+    assert tail.durable_before(6) == 6 and tail.store is not None and tail.store.end_pos == 6
+    tail.append(6, b"t", bytes(100), 1, None)
+    assert tail.durable_before(7) == 6
+    tail.tick()  # the stats tick's sync covers it too
+    assert tail.durable_before(7) == 7
+    tail.append(7, b"t", bytes(100), 1, None)
+    tail.apply(StoragePolicy())  # made memory only: nothing waits for the store any more
+    assert tail.durable_before(8) == 8
+    tail.close()
