@@ -437,17 +437,21 @@ def test_a_stream_from_a_time_gets_exactly_what_was_stored_since_in_either_spell
         admin.create_queue("timed-q", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
     wait_until(lambda: read_live(web.zk, Paths(web.config.zk.root), "timed-q").get("x1"), timeout=20,
                message="x1 running")
-    publish_lines(web, "timed-q", "t", [f"before-{i}" for i in range(50)])  # answered after the confirm
-    since = time.time()
-    wait_until(lambda: time.time() > since + 0.05, message="the clock to move past the first publish")
-    after = [f"after-{i}" for i in range(50)]
-    for i in range(0, 50, 10):
-        publish_lines(web, "timed-q", "t", after[i:i + 10])
-    iso = datetime.fromtimestamp(since, UTC).isoformat()  # "+00:00": httpx encodes the "+"
-    millis = str(math.ceil(since * 1000))  # rounded up: past the first publish
-    for start in (iso, iso.replace("+00:00", "Z"), millis):
-        events = list(sse_events(web, "timed-q", 50, **{"from": start, "limit": 50}))
-        assert payloads_of(events) == after, f"from={start}"
+    try:
+        publish_lines(web, "timed-q", "t", [f"before-{i}" for i in range(50)])  # answered after the confirm
+        since = time.time()
+        wait_until(lambda: time.time() > since + 0.05, message="the clock to move past the first publish")
+        after = [f"after-{i}" for i in range(50)]
+        for i in range(0, 50, 10):
+            publish_lines(web, "timed-q", "t", after[i:i + 10])
+        iso = datetime.fromtimestamp(since, UTC).isoformat()  # "+00:00": httpx encodes the "+"
+        millis = str(math.ceil(since * 1000))  # rounded up: past the first publish
+        for start in (iso, iso.replace("+00:00", "Z"), millis):
+            events = list(sse_events(web, "timed-q", 50, **{"from": start, "limit": 50}))
+            assert payloads_of(events) == after, f"from={start}"
+    finally:
+        with Admin(web.config) as admin:  # its slot: the module's cluster has room for so many exchanges
+            admin.delete_queue("timed-q")
 
 
 @pytest.mark.parametrize("start, says", [
