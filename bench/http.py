@@ -346,7 +346,11 @@ class Deliveries:
 
     def _on_batch(self, batch: Any) -> None:
         with self._lock:
-            self._got.setdefault((batch.topic, batch.publisher), []).extend(batch.seqs)
+            if batch.topics is None:  # one topic, the batch's
+                self._got.setdefault((batch.topic, batch.publisher), []).extend(batch.seqs)
+                return
+            for topic, seq in zip(batch.topics, batch.seqs):  # a frame of many topics
+                self._got.setdefault((topic, batch.publisher), []).append(seq)
 
     def received(self, topic: str) -> int:
         with self._lock:

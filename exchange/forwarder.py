@@ -140,6 +140,8 @@ class Forwarder:
                         expired_publishers=self.sessions.expired, tracked_prefixes=len(self.chains.last),
                         replay_held_bytes=self.replay.held, rss_bytes=rss_bytes(), held_acks=len(self.gate),
                         replicated_to=link.held if link is not None else 0, next_pos=retention.next_pos,
+                        transfer_end=link.transfer.end if link is not None else 0,
+                        transferred_to=link.transfer.acked if link is not None else 0,
                         consumers=self.consumers.lags(retention), groups=self.groups.stats(),
                         storage_full=durability.storage_full, storage_error=durability.storage_error,
                         journal_errors=journal.errors if journal is not None else 0,

@@ -31,6 +31,7 @@ from exchange.forwarder import Forwarder
 from exchange.journal import JOURNAL_DIR, load_archives
 from exchange.parts import Site
 from exchange.replica import Replica
+from exchange.replica_disk import REPLICA_SUFFIX
 from exchange.retention import Retention
 from exchange.stats import rss_bytes
 from exchange.store_hooks import store_dir
@@ -284,6 +285,7 @@ def _on_primary_line(gatekeeper: Gatekeeper, config: Config, replica: Replica, m
     """The HCM sends the permission table, or says which incarnation of our primary runs, and its
     copy digest (stdin thread)."""
     _take_permissions(gatekeeper, config, message)
+    replica.disk.inbox.deliver(message)
     if "primary" in message:
         primary = message["primary"]
         replica.learn_primary(primary if isinstance(primary, dict) else None)
@@ -313,16 +315,20 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
     try:
         gatekeeper = Gatekeeper(context, config, f"replica {queue}/{xid}", queue)
         advertise = config.hcm.advertise or config.hcm.bind
-        replica = Replica(context, config, xid, config.hcm.bind, advertise, gatekeeper)
+        replica = Replica(context, config, xid, config.hcm.bind, advertise, gatekeeper,
+                          store_root=store_dir(config.hcm.data_dir, queue, xid + REPLICA_SUFFIX))
     except BaseException:
         context.destroy(linger=0)
         raise
     if watch_parent:
         watch_stdin(stop, lambda message: _on_primary_line(gatekeeper, config, replica, message))
+    replica.disk.start(replica.disk.inbox.first(POLICY_WAIT) if watch_parent else None)
     gatekeeper.start()
-    on_tick = every(config.exchange.stats_interval,
-                    lambda: emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(),
-                                  "rss_bytes": rss_bytes()}))
+
+    def report() -> None:
+        replica.disk.tick()  # written frames synced before the report, as an exchange's store
+        emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(), "rss_bytes": rss_bytes()})
+    on_tick = every(config.exchange.stats_interval, report)
     try:
         await_permissions(gatekeeper, config, stop, watch_parent)
         emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,

@@ -142,6 +142,8 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
     work_server.gone = gone_fds
     disk = DiskTail(Path(site.store_root) if site.store_root is not None else None, stream.incarnation,
                     f"{Path(site.store_root).parent.name}/{site.xid}" if site.store_root is not None else site.xid)
+    if link is not None:
+        link.transfer.store_of = lambda: disk.store  # a new replica's state transfer reads it
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()
     parts = Parts(

@@ -5,7 +5,9 @@ from the copies as from an exchange's retention. It keeps one copy per primary i
 MAX_COPIES), sealed once a subscriber asks for an ended incarnation's position; only the primary
 incarnation the cluster vouches for may copy (exchange/replica_trust.py). It also holds the
 primary's consumer groups and admin commands (exchange/replica_adoption.py). Frames are range-checked
-and a copy must continue what is held. The whole design: docs/replication.md.
+and a copy must continue what is held. With a disk storage policy each copy is also written to a
+segment store on this host (exchange/replica_disk.py), served below the copy's memory tail. The
+whole design: docs/replication.md.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from exchange.replay import ReplayServer, replay_socket
 from exchange.replica_adoption import adoption_reply
+from exchange.replica_disk import ReplicaDisk
 from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
@@ -38,8 +42,11 @@ MAX_APPLIED = 256  # admin commands remembered per exchange (the newest)
 
 class Replica:
     def __init__(self, context: zmq.Context, config: Config, xid: str, bind_host: str,
-                 advertise_host: str, gatekeeper: Gatekeeper | None = None) -> None:
+                 advertise_host: str, gatekeeper: Gatekeeper | None = None, store_root: Path | None = None) -> None:
+        """`store_root`: where the copies' segment stores go when the queue's policy keeps frames on
+        disk (None: memory only)."""
         self.config = config
+        self.disk = ReplicaDisk(store_root)
         self.xid = xid
         self.incarnation = f"{xid}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
@@ -63,11 +70,12 @@ class Replica:
         repl_port = self.repl.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
         self.replay = ReplayServer(replay, config.exchange, self._count, archives=self.copies,
-                                   on_ended=self.seal_ended)
+                                   on_ended=self.seal_ended, store_of=self.disk.store_of)
         self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
 
     def close(self) -> None:
+        self.disk.close()
         self.repl.close(linger=0)
         self.replay.sock.close(linger=0)
 
@@ -164,6 +172,8 @@ class Replica:
             return self._mark(request)
         if isinstance(request, protocol.Applied):
             return self._applied(request)
+        if isinstance(request, protocol.Fill):
+            return self._fill(request)
         if isinstance(request, protocol.GroupState):
             self._store_groups(request)  # the next one replaces it
         elif request.incarnation in self.group_state:
@@ -185,7 +195,7 @@ class Replica:
         return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos if len(copy) or
                                              copy.next_pos > 1 else 0)
 
-    def _copy(self, route: bytes, request: protocol.Copy) -> bytes:
+    def _copy(self, route: bytes, request: protocol.Copy) -> bytes | None:
         incarnation = request.incarnation
         if incarnation in self.sealed:
             return protocol.encode_replica_reply(protocol.SEALED, incarnation)
@@ -200,11 +210,29 @@ class Replica:
         skip = copy.next_pos - request.first_pos
         if skip < 0:
             return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos)
+        if not self.disk.accepts(incarnation):
+            self._count("refused_pages_storage_full", 1)  # no answer: the primary asks again later
+            return None
         now = time.monotonic()
         for topic, body, messages in request.frames[skip:]:
-            copy.add(topic, body, messages, now, protocol.body_topics(body))
+            topics = protocol.body_topics(body)
+            self.disk.append(incarnation, copy.next_pos, topic, body, messages, topics)
+            copy.add(topic, body, messages, now, topics)
         self._count("copied_frames", max(0, len(request.frames) - skip))
+        if not self.disk.flush(incarnation):
+            return None  # held in memory meanwhile; the store writes it once its disk takes it
         return protocol.encode_replica_reply(protocol.COPIED, incarnation, copy.next_pos)
+
+    def _fill(self, fill: protocol.Fill) -> bytes | None:
+        """A page of the state transfer from the primary's disk (exchange/replica_disk.py)."""
+        if fill.incarnation in self.sealed or fill.incarnation not in self.copies:
+            return protocol.encode_filled(fill.incarnation, 0, fill.end_pos)
+        held = self.disk.fill(fill)
+        if held is None:
+            self._count("refused_pages_storage_full", 1)
+            return None
+        self._count("filled_frames", len(fill.frames))
+        return protocol.encode_filled(fill.incarnation, held, fill.end_pos)
 
     def _mark(self, mark: protocol.Mark) -> bytes | None:
         """`marked` once we hold every group frame the primary sent before the mark: frames come in
@@ -254,8 +282,10 @@ class Replica:
         """The running incarnation's copy serves nothing below `upto` any more (frames pinned for its
         groups stay for adoption); the copies of the exchange's earlier incarnations go."""
         frames, messages = self.copies[incarnation].purge(upto)
+        self.disk.purge(incarnation, upto)
         for older in [inc for inc in self.copies if inc != incarnation]:
             del self.copies[older]
+            self.disk.drop(older)
             self.group_state.pop(older, None)
             self.group_done.pop(older, None)
             self._add_sealed(older)
@@ -272,8 +302,10 @@ class Replica:
         copy = Retention(ex.retention_seconds, ex.retention_bytes, first_pos=max(first_pos, 1))
         self.copies[incarnation] = copy
         self.copies.move_to_end(incarnation)
+        self.disk.open(incarnation, max(first_pos, 1))
         while len(self.copies) > MAX_COPIES:
             dropped, _ = self.copies.popitem(last=False)
+            self.disk.drop(dropped)
             self.group_state.pop(dropped, None)
             self.group_done.pop(dropped, None)
             self._add_sealed(dropped)
@@ -304,6 +336,6 @@ class Replica:
         while len(self.sealed) > MAX_SEALED:
             self.sealed.popitem(last=False)
 
-    def report(self) -> dict[str, int]:
+    def report(self) -> dict[str, int | bool]:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
-                "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.counters}
+                "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 MAX_DIGESTS = 64  # primary incarnations whose copy digest is remembered (the newest)
 MAX_WAITING = 16  # follows waiting for their incarnation's digest; the oldest give way
 ProofFrame = (protocol.Follow | protocol.Copy | protocol.GroupState | protocol.GroupsDone | protocol.Mark
-              | protocol.Adopt | protocol.Applied)
+              | protocol.Adopt | protocol.Applied | protocol.Fill)
 
 
 class PrimaryTrust:

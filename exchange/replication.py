@@ -17,6 +17,7 @@ from collections import deque
 
 import zmq
 
+from exchange.replica_transfer import TransferOut
 from exchange.retention import Retention
 from roq import protocol
 from roq.config import Config
@@ -65,6 +66,7 @@ class ReplicaLink:
         self.marked = 0  # the highest serial answered
         self._marks_dropped = 0  # marks sent before the last follow: no longer waited for
         self.recorded: set[str] = set()  # admin commands the replica said it holds (`applied` answered)
+        self.transfer = TransferOut(incarnation, proof, self.page_bytes)  # what our disk holds below a jump
         retention.protect_from = self.held
 
     # ------------------------------------------------------------ wiring
@@ -128,6 +130,11 @@ class ReplicaLink:
             return
         if not self.following:
             return
+        self._pump_copies(now)
+        # The transfer from disk only uses what the copy leaves of the window: confirms come first.
+        self.transfer.pump(now, self._send, room=len(self._pages) < WINDOW_PAGES // 2)
+
+    def _pump_copies(self, now: float) -> None:
         retention = self.retention
         while len(self._pages) < WINDOW_PAGES and self.sent < retention.next_pos:
             start = max(self.sent, retention.oldest)
@@ -140,6 +147,8 @@ class ReplicaLink:
             page = protocol.encode_copy(self.incarnation, start, inlined, self.proof, jump=start > self.sent)
             if not self._send(page):
                 return
+            if start > self.sent:  # the replica's copy starts here: what our disk holds below follows apart
+                self.transfer.start(start, self.sent)
             if not self._pages:
                 self._asked = now
             self.sent = start + len(entries)
@@ -159,6 +168,9 @@ class ReplicaLink:
         if isinstance(reply, protocol.Recorded):
             self.recorded.add(reply.command_id)
             return
+        if isinstance(reply, protocol.Filled):
+            self.transfer.on_filled(reply)
+            return
         self._asked = time.monotonic()
         if isinstance(reply, protocol.Marked):
             self.marked = max(self.marked, min(reply.serial, self.marks_sent))
@@ -177,6 +189,8 @@ class ReplicaLink:
                 self._follow()
                 return
             # Start where it is: frames below our oldest were confirmed with an earlier replica.
+            if reply.next_pos == 0:
+                self.transfer.start(0, 0)  # a new copy: a transfer starts again at its jump
             self.following = True
             self.follows += 1
             self._marks_dropped = self.marks_sent  # the state sent to this follow covers what they marked

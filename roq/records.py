@@ -181,10 +181,17 @@ class ExchangeStats(Record):
     held_acks: int = 0
     replicated_to: int = 0
     next_pos: int = 0
+    # A disk storage policy's state transfer to a new replica (exchange/replica_transfer.py): the
+    # position the transfer fills up to (0: none under way, the replica holds what our store does)
+    # and how far the replica holds it.
+    transfer_end: int = 0
+    transferred_to: int = 0
     # A replica's own (exchange/replica.py): copies (incarnations) held, frames copied into them, frames
     # refused on `repl` (no or a wrong copy secret, or not a daemon's key), seals refused (still running).
     copies: int = 0
     copied_frames: int = 0
+    stored_bytes: int = 0  # its copies' segment stores on disk (exchange/replica_disk.py)
+    transferring: int = 0  # copies whose state transfer is under way
     refused_copies: int = 0
     refused_seals: int = 0
     # The journal's disk (exchange/storage.py): with exchange.journal = fsync, true while it refuses

@@ -146,7 +146,7 @@ class Stall:
     """A second subscriber on "fresh-" whose callback blocks once per round, and a second
     publisher sending STALL_MESSAGES messages on distinct topics per round."""
 
-    def __init__(self, config, zk) -> None:
+    def __init__(self, config) -> None:
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.block_next = threading.Event()
@@ -218,7 +218,7 @@ class Jobs:
     group's dead letters. Every confirmed job must be processed, and none dead-lettered, whatever
     the hostile member does (a job may be processed twice only after an exchange died with it)."""
 
-    def __init__(self, config, zk) -> None:
+    def __init__(self, config) -> None:
         self.processed: Counter[int] = Counter()
         self.dead = 0
         self.lock = threading.Lock()
@@ -858,16 +858,16 @@ def main(faults: int, kinds: str | None, interval: float, seconds: float, rate: 
         with Admin(config) as admin:
             admin.create_queue(QUEUE, exchanges=2, replicas=replicas)
         wait_until(lambda: len(read_live(zk, paths, QUEUE)) == 2, timeout=30, message="exchanges")
-        traffic = Traffic(QUEUE, config, zk, rate=rate, max_messages=int(rate * seconds * 1.2))
+        traffic = Traffic(QUEUE, config, rate=rate, max_messages=int(rate * seconds * 1.2))
         traffic.victims = Counter()
-        stall = Stall(config, zk)
+        stall = Stall(config)
         stall.sub.wait_connected(timeout=30)
         traffic.start(subscriptions=1)
         chaos = Chaos(procs, zk, paths, config, rng, traffic, stall, watch, start_hcm, victim_rate)
         if {"pubhost", "restart"} & set(chosen):
             chaos.new_victim()
         if "hostile" in chosen:
-            chaos.jobs = Jobs(config, zk)
+            chaos.jobs = Jobs(config)
             chaos.jobs.thread.start()
         if "httpflood" in chosen:
             chaos.gateway_url = procs.web("web")

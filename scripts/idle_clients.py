@@ -16,6 +16,12 @@ any client: ZooKeeper's CPU (percent of one core, its process's CPU time) and it
 exchanges and reports how long until every client saw the third (the real ones by their
 topology, the protocol ones by a push), from the scale request's answer.
 
+With `--failover` it then measures, every client still connected, the reactions the failover
+suites assert (scripts/idle_failover.py): the SIGKILL of the exchange a real publisher uses (its
+unconfirmed messages confirmed elsewhere, a real subscriber caught up, lost and duplicated), a
+scale-out's new exchange used by the publisher, and the SIGKILL of the GCM leader (a new leader,
+then the next topology change reaching every client). A table on stderr, `failover` in the JSON.
+
     .venv/bin/python scripts/idle_clients.py --processes 4 --real-per-process 250 --protocol 9000
 
 Figures on a busy machine say little: run it on a quiet one. Smoke run: the defaults (small).
@@ -31,6 +37,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,11 +50,13 @@ import psutil  # noqa: E402
 import zmq  # noqa: E402
 
 from roq.client.admin import Admin  # noqa: E402
+from roq.client.metadata import ATTEMPT_TIMEOUT  # noqa: E402
 from roq.config import Config, load_config  # noqa: E402
 from roq.protocol import decode_reply, encode_request  # noqa: E402
 from roq.protocol.metadata import decode_push  # noqa: E402
 from roq.tools.cluster import LocalCluster  # noqa: E402
 from roq.tools.zkserver import four_letter  # noqa: E402
+from scripts.idle_failover import Failover, table  # noqa: E402
 
 QUEUE = "idle"
 
@@ -76,21 +85,22 @@ def cpu_percent(pids: list[int], seconds: float) -> float:
 
 # ------------------------------------------------------------------ real clients (worker processes)
 
-def worker(config_path: str, count: int, ready: Any, go: Any, results: Any) -> None:
-    """Hold `count` real subscribers; say when each saw x3 (wall clock)."""
+def worker(config_path: str, count: int, ready: Any, rounds: Any, results: Any) -> None:
+    """Hold `count` real subscribers; for each exchange id `rounds` names, say when each saw it
+    (wall clock); None ends."""
     from roq.client import Subscriber
     config = load_config(config_path, env={})
     subs = [Subscriber(QUEUE, config, topics=["none"]) for _ in range(count)]
     ready.put(count)
-    go.wait()
-    seen: dict[int, float] = {}
-    deadline = time.monotonic() + 60
-    while len(seen) < count and time.monotonic() < deadline:
-        for i, sub in enumerate(subs):
-            if i not in seen and "x3" in sub.topology.snapshot():
-                seen[i] = time.time()
-        time.sleep(0.005)
-    results.put(list(seen.values()) + [float("nan")] * (count - len(seen)))
+    while (exchange := rounds.get()) is not None:
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + 60
+        while len(seen) < count and time.monotonic() < deadline:
+            for i, sub in enumerate(subs):
+                if i not in seen and exchange in sub.topology.snapshot():
+                    seen[i] = time.time()
+            time.sleep(0.005)
+        results.put(list(seen.values()) + [float("nan")] * (count - len(seen)))
     for sub in subs:
         sub.close()
 
@@ -101,15 +111,40 @@ class ProtocolClients:
     def __init__(self, seeds: list[str], count: int) -> None:
         self.context = zmq.Context()
         self.context.MAX_SOCKETS = count + 16  # libzmq's default is 1,023 sockets per context
-        self.socks = []
-        for i in range(count):
-            sock = self.context.socket(zmq.DEALER)
-            sock.linger = 0
-            sock.connect(seeds[i % len(seeds)])
-            self.socks.append(sock)
+        self.seeds = seeds
+        self.socks = [self._connect(seeds[i % len(seeds)]) for i in range(count)]
+        self.endpoints = [seeds[i % len(seeds)] for i in range(count)]
         self.ids = itertools.count(1)
         self.lease = 30.0
         self.renewed = 0.0
+
+    def _connect(self, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self.context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(endpoint)
+        return sock
+
+    def leave(self, dead: str) -> None:
+        """Every client of the GCM at `dead` renews there, waits ATTEMPT_TIMEOUT for the answer that
+        does not come and watches on the next seed instead (roq.client.metadata's way)."""
+        mine = [i for i, endpoint in enumerate(self.endpoints) if endpoint == dead]
+        for i in mine:
+            self.socks[i].send(encode_request(next(self.ids), "metadata.watch", {"queues": [QUEUE]}))
+        time.sleep(ATTEMPT_TIMEOUT)  # the client's timeout: nothing answers a dead GCM
+        other = next(seed for seed in self.seeds if seed != dead)
+        for i in mine:
+            if not self._answered(self.socks[i]):
+                self.socks[i].close(linger=0)
+                self.socks[i], self.endpoints[i] = self._connect(other), other
+                self.socks[i].send(encode_request(next(self.ids), "metadata.watch", {"queues": [QUEUE]}))
+
+    @staticmethod
+    def _answered(sock: zmq.Socket[bytes]) -> bool:
+        """Has a reply come (pushes read meanwhile are dropped: the new seed's watch repairs them)?"""
+        replied = False
+        while sock.poll(0):
+            replied = decode_push(sock.recv()) is None or replied
+        return replied
 
     def watch_all(self) -> None:
         """One watch per socket, every answer awaited (renewals too)."""
@@ -164,13 +199,45 @@ class ProtocolClients:
 
 def while_idle(protocol: ProtocolClients, pids: list[int], seconds: float) -> float:
     """CPU of `pids` over `seconds` while the protocol-level clients stay registered."""
-    import threading
     out: list[float] = []
     thread = threading.Thread(target=lambda: out.append(cpu_percent(pids, seconds)))
     thread.start()
     protocol.idle(seconds)
     thread.join()
     return out[0]
+
+
+def scale(config: Config, exchanges: int) -> float:
+    """Scale the idle queue; the wall-clock time of the answer."""
+    with Admin(config) as admin:
+        admin.call("queue.scale", name=QUEUE, exchanges=exchanges)
+    return time.time()
+
+
+def reach(protocol: ProtocolClients, results: Any, workers: int, exchange: str, since: float) -> dict[str, Any]:
+    """How long after `since` every client saw `exchange` (the workers were told to look for it)."""
+    times = protocol.wait_for(exchange, 60) if protocol.socks else []
+    for _ in range(workers):
+        times += results.get(timeout=120)
+    delays = sorted(t - since for t in times if t == t)
+    return {"clients": len(times), "missed": sum(1 for t in times if t != t),
+            "p50_s": round(delays[len(delays) // 2], 3) if delays else None,
+            "p99_s": round(delays[max(0, int(len(delays) * 0.99) - 1)], 3) if delays else None,
+            "all_s": round(delays[-1], 3) if delays else None}
+
+
+def failovers(failover: Failover, protocol: ProtocolClients, rounds: list[Any], results: Any) -> dict[str, Any]:
+    """(a) the publisher's exchange killed, (c) the GCM leader killed then a scale-out reaching
+    every client; (b) was measured with the first scale-out."""
+    failover.kill_exchange()
+    dead, _ = failover.kill_leader()
+    protocol.leave(dead)
+    for mine in rounds:
+        mine.put("x4")
+    scaled_at = failover.scale(4)
+    failover.figures["leader_kill"]["next_change_reached_all"] = reach(protocol, results, len(rounds), "x4",
+                                                                       scaled_at)
+    return failover.finish()
 
 
 def measure(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
@@ -180,6 +247,7 @@ def measure(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
                                             security={"max_connections_per_client": 0}), run_dir)
     state = cluster.up(progress=lambda text: print(f"  {text}", file=sys.stderr))
     workers: list[multiprocessing.Process] = []
+    rounds: list[Any] = []
     protocol: ProtocolClients | None = None
     try:
         config = load_config(cluster.config_path, env={})
@@ -194,9 +262,10 @@ def measure(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
                   "gcms_cpu_percent": cpu_percent(gcm_pids, args.idle)}
         print(f"  before any client: {before}", file=sys.stderr)
         ctx = multiprocessing.get_context("spawn")
-        ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-        for _ in range(args.processes):
-            proc = ctx.Process(target=worker, args=(str(cluster.config_path), args.real_per_process, ready, go,
+        ready, results = ctx.Queue(), ctx.Queue()
+        rounds = [ctx.Queue() for _ in range(args.processes)]
+        for mine in rounds:
+            proc = ctx.Process(target=worker, args=(str(cluster.config_path), args.real_per_process, ready, mine,
                                                      results), daemon=True)
             proc.start()
             workers.append(proc)
@@ -213,30 +282,40 @@ def measure(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         with_clients.update(zk_cpu_percent=zk_cpu, gcms_cpu_percent=gcm_cpu,
                             zk_connections_after=zk_connections(host, int(port)))
         print(f"  with the clients: {with_clients}", file=sys.stderr)
+        failover = Failover(config, state, QUEUE) if args.failover else None
+        if failover is not None:
+            failover.start()
         protocol.drain(lambda body: None)
-        go.set()
-        with Admin(config) as admin:
-            admin.call("queue.scale", name=QUEUE, exchanges=3)
-        scaled_at = time.time()
-        times = protocol.wait_for("x3", 60) if args.protocol else []
-        for _ in workers:
-            times += results.get(timeout=120)
-        delays = sorted(t - scaled_at for t in times if t == t)
-        missed = sum(1 for t in times if t != t)
-        return {
+        for mine in rounds:
+            mine.put("x3")
+        scaled_at = scale(config, 3)
+        used = None
+        if failover is not None:  # beside the clients' clocks: the protocol ones stamp pushes when read
+            used = threading.Thread(target=failover.scale_used, args=("x3", scaled_at))
+            used.start()
+        change = reach(protocol, results, len(workers), "x3", scaled_at)
+        if used is not None:
+            used.join()
+        result = {
             "real_clients": args.processes * args.real_per_process, "worker_processes": args.processes,
             "protocol_clients": args.protocol, "idle_seconds": args.idle, "before": before,
-            "with_clients": with_clients,
-            "topology_change": {"clients": len(times), "missed": missed,
-                                "p50_s": round(delays[len(delays) // 2], 3) if delays else None,
-                                "p99_s": round(delays[int(len(delays) * 0.99) - 1], 3) if delays else None,
-                                "all_s": round(delays[-1], 3) if delays else None},
-            "load1": round(os.getloadavg()[0], 2),
+            "with_clients": with_clients, "topology_change": change,
         }
+        if failover is not None:
+            try:
+                result["failover"] = failovers(failover, protocol, rounds, results)
+            finally:
+                failover.close()
+            print(table(result["failover"]), file=sys.stderr)
+        result["load1"] = round(os.getloadavg()[0], 2)
+        return result
     finally:
         if protocol is not None:
             protocol.close()
+        for mine in rounds if workers else ():
+            mine.put(None)
         for proc in workers:
+            proc.join(timeout=10)
             proc.terminate()
         cluster.down()
 
@@ -246,10 +325,15 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2, help="worker processes of real clients")
     parser.add_argument("--real-per-process", type=int, default=10, help="real Subscriber objects per worker")
     parser.add_argument("--protocol", type=int, default=100, help="protocol-level clients in this process")
-    parser.add_argument("--idle", type=float, default=10.0, help="seconds of each CPU window")
+    parser.add_argument("--idle", type=float, default=10.0,
+                        help="seconds of each CPU window; a multiple of a third of gcm.metadata_lease (10 s) "
+                             "holds as many renewal rounds in each window (30 for figures)")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after the queue runs, before measuring")
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument("--failover", action="store_true",
+                        help="with every client connected, also measure the failover reactions "
+                             "(scripts/idle_failover.py): exchange SIGKILL, scale-out, GCM leader SIGKILL")
     args = parser.parse_args()
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="roq-idle-clients-"))
     result = measure(args, run_dir.absolute())

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 ATTEMPT_TIMEOUT = 1.0  # s a seed has to answer before the next one is asked
 HEARTBEAT_MS = 1000  # ZeroMQ pings on the seed connection: a silent GCM is left within ~3 s
 RETRY_PAUSE = 0.2  # s between two rounds over every seed when none answers
+# A GCM's cache follows ZooKeeper a few ms behind the leader's writes: a queue created just now may
+# be unknown to the seed asked. Its watch stays, so the push that shows the queue is awaited this long
+# before "does not exist" is believed.
+NOT_FOUND_GRACE = 1.0
 
 Listener = Callable[[dict[str, Any]], None]
 
@@ -90,8 +94,12 @@ class MetadataClient:
             self._listeners.setdefault(queue, []).append(listener)
             self._wake.wake()
             self._refused = None
+            deadline = time.monotonic() + timeout
             answered = self._lock.wait_for(
                 lambda: queue in self._bodies or self._closed or self._refused is not None, timeout)
+            if answered and not self._bodies.get(queue, {"exists": True})["exists"]:
+                self._lock.wait_for(lambda: self._bodies.get(queue, {}).get("exists") or self._closed,
+                                    max(0.0, min(NOT_FOUND_GRACE, deadline - time.monotonic())))
             body, refused = self._bodies.get(queue), self._refused
         if body is None and refused is not None:
             self.unfollow(queue, listener)

@@ -46,6 +46,23 @@ class ClientConfig:
     # Needs payload_blocks: the parts follow a batch's block (protocol 3.2.2).
     large_payload_bytes: int = setting(16 << 10, "a payload this big (or bigger) travels as a ZeroMQ part of its own "
                                        "that the exchange forwards without copying; 0: never", lo=0)
+    # Prototypes for issue 34 item 5 (bench/prototypes_large.py measures each against today's
+    # behaviour, which their defaults keep).
+    zero_copy_send_bytes: int = setting(64 << 10, "a publisher's payload block or large payload part this big (or "
+                                        "bigger) is handed to libzmq without a copy (pyzmq then keeps it until "
+                                        "sent, at a cost per part); 0: always copy", lo=0)
+    payload_views: bool = setting(False, "a subscriber hands each large payload (a part of its own) to the "
+                                  "application as a read-only memoryview of the received ZeroMQ part, not "
+                                  "copied into bytes")
+    socket_buffer_bytes: int = setting(0, "SO_SNDBUF / SO_RCVBUF of a publisher's and a subscriber's data socket; "
+                                       "0: the system's default", lo=0)
+    # A prototype (issue 34, item 5): at a low rate a small batch need not wait for the acks in
+    # flight. bench/prototypes.py measures it.
+    eager_in_flight: int = setting(0, "a batch smaller than full goes while fewer than this many are in flight "
+                                   "(and it holds at most client.eager_batch_messages)", lo=0, hi=4,
+                                   note="0: only while none is")
+    eager_batch_messages: int = setting(8, "the most messages a batch sent early under client.eager_in_flight holds",
+                                        positive=True)
     publish_timeout: float = setting(30.0, "how long publish() blocks under backpressure", positive=True)
     confirm_timeout: float = setting(5.0, "no confirm this long: move to another exchange", positive=True)
     # An exchange that dies may have confirmed messages its subscribers never got: must outlast

@@ -23,7 +23,7 @@ from roq.protocol.codec import (
     version_refusal,
 )
 from roq.protocol.fields import Array, Bin, Conversation, Field, Int, ListOf, Nullable, Str, Test, frame
-from roq.protocol.large import MAX_PARTS, LargeBody, as_bytes, resolve
+from roq.protocol.large import MAX_PARTS, LargeBody, as_bytes, as_view, resolve
 
 DELIVERY, SYNC, BEAT = "delivery", "sync", "beat"
 SYNC_PREFIX = b"\x00roq.sync/"  # user topics never start with NUL (roq.names.check_topic)
@@ -139,6 +139,7 @@ def encode_delivery(exchange_id: str, incarnation: str, pos: int, chains: list[l
                  topics])
 
 
+_PAYLOAD_TYPES = {bytes, memoryview}  # memoryview: a large payload's part, read-only (decode_delivery's views)
 _FIXARRAY = 0x90  # msgpack's array header for 0-15 elements: this byte + the count
 _NIL = b"\xc0"
 
@@ -162,11 +163,12 @@ def unpack_delivery(frame: bytes | memoryview) -> Any:
         raise ProtocolError("delivery is not valid msgpack") from None
 
 
-def decode_delivery(frame: bytes | memoryview | LargeBody, parts: Sequence[Any] = ()) -> Delivery:
+def decode_delivery(frame: bytes | memoryview | LargeBody, parts: Sequence[Any] = (), views: bool = False) -> Delivery:
     """A delivery body, every field checked (section 4.2): DELIVERY_FRAME's checks by hand, since
     every subscriber runs this once per frame. `parts`: the ZeroMQ parts after the body, one per
     integer payload slot (a large payload's, section 4.2); each payload is then their bytes, taken
-    once (a LargeBody brings its own parts)."""
+    once (a LargeBody brings its own parts), or with `views` a read-only view of the part (no
+    copy; the view keeps the part alive)."""
     if isinstance(frame, LargeBody):
         msg, parts = unpack_delivery(frame.body), frame.parts
     else:
@@ -189,9 +191,10 @@ def decode_delivery(frame: bytes | memoryview | LargeBody, parts: Sequence[Any] 
     if len(parts) > MAX_PARTS:
         raise ProtocolError(f"delivery has {len(parts)} parts after its body; at most {MAX_PARTS}")
     if isinstance(payloads, list) and (parts or int in set(map(type, payloads))):
-        payloads = [as_bytes(p) if type(p) is not bytes else p for p in resolve(payloads, parts, "delivery")]
+        taken = as_view if views else as_bytes
+        payloads = [taken(p) if type(p) is not bytes else p for p in resolve(payloads, parts, "delivery")]
     if not isinstance(seqs, list) or not isinstance(payloads, list) or len(seqs) != len(payloads) \
-            or not all_ints(seqs, 1) or (payloads and set(map(type, payloads)) != {bytes}):
+            or not all_ints(seqs, 1) or (payloads and not set(map(type, payloads)) <= _PAYLOAD_TYPES):
         raise ProtocolError("delivery seqs and payloads must be lists of equal length (integers, bin)")
     if not _topics_ok(topics, len(seqs)):
         raise ProtocolError(f"delivery topics must be nil or one bin (1-{MAX_TOPIC} bytes) per message")

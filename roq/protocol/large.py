@@ -64,6 +64,13 @@ def as_bytes(part: Any) -> bytes:
     return data if isinstance(data, bytes) else bytes(part)
 
 
+def as_view(part: Any) -> memoryview:
+    """A part's bytes without a copy: a read-only view of a pyzmq Frame's buffer (the view keeps
+    the Frame, and so libzmq's message, alive), or of bytes."""
+    buffer = getattr(part, "buffer", None)
+    return (buffer if isinstance(buffer, memoryview) else memoryview(part)).toreadonly()
+
+
 class LargeBody:
     """A delivery body whose large payloads follow it as ZeroMQ parts: what retention holds and
     fetch replies carry for such a frame. Its length is all its bytes, for byte budgets."""

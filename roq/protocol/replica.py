@@ -17,6 +17,8 @@ from roq.protocol.work import GROUP, GROUP_PREFIXES, MAX_ACK_TIMEOUT_MS, MAX_DEL
 FOLLOW, FOLLOWING, COPY, COPIED, SEALED = "follow", "following", "copy", "copied", "sealed"
 GROUPS, DONE, ADOPT, ADOPTION, MARK, MARKED = "groups", "done", "adopt", "adoption", "mark", "marked"
 APPLIED, RECORDED = "applied", "recorded"
+FILL, FILLED = "fill", "filled"
+MAX_STORED_AT_US = 1 << 53  # microseconds since the Unix epoch a stored frame may carry (year 285,000)
 MAX_COPY_FRAME = 1 << 30  # a copy carries at most exchange.fetch_max_bytes-sized pages; generous
 MIN_PROOF, MAX_PROOF = 16, 64  # bytes of an incarnation's copy secret
 MAX_APPLIED = 256  # command ids an adoption names (the newest)
@@ -52,6 +54,28 @@ class Copy:
     frames: list[tuple[bytes, bytes, int]]  # (topic, delivery body, messages in it)
     jump: bool  # the primary holds nothing before first_pos (evicted): start the copy there
     proof: bytes
+
+
+@dataclass(frozen=True)
+class Fill:
+    """`fill` (state transfer, section 6.5): consecutive frames of the primary's segment store from
+    `first_pos`, all below `end_pos`, where the replica's copy of the incarnation starts."""
+    incarnation: str
+    first_pos: int
+    end_pos: int
+    frames: list[tuple[int, bytes, bytes, int]]  # (stored_at in µs since the epoch, topic, body, messages)
+    jump: bool  # the primary's store holds nothing between what the replica asked for and first_pos
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Filled:
+    """`filled`: the replica holds the transfer below `end_pos` from its start up to `next_pos`
+    (== end_pos: the transfer is complete; 0: no transfer toward that `end_pos` is taken)."""
+    incarnation: str
+    next_pos: int
+    end_pos: int
+    kind: str = FILLED
 
 
 @dataclass(frozen=True)
@@ -180,6 +204,10 @@ def _copy(incarnation: str, first_pos: int, frames: list[list[Any]], jump: bool,
     return Copy(incarnation, first_pos, [(f[0], f[1], f[2]) for f in frames], jump, proof)
 
 
+def _fill(incarnation: str, first_pos: int, end_pos: int, frames: list[list[Any]], jump: bool, proof: bytes) -> Fill:
+    return Fill(incarnation, first_pos, end_pos, [(f[0], f[1], f[2], f[3]) for f in frames], jump, proof)
+
+
 REPLICA_REQUESTS = Conversation(
     "replication request",
     frame(FOLLOW, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF, build=Follow),
@@ -200,6 +228,15 @@ REPLICA_REQUESTS = Conversation(
     frame(APPLIED, INCARNATION, Field("command_id", COMMAND_ID), GROUP_STATE_LIST, Field("purge_upto", Int()), PROOF,
           build=lambda incarnation, command_id, groups, purge_upto, proof: Applied(
               incarnation, command_id, records_of(groups), purge_upto, proof)),
+    frame(FILL, INCARNATION, Field("first_pos", Int(1)), Field("end_pos", Int(2)),
+          Field("frames", ListOf(Array(Field("stored_at_us", Int(0, MAX_STORED_AT_US)),
+                                       Field("topic", Bin(0, MAX_TOPIC)), Field("body", Bin()),
+                                       Field("messages", Int()))),
+                shown="[[stored_at_us, topic, body, messages], ...]"),
+          Field("jump", Bool()), PROOF,
+          rules=[(lambda inc, first_pos, end_pos, frames, *_: first_pos + len(frames) <= end_pos,
+                  "fill frames reach end_pos")],
+          build=_fill),
 )
 
 
@@ -217,6 +254,7 @@ REPLICA_REPLIES = Conversation(
           build=lambda incarnation, next_pos: ReplicaReply(COPIED, incarnation, next_pos)),
     frame(SEALED, INCARNATION, build=lambda incarnation: ReplicaReply(SEALED, incarnation, 0)),
     frame(MARKED, INCARNATION, Field("serial", Int(1)), build=Marked),
+    frame(FILLED, INCARNATION, Field("next_pos", Int()), Field("end_pos", Int()), build=Filled),
     frame(RECORDED, INCARNATION, Field("command_id", COMMAND_ID), build=Recorded),
     frame(ADOPTION, INCARNATION, Field("ended", Str(0, MAX_INCARNATION)), GROUP_STATE_LIST,
           Field("high", ListOf(Array(Field("publisher_id", Str()), Field("seq", Int()))),
@@ -261,10 +299,22 @@ def encode_applied(incarnation: str, command_id: str, groups: list[GroupRecord],
     return pack([APPLIED, DATA_VERSION, incarnation, command_id, [g.wire() for g in groups], purge_upto, proof])
 
 
-def decode_replica_request(frame: bytes) -> Follow | Copy | GroupState | GroupsDone | Mark | Adopt | Applied:
+def encode_fill(incarnation: str, first_pos: int, end_pos: int, frames: list[list[Any]], proof: bytes,
+                jump: bool = False) -> bytes:
+    """`frames` are [stored_at_us, topic, body, messages] lists, from `first_pos` on, below `end_pos`."""
+    return pack([FILL, DATA_VERSION, incarnation, first_pos, end_pos, frames, jump, proof])
+
+
+def encode_filled(incarnation: str, next_pos: int, end_pos: int) -> bytes:
+    return pack([FILLED, DATA_VERSION, incarnation, next_pos, end_pos])
+
+
+ReplicaRequest = Follow | Copy | GroupState | GroupsDone | Mark | Adopt | Applied | Fill
+
+
+def decode_replica_request(frame: bytes) -> ReplicaRequest:
     """What a replica receives from its primary, every field range-checked."""
-    request: Follow | Copy | GroupState | GroupsDone | Mark | Adopt | Applied = REPLICA_REQUESTS.decode(
-        unpack(frame, MAX_COPY_FRAME))
+    request: ReplicaRequest = REPLICA_REQUESTS.decode(unpack(frame, MAX_COPY_FRAME))
     return request
 
 
@@ -288,6 +338,6 @@ def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], hig
                  [[p, s] for p, s in high.items()], [list(f) for f in frames], list(applied[-MAX_APPLIED:])])
 
 
-def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked | Recorded:
-    reply: ReplicaReply | Adoption | Marked | Recorded = REPLICA_REPLIES.decode(unpack(frame, MAX_COPY_FRAME))
+def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked | Recorded | Filled:
+    reply: ReplicaReply | Adoption | Marked | Recorded | Filled = REPLICA_REPLIES.decode(unpack(frame, MAX_COPY_FRAME))
     return reply

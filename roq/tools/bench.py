@@ -197,16 +197,15 @@ class RoqBatchAdapter(RoqAdapter, BatchAdapter):
         self.sub.wait_connected(timeout=30)
 
     def _spread_over_topics(self, topics: list[str]) -> None:
-        """publish_many() takes one topic per call. Over N topics, message j of the run goes to topic
-        j mod N, as with publish(): each list is split by topic, one publish_many() call per topic
-        it touches (so a list of 1,000 over 10,000 topics is 1,000 calls of one message)."""
+        """Over N topics, message j of the run goes to topic j mod N, as with publish(): each list
+        goes in one publish_many() call with each payload's own topic, and a frame of many topics
+        reaches the batch callback as one MessageBatch (its `topics` say whose each message is)."""
         super()._spread_over_topics(topics)
         publish_many, count, state = self.pub.publish_many, len(topics), {"next": 0}
 
         def spread(payloads: list[bytes]) -> None:
             start = state["next"]
-            for offset in range(min(count, len(payloads))):
-                publish_many(topics[(start + offset) % count], payloads[offset::count])
+            publish_many([topics[(start + i) % count] for i in range(len(payloads))], payloads)
             state["next"] = (start + len(payloads)) % count
 
         self.publish_many = spread

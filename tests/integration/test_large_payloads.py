@@ -161,11 +161,18 @@ def _primed(pub: zmq.Socket, pid: str, seq: int, sub: zmq.Socket) -> bool:
     return True
 
 
-def test_the_client_sends_large_payloads_as_parts_and_the_subscriber_gets_them(config, zk, paths, cluster):
+# The prototypes of issue 34 item 5 (bench/prototypes_large.py) keep what a subscriber gets.
+PROTOTYPES = {"views": {"payload_views": True, "zero_copy_send_bytes": 0, "socket_buffer_bytes": 1 << 20}}
+
+
+@pytest.mark.parametrize("knobs", ["default", "views"])
+def test_the_client_sends_large_payloads_as_parts_and_the_subscriber_gets_them(config, zk, paths, cluster, knobs):
     """Publisher and Subscriber with the library's threshold: sizes on both sides of it, one
-    publish() at a time and publish_many, each message once, in order, byte for byte."""
-    queue = "large"
+    publish() at a time and publish_many, each message once, in order, byte for byte. With the
+    prototypes on, each large payload is a read-only view."""
+    queue = f"large-{knobs}"
     create(config, zk, paths, queue, 1)
+    config = config.replace(client=PROTOTYPES[knobs]) if knobs in PROTOTYPES else config
     got: list[tuple[str, bytes]] = []
     sub = Subscriber(queue, config, topics=["a", "b"], callback=lambda m: got.append((m.topic, m.payload)))
     sub.wait_connected(timeout=30)
@@ -190,3 +197,6 @@ def test_the_client_sends_large_payloads_as_parts_and_the_subscriber_gets_them(c
     finally:
         sub.close()
     assert got == sent
+    large = [payload for _, payload in got if len(payload) >= threshold]
+    views = [isinstance(p, memoryview) and p.readonly for p in large]
+    assert large and views == [knobs in PROTOTYPES] * len(large)

@@ -7,6 +7,7 @@ the stream), and after XPUB dropped frames for it (`exchange.sub_hwm` is tiny an
 reads nothing until the end) from retention fetches; a prefix nobody subscribed to when the frames
 were cut (a fetch longer than their routing topics) finds its messages the same way. The exchange
 tracks only a few prefixes, so some examples run with an incomplete set (frames cut by exact topic).
+RoQ's own batch subscriber gets each such frame as one MessageBatch, each message with its topic.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roq import protocol
+from roq.client.publisher import Publisher
+from roq.client.subscriber import MessageBatch, Subscriber
 from roq.client.subscriber.streams import normalise
+from roq.config import Config
 from tests.profiles import examples
-from tests.support.helpers import fast_config, lone_exchange, wait_until
+from tests.support.helpers import advertised, fast_config, lone_exchange, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -38,6 +42,14 @@ def exchange(zookeeper) -> Iterator[dict[str, Any]]:
         "sub_hwm": SUB_HWM, "max_prefixes": MAX_PREFIXES, "retention_seconds": 3600, "beat_interval": 0.1})
     with lone_exchange(cfg, "topics") as ready:
         yield ready
+
+
+@pytest.fixture(scope="module")
+def clients(zookeeper, exchange) -> Iterator[Config]:
+    """The client library's config for the module's exchange, advertised as queue "topics"."""
+    config = fast_config(zookeeper.connect_string)
+    with advertised(config, "topics", exchange):
+        yield config
 
 
 class RawSubscriber:
@@ -239,3 +251,67 @@ def test_a_version_2_batch_is_refused_naming_both_versions(exchange):
         assert "version 2" in reply.message and "speaks 3" in reply.message
     finally:
         pub.sock.close()
+
+
+subscribed = st.lists(st.text(alphabet="ab/", min_size=1, max_size=3), max_size=3)  # none: every topic
+
+
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(topic_text, min_size=1, max_size=60), min_size=1, max_size=5), prefixes=subscribed)
+def test_a_batch_subscriber_gets_each_frame_as_one_batch_with_each_message_topic(exchange, clients, batches,
+                                                                                 prefixes):
+    """Subscriber(batch_callback=...): one call per frame, whatever topics it mixes (the stored
+    frames, fetched back, are the truth), each message with its own topic, in publisher order."""
+    got: list[MessageBatch] = []
+    replay = Replay(zmq.Context.instance(), exchange)
+    try:
+        with Subscriber("topics", clients, prefixes, batch_callback=got.append) as sub, \
+                Publisher("topics", clients) as pub:
+            sub.wait_connected(1)
+            start = replay.next_pos() - 1
+            published: dict[int, bytes] = {}
+            for topics in batches:
+                seqs = pub.publish_many(topics, [b"%d" % len(published) for _ in topics])
+                published |= dict(zip(seqs, topics))
+            pub.flush(20)
+            end = replay.next_pos()
+            mine = tuple(sub.topics)
+            frames = [(routing, d.matching(routing, mine)) for routing, d in replay.fetch(start, b"")
+                      if start < d.pos < end and d.publisher == pub.id]
+            frames = [(routing, d) for routing, d in frames if d is not None]
+            wanted = sorted(s for s, t in published.items() if t.startswith(mine))
+            assert sorted(s for _, d in frames for s in d.seqs) == wanted  # the stored frames hold them all
+            wait_until(lambda: sum(len(b.seqs) for b in got) >= len(wanted), timeout=20, message="every message")
+        by_pos = {d.pos: (routing, d) for routing, d in frames}
+        assert sorted(b.pos for b in got) == sorted(by_pos), "not one batch per frame"
+        for batch in got:
+            routing, d = by_pos[batch.pos]
+            assert (batch.seqs, batch.publisher) == (d.seqs, pub.id)
+            topics = [t.encode() for t in batch.message_topics()]
+            assert topics == d.message_topics(routing) == [published[s] for s in batch.seqs]
+            # The routing topic; the one topic of a batch that has one (a fetched frame may be cut to it).
+            assert batch.topic_bytes == (routing if len(set(topics)) > 1 else topics[0])
+            assert (batch.topics is None) == (len(set(topics)) == 1)
+        # Publisher order per topic (docs/guarantees.md: a frame fetched back after XPUB dropped it
+        # may come after newer frames of another subscribed prefix).
+        arrived = [(topic, seq) for b in got for topic, seq in zip(b.message_topics(), b.seqs)]
+        for topic in {t for t, _ in arrived}:
+            seqs = [seq for t, seq in arrived if t == topic]
+            assert seqs == sorted(seqs), topic
+    finally:
+        replay.close()
+
+
+def test_round_robin_topics_under_one_prefix_are_one_batch_call(clients):
+    """The batch API's topics curve (bench/compare.py --curves): 100 topics round-robin in one
+    publish_many call reach a batch subscriber in one call, not one per topic."""
+    got: list[MessageBatch] = []
+    with Subscriber("topics", clients, ["rr/"], batch_callback=got.append) as sub, \
+            Publisher("topics", clients) as pub:
+        sub.wait_connected(1)
+        topics = [f"rr/{i % 100}" for i in range(300)]
+        pub.publish_many(topics, [b"x"] * 300)
+        pub.flush(20)
+        wait_until(lambda: sum(len(b.seqs) for b in got) >= 300, timeout=20, message="every message")
+    ((batch,),) = (got,)
+    assert batch.topic == "rr/" and batch.topics == topics and batch.seqs == list(range(1, 301))

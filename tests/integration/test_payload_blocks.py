@@ -105,6 +105,9 @@ def test_an_oversize_payload_in_a_block_is_rejected_alone(lone):  # noqa: F811
     assert proc.poll() is None
 
 
+PROTOTYPES = {"max_batch_bytes": 1 << 20, "zero_copy_send_bytes": 0, "socket_buffer_bytes": 1 << 20}
+
+
 def test_the_client_sends_blocks_and_one_frame_batches_alike(config, zk, paths, cluster):
     """Publisher with payload blocks on and off, one topic and mixed topics: a subscriber gets
     every message once, in order, the same either way."""
@@ -115,10 +118,13 @@ def test_the_client_sends_blocks_and_one_frame_batches_alike(config, zk, paths, 
     sub.wait_connected(timeout=30)
     sent: list[tuple[str, bytes]] = []
     try:
-        for blocks in (True, False):
-            pub = Publisher(queue, config.replace(client={"payload_blocks": blocks}))
+        # The last: the batch API's prototypes of issue 34 item 5 (bench/prototypes_large.py),
+        # 1000 B payloads in frames of up to 1 MiB, copied into libzmq, bigger socket buffers.
+        for blocks, knobs in ((True, {}), (False, {}), (True, PROTOTYPES)):
+            pub = Publisher(queue, config.replace(client={"payload_blocks": blocks, **knobs}))
             try:
-                one = [b"%d-%d" % (blocks, i) for i in range(500)]
+                pad = b"." * 990 if knobs else b""
+                one = [b"%d-%d" % (blocks, i) + pad for i in range(1500 if knobs else 500)]
                 pub.publish_many("a", one)
                 sent += [("a", p) for p in one]
                 for i in range(50):  # interleaved topics: one-frame batches either way

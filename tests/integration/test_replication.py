@@ -25,6 +25,7 @@ from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.paths import Paths
+from roq.records import ExchangeStats
 from roq.state import read_hosts, read_leader, read_live
 from roq.zk import read_json
 from tests.support.helpers import record_figures, wait_until
@@ -49,6 +50,7 @@ PUBLISHER = textwrap.dedent("""
             print(pub.confirmed, flush=True)
             time.sleep(0.005)
 """)
+PADDED_PUBLISHER = PUBLISHER.replace("str(sent).encode()", "str(sent).encode().ljust(1000)")  # int() takes it back
 
 
 def start_hosts(procs, zk, paths, *settings: str, gcm_settings: tuple[str, ...] = ()) -> None:
@@ -58,9 +60,11 @@ def start_hosts(procs, zk, paths, *settings: str, gcm_settings: tuple[str, ...] 
     wait_until(lambda: read_leader(zk, paths) and len(read_hosts(zk, paths)) == len(HOSTS), message="cluster")
 
 
-def create_replicated(config, zk, paths: Paths, name: str, exchanges: int = 1, replicas: int = 2) -> None:
+def create_replicated(config, zk, paths: Paths, name: str, exchanges: int = 1, replicas: int = 2,
+                      retention: float | None = None) -> None:
+    """`retention`: a disk storage policy of that many seconds (None: the default, memory only)."""
     with Admin(config) as admin:
-        admin.create_queue(name, exchanges=exchanges, replicas=replicas)
+        admin.create_queue(name, exchanges=exchanges, replicas=replicas, retention=retention)
 
     def ready() -> bool:
         live = read_live(zk, paths, name)
@@ -128,6 +132,32 @@ def publish_with_a_subscriber_away(config, zk, queue: str, durable: str, taken: 
         assert pub.confirmed == total
 
 
+def start_publisher(procs, queue: str, script: str = PUBLISHER) -> tuple[subprocess.Popen, list[int], threading.Thread]:
+    """PUBLISHER in its own process group, and the confirmed counts it prints, as they come."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    publisher = subprocess.Popen([sys.executable, "-c", script, str(procs.config_path), queue],
+                                 stdout=subprocess.PIPE, env=env, start_new_session=True)
+    lines: list[int] = []
+
+    def read() -> None:
+        assert publisher.stdout is not None
+        for line in publisher.stdout:
+            lines.append(int(line))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return publisher, lines, reader
+
+
+def kill_with_host(procs, publisher: subprocess.Popen, reader: threading.Thread, host: str) -> float:
+    """The same instant: the publisher (and its replay window) and `host` go; returns when."""
+    os.killpg(publisher.pid, signal.SIGKILL)
+    procs.kill(host)
+    killed_at = time.monotonic()
+    publisher.wait(timeout=10)
+    reader.join(timeout=5)
+    return killed_at
+
+
 def test_g_publisher_and_its_exchange_host_killed_together_lose_nothing_confirmed(config, zk, paths, procs) -> None:
     start_hosts(procs, zk, paths)
     create_replicated(config, zk, paths, "orders")
@@ -136,25 +166,10 @@ def test_g_publisher_and_its_exchange_host_killed_together_lose_nothing_confirme
     assert replica and replica["host"] != exchange_host, "the replica must run on another host"
     collector = Collector("orders", config, zk)
     collector.sub.wait_connected(timeout=15)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    publisher = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(procs.config_path), "orders"],
-                                 stdout=subprocess.PIPE, env=env, start_new_session=True)
+    publisher, lines, reader = start_publisher(procs, "orders")
     try:
-        lines: list[int] = []
-
-        def read() -> None:
-            assert publisher.stdout is not None
-            for line in publisher.stdout:
-                lines.append(int(line))
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
         wait_until(lambda: lines and lines[-1] >= 3000, timeout=30, message="3,000 confirmed messages")
-        # The same instant: the publisher (and its replay window) and the exchange's host go.
-        os.killpg(publisher.pid, signal.SIGKILL)
-        procs.kill(exchange_host)
-        killed_at = time.monotonic()
-        publisher.wait(timeout=10)
-        reader.join(timeout=5)
+        killed_at = kill_with_host(procs, publisher, reader, exchange_host)
         confirmed = lines[-1]
         wait_until(lambda: not collector.missing(confirmed), timeout=30,
                    message=f"the {confirmed} confirmed messages to arrive")
@@ -189,6 +204,93 @@ def test_h_a_subscriber_away_while_its_exchange_host_dies_resumes_from_the_repli
                        duplicated=back.duplicated() + sum(1 for i in back.counts if i < 1000))
         assert back.duplicated() == 0
         assert not [i for i in back.counts if i < 1000], "taken before the restart: not again"
+    finally:
+        back.sub.close()
+
+
+def test_j_an_exchange_host_lost_with_its_disk_under_load_loses_nothing_the_replica_stored(config, zk, paths,
+                                                                                          procs) -> None:
+    """Disk retention, a memory tail of 200 KB: a durable subscriber away from the start while
+    ~4 MB (20 memory tails) are confirmed under load, then the exchange's host and the publisher
+    killed together: every confirmed message comes back once, from the replica's segment store."""
+    start_hosts(procs, zk, paths, "exchange.retention_bytes=200000")
+    create_replicated(config, zk, paths, "deep", retention=3_600.0)
+    config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
+    publish_with_a_subscriber_away(config, zk, "deep", "audit", taken=10, total=10)
+    exchange_host = host_of(zk, paths, "deep")
+    old = read_live(zk, paths, "deep")["x1"]
+    replica = read_json(zk, paths.replica_live("deep", "x1"))
+    assert replica and replica["host"] != exchange_host
+    copy_dir = procs.workdir / str(replica["host"]) / "data" / "store" / "deep" / "x1~r" / str(old["incarnation"])
+    publisher, lines, reader = start_publisher(procs, "deep", PADDED_PUBLISHER)
+    back: Collector | None = None
+    try:
+        wait_until(lambda: lines and lines[-1] >= 4000, timeout=60, message="4,000 confirmed messages")
+        killed_at = kill_with_host(procs, publisher, reader, exchange_host)
+        confirmed = lines[-1]  # the script numbers its messages from 0: the 10 taken before are not asked again
+        wait_until(lambda: (read_live(zk, paths, "deep").get("x1") or {}).get("incarnation") not in
+                   (None, old["incarnation"]), timeout=20, message="x1 back on another host")
+        stored = sum(path.stat().st_size for path in copy_dir.glob("*.seg"))
+        assert stored > 10 * 200_000, f"the replica's store holds many memory tails ({stored} bytes at {copy_dir})"
+        back = Collector("deep", config, zk, durable="audit")
+        wanted = set(range(confirmed))
+        wait_until(lambda: wanted <= set(back.counts), timeout=60,
+                   message=f"the {confirmed} confirmed messages, from the replica's store")
+        record_figures("replication j (processes): exchange host lost with its disk, disk retention",
+                       confirmed=confirmed, received=len(back.counts), lost=len(wanted - set(back.counts)),
+                       duplicated=back.duplicated(), drained_in_s=round(time.monotonic() - killed_at, 2))
+        assert back.duplicated() == 0
+    finally:
+        if publisher.poll() is None:
+            os.killpg(publisher.pid, signal.SIGKILL)
+        if back is not None:
+            back.sub.close()
+
+
+def test_k_a_late_replica_catches_up_from_the_primary_disk_then_takes_over(config, zk, paths, procs) -> None:
+    """Disk retention, a memory tail of 200 KB: ~3 MB confirmed, then the replica's host killed;
+    the new replica's copy starts at the primary's memory tail and the rest comes from the primary's
+    segment store by state transfer (protocol 6.5). Then the exchange's host is killed: a durable
+    subscriber away since message 10 gets every confirmed message once, from the new replica."""
+    memory = "exchange.retention_bytes=200000"
+    start_hosts(procs, zk, paths, memory)
+    procs.start("hcm", "host-4", "hcm.host=host-4", memory)  # room for the exchange and a new replica
+    wait_until(lambda: len(read_hosts(zk, paths)) == 4, message="four hosts")
+    create_replicated(config, zk, paths, "late", retention=3_600.0)
+    config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
+    publish_with_a_subscriber_away(config, zk, "late", "audit", taken=10, total=10)
+    with Publisher("late", config) as pub:
+        for i in range(10, 3000):
+            pub.publish("load", str(i).encode().ljust(1000))
+        pub.flush(60)
+        old_replica = read_json(zk, paths.replica_live("late", "x1"))
+        assert old_replica
+        procs.kill(str(old_replica["host"]))
+        procs.wait_gone(str(old_replica["host"]))
+        for i in range(3000, 3100):  # confirmed only once the new replica holds the memory tail
+            pub.publish("load", str(i).encode().ljust(1000))
+        pub.flush(60)
+    primary = read_live(zk, paths, "late")["x1"]
+    new = read_json(zk, paths.replica_live("late", "x1"))
+    assert new and new["host"] not in (old_replica["host"], primary["host"])
+    copy_dir = procs.workdir / str(new["host"]) / "data" / "store" / "late" / "x1~r" / str(primary["incarnation"])
+    wait_until(lambda: (copy_dir / f"{1:020d}.seg").exists() and not list(copy_dir.parent.glob("*~base")),
+               timeout=60, message=f"the state transfer to complete at {copy_dir}")
+    wait_until(lambda: ExchangeStats.from_dict(read_live(zk, paths, "late")["x1"].get("stats")).transferred_to > 1
+               and ExchangeStats.from_dict(read_live(zk, paths, "late")["x1"].get("stats")).transfer_end == 0,
+               timeout=20, message="the exchange to report the transfer done")
+    procs.kill(str(primary["host"]))  # the primary's disk goes with it: only the new replica holds 10-3099
+    wait_until(lambda: (read_live(zk, paths, "late").get("x1") or {}).get("incarnation") not in
+               (None, primary["incarnation"]), timeout=20, message="x1 back on another host")
+    back = Collector("late", config, zk, durable="audit")
+    try:
+        wanted = set(range(10, 3100))
+        wait_until(lambda: wanted <= set(back.counts), timeout=60, message="every confirmed message")
+        record_figures("replication k (processes): late replica caught up from disk, then the exchange host lost",
+                       confirmed=3100, received_after_resume=len(back.counts), lost=len(wanted - set(back.counts)),
+                       duplicated=back.duplicated() + sum(1 for i in back.counts if i < 10))
+        assert back.duplicated() == 0
+        assert not [i for i in back.counts if i < 10], "taken before: not again"
     finally:
         back.sub.close()
 

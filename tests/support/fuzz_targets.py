@@ -19,6 +19,7 @@ import functools
 import json
 import tomllib
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from roq import protocol
@@ -29,6 +30,7 @@ from roq.permissions import Entry, PermissionTable, from_message, to_message
 
 if TYPE_CHECKING:
     from exchange.groups import Groups
+    from exchange.replica import Replica
 
 Target = Callable[[bytes], None]
 MAX_REPLY = 1 << 20
@@ -315,25 +317,71 @@ def _replica():
     config = Config(exchange=ExchangeConfig(retention_bytes=1 << 20, fetch_max_bytes=65536))
     replica = Replica(zmq.Context.instance(), config, "x1", "127.0.0.1", "127.0.0.1")
     # x1.cd ended, x1.ab runs (as the replica's HCM would say): each with a copy of a few frames.
+    _follow_and_copy(replica, {"x1.cd": 1, "x1.ab": 1})
+    return replica
+
+
+def _follow_and_copy(replica: Replica, firsts: dict[str, int]) -> None:
+    """Each incarnation vouched for, followed, and a copy of three frames from its first position
+    (a jump past 1) taken, in order: the last one is the running one."""
     digest = protocol.copy_digest(FUZZ_PROOF)
-    for incarnation in ("x1.cd", "x1.ab"):
+    for incarnation, first in firsts.items():
         replica.learn_primary({"incarnation": incarnation, "copy_digest": digest})
         replica._take_news()
         replica._follow(b"fuzz", protocol.Follow(incarnation, "x1", FUZZ_PROOF))
-        replica._copy(b"fuzz", protocol.Copy(incarnation, 1, [(b"t", b"body", 1)] * 3, False, FUZZ_PROOF))
-    return replica
+        replica._copy(b"fuzz", protocol.Copy(incarnation, first, [(b"t", b"body", 1)] * 3, first > 1, FUZZ_PROOF))
 
 
 def replica_frame(data: bytes) -> None:
     """A frame on a replica's `repl` socket, handled as Replica._drain_primary handles it: only
     frames whose proof holds reach the copies."""
-    replica = _replica()
+    _handle_frame(_replica(), data)
+
+
+def _handle_frame(replica: Replica, data: bytes) -> None:
     try:
         request = protocol.decode_replica_request(data)
     except UserError:
         return
     if replica.proof_holds(b"fuzz", request):
         replica.handle(b"fuzz", request)
+
+
+@functools.lru_cache(maxsize=1)
+def _disk_replica():
+    """A replica whose copies go to disk (under a fresh directory): x1.ab followed, its copy jumped
+    to position 40 (so a state transfer toward 40 is taken), x1.cd's copy from position 1."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import zmq
+
+    from exchange.replica import Replica
+    from roq.config import ExchangeConfig
+    from roq.storage_policy import StoragePolicy
+    root = Path(tempfile.mkdtemp(prefix="roq-fuzz-replica-"))
+    atexit.register(shutil.rmtree, root, True)
+    config = Config(exchange=ExchangeConfig(retention_bytes=1 << 20, fetch_max_bytes=65536))
+    replica = Replica(zmq.Context.instance(), config, "x1", "127.0.0.1", "127.0.0.1", store_root=root / "x1~r")
+    replica.disk.start(StoragePolicy(retention=3_600.0))
+    _follow_and_copy(replica, {"x1.cd": 1, "x1.ab": 40})
+    return root, replica
+
+
+def replica_disk_frame(data: bytes) -> None:
+    """A frame on the `repl` socket of a replica that keeps its copies on disk (fill frames of a
+    state transfer included): nothing is written outside its root, a transfer never reaches the
+    copy it fills, and what the copy serves is never below its start unless a transfer completed."""
+    root, replica = _disk_replica()
+    _handle_frame(replica, data)
+    for path in root.rglob("*"):
+        assert path.resolve().is_relative_to(root.resolve()), f"{path} is outside the replica's root"
+    for incarnation, base in replica.disk.bases.items():
+        assert base.end_pos <= replica.disk.starts[incarnation], "a transfer reached into its copy"
+    for incarnation, store in replica.disk.stores.items():
+        started = replica.disk.starts.get(incarnation, 1)
+        assert store.first_pos >= started or incarnation in replica.disk.in_sync, "a partial transfer served"
 
 
 def replica_fetch(data: bytes) -> None:
@@ -415,6 +463,7 @@ TARGETS: dict[str, Target] = {
     "replica_reply": _refused(protocol.decode_replica_reply),
     "replica_frame": replica_frame,
     "replica_fetch": replica_fetch,
+    "replica_disk_frame": replica_disk_frame,
     "metadata_session": metadata_session,
 }
 
@@ -499,16 +548,25 @@ def seeds() -> dict[str, list[bytes]]:
         # times; m1 acks one; m0 leaves; a raw frame
         "exchange_work_session": [bytes([0, 0, 1, 134, 160, 0, 1, 0, 0, 1, 6, 0, 31, 4, 0, 4, 0, 4, 0,
                                          1, 1, 1, 0, 0, 5, 0, 7, 2, 3, 1, 2, 3])],
-        "replica_request": [follow, copy, jump, groups, done, mark, adopt],
+        "replica_request": [follow, copy, jump, groups, done, mark, adopt,
+                            protocol.encode_fill("x1.ab", 1, 40, [[0, b"t", delivery, 2]], FUZZ_PROOF, jump=True)],
         "replica_reply": [protocol.encode_adoption("x1.cd", "x1.ab", [record], {pid: 4}, [(3, b"t", delivery)]),
                           protocol.encode_replica_reply(protocol.FOLLOWING, "x1.ab", 7),
                           protocol.encode_replica_reply(protocol.COPIED, "x1.ab", 9),
-                          protocol.encode_replica_reply(protocol.SEALED, "x1.ab"), protocol.encode_marked("x1.ab", 3)],
+                          protocol.encode_replica_reply(protocol.SEALED, "x1.ab"), protocol.encode_marked("x1.ab", 3),
+                          protocol.encode_filled("x1.ab", 12, 40)],
         "replica_frame": [follow, copy, jump, forged, protocol.encode_follow("x1.cd", "x1", FUZZ_PROOF), groups,
                           done, mark, adopt],
         "metadata_session": [b"\x00" + protocol.encode_request(1, "metadata.watch", {"queues": ["q", "r"]})
                              + b"\n\n\x01" + protocol.encode_request(2, "metadata.get", {"queue": "q"})
                              + b"\n\n\x02" + protocol.encode_request(3, "metadata.watch", {"queues": ["q"] * 9})],
+        "replica_disk_frame": [
+            protocol.encode_fill("x1.ab", 1, 40, [[1_700_000_000_000_000, b"t", delivery, 2]] * 3, FUZZ_PROOF,
+                                 jump=True),
+            protocol.encode_fill("x1.ab", 4, 40, [[1_700_000_000_000_000, b"u", b"x", 1]] * 36, FUZZ_PROOF),
+            protocol.encode_fill("x1.ab", 30, 40, [[0, b"t", delivery, 2]], FUZZ_PROOF, jump=True),
+            protocol.encode_fill("x1.cd", 1, 2, [[0, b"t", delivery, 2]], FUZZ_PROOF),
+            protocol.encode_fill("x1.ab", 1, 41, [], b"f" * 32), copy, jump, follow],
         "replica_fetch": [fetch, ended, protocol.encode_position_request(5, [b"t"], "x1.zz"),
                           protocol.encode_position_request(6, [b"t"], "x1.cd")],
     }

@@ -5,6 +5,8 @@ its journal and its replica."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 import time
 import tracemalloc
@@ -95,6 +97,56 @@ def test_a_delivery_with_parts_is_the_inline_delivery_once_resolved() -> None:
     for bad in ([big], [big, big, big], []):
         with pytest.raises(ProtocolError):
             protocol.decode_delivery(body, bad)
+
+
+def test_with_views_a_large_payload_is_a_read_only_view_of_its_received_part() -> None:
+    """client.payload_views: no copy into bytes, the same bytes, immutable, valid after the part's
+    own name is gone (the view keeps libzmq's message alive)."""
+    big, small = b"B" * (2 * LARGE), b"s"
+    body = protocol.encode_delivery("x1", "x1.ab", 3, [], PID, 7, [1, 2], [0, small], None, None)
+    with pair() as (a, b):
+        a.send_multipart([body, big], copy=False)
+        received, *parts = b.recv_multipart(copy=False)
+    decoded = protocol.decode_delivery(received.buffer, parts, views=True)
+    del parts, received
+    view, kept = decoded.payloads
+    assert isinstance(view, memoryview) and view.readonly and kept == small and type(kept) is bytes
+    assert view == big and bytes(view) == big
+    with pytest.raises(TypeError):
+        view[0] = 0
+    assert protocol.decode_delivery(body, [big], views=False).payloads == [big, small]
+
+
+@pytest.mark.parametrize("zero_copy", [0, 1, LARGE, 64 << 10])
+def test_the_publisher_sends_parts_byte_exact_whatever_it_copies(zero_copy: int) -> None:
+    """client.zero_copy_send_bytes: 0 copies every part into libzmq, else parts that big go
+    without a copy; either way the exchange's side gets the parts as sent."""
+    from roq.client.publisher.batches import _send_frame
+    payloads = [b"a" * (64 << 10), b"s", b"b" * (LARGE + 1)]
+    head, block, *large = batch_of(payloads)
+    with pair() as (a, b):
+        assert _send_frame(a, head, block, large, zero_copy)
+        got = b.recv_multipart()
+    assert got == [head, block, *large]
+    assert protocol.decode_publisher_frame(got[0], 1 << 30, got[1], got[2:]).payloads == payloads
+
+
+_PAIRS = itertools.count()
+
+
+@contextlib.contextmanager
+def pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """Two connected PAIR sockets over inproc, closed after."""
+    context = zmq.Context.instance()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    address = f"inproc://large-{next(_PAIRS)}"
+    a.bind(address)
+    b.connect(address)
+    try:
+        yield a, b
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
 
 
 def test_a_frames_answer_carries_each_frames_parts_after_it_in_order() -> None:

@@ -108,7 +108,9 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
                                                       "refused_permission", "permissions_version",  # permissions
                                                       # the segment store (its oldest time only when it holds one)
                                                       "store_state", "store_bytes", "store_segments",
-                                                      "store_oldest_pos"}
+                                                      "store_oldest_pos",
+                                                      # disk copies and the state transfer to a new replica
+                                                      "transfer_end", "transferred_to", "stored_bytes", "transferring"}
     host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
     assert host.items() >= OLD_HOST_FIGURES.items()
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # a full disk

@@ -21,6 +21,8 @@ class ExchangeSocket:
         self.sock = context.socket(zmq.DEALER)
         self.sock.linger = 0
         secure_client(self.sock, config)
+        if config.client.socket_buffer_bytes:  # before connect: libzmq applies it to new connections
+            self.sock.sndbuf = self.sock.rcvbuf = config.client.socket_buffer_bytes
         self.sock.connect(endpoint)
         self.monitor: zmq.Socket | None = None
         self._succeeded = 0  # handshakes of this socket's connections

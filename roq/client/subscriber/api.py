@@ -15,7 +15,7 @@ import queue as queue_module
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -26,8 +26,8 @@ from roq.client.metadata import MetadataClient
 from roq.client.stats import SubscriberStats
 from roq.client.subscriber.checkpoint import Checkpoint, checkpoint_file, load_checkpoint
 from roq.client.subscriber.copies import StoredCopies
-from roq.client.subscriber.from_time import taken_before, unix_time
-from roq.client.subscriber.messages import Message, MessageBatch
+from roq.client.subscriber.from_time import archived, taken_before, unix_time
+from roq.client.subscriber.messages import Message, MessageBatch, frame_batch, topic_texts
 from roq.client.subscriber.progress import Progress
 from roq.client.subscriber.receiver import SubscriberReceiver
 from roq.client.subscriber.replay import ReplayClient
@@ -69,9 +69,10 @@ class Subscriber(ClientLifecycle):
 
         `start`: where a subscriber without a position (none given, no saved one under its durable
         name) begins: "now" (what is published from now on), "beginning" (everything the
-        exchanges still retain, then on), or a `datetime` with a time zone (every frame the running
-        exchanges stored at or after it, then on: roq/client/subscriber/from_time.py). A position,
-        given or saved, always wins.
+        exchanges still retain, earlier incarnations a restarted exchange serves from disk
+        included, then on), or a `datetime` with a time zone (every frame the running exchanges
+        stored at or after it, then on: roq/client/subscriber/from_time.py). A position, given or
+        saved, always wins.
 
         `inbox_limit`: messages held for the iterator style before the I/O thread waits (and the
         socket, then the exchange, hold the rest)."""
@@ -133,7 +134,18 @@ class Subscriber(ClientLifecycle):
             for incarnation, pos in taken_before(config, self.topology.snapshot, at).items():
                 self._streams.resume(incarnation, pos)
                 self._progress.started(incarnation, pos)
+        if self.start in ("beginning", "time"):
+            self._read_archived()
         self._receiver.start()
+
+    def _read_archived(self) -> None:
+        """From the beginning or a time, the earlier incarnations the running exchanges still serve
+        (a restarted exchange's segment store or journal) are read too: each as an ended stream,
+        drained from the running exchange's replay socket like any ended incarnation."""
+        for xid, running in self.topology.snapshot().items():
+            for incarnation in archived(running):
+                self._streams.stream(incarnation, xid)
+                self._streams.end(incarnation)
 
     # ------------------------------------------------------------ API
 
@@ -295,23 +307,16 @@ class Subscriber(ClientLifecycle):
 
     def _hand_over_batch(self, callback: Callable[[MessageBatch], None], topic: bytes, d: protocol.Delivery,
                          fresh: range | list[int]) -> None:
-        """Batch callback style: the frame's fresh messages, one call per run of one topic (a frame
-        of many topics makes several). An exception in the callback is logged and counted, and the
-        whole batch counts as taken (as in callback style)."""
-        headers: list[Mapping[str, bytes]] | None = d.headers() if d.attrs else None  # type: ignore[assignment]
-        for name, run in _topic_runs(topic, d, fresh):
-            if isinstance(run, range) and len(run) == len(d.seqs):
-                payloads, seqs, own = d.payloads, d.seqs, headers
-            else:
-                payloads, seqs = [d.payloads[i] for i in run], [d.seqs[i] for i in run]
-                own = [headers[i] for i in run] if headers else None
-            try:
-                callback(MessageBatch(name, payloads, d.publisher, seqs, d.exchange, d.sent_ns, d.incarnation, d.pos,
-                                      own))
-            except Exception:
-                self.callback_errors += 1
-                log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",
-                              d.publisher, seqs[0], seqs[-1])
+        """Batch callback style: the frame's fresh messages in one call, whatever their topics (one
+        frame, one position: docs/protocol.md 4.4). An exception in the callback is logged and
+        counted, and the whole batch counts as taken (as in callback style)."""
+        batch = frame_batch(topic, d, fresh)
+        try:
+            callback(batch)
+        except Exception:
+            self.callback_errors += 1
+            log.exception("subscriber batch callback failed on %s/%d..%d (the batch counts as taken)",
+                          d.publisher, batch.seqs[0], batch.seqs[-1])
         self._progress.took_frame(d, fresh)
 
 
@@ -319,23 +324,4 @@ def _topic_names(topic: bytes, d: protocol.Delivery) -> list[str]:
     """Each message's topic as text (one conversion per distinct topic)."""
     if d.topics is None:
         return [topic_text(topic)] * len(d.seqs)
-    names = {t: topic_text(t) for t in set(d.topics)}
-    return list(map(names.__getitem__, d.topics))
-
-
-def _topic_runs(topic: bytes, d: protocol.Delivery, fresh: range | list[int]) -> list[tuple[str, range | list[int]]]:
-    """The fresh messages' indexes per run of one topic, with that topic as text."""
-    if d.topics is None:
-        return [(topic_text(topic), fresh)]
-    runs: list[tuple[str, range | list[int]]] = []
-    current: bytes | None = None
-    indexes: list[int] = []
-    for i in fresh:
-        if d.topics[i] != current and indexes:
-            runs.append((topic_text(current or b""), indexes))
-            indexes = []
-        current = d.topics[i]
-        indexes.append(i)
-    if indexes:
-        runs.append((topic_text(current or b""), indexes))
-    return runs
+    return topic_texts(d.topics)

@@ -30,8 +30,15 @@ def unix_time(start: datetime) -> float:
     return start.timestamp()
 
 
+def archived(running: dict[str, Any]) -> list[str]:
+    """The earlier incarnations a running exchange serves from its store or journal (its `archived`)."""
+    listed = running.get("archived")
+    return [inc for inc in listed if isinstance(inc, str) and inc] if isinstance(listed, list) else []
+
+
 def taken_before(config: Config, live: Callable[[], dict[str, dict[str, Any]]], at: float) -> dict[str, int]:
-    """Per running incarnation, the last position stored before Unix time `at` (0: none)."""
+    """Per running incarnation, and per earlier one a running exchange still serves, the last
+    position stored before Unix time `at` (0: none)."""
     context = zmq.Context()
     replay = ReplayClient(config, live, lambda: False)
     replay.bind(context)
@@ -41,14 +48,15 @@ def taken_before(config: Config, live: Callable[[], dict[str, dict[str, Any]]], 
             incarnation = running.get("incarnation")
             if not isinstance(incarnation, str):
                 continue
-            try:
-                answer = replay.position_at(xid, at)
-            except FetchFailed as exc:
-                log.warning("exchange %s did not say where %s starts (%s): read from its oldest frame", xid,
-                            datetime.fromtimestamp(at).isoformat(), exc)
-                continue
-            if answer.incarnation == incarnation:
-                points[incarnation] = answer.pos - 1
+            for asked in [incarnation, *archived(running)]:
+                try:
+                    answer = replay.position_at(xid, at, "" if asked == incarnation else asked)
+                except FetchFailed as exc:
+                    log.warning("exchange %s did not say where %s starts in %s (%s): read from its oldest frame",
+                                xid, datetime.fromtimestamp(at).isoformat(), asked, exc)
+                    continue
+                if answer.incarnation == asked:
+                    points[asked] = answer.pos - 1
     finally:
         replay.close()
         context.term()

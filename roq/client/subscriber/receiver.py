@@ -64,6 +64,8 @@ class SubscriberReceiver(QueueIoThread):
         sock.linger = 0
         secure_client(sock, self.config)
         sock.rcvhwm = self.config.client.receive_hwm
+        if self.config.client.socket_buffer_bytes:
+            sock.rcvbuf = self.config.client.socket_buffer_bytes
         for topic in self._topics:
             sock.setsockopt(zmq.SUBSCRIBE, topic)
         sock.setsockopt(zmq.SUBSCRIBE, protocol.BEAT_TOPIC)
@@ -159,6 +161,7 @@ class SubscriberReceiver(QueueIoThread):
     def _drain(self, sock: zmq.Socket, budget: int = 1000) -> None:
         streams = self._streams
         more = sock.getsockopt
+        views = self.config.client.payload_views
         for _ in range(budget):
             try:
                 topic = sock.recv(_NOBLOCK)
@@ -177,7 +180,7 @@ class SubscriberReceiver(QueueIoThread):
                     elif topic == self._sync_topic:
                         streams.on_sync(protocol.decode_sync(body))
                     continue  # another subscriber's marker (we follow every topic)
-                delivery = protocol.decode_delivery(body, parts)
+                delivery = protocol.decode_delivery(body, parts, views)
             except ProtocolError as exc:
                 log.warning("dropping an undecodable frame: %s", exc)
                 continue

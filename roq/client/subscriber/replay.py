@@ -79,9 +79,10 @@ class ReplayClient:
             raise FetchFailed(f"{xid} answered a position request with {type(answer).__name__}")
         return answer
 
-    def position_at(self, xid: str, at: float) -> protocol.TimePosition:
-        """The first position of `xid`'s running stream stored at or after Unix time `at` (section 5.6)."""
-        answer = self._ask(xid, lambda rid: protocol.encode_position_at_request(rid, at))
+    def position_at(self, xid: str, at: float, incarnation: str = "") -> protocol.TimePosition:
+        """The first position of `xid`'s running stream (or of `incarnation`, one it stores) stored at
+        or after Unix time `at` (section 5.6)."""
+        answer = self._ask(xid, lambda rid: protocol.encode_position_at_request(rid, at, incarnation))
         if not isinstance(answer, protocol.TimePosition):
             raise FetchFailed(f"{xid} answered a position_at request with {type(answer).__name__}")
         return answer

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Messages on disk (issue 35): a subscriber far behind catches up from disk, beside JetStream;
+an exchange holding many GB restarts and serves.
+
+Two measurements, each in this one invocation, on a fresh local cluster (`roq cluster up`'s:
+2 GCMs, 2 HCMs) with one queue of one exchange and a disk storage policy:
+
+* catch-up: `--messages` messages of `--size` bytes are published (batch API, confirmed) while no
+  subscriber is there, so all but the memory tail are only on disk; then a subscriber starting
+  at the beginning reads them all. Reported: its rate and gaps (must be 0). The same with NATS
+  JetStream (file storage): the stream is filled, then an ordered consumer replays it from the
+  start. An hour behind at 5,000 msg/s is `--messages 18000000`.
+* big store (`--store-gb G`, 0 to skip): G GB of 64 KiB messages are published to a second
+  queue; then the exchange's resident memory, and after a SIGKILL, the time from the new
+  process's start until a subscriber from the beginning has its first message (the restart
+  reads segment indexes, not the data).
+
+    .venv/bin/python bench/disk_catchup.py --messages 18000000 --store-gb 10 --json out.json
+    .venv/bin/python bench/disk_catchup.py                  # smoke: 100,000 messages, 0.2 GB
+
+Run it alone on the machine: other load changes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
+
+from bench import servers  # noqa: E402
+from bench.compare import local_cluster  # noqa: E402
+
+BATCH = 1000  # messages per publish_many call while filling
+RETENTION = 7 * 24 * 3600.0  # a week: nothing ages out during the run
+
+
+def fill_roq(config: Any, queue: str, messages: int, size: int) -> float:
+    """Publish `messages` confirmed messages; returns msg/s of the fill."""
+    from roq.client import Publisher
+    payload = b"x" * size
+    start = time.perf_counter()
+    with Publisher(queue, config) as pub:
+        for first in range(0, messages, BATCH):
+            pub.publish_many("t", [payload] * min(BATCH, messages - first), timeout=120)
+        pub.flush(600)
+    return messages / (time.perf_counter() - start)
+
+
+def catch_up_roq(config: Any, queue: str, messages: int, timeout: float) -> dict[str, Any]:
+    """A subscriber from the beginning: seconds until it has every message, its gaps."""
+    from roq.client import Subscriber
+    got = [0]
+    done = threading.Event()
+
+    def on_batch(batch: Any) -> None:
+        got[0] += len(batch.payloads)
+        if got[0] >= messages:
+            done.set()
+
+    start = time.perf_counter()
+    sub = Subscriber(queue, config, start="beginning", batch_callback=on_batch)
+    try:
+        done.wait(timeout)
+        seconds = time.perf_counter() - start
+        return {"received": got[0], "seconds": round(seconds, 2), "msg_per_s": round(got[0] / seconds),
+                "gaps": sub.gaps, "duplicates": sub.duplicates}
+    finally:
+        sub.close()
+
+
+def exchange_process(queue: str) -> psutil.Process:
+    """The live exchange process of `queue` among this process's cluster (its HCMs' children)."""
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = proc.cmdline()
+            if "exchange.main" in cmd and queue in cmd and "primary" in cmd:
+                return proc
+    raise LookupError(f"no exchange process of {queue}")
+
+
+def big_store(config: Any, admin: Any, gigabytes: float, timeout: float) -> dict[str, Any]:
+    """Fill a queue with `gigabytes` of 64 KiB messages while a durable subscriber is away; the
+    exchange's RSS; SIGKILL; the time from the new process's start until the durable subscriber,
+    back, has its first message (read from the ended incarnation's segments)."""
+    from roq.client import Subscriber
+    queue = "bigstore"
+    admin.create_queue(queue, retention=RETENTION, retention_bytes=int(gigabytes * 2e9))
+    admin.wait_running(queue, 1, timeout=60)
+    away = Subscriber(queue, config, durable="bench-away", batch_callback=lambda batch: None)
+    away.wait_connected(timeout=60)
+    away.close()  # its position (the start of this incarnation) is saved
+    messages = int(gigabytes * 1e9 / 65536)
+    fill_rate = fill_roq(config, queue, messages, 65536)
+    proc = exchange_process(queue)
+    rss_mb = proc.memory_info().rss / 1e6
+    proc.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while True:  # the HCM restarts it after its backoff; time the new process, not the backoff
+        with contextlib.suppress(LookupError):
+            fresh = exchange_process(queue)
+            if fresh.pid != proc.pid:
+                break
+        if time.monotonic() > deadline:
+            raise TimeoutError("the exchange was not restarted")
+        time.sleep(0.01)
+    first = threading.Event()
+    got = [0]
+
+    def on_batch(batch: Any) -> None:
+        got[0] += len(batch.payloads)
+        first.set()
+
+    back = Subscriber(queue, config, durable="bench-away", batch_callback=on_batch)
+    try:
+        first.wait(timeout)
+        serving = time.time() - fresh.create_time()
+        fresh_rss = fresh.memory_info().rss / 1e6
+    finally:
+        back.close()
+    return {"gigabytes": gigabytes, "messages": messages, "fill_mb_per_s": round(fill_rate * 65536 / 1e6),
+            "exchange_rss_mb": round(rss_mb, 1), "restarted_rss_mb": round(fresh_rss, 1),
+            "restart_to_first_message_s": round(serving, 2), "served": first.is_set()}
+
+
+def jetstream(messages: int, size: int, workdir: Path, timeout: float) -> dict[str, Any]:
+    """Fill a file-storage stream, then an ordered consumer replays it from the start."""
+    import nats
+    from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+
+    async def run(url: str) -> dict[str, Any]:
+        nc = await nats.connect(url, pending_size=1 << 30)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="CATCHUP", subjects=["catchup"], storage=StorageType.FILE))
+        payload = b"x" * size
+        start = time.perf_counter()
+        for first in range(0, messages, BATCH):  # plain publishes (the stream stores them), then its count
+            for _ in range(min(BATCH, messages - first)):
+                await nc.publish("catchup", payload)
+            await nc.flush()
+        while (await js.stream_info("CATCHUP")).state.messages < messages:
+            await asyncio.sleep(0.05)
+        fill = messages / (time.perf_counter() - start)
+        done, got = asyncio.Event(), [0]
+
+        async def handler(msg: Any) -> None:
+            got[0] += 1
+            if got[0] >= messages:
+                done.set()
+
+        start = time.perf_counter()
+        sub = await js.subscribe("catchup", cb=handler, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
+                                 pending_msgs_limit=10_000_000, pending_bytes_limit=1 << 30)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout)
+        seconds = time.perf_counter() - start
+        await sub.unsubscribe()
+        await nc.close()
+        return {"fill_msg_per_s": round(fill), "received": got[0], "seconds": round(seconds, 2),
+                "msg_per_s": round(got[0] / seconds)}
+
+    with servers.nats_jetstream(servers.scratch(workdir, "jetstream")) as settings:
+        return asyncio.run(run(settings["url"]))
+
+
+@contextlib.contextmanager
+def disk_cluster(workdir: Path) -> Iterator[Any]:
+    with local_cluster(servers.scratch(workdir, "roq")) as config:
+        yield config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--store-gb", type=float, default=0.2)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="for each catch-up and restart")
+    parser.add_argument("--skip-jetstream", action="store_true")
+    parser.add_argument("--jetstream-messages", type=int, default=0,
+                        help="messages for JetStream's replay (default --messages; its Python client replays "
+                             "about 30k msg/s, so 18 M take 10 minutes)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    import tempfile
+
+    from roq.client import Admin
+    workdir = Path(tempfile.mkdtemp(prefix="roq-disk-bench-"))
+    result: dict[str, Any] = {"messages": args.messages, "size": args.size, "load_before": os.getloadavg()}
+    with disk_cluster(workdir) as config:
+        with Admin(config) as admin:
+            stored = int(args.messages * (args.size + 200) * 2)  # room for every message and its framing
+            admin.create_queue("catchup", retention=RETENTION, retention_bytes=stored)
+            admin.wait_running("catchup", 1, timeout=60)
+            result["roq_fill_msg_per_s"] = round(fill_roq(config, "catchup", args.messages, args.size))
+            result["roq"] = catch_up_roq(config, "catchup", args.messages, args.timeout)
+            print("roq catch-up", result["roq"], flush=True)
+            if args.store_gb > 0:
+                result["big_store"] = big_store(config, admin, args.store_gb, args.timeout)
+                print("big store", result["big_store"], flush=True)
+    if not args.skip_jetstream:
+        result["jetstream"] = jetstream(args.jetstream_messages or args.messages, args.size, workdir, args.timeout)
+        print("jetstream replay", result["jetstream"], flush=True)
+        result["roq_over_jetstream"] = round(result["roq"]["msg_per_s"] / result["jetstream"]["msg_per_s"], 2)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

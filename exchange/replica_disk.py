@@ -1,0 +1,248 @@
+"""A replica's copies on its own host's disk: one segment store per primary incarnation copied.
+
+With a queue whose storage policy keeps frames on disk (roq/storage_policy.py), the replica writes
+every frame it copies (exchange/replica.py) to a segment store of the same format as the primary's
+(docs/segment-store.md), `store_dir(data_dir, queue, xid + "~r")/<incarnation>/` on its host, so
+that when the primary's host is lost with its disk, the copy of each ended incarnation is still
+served from position 1 (within retention) below the copy's memory tail (exchange/tiered.py).
+
+A copy's store starts with the copy: a new follow, or a jump (the primary no longer holds the frames
+between), replaces it; a dropped copy's store is deleted. The store is written before a copy page
+is answered `copied` (a killed replica process loses nothing it acknowledged: the page cache has
+it) and synced on the stats tick, as the primary's is. A store whose disk refuses writes makes the
+replica take no more pages (`accepts` is False) until a flush goes through: the primary's confirms
+wait, its retention fills, its publishers are held; nothing acknowledged is lost.
+
+**State transfer** (protocol section 6.5): a copy that started at a jump (a new replica, placed
+after the primary's memory had moved on) lacks what lies below its start on the primary's disk.
+The primary sends it as `fill` pages, written to a second store (`<incarnation>~base/`) that is
+not served; once it reaches the copy's start, its segments are moved into the copy's store
+(highest first, so a crash leaves consecutive positions) and the copy is served whole: the
+replica is then `in sync`.
+
+Incarnation names come from the primary (checked against the cluster's digest, and here against
+the characters a directory name may have), so a peer can never make the replica write outside its
+root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from exchange.retention import TopicCounts
+from exchange.segment_format import SEGMENT_FILE
+from exchange.segment_store import SegmentStore, StoreState
+from exchange.store_hooks import PolicyInbox, limits_for, stored_frame
+from roq import protocol
+from roq.storage_policy import StoragePolicy
+
+log = logging.getLogger(__name__)
+
+BASE_SUFFIX = "~base"  # a transfer in progress, beside the copy's store
+REPLICA_SUFFIX = "~r"  # the replica's stores of xid live beside the primary's, as <xid>~r
+MAX_PENDING_BYTES = 64 << 20  # appended, not written yet: past this no page is taken
+RETRY_EVERY = 0.5  # s between two flushes of a store whose disk refused the last one
+_DIR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.~-]{0,199}")
+
+
+def safe_dir_name(name: str) -> bool:
+    """Whether `name` may be a directory under the replica's root (no separator, no dot-dot)."""
+    return _DIR_NAME.fullmatch(name) is not None and ".." not in name
+
+
+class ReplicaDisk:
+    def __init__(self, root: Path | None, inbox: PolicyInbox | None = None) -> None:
+        """`root`: where this replica's stores live (None: nowhere, memory only); `inbox`: the
+        HCM's storage policy lines."""
+        self.root = root
+        self.inbox = inbox if inbox is not None else PolicyInbox()
+        self.policy = StoragePolicy()
+        self.stores: dict[str, SegmentStore] = {}
+        self.starts: dict[str, int] = {}  # where each copy began: a transfer fills what lies below
+        self.bases: dict[str, SegmentStore] = {}  # transfers in progress
+        self.in_sync: set[str] = set()  # copies whose transfer completed (or that needed none)
+        self._retry_at = 0.0
+
+    def start(self, policy: StoragePolicy | None) -> None:
+        """Before the loop: stores left by an earlier replica process are stale copies (the
+        primary copies again from where this process says): they go."""
+        if self.root is not None and self.root.is_dir():
+            for directory in self.root.iterdir():
+                if directory.is_dir() and safe_dir_name(directory.name):
+                    shutil.rmtree(directory, ignore_errors=True)
+        if policy is not None:
+            self.policy = policy
+
+    # -- the copies' life ----------------------------------------------------------------------
+
+    def open(self, incarnation: str, first_pos: int = 1) -> None:
+        """A copy of `incarnation` starts at `first_pos` (1, or where a jump says): a fresh store,
+        if the policy keeps frames on disk."""
+        self.drop(incarnation)
+        limits = limits_for(self.policy)
+        if limits is None or self.root is None or not safe_dir_name(incarnation + BASE_SUFFIX):
+            return
+        self.stores[incarnation] = SegmentStore(self.root / incarnation, limits)
+        self.starts[incarnation] = first_pos
+        if first_pos <= 1:
+            self.in_sync.add(incarnation)
+        log.info("copy of %s stored at %s: %s", incarnation, self.root / incarnation, self.policy.describe())
+
+    def drop(self, incarnation: str) -> None:
+        self.starts.pop(incarnation, None)
+        self.in_sync.discard(incarnation)
+        for stores in (self.stores, self.bases):
+            store = stores.pop(incarnation, None)
+            if store is not None:
+                store.close()
+                shutil.rmtree(store.directory, ignore_errors=True)
+
+    # -- state transfer --------------------------------------------------------------------------
+
+    def fill(self, fill: protocol.Fill) -> int | None:
+        """Take a transfer page; returns where the transfer is (`filled next_pos`: end_pos once
+        complete, 0 when no transfer toward fill.end_pos is taken here; None: the disk refuses it
+        now, no answer, the primary asks again)."""
+        incarnation, end = fill.incarnation, fill.end_pos
+        tail = self.stores.get(incarnation)
+        if tail is None or self.starts.get(incarnation) != end or incarnation in self.in_sync:
+            return end if incarnation in self.in_sync and self.starts.get(incarnation) == end else 0
+        base = self.bases.get(incarnation)
+        if base is None or (fill.jump and fill.first_pos > base.end_pos):
+            base = self._new_base(incarnation, tail)
+        held = base.next_pos if base.next_pos is not None else fill.first_pos
+        skip = held - fill.first_pos
+        if skip < 0:
+            return held
+        if not self.accepts_base(base):
+            return None
+        for stored_at_us, topic, body, messages in fill.frames[skip:]:
+            frame = stored_frame(held, stored_at_us / 1e6, topic, body, messages, protocol.body_topics(body))
+            base.append(frame)
+            held += 1
+        if not self._flush(base):
+            return None  # the primary asks again; what was appended waits in the store
+        self._try_complete(incarnation)
+        return held
+
+    def accepts_base(self, base: SegmentStore) -> bool:
+        if base.state is StoreState.FULL and time.monotonic() >= self._retry_at:
+            self._flush(base)
+        return base.state is StoreState.OK and base.pending_bytes <= MAX_PENDING_BYTES
+
+    def _new_base(self, incarnation: str, tail: SegmentStore) -> SegmentStore:
+        old = self.bases.pop(incarnation, None)
+        if old is not None:
+            old.close()
+            shutil.rmtree(old.directory, ignore_errors=True)
+        assert self.root is not None
+        base = SegmentStore(self.root / (incarnation + BASE_SUFFIX), tail.limits)
+        self.bases[incarnation] = base
+        return base
+
+    def _try_complete(self, incarnation: str) -> None:
+        """Once the transfer reached the copy's start and the copy's store has written everything
+        (reopening it must lose nothing), the two become one (retried on the stats tick)."""
+        base, tail = self.bases.get(incarnation), self.stores.get(incarnation)
+        if base is None or tail is None or base.end_pos != self.starts.get(incarnation) or base.pending_bytes:
+            return
+        if tail.state is StoreState.OK and not tail.pending_bytes and tail.first_pos == base.end_pos:
+            self._complete(incarnation)
+
+    def _complete(self, incarnation: str) -> None:
+        """The transfer reached the copy's start: its segments join the copy's store, which is
+        reopened over both (it is written to only between two pages, never during this)."""
+        tail, base = self.stores[incarnation], self.bases.pop(incarnation)
+        base.close()
+        tail.close()
+        names = sorted((name for name in os.listdir(base.directory) if SEGMENT_FILE.match(name)), reverse=True)
+        for name in names:  # highest first: a crash between two leaves consecutive positions
+            for suffix in (".seg", ".idx"):  # an index missing is rebuilt at start-up
+                source = base.directory / (name.rsplit(".", 1)[0] + suffix)
+                if source.exists():
+                    os.replace(source, tail.directory / source.name)
+        _sync_dir(tail.directory)
+        shutil.rmtree(base.directory, ignore_errors=True)
+        self.stores[incarnation] = SegmentStore(tail.directory, tail.limits)
+        self.in_sync.add(incarnation)
+        merged = self.stores[incarnation]
+        log.info("copy of %s in sync: positions %d-%d stored", incarnation, merged.first_pos, merged.end_pos - 1)
+
+    def store_of(self, incarnation: str) -> SegmentStore | None:
+        return self.stores.get(incarnation)
+
+    def accepts(self, incarnation: str) -> bool:
+        """May a page of `incarnation` be taken now? Not while its store's disk refuses writes,
+        it broke, or too much waits to be written."""
+        store = self.stores.get(incarnation)
+        if store is None:
+            return True
+        if store.state is StoreState.FULL and time.monotonic() >= self._retry_at:
+            self._flush(store)
+        return store.state is StoreState.OK and store.pending_bytes <= MAX_PENDING_BYTES
+
+    def append(self, incarnation: str, pos: int, topic: bytes, body: bytes, messages: int,
+               topics: TopicCounts) -> None:
+        store = self.stores.get(incarnation)
+        if store is None or store.state is StoreState.BROKEN:
+            return
+        store.append(stored_frame(pos, time.time(), topic, body, messages, topics))
+
+    def flush(self, incarnation: str) -> bool:
+        """Write what a page appended (before it is answered); False: the disk refused it."""
+        store = self.stores.get(incarnation)
+        return store is None or self._flush(store)
+
+    def purge(self, incarnation: str, upto: int) -> None:
+        store = self.stores.get(incarnation)
+        if store is not None:
+            store.delete_below(upto)
+
+    # -- the stats tick ------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """A new policy applied, what was written made durable, retention applied."""
+        policy = self.inbox.take()
+        if policy is not None:
+            self.policy = policy
+            limits = limits_for(policy)
+            for incarnation, store in list(self.stores.items()):
+                if limits is None:
+                    self.drop(incarnation)  # memory only now: a copy's store would have holes
+                else:
+                    store.set_limits(limits)
+        wall = time.time() if now is None else now
+        for store in self.stores.values():
+            if store.state is not StoreState.BROKEN:
+                self._flush(store, sync=True)
+            store.apply_retention(wall)
+        for incarnation in list(self.bases):
+            self._try_complete(incarnation)
+
+    def close(self) -> None:
+        for store in [*self.stores.values(), *self.bases.values()]:
+            store.close()
+
+    def report(self) -> dict[str, int | bool]:
+        return {"stored_bytes": sum(store.disk_bytes for store in self.stores.values()),
+                "transferring": len(self.bases),
+                "storage_full": bool(any(store.state is not StoreState.OK for store in self.stores.values()))}
+
+    def _flush(self, store: SegmentStore, sync: bool = False) -> bool:
+        if store.flush(sync=sync):
+            return True
+        self._retry_at = time.monotonic() + RETRY_EVERY
+        return False
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,314 @@
+"""A replica's copies on its own disk (exchange/replica_disk.py), with real ZeroMQ sockets.
+
+The replica's memory tail is made tiny, its storage policy on disk: a copy of many memory tails
+is still served whole from position 1 (the segment store below the memory), a jump or a dropped
+copy replaces or deletes its store, a full store takes no page, and no incarnation name a peer
+sends makes the replica write outside its root.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exchange import tiered
+from exchange.replica import MAX_COPIES, Replica
+from exchange.replica_disk import ReplicaDisk, safe_dir_name
+from exchange.replication import ReplicaLink
+from exchange.retention import Retention
+from exchange.segment_store import SegmentStore, StoreLimits
+from exchange.store_hooks import stored_frame
+from roq import protocol
+from roq.errors import ProtocolError
+from roq.storage_policy import StoragePolicy
+from tests.profiles import examples
+from tests.support.helpers import wait_until
+from tests.unit import test_replication
+from tests.unit.test_replication import (
+    INC,
+    INC2,
+    TOPIC,
+    X,
+    body,
+    config,
+    copy,
+    dealer,
+    follow,
+    frames,
+    proof,
+    replay_ask,
+    vouch,
+)
+
+ON_DISK = StoragePolicy(retention=3_600.0)
+ctx = test_replication.ctx  # the zmq.Context fixture
+
+
+@pytest.fixture
+def replica(ctx: zmq.Context, tmp_path: Path) -> Iterator[Replica]:
+    r = Replica(ctx, config(retention_bytes=4_000), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC, INC2)
+    yield r
+    r.close()
+
+
+def fetch_all(r: Replica, sock: zmq.Socket, inc: str) -> list[bytes]:
+    """Every body of `inc`'s copy from position 1, page by page, as a subscriber fetches it."""
+    bodies: list[bytes] = []
+    after = 0
+    for request_id in range(1, 1_000):
+        answer = replay_ask(r, sock, protocol.encode_fetch(request_id, inc, after, 0, [], 16_000))
+        assert isinstance(answer, protocol.Frames)
+        assert answer.lost == 0, "nothing the copy acknowledged may be lost"
+        bodies += [frame_body for _, frame_body in answer.frames]
+        after = answer.scanned_to
+        if answer.done:
+            return bodies
+    raise AssertionError("the fetch never ended")
+
+
+def test_a_copy_of_many_memory_tails_is_served_whole_from_its_store(ctx: zmq.Context, replica: Replica) -> None:
+    primary, subscriber = dealer(ctx, replica.repl_endpoint), dealer(ctx, replica.replay_endpoint)
+    follow(replica, primary)
+    for first in range(1, 201, 20):
+        assert copy(replica, primary, first, frames(INC, first, 20, size=200)).next_pos == first + 20
+    replica.copies[INC].trim()
+    assert replica.copies[INC].served_from > 100, "the memory tail really was left behind"
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 201)]
+    replica.disk.tick()
+    assert replica.report()["stored_bytes"] > 200 * 200
+
+
+def test_a_jump_replaces_the_store_and_a_dropped_copy_deletes_it(ctx: zmq.Context, replica: Replica,
+                                                                tmp_path: Path) -> None:
+    primary, subscriber = dealer(ctx, replica.repl_endpoint), dealer(ctx, replica.replay_endpoint)
+    follow(replica, primary)
+    copy(replica, primary, 1, frames(INC, 1, 3))
+    assert copy(replica, primary, 50, frames(INC, 50, 2), jump=True).next_pos == 52
+    store = replica.disk.store_of(INC)
+    assert store is not None and (store.first_pos, store.end_pos) == (50, 52)
+    assert fetch_all(replica, subscriber, INC) == [body(INC, 50), body(INC, 51)]
+    incs = [f"{X}.c{i}" for i in range(MAX_COPIES)]
+    for inc in incs:  # each follow of a new incarnation is a new copy: the oldest go
+        follow(replica, primary, inc)
+    assert replica.disk.store_of(INC) is None
+    assert not (tmp_path / "x1~r" / INC).exists()
+
+
+def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: zmq.Context, small_disk) -> None:
+    disk = small_disk("replica", 1 << 20)
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * (900 << 10))
+    r = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=disk / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    try:
+        primary = dealer(ctx, r.repl_endpoint)
+        follow(r, primary)
+        first = 1
+        while r.disk.accepts(INC) and first < 2_000:  # until the disk refuses a page
+            primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
+            first += 10
+            serve_a_while(r)
+            while primary.poll(0):
+                primary.recv()
+        assert not r.disk.accepts(INC) and r.report()["storage_full"] == 1
+        held = r.copies[INC].next_pos
+        primary.send(protocol.encode_copy(INC, held, frames(INC, held, 10), proof(INC)))
+        serve_a_while(r)
+        assert primary.poll(0) == 0, "a page the store cannot take is not answered"
+        assert r.copies[INC].next_pos == held, "nothing taken while the store refuses writes"
+        filler.unlink()
+        wait_until(lambda: r.disk.accepts(INC), timeout=5, message="the store to write again")  # retried every 0.5 s
+        assert copy(r, primary, held, frames(INC, held, 10)).next_pos == held + 10
+    finally:
+        r.close()
+
+
+def serve_a_while(r: Replica) -> None:
+    """Handle what reached the replica's `repl` socket within 200 ms (a page is on loopback)."""
+    while r.repl.poll(200):
+        r._drain_primary()
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.text(max_size=60))
+def test_no_incarnation_name_leads_outside_the_root(name: str) -> None:
+    root = Path("/nonexistent/root")
+    if safe_dir_name(name):
+        assert (root / name).resolve().parent == root.resolve()
+        assert "/" not in name and "\x00" not in name and name not in (".", "..")
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(st.sampled_from(["..", "../x1.a", "/etc/x", "x1.a/../../b", "", ".hidden", "a\x00b", "x" * 300]))
+def test_hostile_incarnation_names_get_no_store(name: str) -> None:
+    disk = ReplicaDisk(Path("/nonexistent/root"))
+    disk.start(ON_DISK)
+    disk.open(name)
+    assert disk.store_of(name) is None
+
+
+# ---------------------------------------------------------------- state transfer (protocol 6.5)
+
+
+class Primary:
+    """A primary's segment store of `count` frames, its memory tail holding only the newest, and
+    its ReplicaLink to a real replica over loopback; `cycle` moves one turn of each loop."""
+
+    def __init__(self, ctx: zmq.Context, directory: Path, replica: Replica, count: int) -> None:
+        self.store = SegmentStore(directory, StoreLimits(segment_bytes=16 << 10, index_every=1 << 10))
+        self.retention = Retention(60.0, 8_000)
+        self.publish(count)
+        assert self.retention.oldest > count // 2, "the memory tail holds only the newest frames"
+        self.replica = replica
+        self.link = ReplicaLink(ctx, config(), self.retention, INC, X, proof(INC))
+        self.link.page_bytes = self.link.transfer.page_bytes = 4_000
+        self.link.transfer.store_of = lambda: self.store
+        self.link.point_to(replica.repl_endpoint)
+
+    def publish(self, count: int) -> None:
+        for _ in range(count):
+            pos = self.retention.next_pos
+            frame_body = body(INC, pos, 200)
+            self.store.append(stored_frame(pos, time.time(), TOPIC, frame_body, 1))
+            self.retention.add(TOPIC, frame_body, 1)
+        assert self.store.flush()
+
+    def cycle(self) -> None:
+        self.link.pump(time.monotonic())
+        if self.replica.repl.poll(10):
+            self.replica._drain_primary()
+        sock = self.link.sock
+        assert sock is not None
+        while sock.poll(10):
+            self.link.on_reply(sock.recv())
+
+
+def test_a_late_replica_gets_the_primary_disk_by_transfer_while_confirms_go_on(ctx: zmq.Context, replica: Replica,
+                                                                              tmp_path: Path) -> None:
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    caught_up_at = synced_at = None
+    deadline = time.monotonic() + 20
+    for turn in range(100_000):
+        assert time.monotonic() < deadline, "the transfer did not complete in time"
+        primary.cycle()
+        if turn % 5 == 0:
+            primary.publish(1)  # confirms must keep going while the transfer runs
+        if caught_up_at is None and primary.link.held == primary.retention.next_pos:
+            caught_up_at = turn
+        jumped = replica.disk.starts.get(INC, 0) > 1  # the copy started at the primary's memory tail
+        if jumped and primary.link.transfer.in_sync and INC in replica.disk.in_sync:
+            synced_at = turn
+            break
+    assert caught_up_at is not None and synced_at is not None and caught_up_at < synced_at, \
+        "the copy (what confirms wait for) caught up before the transfer ended"
+    end = primary.retention.next_pos
+    while primary.link.held < end:
+        primary.cycle()
+    stored = replica.disk.store_of(INC)
+    assert stored is not None and stored.first_pos == 1, "the transfer joined the copy's store"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end)]
+    assert not list((tmp_path / "x1~r").glob("*~base")), "the transfer's own store is gone"
+
+
+def fill_requests() -> st.SearchStrategy[protocol.Fill]:
+    frame = st.tuples(st.integers(0, protocol.MAX_STORED_AT_US), st.binary(max_size=8), st.binary(max_size=64),
+                      st.integers(0, 5))
+    return st.builds(protocol.Fill, st.sampled_from([INC, INC2, "x1.zz", "x2.a"]), st.integers(1, 60),
+                     st.integers(2, 80), st.lists(frame, max_size=8), st.booleans(),
+                     st.sampled_from([proof(INC), proof(INC2), b"\0" * 32]))
+
+
+def stored_state(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(st.lists(fill_requests(), min_size=1, max_size=6))
+def test_hostile_fills_never_crash_nor_write_outside_nor_touch_the_served_copy(fills: list[protocol.Fill]) -> None:
+    """A copy of INC that jumped to 40 (positions 40-44 held): whatever fill frames come, decoded
+    from the wire as a peer may send them, the replica answers or drops them, writes only under its
+    root, never below-the-copy data at or past 40, never for another incarnation, nor unproven."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp, zmq.Context() as context:
+        root = Path(tmp) / "x1~r"
+        r = Replica(context, config(), X, "127.0.0.1", "127.0.0.1", store_root=root)
+        try:
+            r.disk.start(ON_DISK)
+            vouch(r, INC, INC2)
+            r.handle(b"p", protocol.Follow(INC, X, proof(INC)))
+            r.handle(b"p", protocol.Copy(INC, 40, [(TOPIC, body(INC, p), 1) for p in range(40, 45)], True, proof(INC)))
+            served = replay_copy(r)
+            for fill in fills:
+                wire = protocol.encode_fill(fill.incarnation, fill.first_pos, fill.end_pos,
+                                            [list(f) for f in fill.frames], fill.proof, fill.jump)
+                try:
+                    request = protocol.decode_replica_request(wire)
+                except ProtocolError:
+                    assert fill.first_pos + len(fill.frames) > fill.end_pos  # the only rule a builder may break
+                    continue
+                before = stored_state(root)
+                if not r.proof_holds(b"p", request):
+                    assert stored_state(root) == before, "an unproven fill wrote nothing"
+                    continue
+                answer = r.handle(b"p", request)
+                assert answer is None or isinstance(protocol.decode_replica_reply(answer), protocol.Filled)
+                if request.incarnation != INC or request.end_pos != 40:
+                    assert stored_state(root) == before, "a fill toward nothing this replica started wrote nothing"
+            assert all(path.resolve().is_relative_to(root.resolve()) for path in Path(tmp).rglob("*")
+                       if path.is_file()), "nothing outside the replica's root"
+            base = r.disk.bases.get(INC)
+            assert base is None or base.end_pos <= 40
+            assert replay_copy(r)[-5:] == served[-5:], "the served copy kept its frames"
+        finally:
+            r.close()
+
+
+def replay_copy(r: Replica) -> list[bytes]:
+    """What the replica serves of INC's copy, read as its replay server reads it."""
+    memory, incarnation = r.replay._store(INC)
+    assert memory is not None
+    page = tiered.read(memory, r.disk.store_of(incarnation), 0, memory.next_pos, [], 1 << 20)
+    return [frame_body for _, frame_body in page.frames]
+
+
+def test_lost_fill_pages_are_sent_again_and_the_transfer_completes_whole(ctx: zmq.Context, replica: Replica,
+                                                                         tmp_path: Path) -> None:
+    """Every third `fill` frame lost on the way: the replica answers the next one with where it is
+    (a gap), or the primary hears nothing and sends again after RESEND_AFTER; nothing is skipped."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    send = primary.link._send
+    fills = [0]
+
+    def lossy(frame: bytes) -> bool:
+        if frame[1:6] == b"\xa4fill":  # msgpack: an array, then the str "fill"
+            fills[0] += 1
+            if fills[0] % 3 == 0:
+                return True  # lost on the way
+        return send(frame)
+    primary.link._send = lossy  # type: ignore[method-assign]
+    clock = [time.monotonic()]
+    deadline = time.monotonic() + 20
+    while not (replica.disk.starts.get(INC, 0) > 1 and INC in replica.disk.in_sync and primary.link.transfer.in_sync):
+        assert time.monotonic() < deadline, "the transfer did not complete"
+        clock[0] += 0.5  # time passes for the primary: silences end in resends
+        primary.link.pump(clock[0])
+        if replica.repl.poll(10):
+            replica._drain_primary()
+        sock = primary.link.sock
+        assert sock is not None
+        while sock.poll(10):
+            primary.link.on_reply(sock.recv())
+    assert fills[0] >= 3, "fill frames were lost on the way"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    end = primary.retention.next_pos
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end)]
