@@ -152,7 +152,8 @@ class Forwarder:
                         consumers=self.consumers.lags(retention), groups=self.groups.stats(),
                         storage_full=durability.storage_full, storage_error=durability.storage_error,
                         journal_errors=journal.errors if journal is not None else 0,
-                        journal_pending_bytes=journal.pending_bytes if journal is not None else 0)
+                        journal_pending_bytes=journal.pending_bytes if journal is not None else 0,
+                        **self.parts.disk.figures())
         if gatekeeper is None:
             return stats
         return replace(stats, refused_connections=gatekeeper.refused, refused_over_limit=gatekeeper.refused_limit,
