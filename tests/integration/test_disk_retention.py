@@ -135,7 +135,14 @@ def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, 
         gaps = back.stats().gaps
     assert got == list(range(10, 510)), "what the killed incarnation stored, once, in order"
     assert gaps == 0
-    # A new subscriber from the beginning reads the earlier incarnation too (it is in `archived`).
+    # A new subscriber from the beginning reads the earlier incarnation too (it is in `archived`),
+    # and its position names it from the start: a resume before its first frame still reads it.
+    with Subscriber("kept", small, start="beginning", inbox_limit=1) as early:
+        assert early.position()["streams"].get(before) == 0
+        resumed_early = early.position()
+    with Subscriber("kept", small, position=resumed_early) as again:
+        again.wait_connected(1)
+        assert receive_all(again, 509) == list(range(510)), "the resume read the earlier incarnation whole"
     with Subscriber("kept", small, start="beginning") as fresh:
         fresh.wait_connected(1)
         got = receive_all(fresh, 509)
