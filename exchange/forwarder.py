@@ -85,9 +85,9 @@ class Forwarder:
 
     def restore_groups(self) -> None:
         """Before reading anyone: the groups an earlier incarnation's cursor files describe, with a
-        disk policy and no replica (with one, the replica's adoption stands: exchange/group_sync.py)."""
-        if self.parts.cursors.enabled:
-            self.parts.cursors.restore(self.fanout.send, self.chains)
+        disk policy and no replica (with one, the replica's adoption stands: exchange/group_sync.py);
+        a policy that comes later restores them when it is applied, before any file is written."""
+        self.parts.cursors.restore_when_stored(self.fanout.send, self.chains)
 
     # ------------------------------------------------------------ what main.py and the HCM see
 

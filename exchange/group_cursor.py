@@ -25,6 +25,8 @@ new file, both whole). So the file stays within a few times its state, whatever 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import struct
 from bisect import insort
@@ -34,6 +36,8 @@ from typing import Any
 from zlib import crc32
 
 import msgpack
+
+log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
 MAX_RECORD = 64 << 20  # a longer length field is damage
@@ -196,6 +200,7 @@ class GroupCursor:
         self._file: Any = None
         self._size = 0
         self._look_at = 0  # the file size at which the state's size is looked at again
+        self._behind = False  # a record the disk refused: the file says less than `state` until a compaction
 
     def recover(self) -> CursorState:
         """Read the file (if any), cut a bad tail, and open it for appending."""
@@ -225,11 +230,15 @@ class GroupCursor:
         state was at the last look: the measuring costs a constant per byte appended."""
         if pos > self.state.floor:
             self._append(["floor", pos])
-        if self._size < self._look_at:
+        if self._size < self._look_at and not self._behind:
             return
         needed = self._state_size()
-        if self._size > COMPACT_RATIO * needed:
-            self.compact()
+        if self._size > COMPACT_RATIO * needed or self._behind:
+            try:
+                self.compact()
+            except OSError as exc:  # a full disk: the file stays as it was, tried again next tick
+                log.warning("cursor file %s: compaction refused (%s)", self.path, exc)
+                return
         self._look_at = self._size + max(needed, COMPACT_SLACK_BYTES)
 
     def sync(self) -> None:
@@ -243,16 +252,21 @@ class GroupCursor:
             self.state = state
         data = b"".join(encode(r) for r in self.state.records())
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.path)
         sync_directory(self.path.parent)  # the rename itself survives a power cut
         self.close()
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (kept open for appends)
         self._size = len(data)
         self._look_at = self._size + max(self._size, COMPACT_SLACK_BYTES)
+        self._behind = False
 
     def close(self) -> None:
         if self._file is not None:
@@ -262,8 +276,19 @@ class GroupCursor:
     def _append(self, record: list[Any]) -> None:
         self.state.apply(record)
         data = encode(record)
-        if self._file is not None:
+        if self._file is None:
+            self._size += len(data)
+            return
+        try:
             self._file.write(data)
+        except OSError as exc:  # a full disk: no part of it may stay (later records would be cut with it)
+            if not self._behind:
+                log.warning("cursor file %s: a record refused (%s); rewritten whole when the disk allows",
+                            self.path, exc)
+            self._behind = True
+            with contextlib.suppress(OSError):  # if even this fails, recovery cuts there: acks undone, nothing lost
+                os.ftruncate(self._file.fileno(), self._size)
+            return
         self._size += len(data)
 
     def _state_size(self) -> int:

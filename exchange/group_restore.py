@@ -48,6 +48,13 @@ class GroupCursors:
         self.replicated = replicated  # the replica's adoption keeps the groups (exchange/group_sync.py)
         self.cursors: dict[str, GroupCursor] = {}
         self._done: dict[str, list[tuple[int, int, int]]] = {}  # left each group since the last turn
+        self.restored = False  # the cursor files earlier incarnations left were read: new ones may be written
+        self._restore_with: tuple[Send, PrefixChains] | None = None
+        # Restored groups whose files still say the earlier incarnation's positions, until the frames
+        # forwarded for them are written and synced: (group, its frames [first, end), all forwarded below last).
+        self._moving: dict[str, tuple[Group, int, int, int]] = {}
+        self._restoring = False
+        self._failed: set[str] = set()  # groups whose cursor file the disk refused (logged once)
 
     @property
     def root(self) -> Path | None:
@@ -65,19 +72,25 @@ class GroupCursors:
     # ------------------------------------------------------------ while running
 
     def turn(self) -> None:
-        """Each turn of the loop: cursors for new groups, the ranges that left, files of groups gone."""
+        """Each turn of the loop: cursors for new groups, the ranges that left, files of groups gone.
+        No file is written before the earlier incarnations' were restored (a storage policy that
+        came late: the restore runs first, here or on the stats tick)."""
         if not self.enabled or self.root is None:
             if self.cursors:  # the queue was made memory only: its groups no longer outlive the exchange
                 self._forget(list(self.cursors))
             return
+        self._restore_if_due()
+        if not self.restored:
+            return
+        self._move_restored()
         for name, group in self.groups.groups.items():
-            if name not in self.cursors:
+            if name not in self.cursors and name not in self._moving:
                 self._start(group)
         for name, ranges in self._done.items():
             cursor = self.cursors.get(name)
             if cursor is not None:
                 cursor.done(ranges)
-        self._done = {}
+        self._done = {name: ranges for name, ranges in self._done.items() if name in self._moving}
         self._forget([n for n in self.cursors if n not in self.groups.groups])
 
     def _forget(self, names: list[str]) -> None:
@@ -86,9 +99,11 @@ class GroupCursors:
             self._path(name).unlink(missing_ok=True)
 
     def tick(self) -> None:
-        """On the stats tick: each group's floor, and the files synced."""
+        """On the stats tick: each group's floor, and the files synced (first a restore that a
+        storage policy applied just now allows, before any frame is offered under it)."""
         if not self.enabled:
             return
+        self._restore_if_due()
         for name, cursor in self.cursors.items():
             group = self.groups.groups.get(name)
             if group is not None:
@@ -100,13 +115,27 @@ class GroupCursors:
             cursor.close()
 
     def _start(self, group: Group) -> None:
-        cursor = GroupCursor(self._path(group.name))
-        cursor.recover()
-        s = group.settings
         first = lowest_held(group, self.retention.next_pos)
-        cursor.compact(CursorState(s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries, s.dead_letter,
-                                   first_pos=first, incarnation=self.incarnation, floor=first))
+        self._open(group, first, (0, 0))
+
+    def _open(self, group: Group, first: int, gap: tuple[int, int]) -> bool:
+        """The group's cursor file written anew from `first` in this incarnation's positions; False
+        (logged once, tried again next turn) if the disk refused it: the old file, if any, stands."""
+        cursor = GroupCursor(self._path(group.name))
+        s = group.settings
+        try:
+            cursor.recover()
+            cursor.compact(CursorState(s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries, s.dead_letter,
+                                       first_pos=first, incarnation=self.incarnation, floor=first, gap=gap))
+        except OSError as exc:
+            cursor.close()
+            if group.name not in self._failed:
+                log.error("consumer group %s: its cursor file cannot be written (%s); tried again", group.name, exc)
+                self._failed.add(group.name)
+            return False
+        self._failed.discard(group.name)
         self.cursors[group.name] = cursor
+        return True
 
     def _path(self, name: str) -> Path:
         assert self.root is not None
@@ -114,8 +143,28 @@ class GroupCursors:
 
     # ------------------------------------------------------------ at start
 
+    def restore_when_stored(self, send: Send, chains: PrefixChains) -> None:
+        """Restore now if the queue keeps frames on disk, else as soon as a storage policy says so."""
+        self._restore_with = (send, chains)
+        self._restore_if_due()
+
+    def _restore_if_due(self) -> None:
+        if not self.restored and self._restore_with is not None and self.enabled:
+            self.restore(*self._restore_with)
+
     def restore(self, send: Send, chains: PrefixChains) -> None:
         """Adopt the groups an earlier incarnation's cursor files describe (see the module's docstring)."""
+        if self.restored or self._restoring:
+            return
+        self._restoring = True  # the turns its forwarding may run write no file (a test's send does)
+        try:
+            self._restore_groups(send, chains)
+        finally:
+            self._restoring = False
+            self.restored = True
+        self._move_restored()
+
+    def _restore_groups(self, send: Send, chains: PrefixChains) -> None:
         root = self.root
         if root is None or not root.is_dir():
             return
@@ -127,12 +176,14 @@ class GroupCursors:
             if cursor.cut:
                 log.warning("cursor file %s: a torn or damaged tail of %d bytes cut", path, cursor.cut)
             name = group_name(path)
-            if not state.first_pos or name is None or name in self.groups.groups:
+            if not state.first_pos or name is None:
                 log.warning("cursor file %s is not a group's (unreadable, or a name that is not hex); dropped", path)
                 path.unlink(missing_ok=True)
                 continue
+            # A group whose members joined before a late storage policy is that group: its backlog too.
             group = self.groups.adopt(protocol.GroupRecord(name, state.prefixes, state.ack_timeout_ms,
                                                            state.max_deliveries, state.dead_letter, 0, []))
+            self._moving[name] = (group, 0, 0, 0)  # its file stands until the forwarded frames are durable
             first = self.retention.next_pos
             store = self.disk.archived.get(state.incarnation)
             if store is None:  # its frames aged out, or it had none left: the group goes on, empty
@@ -142,17 +193,31 @@ class GroupCursors:
             restored.append((group, first, end))
             log.info("consumer group %s restored from its cursor: %d pending messages", name, forwarded)
         last = self.retention.next_pos
-        self.disk.flush(time.monotonic(), sync=True)  # the frames forwarded again, before the cursors say so
         for group, first, end in restored:  # the frames after a group's own were forwarded for the others
             if end > first:
-                group.spilled_from, group.spill_gap = first, (end, last)
-            cursor = GroupCursor(self._path(group.name))
-            cursor.recover()
-            s = group.settings
-            cursor.compact(CursorState(s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries, s.dead_letter,
-                                       first_pos=first, incarnation=self.incarnation, floor=first,
-                                       gap=(end, last) if last > end else (0, 0)))
-            self.cursors[group.name] = cursor
+                group.spilled_from = min(group.spilled_from, first) if group.spilled_from else first
+                group.spill_gap = (end, last)
+            self._moving[group.name] = (group, first, end, last)
+
+    def _move_restored(self) -> None:
+        """The restored groups' cursor files rewritten in this incarnation's positions, once every
+        frame forwarded for them is written and synced. Until then (a disk that refuses writes:
+        the exchange says storage_full and holds its publishers) the files keep the earlier
+        incarnation's positions, so a crash restores from them again; what left the groups
+        meanwhile waits in `_done`, appended after the move."""
+        if not self._moving:
+            return
+        last = max(last for _, _, _, last in self._moving.values())
+        if self.disk.durable_before(self.retention.next_pos) < last:
+            self.disk.sync(time.monotonic())
+            if self.disk.durable_before(self.retention.next_pos) < last:
+                return
+        for name, (group, first, end, last) in list(self._moving.items()):
+            if self.groups.groups.get(name) is not group:  # deleted meanwhile: it must not come back
+                del self._moving[name]
+                self._path(name).unlink(missing_ok=True)
+            elif self._open(group, first, (end, last) if last > end else (0, 0)):
+                del self._moving[name]
 
     def _forward_again(self, store: Any, state: CursorState, send: Send, chains: PrefixChains) -> int:
         """The group's messages in `store` that did not leave it, forwarded in the new stream."""
