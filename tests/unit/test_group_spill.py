@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -235,6 +236,30 @@ def test_a_restore_the_disk_refuses_keeps_the_earlier_cursor_until_its_frames_ar
     assert cursor_incarnation(third) == "x1.00000003"
     third.groups.join("g", b"m2", SETTINGS, 10)
     assert Counter(third.work(b"m2")) == Counter(range(1, n + 1)), "every unacked message, once"
+    third.disk.close()
+
+
+def test_a_restore_moves_the_cursor_once_the_disk_takes_the_frames(small_disk) -> None:
+    """And the group waits for the frames the store holds unwritten (the memory let them go):
+    none is counted lost nor passed over."""
+    disk = small_disk("groups", 2 << 20)
+    n = unacked_backlog(disk)
+    filler = fill(disk)
+    second = Stream(disk, incarnation="x1.00000002")
+    second.groups.join("g", b"m2", SETTINGS, 10)
+    assert second.work(b"m2", rounds=3) == [] and second.spill.lost == 0
+    assert second.groups.groups["g"].spilled_from and cursor_incarnation(second) == "x1.00000001"
+    filler.unlink()
+    second.disk.flush(time.monotonic(), sync=True)
+    second.cursors.turn()
+    assert cursor_incarnation(second) == "x1.00000002"
+    taken = second.work(b"m2", rounds=3)
+    assert taken == list(range(1, len(taken) + 1)) and len(taken) > 10
+    second.cursors.tick()
+    second.cursors.close()  # a crash
+    third = Stream(disk, incarnation="x1.00000003")
+    third.groups.join("g", b"m3", SETTINGS, 10)
+    assert Counter(third.work(b"m3")) == Counter(set(range(1, n + 1)) - set(taken))
     third.disk.close()
 
 
