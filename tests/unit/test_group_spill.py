@@ -48,7 +48,7 @@ class Stream:
         self.feed.before_live = self.spill.mark
         self.cursors = GroupCursors(self.groups, self.retention, self.disk, incarnation)
         self.groups.on_done = self.cursors.left
-        self.cursors.restore_when_stored(self.send, PrefixChains())  # as Forwarder.restore_groups
+        self.cursors.restore(self.send, PrefixChains())  # as Forwarder.restore_groups and its loop's steps
         self.next_id = 1  # sequence numbers start at 1
 
     def publish(self, messages: int, size: int, topic: bytes = b"jobs") -> None:
@@ -240,19 +240,17 @@ def test_a_restore_the_disk_refuses_keeps_the_earlier_cursor_until_its_frames_ar
 
 
 def test_a_restore_moves_the_cursor_once_the_disk_takes_the_frames(small_disk) -> None:
-    """And the group waits for the frames the store holds unwritten (the memory let them go):
-    none is counted lost nor passed over."""
     disk = small_disk("groups", 2 << 20)
     n = unacked_backlog(disk)
     filler = fill(disk)
     second = Stream(disk, incarnation="x1.00000002")
-    second.groups.join("g", b"m2", SETTINGS, 10)
-    assert second.work(b"m2", rounds=3) == [] and second.spill.lost == 0
-    assert second.groups.groups["g"].spilled_from and cursor_incarnation(second) == "x1.00000001"
+    assert second.cursors.restoring, "paused while the disk refuses: the backlog waits on disk, not in memory"
     filler.unlink()
     second.disk.flush(time.monotonic(), sync=True)
-    second.cursors.turn()
+    second.cursors.restore(second.send, PrefixChains())  # the loop's steps go on
+    assert not second.cursors.restoring
     assert cursor_incarnation(second) == "x1.00000002"
+    second.groups.join("g", b"m2", SETTINGS, 10)
     taken = second.work(b"m2", rounds=3)
     assert taken == list(range(1, len(taken) + 1)) and len(taken) > 10
     second.cursors.tick()
@@ -261,6 +259,51 @@ def test_a_restore_moves_the_cursor_once_the_disk_takes_the_frames(small_disk) -
     third.groups.join("g", b"m3", SETTINGS, 10)
     assert Counter(third.work(b"m3")) == Counter(set(range(1, n + 1)) - set(taken))
     third.disk.close()
+
+
+def test_a_spilled_group_waits_for_frames_the_store_has_not_written(small_disk) -> None:
+    """A full disk for longer than the memory keeps the frames: the group neither counts them lost
+    nor passes over them, and gets each once the store writes them."""
+    disk = small_disk("spill", 2 << 20)
+    stream = Stream(disk)
+    stream.groups.join("g", b"m1", SETTINGS, 10)
+    stream.groups.leave("g", b"m1")
+    for _ in range(30):
+        stream.publish(1, 1_000)
+    assert stream.groups.groups["g"].spilled_from
+    filler = fill(disk)
+    for _ in range(20):  # appended, refused, and gone from the 5 KB memory tail
+        stream.publish(1, 1_000)
+    assert stream.disk.full and stream.disk.store is not None and stream.disk.store.pending_bytes
+    stream.groups.join("g", b"m2", SETTINGS, 10)
+    got = stream.work(b"m2", rounds=200)
+    assert stream.spill.lost == 0 and stream.groups.groups["g"].spilled_from, "it waits"
+    filler.unlink()
+    stream.disk.flush(time.monotonic(), sync=True)
+    got += stream.work(b"m2")
+    assert got == list(range(1, stream.next_id)), "every message once, in order"
+    stream.disk.close()
+
+
+def test_a_backlog_is_forwarded_again_a_page_at_a_time_after_the_restore_begins() -> None:
+    """Beginning the restore forwards nothing (the exchange says ready at once); each step forwards
+    about a page; the groups get exactly their backlogs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        n = unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002", policy_late=True)
+        second.disk.apply(StoragePolicy(retention=3600.0))
+        second.cursors.tick()  # begins it
+        assert second.cursors.restoring and second.retention.next_pos == 1, "nothing forwarded yet"
+        steps = 0
+        while second.cursors.restoring:
+            before = second.retention.next_pos
+            second.cursors.restore_step(max_bytes=8_000)
+            assert second.retention.next_pos - before <= 8, "a page's frames, no more"
+            steps += 1
+        assert steps > 5
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        assert Counter(second.work(b"m2")) == Counter(range(1, n + 1))
+        second.disk.close()
 
 
 def test_a_storage_policy_that_comes_late_restores_the_groups_before_any_cursor_file_is_written() -> None:
@@ -275,7 +318,8 @@ def test_a_storage_policy_that_comes_late_restores_the_groups_before_any_cursor_
         second.cursors.tick()
         assert cursor_incarnation(second) == "x1.00000001", "the earlier file stands"
         second.disk.apply(StoragePolicy(retention=3600.0))  # the line, applied on a stats tick ...
-        second.cursors.tick()  # ... and the groups' tick right after it
+        second.cursors.tick()  # ... and the groups' tick right after it begins the restore
+        second.cursors.restore(second.send, PrefixChains())  # the loop's steps
         assert second.cursors.restored and cursor_incarnation(second) == "x1.00000002"
         assert Counter(second.work(b"m2")) == Counter(range(1, n + 1))
         second.disk.close()
