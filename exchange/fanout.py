@@ -41,6 +41,9 @@ class Fanout:
         # Sync markers subscribed, counted: one per RoQ subscriber (a reconnecting subscriber's new
         # subscription may arrive before its old connection's unsubscription).
         self.subscribers: dict[bytes, int] = {}
+        # While a publisher drain holds deliveries (exchange.send_held_frames): each one's parts, in
+        # stream order, sent by `release()` just before the drain's acks.
+        self._held: list[list[Any]] | None = None
 
     @property
     def subscriber_count(self) -> int:
@@ -78,17 +81,43 @@ class Fanout:
                        [tuple(a) for a in attrs] if attrs else None, topics=topics)
         if self.journal is not None:
             self.journal.append(pos, topic, kept.inline() if parts else body, len(seqs))
-        self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
-        # A big frame goes to libzmq without a copy: retention keeps the bytes alive anyway.
-        self.back.send(body, _MORE if parts else 0, copy=len(body) < ZERO_COPY_BYTES)
-        if parts:
-            self._send_parts(parts)
+        if self._held is None:
+            self._publish(topic, body, parts)
+        else:
+            self._held.append([topic, body, parts])
         totals = self.stats.totals
         totals.msgs_out += len(seqs)
         totals.bytes_in += size  # every accepted payload is sent once, here
         totals.bytes_out += size
         totals.frames_out += 1
         return pos
+
+    def hold(self) -> None:
+        """Keep the deliveries of the frames sent from now on until `release()`; they are numbered,
+        retained and journaled at once."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Send the held deliveries, in order, back to back: libzmq's I/O thread is woken once for
+        them (and for the acks sent right after), not once per delivery. Holding ends."""
+        self.flush()
+        self._held = None
+
+    def flush(self) -> None:
+        """Send the held deliveries now (an ack is about to go early); holding goes on."""
+        held = self._held
+        if held:
+            self._held = []
+            for topic, body, parts in held:
+                self._publish(topic, body, parts)
+
+    def _publish(self, topic: bytes, body: bytes, parts: list[Any]) -> None:
+        self.back.send(topic, _MORE)  # two sends: send_multipart costs more than the send itself
+        # A big frame goes to libzmq without a copy: retention keeps the bytes alive anyway.
+        self.back.send(body, _MORE if parts else 0, copy=len(body) < ZERO_COPY_BYTES)
+        if parts:
+            self._send_parts(parts)
 
     def _send_parts(self, parts: list[Any]) -> None:
         """The large payloads after the body: the Frames they came in, so libzmq shares their buffers."""

@@ -181,6 +181,10 @@ class Group:
     counters: GroupCounters = field(default_factory=GroupCounters)
     done: list[tuple[int, int, int]] = field(default_factory=list)  # left the group since last taken (replica)
     rotation: deque[bytes] = field(default_factory=deque)  # members, the next to fill first
+    # A disk-retained queue's group takes frames from here on from the store, not live (0: live;
+    # exchange/group_spill.py)
+    spilled_from: int = 0
+    spill_gap: tuple[int, int] = (0, 0)  # [from, to): frames read back skip them (exchange/group_restore.py)
 
     def matches(self, topic: bytes) -> bool:
         return topic.startswith(self.settings.prefixes)
@@ -345,6 +349,7 @@ class Group:
         """Its state at stream position `upto` (every frame below it was offered), for the replica:
         its messages not yet acked or dead-lettered, as (pos, idx, count, deliveries that counted)."""
         units = self.waiting() + [u for flying in self.in_flight.values() for u in flying]
+        upto = self.spilled_from or upto  # what it was not offered yet is all its own
         s = self.settings
         return protocol.GroupRecord(self.name, s.prefixes, round(s.ack_timeout * 1000), s.max_deliveries,
                                     s.dead_letter, upto, [(u.pos, u.idx, u.count, u.counted) for u in units])

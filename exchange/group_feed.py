@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 from exchange.groups import Group, Groups
@@ -19,6 +20,7 @@ class GroupFeed:
         self.groups = groups
         self.adopted_high: dict[str, int] = {}  # publisher → highest seq of the adopted incarnation
         self._adopted_until = 0.0
+        self.before_live: Callable[[int], None] | None = None  # GroupSpill.mark, with a disk policy
 
     def adopted(self, high: dict[str, int], until: float) -> None:
         """Leave out each publisher's messages up to `high` until `until` (monotonic)."""
@@ -30,6 +32,8 @@ class GroupFeed:
               topics: list[bytes] | None = None) -> None:
         """A frame to the groups, without the messages an adopted group already had."""
         start = 0
+        if only is None and self.before_live is not None:
+            self.before_live(pos)
         if self.adopted_high:
             if time.monotonic() > self._adopted_until:
                 self.adopted_high = {}  # no publisher resends that late

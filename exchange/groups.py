@@ -59,6 +59,9 @@ class Groups:
         # so that what a member processed and a failover can hand out again is at most its prefetch.
         self.hold_acks = False
         self._settling: list[tuple[Member, int]] = []  # acks held since the last take_settling()
+        self.keep_done = True  # keep what left each group for take_done() (a replica copies it)
+        # Told of every message range that leaves a group (a disk-retained queue's cursor files)
+        self.on_done: Callable[[Group, int, int, int], None] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.groups)
@@ -138,7 +141,9 @@ class Groups:
                    payloads: list[bytes], attrs: list[tuple[Any, ...]] | None, only: Group | None, start: int,
                    end: int, deliveries: int) -> None:
         """Messages start..end-1 of a frame, all of `topic`, to the groups that match it."""
-        groups = [g for g in ((only,) if only is not None else self.groups.values()) if g.matches(topic)]
+        # A spilled group (exchange/group_spill.py) takes frames from the store, not live.
+        groups = [g for g in ((only,) if only is not None else self.groups.values())
+                  if g.matches(topic) and (only is not None or not g.spilled_from)]
         if not groups or start >= end:
             return
         now, wall = self.clock(), self.wall()
@@ -173,7 +178,7 @@ class Groups:
             for piece in group.settle(pos, idx, count, member):
                 done += piece.count
                 self._drop(group, piece)
-                group.done.append((piece.pos, piece.idx, piece.count))
+                self._left(group, piece)
         group.counters.acked += done
         if done and self.hold_acks:
             member.settling += done
@@ -214,8 +219,14 @@ class Groups:
     def _dead(self, group: Group, unit: Unit, reason: str) -> None:
         group.counters.dead_lettered += unit.count
         self._drop(group, unit)
-        group.done.append((unit.pos, unit.idx, unit.count))
+        self._left(group, unit)
         self.on_dead(group, unit, reason)
+
+    def _left(self, group: Group, unit: Unit) -> None:
+        if self.keep_done:
+            group.done.append((unit.pos, unit.idx, unit.count))
+        if self.on_done is not None:
+            self.on_done(group, unit.pos, unit.idx, unit.count)
 
     def _drop(self, group: Group, unit: Unit) -> None:
         group.held_bytes -= unit.size
@@ -278,6 +289,7 @@ class Groups:
         group.levels.clear()
         group.delayed.clear()
         group.ready = group.delayed_count = 0
+        group.spilled_from = 0  # what waits on disk for it goes too
         return sum(unit.count for unit in waiting)
 
     def delete(self, name: str) -> int:

@@ -49,6 +49,10 @@ class PublisherIngest:
         self.gate = parts.gate
         self.gated = gated
         self._send = fanout.send
+        self._fanout = fanout
+        # 0: each delivery leaves at once; n: a drain sends every n frames' deliveries, then their
+        # acks, together (exchange.send_held_frames, a prototype of one I/O-thread wake-up per turn).
+        self._held_frames = parts.config.send_held_frames
         self.chains = parts.chains
         self._subscribers = fanout.subscribers  # its length is the count every ack carries
         self._acks: dict[bytes, tuple[int, float]] = {}  # connection → (ack due, batch received) this drain
@@ -59,19 +63,42 @@ class PublisherIngest:
 
     def drain(self, budget: int = DRAIN_BUDGET) -> None:
         """Handle queued publisher frames, a bounded number per wake-up."""
+        if self._held_frames:
+            self._drain_held(budget, self._held_frames)
+            return
         try:
             self._drain_frames(self.front, budget)
         finally:
             if self._acks:
                 self._send_acks()
 
-    def _drain_frames(self, front: zmq.Socket, budget: int) -> None:
+    def _drain_held(self, budget: int, step: int) -> None:
+        """`drain` with exchange.send_held_frames: every `step` frames (and at the end) their
+        deliveries go out back to back, then their acks."""
+        fanout = self._fanout
+        try:
+            while budget > 0:
+                fanout.hold()
+                more = self._drain_frames(self.front, min(step, budget))
+                budget -= step
+                fanout.release()
+                if self._acks:
+                    self._send_acks()
+                if not more:
+                    return
+        finally:
+            fanout.release()
+            if self._acks:
+                self._send_acks()
+
+    def _drain_frames(self, front: zmq.Socket, budget: int) -> bool:
+        """Handle up to `budget` frames; False once none is left to read."""
         recv = front.recv
         for _ in range(budget):
             try:
                 first = recv(_NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return False
             frame, block, parts = _rest_of_message(front, first)
             ident = first.bytes
             if frame is None or len(parts) > protocol.MAX_PARTS:
@@ -85,6 +112,7 @@ class PublisherIngest:
             except Exception:  # never end the exchange on one frame
                 self.stats.totals.internal_errors += 1
                 log.exception("unexpected error while handling a publisher frame; going on")
+        return True
 
     def handle(self, ident: bytes, payload: bytes, block: Any = None, parts: Sequence[Any] = ()) -> None:
         """One publisher message, answered (the drain holds acks back to send one per connection)."""
@@ -239,6 +267,7 @@ class PublisherIngest:
         """Replies leave in the order of the frames they answer: an ack still held for this
         connection goes first."""
         if ident in self._acks:
+            self._fanout.flush()  # an ack follows the deliveries it covers
             self.send_ack(ident, *self._acks.pop(ident), time.monotonic())
         self._send_reply(ident, frame)
 

@@ -216,6 +216,7 @@ def serve(config: Config, stop: threading.Event, queue: str, xid: str, replicas:
         watch_stdin(stop, lambda message: _on_parent_line(gatekeeper, config, forwarder, message))
     disk = forwarder.parts.disk  # the queue's frames beyond the memory tail, if its policy keeps them on disk
     disk.start(disk.inbox.first(POLICY_WAIT) if watch_parent else None)
+    forwarder.restore_groups()  # a disk-retained queue's groups, from their cursor files
     gatekeeper.start()
 
     def report() -> None:
@@ -223,6 +224,7 @@ def serve(config: Config, stop: threading.Event, queue: str, xid: str, replicas:
 
     def stats_tick() -> None:
         disk.tick()  # a new storage policy, the store synced and its retention applied
+        forwarder.parts.cursors.tick()  # the groups' floors, their cursor files synced
         report()
 
     on_tick = every(config.exchange.stats_interval, stats_tick)

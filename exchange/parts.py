@@ -24,6 +24,8 @@ from exchange.consumers import ConsumerProgress
 from exchange.dead_letters import DeadLetters
 from exchange.disk_tail import DiskTail
 from exchange.group_feed import GroupFeed
+from exchange.group_restore import GroupCursors
+from exchange.group_spill import GroupSpill
 from exchange.groups import Groups
 from exchange.journal import Journal
 from exchange.replay import LiveStream, ReplayServer, replay_socket
@@ -93,6 +95,8 @@ class Parts:
     commands: Commands
     groups: Groups
     feed: GroupFeed
+    spill: GroupSpill  # a disk-retained queue's group backlogs wait in its segment store
+    cursors: GroupCursors  # ... and their acks in cursor files, for a restart
     dead_letters: DeadLetters
     front: zmq.Socket  # ROUTER: publishers
     back: zmq.Socket  # XPUB: subscribers
@@ -137,6 +141,7 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
                     on_dead=dead_letters.collect, max_prefetch=config.group_max_prefetch)
     # Members' acks wait for the replica (their credit is held meanwhile): exchange/group_sync.py.
     groups.hold_acks = link is not None
+    groups.keep_done = link is not None  # without a replica nothing takes them: they must not pile up
     feed = GroupFeed(groups)
     work_server = WorkServer(work, groups, stream.xid, stream.incarnation, retention, count, feed.offer)
     work_server.gone = gone_fds
@@ -144,6 +149,10 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
                     f"{Path(site.store_root).parent.name}/{site.xid}" if site.store_root is not None else site.xid)
     if link is not None:
         link.transfer.store_of = lambda: disk.store  # a new replica's state transfer reads it
+    spill = GroupSpill(groups, feed, retention, disk, config.group_max_bytes, replicated=link is not None)
+    feed.before_live = spill.mark
+    cursors = GroupCursors(groups, retention, disk, stream.incarnation, replicated=link is not None)
+    groups.on_done = cursors.left
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()
     parts = Parts(
@@ -151,7 +160,7 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
         chains=chains, gate=ConfirmGate(), consumers=consumers, commands=Commands(config.publisher_ttl),
         sessions=PublisherSessions(ttl=config.publisher_ttl, max_publishers=config.max_publishers,
                                    max_per_connection=config.max_publishers_per_connection),
-        groups=groups, feed=feed, dead_letters=dead_letters, front=front, back=back,
+        groups=groups, feed=feed, spill=spill, cursors=cursors, dead_letters=dead_letters, front=front, back=back,
         replay=ReplayServer(replay, config, count, LiveStream(retention, chains, stream.incarnation),
                             archives=site.archives, on_progress=consumers.report, store_of=disk.store_of),
         work=work_server, link=link, journal=journal, storage=storage, disk=disk)

@@ -44,6 +44,7 @@ import shutil
 import time
 from pathlib import Path
 
+from exchange.journal_format import fsync_directory
 from exchange.retention import TopicCounts
 from exchange.segment_format import SEGMENT_FILE
 from exchange.segment_store import SegmentStore, StoreState
@@ -193,7 +194,7 @@ class ReplicaDisk:
                 source = base.directory / (name.rsplit(".", 1)[0] + suffix)
                 if source.exists():
                     os.replace(source, tail.directory / source.name)
-        _sync_dir(tail.directory)
+        fsync_directory(tail.directory)
         shutil.rmtree(base.directory, ignore_errors=True)
         self.stores[incarnation] = SegmentStore(tail.directory, tail.limits)
         self.in_sync.add(incarnation)
@@ -285,11 +286,3 @@ def _modified(directory: Path) -> float:
 def _delete(store: SegmentStore) -> None:
     store.close()
     shutil.rmtree(store.directory, ignore_errors=True)
-
-
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

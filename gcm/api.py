@@ -8,13 +8,14 @@ handler is logged and answered with `internal`, and the server keeps going.
 
 With `security.curve` on, only clients holding a known key complete the
 handshake (roq.security.Gatekeeper), and the operations that change the
-cluster (WRITE_OPS: admin commands that drop messages included) or read the permissions (`keys.list`; `keys.show` of
-another key) are refused with `forbidden` unless the key is an admin's: under
-`admins/`, or granted `admin` in the permission table (gcm/permissions.py). A
+cluster (WRITE_OPS: admin commands that drop messages included, and `restore`) or read the
+permissions (`keys.list`, `backup.export`; `keys.show` of another key) are refused with `forbidden`
+unless the key is an admin's: under `admins/`, or granted `admin` in the permission table (gcm/permissions.py). A
 client key reads only the queues it has a right on: `queue.describe` and
 reading `queue.rules` of another queue are `forbidden` (whether or not it
 exists), and `queue.list`, `cluster.status`, `cluster.stats` and `cluster.events`
-leave such queues out. The server's key reads everything and changes nothing.
+leave such queues out. The server's key reads everything and changes nothing (it may
+`backup.export`: a GCM host's cron job backs up with the daemons' configuration).
 With CURVE off the API is open to whoever can reach it: local use only.
 
 A request's time starts when it arrives, not when its turn comes: the loop takes every request
@@ -53,7 +54,7 @@ from roq.errors import (
 )
 from roq.permissions import PermissionTable
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
-from roq.security import ADMIN, CLIENT, Gatekeeper, peer_identity
+from roq.security import ADMIN, CLIENT, SERVER, Gatekeeper, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,10 @@ REQUEST_DEADLINE = 1.5
 MAX_PENDING = 1_000  # requests taken off the socket but not served yet; the rest wait in libzmq
 # Operations that change the cluster: an admin key is needed when CURVE is on.
 WRITE_OPS = frozenset({"queue.create", "queue.delete", "queue.scale", "queue.set", "queue.rebalance", "queue.purge",
-                       "group.reset", "group.delete", "keys.grant", "keys.revoke", "keys.reset"})
-ADMIN_READS = frozenset({"keys.list"})  # who may do what is for admins to read
+                       "group.reset", "group.delete", "keys.grant", "keys.revoke", "keys.reset", "restore"})
+ADMIN_READS = frozenset({"keys.list", "backup.export"})  # who may do what is for admins to read
+# ... and for the server's own key too: a GCM host's cron job backs up with the daemons' configuration.
+SERVER_READS = frozenset({"backup.export"})
 QUEUE_READS = frozenset({"queue.describe", "queue.rules", "queue.command"})  # of queue `name`: a right on it is needed
 Tables = Callable[[], PermissionTable]
 METADATA_OPS = frozenset({"metadata.get", "metadata.watch"})  # every GCM answers them (section 8)
@@ -95,6 +98,8 @@ def needs_admin(op: str, args: dict[str, Any]) -> bool:
 def authorise(op: str, args: dict[str, Any], role: str | None, name: str, table: PermissionTable | None) -> bool:
     """Refuse (ForbiddenError) what the caller may not do; True if it is an admin (sees everything)."""
     if role == ADMIN or (role == CLIENT and table is not None and table.is_admin(name)):
+        return True
+    if role == SERVER and op in SERVER_READS:
         return True
     if needs_admin(op, args):
         raise ForbiddenError(f"{op} needs an admin key (security.identity under admins/, or granted admin)")

@@ -24,6 +24,7 @@ import click
 
 from gcm.api import PEER, ControlServer, Handler, unknown_op
 from gcm.autoscaler import Autoscaler
+from gcm.backups import BackupService
 from gcm.commands import CommandLog
 from gcm.events import EventLog
 from gcm.leader import Leadership
@@ -86,6 +87,8 @@ class Gcm:
         self.events = EventLog(self.client, self.paths, self.leadership.fence, self.write_lock)
         self.permissions = PermissionManager(self.client, self.paths, self.leadership.fence, self.write_lock,
                                              self.config.security)
+        self.backups = BackupService(self.client, self.paths, self.config.zk.hosts, self.queues, self.autoscaler,
+                                     self.permissions)
         self.commands = CommandLog(self.client, self.paths, self.leadership.fence, self.write_lock, self.queues.cache)
         self.client.ChildrenWatch(self.paths.hosts, self._on_change)
         self.client.ChildrenWatch(self.paths.queues, self._on_change)
@@ -189,6 +192,8 @@ class Gcm:
             "keys.reset": lambda a: self.permissions.reset(**_args(a, ["name"])),
             "keys.list": lambda a: self.permissions.list(**_args(a, [])),
             "keys.show": lambda a: self.permissions.show(**_args(a, ["name"])),
+            "backup.export": lambda a: self.backups.export(**_args(a, [])),
+            "restore": lambda a: self.backups.restore(**_args(a, ["document"], ["force", "dry_run"])),
         }.get(op) or unknown_op(op)
         if not self.client.connected:
             # Reads would block until ZooKeeper is back; answer now instead.

@@ -70,11 +70,12 @@ def serving(context: RequestContext) -> Iterator[RequestContext]:
     kazoo queues requests while it reconnects; without the deadline, a request the
     client already gave up on would be applied whenever ZooKeeper came back.
     """
+    previous = current_request()  # a restore fences each of its changes on its own, inside its request
     _request.context = context
     try:
         yield context
     finally:
-        _request.context = None
+        _request.context = previous
 
 
 def current_request() -> RequestContext | None:

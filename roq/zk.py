@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import time
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -36,55 +34,18 @@ def make_client(config: Config) -> KazooClient:
     )
 
 
-def start_client(config: Config, timeout: float | None = None, refused_for: float | None = None) -> KazooClient:
-    """Connect, or raise ZooKeeperUnavailableError with the servers named.
-
-    `refused_for`: also give up once every server has refused TCP connections (or its name does not
-    resolve) for this long, instead of waiting out `zk.connect_timeout` for servers that are not
-    running. Commands use it; daemons wait, as ZooKeeper may be starting with them."""
+def start_client(config: Config, timeout: float | None = None) -> KazooClient:
+    """Connect, or raise ZooKeeperUnavailableError with the servers named. Daemons and test tools
+    only: no client code path opens a ZooKeeper session (docs/security.md)."""
     client = make_client(config)
-    limit = timeout or config.zk.connect_timeout
     try:
-        if refused_for is None:
-            client.start(timeout=limit)
-        else:
-            _start_unless_refused(client, config.zk.hosts, limit, refused_for)
+        client.start(timeout=timeout or config.zk.connect_timeout)
     except KazooTimeoutError:
         _discard(client)
         raise ZooKeeperUnavailableError(
             f"cannot reach ZooKeeper at {config.zk.hosts} (is it running? see zk.hosts)"
         ) from None
     return client
-
-
-def _start_unless_refused(client: KazooClient, hosts: str, limit: float, refused_for: float) -> None:
-    connected = client.start_async()
-    deadline = time.monotonic() + limit
-    refused_since: float | None = None
-    while not connected.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
-        now = time.monotonic()
-        if now >= deadline:
-            raise KazooTimeoutError("Connection time-out")
-        refused_since = (refused_since or now) if all_refuse(hosts) else None
-        if refused_since is not None and now - refused_since >= refused_for:
-            _discard(client)
-            raise ZooKeeperUnavailableError(
-                f"cannot reach ZooKeeper at {hosts}: nothing listens there (is it running? see zk.hosts)")
-
-
-def all_refuse(hosts: str) -> bool:
-    """True if every server of connection string `hosts` refuses a TCP connection or does not resolve."""
-    for server in hosts.split("/", 1)[0].split(","):
-        host, colon, port = server.strip().rpartition(":")
-        host, port = (host, port) if colon else (port, "2181")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
-        except (ConnectionRefusedError, socket.gaierror, ValueError):
-            continue
-        except OSError:  # timed out, unreachable: it may be there, behind something slow
-            return False
-        return False
-    return True
 
 
 def _discard(client: KazooClient) -> None:

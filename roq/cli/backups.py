@@ -1,4 +1,5 @@
-"""`roq backup` and `roq restore` (docs/backup.md)."""
+"""`roq backup` and `roq restore` (docs/backup.md): both through the leader's control API
+(`backup.export`, `restore`: docs/protocol.md section 2), never ZooKeeper."""
 
 from __future__ import annotations
 
@@ -17,18 +18,12 @@ def backup(ctx: Context, file: str, keys_dir: str | None) -> None:
     """Write the queues (exchanges, replicas, rules, settings), the permissions and the public keys to FILE.
 
     One versioned JSON file, replaced atomically, mode 0600 (docs/backup.md). No secret key, no
-    password, no message. Reads ZooKeeper only: a reader identity will do, no leader is needed."""
-    from roq.client.admin import ZK_REFUSED_FOR
-    from roq.paths import Paths
-    from roq.tools.backup import take, write
-    from roq.zk import start_client, stop_client
+    password, no message. The leader answers (an admin key, or the daemons' own, with CURVE on)."""
+    from roq.tools.backup import fetch, write
     cfg = ctx.config
-    client = start_client(cfg, refused_for=ZK_REFUSED_FOR)
-    try:
-        taken = take(client, Paths(cfg.zk.root), cfg.zk.hosts, keys_dir or cfg.security.keys_dir or None,
-                     warn=lambda text: click.echo(f"roq: warning: {text}", err=True))
-    finally:
-        stop_client(client)
+    with ctx.admin() as admin:
+        taken = fetch(admin, keys_dir or cfg.security.keys_dir or None,
+                      warn=lambda text: click.echo(f"roq: warning: {text}", err=True))
     write(file, taken)
     click.echo(f"wrote {file}: {taken.describe()}")
 
@@ -50,22 +45,14 @@ def restore(ctx: Context, file: str, force: bool, keys_dir: str | None, check: b
     places their exchanges anew; public keys are written only where missing (a different one is
     reported, never overwritten)."""
     from roq.tools.backup import entries_text, load, plural
-    from roq.tools.restore import plan, restore_keys, restore_permissions, restore_queues
+    from roq.tools.restore import apply, plan, report_kept, restore_keys
     loaded = load(file)
     if check:
         click.echo(f"{file}: valid {loaded.describe()}")
         return
-    from roq.client.admin import ZK_REFUSED_FOR
-    from roq.paths import Paths
-    from roq.zk import start_client, stop_client
-    paths = Paths(ctx.config.zk.root)
-    client = start_client(ctx.config, refused_for=ZK_REFUSED_FOR)  # an operator's reader identity
-    try:
-        todo = plan(client, paths, loaded, force)
-    finally:
-        stop_client(client)
     with ctx.admin() as admin:
-        click.echo(f"restoring the {loaded.describe()} into {paths.root}")
+        todo = plan(admin, loaded, force)  # the leader's dry run: refused here, nothing has changed
+        click.echo(f"restoring the {loaded.describe()} into {todo['root']}")
         target = keys_dir or ctx.config.security.keys_dir
         if not any(loaded.keys.files()):
             keys = "none in the backup"
@@ -77,8 +64,8 @@ def restore(ctx: Context, file: str, force: bool, keys_dir: str | None, check: b
                 click.echo(f"kept {target}/{relative}: it holds another key than the backup's", err=True)
             keys = (f"{len(report.written)} written into {target}, {len(report.same)} already there, "
                     f"{len(report.differ)} different (kept)")
-        granted = restore_permissions(admin, todo, click.echo)
-        created = restore_queues(admin, todo, click.echo)
-    click.echo(f"restored {plural(created, 'queue')} ({len(todo.keep)} kept as they were), "
-               f"{entries_text(granted)} ({len(todo.kept_entries)} kept as they were); "
+        report_kept(todo, click.echo)
+        granted, created = apply(admin, loaded, click.echo)
+    click.echo(f"restored {plural(len(created), 'queue')} ({len(todo['kept'])} kept as they were), "
+               f"{entries_text(len(granted))} ({len(todo['kept_entries'])} kept as they were); "
                f"public keys: {keys}")

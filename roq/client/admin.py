@@ -43,14 +43,11 @@ from roq.security import HANDSHAKE_FAILED, load_keys, secure_client
 log = logging.getLogger(__name__)
 
 READ_ONLY = frozenset({"ping", "queue.list", "queue.describe", "cluster.status", "keys.list", "keys.show",
-                       "queue.command"})
+                       "queue.command", "backup.export"})
 COMMAND_POLL = 0.1  # s between two looks at an admin command's results
 # Every seed refusing connections this long: no GCM runs there, say so instead of waiting out
 # client.request_timeout (a GCM that is merely slow still gets all of it).
 SEEDS_REFUSED_FOR = 1.5
-# For the operator tools that still read ZooKeeper (backup, restore): every server refusing
-# connections this long means none runs there; say so instead of waiting out zk.connect_timeout.
-ZK_REFUSED_FOR = 1.5
 
 
 class Admin(ClientLifecycle):

@@ -56,6 +56,13 @@ class ClientConfig:
                                   "copied into bytes")
     socket_buffer_bytes: int = setting(0, "SO_SNDBUF / SO_RCVBUF of a publisher's and a subscriber's data socket; "
                                        "0: the system's default", lo=0)
+    # A prototype (issue 34, item 5): at a low rate a small batch need not wait for the acks in
+    # flight. bench/prototypes.py measures it.
+    eager_in_flight: int = setting(0, "a batch smaller than full goes while fewer than this many are in flight "
+                                   "(and it holds at most client.eager_batch_messages)", lo=0, hi=4,
+                                   note="0: only while none is")
+    eager_batch_messages: int = setting(8, "the most messages a batch sent early under client.eager_in_flight holds",
+                                        positive=True)
     publish_timeout: float = setting(30.0, "how long publish() blocks under backpressure", positive=True)
     confirm_timeout: float = setting(5.0, "no confirm this long: move to another exchange", positive=True)
     # An exchange that dies may have confirmed messages its subscribers never got: must outlast

@@ -13,6 +13,7 @@ from roq.config.declare import setting
 from roq.protocol import MAX_PREFETCH
 
 JOURNAL_MODES = ("off", "async", "fsync")
+STORE_SYNC_MODES = ("interval", "confirm")  # exchange.store_sync: when the segment store is fsync'ed
 MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 TCP_PORT: dict[str, Any] = {"lo": 0, "hi": 65535, "note": "a TCP port, 0 = any free one"}
 METRICS_PORT: dict[str, Any] = {"lo": -1, "hi": 65535, "note": "a TCP port, 0 = any free one, -1 = off"}
@@ -188,6 +189,10 @@ class ExchangeConfig:
                                    "(> client.replay_seconds)", positive=True)
     max_publishers: int = setting(100_000, "publishers known at once; a hello beyond is refused", positive=True)
     max_publishers_per_connection: int = setting(64, "publishers one connection may carry", positive=True)
+    # A prototype (issue 34, item 5): the deliveries of a drain leave together with its acks, so
+    # libzmq's I/O thread is woken once for both rather than once for each. bench/prototypes.py.
+    send_held_frames: int = setting(0, "frames whose deliveries a publisher drain holds and sends together with "
+                                    "their acks", lo=0, hi=256, note="0 sends each delivery at once")
     max_prefixes: int = setting(10_000, "subscription prefixes whose chains are followed (least recently used go)",
                                 positive=True)
     replay_budget_bytes: int = setting(64 << 20, "fetch replies not yet sent, all connections together "
@@ -196,6 +201,10 @@ class ExchangeConfig:
                            "(a batch is confirmed once fsync'ed)", choices=JOURNAL_MODES)
     journal_segment_bytes: int = setting(16 << 20, "one journal file's size before the next is started",
                                          lo=MIN_JOURNAL_SEGMENT_BYTES, note="64 KiB")
+    store_sync: str = setting("interval", "when a queue's segment store (a disk storage policy) is fsync'ed: "
+                              "interval (every stats_interval; acks do not wait); confirm (a batch is confirmed "
+                              "once the store fsync'ed it: one sync per loop turn covers that turn's batches)",
+                              choices=STORE_SYNC_MODES)
     # Consumer groups: docs/work-queues.md.
     max_groups: int = setting(64, "consumer groups per exchange", positive=True)
     max_group_members: int = setting(1_000, "members per group", positive=True)

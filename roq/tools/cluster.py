@@ -36,11 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from roq.config import Config, load_config
-from roq.errors import ConfigError, RoqError, UserError
-from roq.paths import Paths
-from roq.state import queue_names, read_hosts, read_leader
+from roq.errors import ConfigError, RoqError, UnavailableError, UserError
 from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
-from roq.zk import start_client, stop_client
 
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "config.toml"
@@ -157,12 +154,12 @@ class LocalCluster:
                 state.processes.append(self._spawn(role, name))
             state.save()
             say(f"waiting for a leader and {c.hcms} hosts")
-            self._wait_ready(config, state, c.hcms, timeout)
+            queues = self._wait_ready(config, state, c.hcms, timeout)
         except BaseException:
             self.down(state)
             raise
         if kept:
-            self.queues_back = self._queues(config)
+            self.queues_back = queues
         return state
 
     def repair(self, state: ClusterState, timeout: float = 60.0, say: Any = None) -> ClusterState:
@@ -206,8 +203,7 @@ class LocalCluster:
             state.processes = processes  # saved at once: a later failure leaves what runs known to `down`
             state.save()
         say(f"waiting for a leader and {hcms} hosts")
-        self._wait_ready(running, state, hcms, timeout)
-        self.queues_back = self._queues(running)
+        self.queues_back = self._wait_ready(running, state, hcms, timeout)
         return state
 
     _seeds = ""  # cluster.seeds of the cluster being started: one per GCM, in order
@@ -233,13 +229,6 @@ class LocalCluster:
         except (OSError, ValueError):
             return None
 
-    def _queues(self, config: Config) -> list[str]:
-        client = start_client(config)
-        try:
-            return queue_names(client, Paths(config.zk.root))
-        finally:
-            stop_client(client)
-
     def _spawn(self, role: str, name: str) -> dict[str, Any]:
         log_path = self.run_dir / f"{name}.log"
         module = {"gcm": "gcm.daemon", "hcm": "hcm.daemon"}[role]
@@ -254,21 +243,24 @@ class LocalCluster:
                                     start_new_session=True)
         return {"role": role, "name": name, "pid": proc.pid, "log": str(log_path)}
 
-    def _wait_ready(self, config: Config, state: ClusterState, hosts: int, timeout: float) -> None:
-        client = start_client(config)
-        paths = Paths(config.zk.root)
-        try:
-            deadline = time.monotonic() + timeout
+    def _wait_ready(self, config: Config, state: ClusterState, hosts: int, timeout: float) -> list[str]:
+        """Until a leader answers with `hosts` hosts, through the seeds as any client (no ZooKeeper
+        session of ours); the queues it names."""
+        from roq.client.admin import Admin
+        deadline = time.monotonic() + timeout
+        with Admin(config) as admin:
             while time.monotonic() < deadline:
                 dead = [p["name"] for p in state.processes if not pid_alive(p["pid"])]
                 if dead:
                     raise RoqError(f"{', '.join(dead)} exited during start-up; see the logs in {self.run_dir}")
-                if read_leader(client, paths) and len(read_hosts(client, paths)) >= hosts:
-                    return
+                try:
+                    status = admin.call("cluster.status", timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+                    if len(status["hosts"]) >= hosts:
+                        return list(status["queues"])
+                except UnavailableError:  # no GCM listens yet, no leader yet: not ready
+                    pass
                 time.sleep(0.1)
-            raise RoqError(f"cluster not ready after {timeout:.0f}s; see the logs in {self.run_dir}")
-        finally:
-            stop_client(client)
+        raise RoqError(f"cluster not ready after {timeout:.0f}s; see the logs in {self.run_dir}")
 
     def down(self, state: ClusterState | None = None) -> int:
         """Stop every process of the cluster; returns how many were running."""

@@ -1,46 +1,31 @@
-"""`roq restore FILE`: a backup (roq/tools/backup.py, docs/backup.md) back into a cluster.
+"""`roq restore FILE`: a backup (roq/tools/backup.py, docs/backup.md) back into a cluster, through
+the leader's `restore` request (docs/protocol.md section 2): no ZooKeeper session.
 
-A restore validates the whole file first (`load()` in roq/tools/backup.py: format, version, every
-field's type, every name, every rule with the leader's own checks) and looks at the cluster (`plan()`: a cluster with
-a queue is refused without `force`); only then does it change anything. It writes the public keys
-missing from the keys directory (`restore_keys()`: a key that is there already is never
-overwritten, a different one is reported), then grants the permission entries
-(`restore_permissions()`, before the queues, so their exchanges start with them) and creates the
-queues (`restore_queues()`), both through the leader's control API: the leader places the exchanges
-anew, and fencing and request keys apply as for `roq keys grant` and `roq queue create`. With
-`force`, a queue or a key entry that exists is kept as it is (a queue's exchanges, replicas and rules
-untouched) and what differs from the backup is reported: a restore never deletes, revokes or scales
-anything, and can be run again to finish one that stopped half-way.
+The file is checked whole first (`load()`), then the leader is asked for a dry run (`plan()`: it
+checks the document again and refuses a cluster with a queue or a permission entry without
+`force`, changing nothing). Only then does anything change: the public keys missing from the keys
+directory are written (`restore_keys()`: a key that is there already is never overwritten, a
+different one is reported), and the leader grants the permission entries and creates the queues
+(`apply()`), one budgeted request after another until none remains. With `force`, a queue or an
+entry that exists is kept as it is and what differs from the backup is reported: a restore never
+deletes, revokes or scales anything, and can be run again to finish one that stopped half-way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import zmq.auth
-from kazoo.client import KazooClient
 
-from gcm.autoscaler import DEFAULT_RULES
 from roq.client.admin import Admin
-from roq.errors import RoqError, UserError, error_from_code
-from roq.paths import Paths
-from roq.permissions import PermissionTable, describe
-from roq.state import queue_names, read_queue, replica_count
-from roq.storage_policy import policy_of
-from roq.tools.backup import (
-    SERVER_KEY,
-    Backup,
-    Echo,
-    PublicKeys,
-    QueueBackup,
-    entries_text,
-    plural,
-    read_permissions,
-    write_new,
-)
+from roq.errors import UserError
+from roq.tools.backup import SERVER_KEY, Backup, PublicKeys, plural, write_new
+
+Echo = Callable[[str], None]
 
 KEY_BANNER = """#   ****  Restored by roq restore on {when}  ****
 #   ZeroMQ CURVE Public Certificate
@@ -49,63 +34,6 @@ KEY_BANNER = """#   ****  Restored by roq restore on {when}  ****
 #   directory, in the .curve subdirectory.
 
 """
-
-
-@dataclass
-class Plan:
-    create: list[QueueBackup]
-    keep: list[tuple[QueueBackup, list[str]]]  # queues that exist already, and how they differ
-    grant: PermissionTable = field(default_factory=PermissionTable)  # entries the cluster lacks
-    kept_entries: list[tuple[str, str]] = field(default_factory=list)  # (key, how it differs; "" if not)
-
-
-def plan(client: KazooClient, paths: Paths, backup: Backup, force: bool) -> Plan:
-    """What a restore will do; refuses (UserError, nothing changed) a cluster with queues or permission
-    entries without `force`."""
-    existing = queue_names(client, paths)
-    entries = read_permissions(client, paths).entries
-    if (existing or entries) and not force:
-        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
-        raise UserError(f"the cluster under {paths.root} is not empty ({len(existing)} queues: {shown or 'none'}; "
-                        f"{entries_text(len(entries))}); nothing was restored (--force creates only "
-                        "the missing queues and permission entries and keeps the others)")
-    result = Plan([], [])
-    for name, entry in backup.permissions.entries.items():
-        if name in entries:
-            now = entries[name]
-            result.kept_entries.append((name, "" if now == entry else f"{describe(now, 'all')} (backup: "
-                                        f"{describe(entry, 'all')})"))
-        else:
-            result.grant = result.grant.with_entry(name, entry)
-    for queue in backup.queues:
-        if queue.name in existing:
-            info = read_queue(client, paths, queue.name)
-            if info is not None:
-                result.keep.append((queue, differences(info.settings, len(info.exchanges), queue)))
-                continue
-        result.create.append(queue)
-    return result
-
-
-def differences(settings: dict[str, Any], exchanges: int, queue: QueueBackup) -> list[str]:
-    """How a queue that exists differs from its backup, in words."""
-    found = []
-    if exchanges != queue.exchanges:
-        found.append(f"{plural(exchanges, 'exchange')} (backup: {queue.exchanges})")
-    if replica_count(settings) != queue.replicas:
-        found.append(f"replicas {replica_count(settings)} (backup: {queue.replicas})")
-    now, then = settings.get("rules") or None, queue.rules
-    if (now and dict(DEFAULT_RULES, **now)) != (then and dict(DEFAULT_RULES, **then)):
-        found.append(f"rules {_rules_text(now)} (backup: {_rules_text(then)})")
-    if policy_of(settings) != queue.policy:
-        found.append(f"storage {policy_of(settings).describe()} (backup: {queue.policy.describe()})")
-    return found
-
-
-def _rules_text(rules: dict[str, Any] | None) -> str:
-    if not rules:
-        return "none"
-    return ", ".join(f"{k}={v}" for k, v in sorted(rules.items()) if DEFAULT_RULES.get(k) != v) or "the defaults"
 
 
 @dataclass
@@ -155,51 +83,41 @@ def _present_key(root: Path, relative: str) -> str | None:
     return None
 
 
-def restore_permissions(admin: Admin, todo: Plan, echo: Echo) -> int:
-    """Grant each planned permission entry whole through the leader; returns how many. A failure
-    stops the restore saying how far it got (run it again with --force for the rest)."""
-    for name, diff in todo.kept_entries:
-        echo(f"kept the permissions of key {name} as they are" + (f": {diff}" if diff else " (same as the backup)"))
-    granted = 0
-    for name, entry in todo.grant.entries.items():
-        try:
-            admin.grant(name, entry.publish, entry.subscribe, entry.consume, entry.admin)
-        except RoqError as exc:
-            raise error_from_code(exc.code, f"restore stopped at the permissions of key {name}, {granted} of "
-                                  f"{len(todo.grant.entries)} entries granted and no queue created: {exc}; run it "
-                                  "again with --force to restore the rest") from None
-        granted += 1
-        echo(f"granted key {name}: {describe(entry, 'all')}")
-    return granted
+def plan(admin: Admin, backup: Backup, force: bool) -> dict[str, Any]:
+    """The leader's dry run: what a restore will keep (`kept`, `kept_entries`) and how much it will
+    do (`remaining`); refused (nothing changed) on a cluster with queues or entries without `force`."""
+    return admin.call("restore", document=backup.to_json(), force=force, dry_run=True)
 
 
-def restore_queues(admin: Admin, todo: Plan, echo: Echo) -> int:
-    """Create the planned queues through the leader, one by one, each with its rules; returns how many.
+def apply(admin: Admin, backup: Backup, echo: Echo) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Have the leader grant and create what is missing, one request at a time until nothing
+    remains (`force`: the dry run has refused a cluster that was not empty). (granted, created)."""
+    granted: list[dict[str, Any]] = []
+    created: list[dict[str, Any]] = []
+    while True:
+        step = admin.call("restore", document=backup.to_json(), force=True)
+        for entry in step["granted"]:
+            echo(f"granted key {entry['key']}: {entry['rights']}")
+        for queue in step["created"]:
+            echo(f"created queue {queue['name']}: {plural(queue['exchanges'], 'exchange')} ({queue['placed']} "
+                 f"placed), replicas {queue['replicas']}, rules {queue['rules']}, storage {queue['storage']}")
+        granted += step["granted"]
+        created += step["created"]
+        if not step["remaining"]:
+            return granted, created
+        if not step["granted"] and not step["created"]:
+            # a leader does at least one change per request: one that did none is not making progress
+            raise UserError(f"the leader restored nothing in one request ({step['remaining']} to go); "
+                            "run it again with --force for the rest")
 
-    A failure stops the restore with the same kind of error, saying how far it got: run it again
-    with --force to create the rest (the ones made are kept)."""
-    for queue, diffs in todo.keep:
-        echo(f"kept queue {queue.name} as it is" + (f": {'; '.join(diffs)}" if diffs else " (same as the backup)"))
-    created = 0
-    for queue in todo.create:
-        try:
-            # The policy as backed up, never the leader's defaults: a memory-only queue stays one.
-            info = admin.create_queue(queue.name, queue.exchanges, queue.replicas,
-                                      retention=queue.policy.retention, retention_bytes=queue.policy.retention_bytes)
-        except RoqError as exc:
-            raise error_from_code(exc.code, f"restore stopped at queue {queue.name}, {created} of "
-                                  f"{len(todo.create)} queues created: {exc}; run it again with --force to "
-                                  "create the rest") from None
-        created += 1
-        if queue.rules:
-            try:
-                admin.queue_rules(queue.name, queue.rules, clear=True)
-            except RoqError as exc:
-                raise error_from_code(exc.code, f"restore stopped after creating queue {queue.name} without "
-                                      f"its rules ({exc}): set them with `roq queue rules {queue.name}` "
-                                      f"({_rules_text(queue.rules)}), then run it again with --force") from None
-        placed = sum(1 for x in info["exchanges"] if x.get("host"))
-        echo(f"created queue {queue.name}: {plural(queue.exchanges, 'exchange')} ({placed} placed), "
-             f"replicas {queue.replicas}, "
-             f"rules {_rules_text(queue.rules)}, storage {queue.policy.describe()}")
-    return created
+
+def report_kept(todo: dict[str, Any], echo: Echo) -> None:
+    """What the dry run found already there, in words."""
+    for entry in todo["kept_entries"]:
+        diff = entry["difference"]
+        echo(f"kept the permissions of key {entry['key']} as they are" + (f": {diff}" if diff else
+                                                                         " (same as the backup)"))
+    for queue in todo["kept"]:
+        diffs = queue["differences"]
+        echo(f"kept queue {queue['name']} as it is" + (f": {'; '.join(diffs)}" if diffs else " (same as the backup)"))
+

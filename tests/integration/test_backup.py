@@ -2,10 +2,12 @@
 data directory the test wipes (docs/backup.md).
 
 A secured cluster (CURVE, ZooKeeper ACLs) gets queues with rules, replicas and a scaled size, and
-a permission entry; a client identity backs it up; everything is stopped, ZooKeeper's data directory deleted, ZooKeeper
-and the daemons started again; bad files are refused on the empty cluster with nothing created;
-an admin restores the backup and every queue, rule, setting and permission is back, the exchanges
-(and replicas) run and carry messages; a second restore is refused on the now non-empty cluster, and
+a permission entry; a client key may not back it up, an admin does, through the leader (ZooKeeper's
+session count does not grow while `roq backup` and `roq restore` run: no client opens one);
+everything is stopped, ZooKeeper's data directory deleted, ZooKeeper and the daemons started
+again; bad files are refused on the empty cluster with nothing created; an admin restores the
+backup and every queue, rule, setting and permission is back, the exchanges (and replicas) run and
+carry messages; a second restore is refused on the now non-empty cluster, and
 with --force only the missing queue is made."""
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ from roq.security import generate_keys
 from roq.state import queue_names, read_exchanges, read_hosts, read_leader, read_queue
 from roq.tools.backup import BOOKKEEPING
 from roq.tools.zkserver import ZooKeeperNotInstalledError, ZooKeeperServer, find_zookeeper
-from roq.zk import ensure_base_paths, start_client, stop_client
+from roq.zk import start_client, stop_client
 from tests.conftest import failed, unavailable
-from tests.support.helpers import Processes, fast_config, record_figures, wait_until
+from tests.support.helpers import (
+    Processes,
+    fast_config,
+    most_connections_while,
+    record_figures,
+    wait_until,
+    zookeeper_connections,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -167,9 +176,13 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
         assert before["orders"]["replicas"] == 2 and before["events"]["exchanges"] == 2
         assert before["events"]["settings"]["replicas"] == 1 and "rules" not in before["events"]["settings"]
 
-        # ---- back up, as a client identity (reads only)
-        result = roq(client_file, "backup", str(backup_file))
+        # ---- back up: a client key may not read the permissions, an admin may; neither opens a ZooKeeper session
+        sessions = zookeeper_connections(own_zookeeper)
+        one_line_error(roq(client_file, "backup", str(backup_file)), "needs an admin key")
+        assert not backup_file.exists()
+        result, most = most_connections_while(own_zookeeper, lambda: roq(admin_file, "backup", str(backup_file)))
         assert result.returncode == 0, result.stderr
+        assert most <= sessions, f"ZooKeeper sessions grew from {sessions} to {most} during roq backup"
         assert "3 queues, 1 permission entry, 3 public keys" in result.stdout
         assert stat.S_IMODE(backup_file.stat().st_mode) == 0o600
         assert sorted(p.name for p in backups.iterdir()) == ["roq.json"]  # no temporary file left
@@ -248,9 +261,12 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             checked = roq(admin_file, "restore", "--check", str(version_1))
             assert checked.returncode == 0 and "3 queues, 0 permission entries" in checked.stdout, checked.stderr
 
-            # ---- restore
-            result = roq(admin_file, "restore", str(backup_file), "--keys-dir", str(restored_keys))
+            # ---- restore, with no ZooKeeper session of its own
+            sessions = zookeeper_connections(own_zookeeper)
+            result, most = most_connections_while(own_zookeeper, lambda: roq(
+                admin_file, "restore", str(backup_file), "--keys-dir", str(restored_keys)))
             assert result.returncode == 0, result.stdout + result.stderr
+            assert most <= sessions, f"ZooKeeper sessions grew from {sessions} to {most} during roq restore"
             assert "restored 3 queues (0 kept as they were), 1 permission entry (0 kept as they were); public keys: " \
                 "3 written" in result.stdout, result.stdout
             with Admin(admin_config) as admin:
@@ -320,8 +336,8 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             print("----- zookeeper log tail -----\n" + own_zookeeper.log_tail())
 
 
-def test_backup_of_a_missing_cluster_is_refused_and_a_write_is_atomic(own_zookeeper: ZooKeeperServer,
-                                                                        tmp_path: Path) -> None:
+def test_backup_of_a_missing_cluster_is_refused_and_a_write_is_atomic(
+        own_zookeeper: ZooKeeperServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     config = fast_config(own_zookeeper.connect_string)
     config_file = tmp_path / "roq.toml"
     config_file.write_text(config.to_toml())
@@ -329,11 +345,16 @@ def test_backup_of_a_missing_cluster_is_refused_and_a_write_is_atomic(own_zookee
     one_line_error(roq(config_file, "backup", str(target)), "there is no RoQ cluster under /test-")
     assert not target.exists()
 
-    zk = start_client(config)
+    # a cluster with no queue yet: a GCM answers (its files elsewhere: the listing below is of the backup's directory)
+    procs = Processes(config, tmp_path_factory.mktemp("gcm"))
     try:
-        ensure_base_paths(zk, Paths(config.zk.root))  # a cluster with no queue yet
+        procs.start("gcm", "gcm-0")
+        backup_with_no_queue(config_file, target, tmp_path)
     finally:
-        stop_client(zk)
+        procs.stop_all()
+
+
+def backup_with_no_queue(config_file: Path, target: Path, tmp_path: Path) -> None:
     one_line_error(roq(config_file, "backup", str(tmp_path / "no-such-dir" / "roq.json")), "cannot write")
     target.write_text("an older backup")
     target.chmod(0o644)

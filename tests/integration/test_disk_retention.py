@@ -3,7 +3,9 @@
 The exchanges' memory tail is made tiny (`exchange.retention_bytes`), the queue's disk retention
 long, so a subscriber away for many memory tails must be served from the segment store
 (exchange/disk_tail.py, exchange/tiered.py); a restarted exchange serves its earlier incarnation's
-store; a store on a full disk is `storage_full` backpressure.
+store; a store on a full disk is `storage_full` backpressure; a consumer group with no member keeps a
+backlog far beyond `exchange.group_max_bytes` on disk, and its acks across a SIGKILL
+(exchange/group_spill.py, exchange/group_restore.py).
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
 
 from roq.client.admin import Admin
+from roq.client.group_member import GroupMember
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.errors import RequestTimeoutError, StorageFullError
@@ -138,7 +143,14 @@ def test_a_restarted_exchange_serves_its_earlier_incarnations_store(config, zk, 
         gaps = back.stats().gaps
     assert got == list(range(10, 510)), "what the killed incarnation stored, once, in order"
     assert gaps == 0
-    # A new subscriber from the beginning reads the earlier incarnation too (it is in `archived`).
+    # A new subscriber from the beginning reads the earlier incarnation too (it is in `archived`),
+    # and its position names it from the start: a resume before its first frame still reads it.
+    with Subscriber("kept", small, start="beginning", inbox_limit=1) as early:
+        assert early.position()["streams"].get(before) == 0
+        resumed_early = early.position()
+    with Subscriber("kept", small, position=resumed_early) as again:
+        again.wait_connected(1)
+        assert receive_all(again, 509) == list(range(510)), "the resume read the earlier incarnation whole"
     with Subscriber("kept", small, start="beginning") as fresh:
         fresh.wait_connected(1)
         got = receive_all(fresh, 509)
@@ -201,3 +213,113 @@ def test_a_subscriber_started_from_a_time_gets_what_was_stored_since_from_disk_a
     assert run.returncode == 0, run.stderr.decode()[-2000:]
     printed = [int.from_bytes(base64.b64decode(line.split(b"\t")[1])[:4], "big") for line in run.stdout.splitlines()]
     assert printed == list(range(200, 1_200))
+
+
+GROUP_BYTES = 100_000  # exchange.group_max_bytes here: the backlog below is 20 times it
+
+
+def group_held(zk, paths, queue: str) -> int:
+    stats = ExchangeStats.from_dict((read_live(zk, paths, queue).get("x1") or {}).get("stats"))
+    return sum(g.held_bytes for g in stats.groups.values())
+
+
+def take(member: GroupMember, upto: int, seen: list[tuple[int, int]]) -> None:
+    """Receive and ack until message `upto` came (its id and deliveries into `seen`)."""
+    while (msg := member.receive(timeout=20)) is not None:
+        number = int.from_bytes(msg.payload[:4], "big")
+        seen.append((number, msg.deliveries))
+        msg.ack()
+        if number == upto:
+            return
+
+
+def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_across_a_kill(
+        config, zk, paths, procs):
+    start_cluster(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    create_on_disk(small, zk, paths, "backlog")
+    first: list[tuple[int, int]] = []
+    with Publisher("backlog", small) as pub:
+        with GroupMember("backlog", small, ["t"], group="w", prefetch=20, auto_ack=False) as member:
+            member.wait_connected(1)
+            publish(pub, 0, 100)
+            take(member, 99, first)
+        held: list[int] = []
+        for start in range(100, 1_100, 100):  # 2 MB with no member: 20 times exchange.group_max_bytes
+            publish(pub, start, 100)  # never held: the backlog waits on disk
+            held.append(group_held(zk, paths, "backlog"))
+        wait_until(lambda: stored_all(zk, paths, "backlog", 1_100), timeout=30, message="the store to write all")
+        held.append(group_held(zk, paths, "backlog"))
+    record_figures("group backlog on disk", published=1_000, most_held=max(held), bound=GROUP_BYTES)
+    assert max(held) <= GROUP_BYTES + 25_000, "memory holds a share of group_max_bytes, give or take a frame"
+    assert sorted(n for n, _ in first) == list(range(100))
+    live = read_live(zk, paths, "backlog")["x1"]
+    host, before = live["host"], live["incarnation"]
+    os.kill(live["pid"], signal.SIGKILL)  # the acks of the first 100 were synced with the store
+    wait_until(lambda: read_live(zk, paths, "backlog").get("x1", {}).get("incarnation") not in (None, before),
+               timeout=30, message="a new incarnation")
+    if read_live(zk, paths, "backlog")["x1"]["host"] != host:
+        pytest.skip("the leader moved the exchange to the other host: its disk stayed behind")
+    seen: list[tuple[int, int]] = []
+    with GroupMember("backlog", small, ["t"], group="w", prefetch=20, auto_ack=False) as a, \
+            GroupMember("backlog", small, ["t"], group="w", prefetch=20, auto_ack=False) as b:
+        a.wait_connected(1)
+        b.wait_connected(1)
+        done = threading.Event()
+
+        def drain(member: GroupMember) -> None:
+            while not done.is_set():
+                msg = member.receive(timeout=0.5)
+                if msg is not None:
+                    seen.append((int.from_bytes(msg.payload[:4], "big"), msg.deliveries))
+                    msg.ack()
+
+        workers = [threading.Thread(target=drain, args=(m,), daemon=True) for m in (a, b)]
+        for worker in workers:
+            worker.start()
+        try:
+            wait_until(lambda: {n for n, _ in seen} >= set(range(100, 1_100)), timeout=90,
+                       message="every message of the backlog")
+        finally:
+            done.set()
+            for worker in workers:
+                worker.join(10)
+    counts = Counter(n for n, _ in seen)
+    record_figures("group backlog after SIGKILL", delivered=len(seen), distinct=len(counts))
+    assert not [n for n in counts if n < 100], "nothing acked before the kill comes again"
+    assert set(counts) == set(range(100, 1_100)), "nothing lost"
+    assert [n for n, c in counts.items() if c > 1] == [], "nothing twice (no ack was lost, no member died)"
+
+
+def test_with_store_sync_confirm_a_sigkill_right_after_an_ack_never_loses_the_acked_frame(config, zk, paths, procs):
+    """`exchange.store_sync = confirm`, the journal off: an ack leaves only once the store fsync'ed
+    the frame, so an incarnation killed the moment the publisher's flush returns (no wait for a
+    report, unlike the test above) left every acked message in its store. Three kills, after a
+    different number of messages each; each time a subscriber that left before them resumes from
+    the killed incarnation's store."""
+    start_cluster(procs, zk, paths, *MEMORY, "exchange.store_sync=confirm")
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    create_on_disk(small, zk, paths, "synced")
+    sent = 0
+    with Publisher("synced", small) as pub:
+        for count in (1, 37, 300):
+            sub = Subscriber("synced", small)
+            sub.wait_connected(1)
+            publish(pub, sent, 1)  # a marker the subscriber takes, so its position names this incarnation
+            assert receive_all(sub, sent)[-1] == sent
+            position = sub.position()
+            sub.close()
+            publish(pub, sent + 1, count)  # returns once every one of them is acked
+            live = read_live(zk, paths, "synced")["x1"]
+            os.kill(live["pid"], signal.SIGKILL)
+            wait_until(lambda old=live["incarnation"]: read_live(zk, paths, "synced").get("x1", {}).get(
+                "incarnation") not in (None, old), timeout=30, message="a new incarnation")
+            if read_live(zk, paths, "synced")["x1"]["host"] != live["host"]:
+                pytest.skip("the leader moved the exchange to the other host: its store stayed behind")
+            with Subscriber("synced", small, position=position) as back:
+                back.wait_connected(1)
+                got = receive_all(back, sent + count)
+            want = list(range(sent + 1, sent + 1 + count))
+            # In order and nothing else: all from the killed incarnation's store, none from a publisher's replay.
+            assert got == want, f"after {count}: the store held {len(got)} of them ({got[:3]}...{got[-3:]})"
+            sent += count + 1

@@ -13,8 +13,8 @@ from roq.client.admin import Admin
 from roq.protocol import decode_reply, encode_request
 from roq.protocol.metadata import decode_push
 from roq.state import read_leader, read_live
-from tests.integration.conftest import start_cluster
-from tests.support.helpers import wait_until
+from tests.integration.conftest import SharedCluster
+from tests.support.helpers import wait_until, zookeeper_connections
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -54,18 +54,15 @@ class Conversation:
         self.sock.close()
 
 
-def endpoints(zk, paths) -> list[str]:
-    from roq.state import tree
-    return sorted(tree(zk).read_json(f"{paths.election}/{c}")["endpoint"] for c in zk.get_children(paths.election))
-
-
 @pytest.fixture
-def two_gcms(config, zk, paths, procs):
-    start_cluster(procs, zk, paths, gcms=2)
-    return endpoints(zk, paths)
+def two_gcms(two_gcm_cluster: SharedCluster) -> list[str]:
+    """The module's shared cluster, healthy again, and its GCMs' endpoints."""
+    two_gcm_cluster.wait_healthy()
+    return two_gcm_cluster.endpoints()
 
 
-def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, two_gcms):
+def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(two_gcm_cluster, two_gcms):
+    config, zk, paths = two_gcm_cluster.config, two_gcm_cluster.zk, two_gcm_cluster.paths
     leader = read_leader(zk, paths)["endpoint"]
     backup = next(e for e in two_gcms if e != leader)
     with Admin(config) as admin:
@@ -101,7 +98,30 @@ def test_any_gcm_answers_get_and_pushes_follow_a_scale_out(config, zk, paths, tw
         conv.close()
 
 
-def test_bad_requests_and_limits(config, zk, paths, two_gcms):
+def test_a_queue_created_while_a_client_asks_is_found_not_refused(two_gcm_cluster, two_gcms):
+    """A GCM's cache follows the leader's writes a few ms behind: `follow` waits NOT_FOUND_GRACE for
+    the push that shows a queue the seed does not know yet, and only then says it does not exist."""
+    import threading
+
+    from roq.client.metadata import NOT_FOUND_GRACE, MetadataClient
+    from roq.errors import QueueNotFoundError
+    config = two_gcm_cluster.config
+    with Admin(config) as admin:
+        client = MetadataClient(config)
+        try:
+            creator = threading.Timer(NOT_FOUND_GRACE / 4, lambda: admin.create_queue("late-made", exchanges=1))
+            creator.start()
+            body = client.follow("late-made", lambda body: None, timeout=10)
+            creator.join()
+            assert body["exists"] is True, "the queue made during the grace is found"
+            with pytest.raises(QueueNotFoundError):
+                client.follow("never-made", lambda body: None, timeout=10)
+        finally:
+            client.close()
+
+
+def test_bad_requests_and_limits(two_gcm_cluster, two_gcms):
+    config = two_gcm_cluster.config
     conv = Conversation(two_gcms[0])
     try:
         wait_until(lambda: conv.call("metadata.get", queue="q").ok, message="cache read")
@@ -120,45 +140,19 @@ def test_bad_requests_and_limits(config, zk, paths, two_gcms):
         conv.close()
 
 
-def test_zookeeper_down_answers_from_the_last_view(config, zk, paths, two_gcms, zookeeper):
-    with Admin(config) as admin:
-        admin.create_queue("q", exchanges=1)
-    wait_until(lambda: len(read_live(zk, paths, "q")) == 1, timeout=15, message="exchange live")
-    conv = Conversation(two_gcms[1])
-    try:
-        before = wait_until(lambda: (r := conv.call("metadata.get", queue="q")).ok and r.result["exchanges"]
-                            and r.result, message="answered")
-        zookeeper.stop()
-        try:
-            during = conv.call("metadata.get", queue="q")
-            assert during.ok and during.result["exchanges"].keys() == before["exchanges"].keys()
-        finally:
-            zookeeper.start()
-    finally:
-        conv.close()
-
-
-def zookeeper_connections(zookeeper) -> int:
-    """ZooKeeper's own count of client connections (one per session), by the `mntr` word."""
-    import socket
-    with socket.create_connection((zookeeper.host, zookeeper.port), timeout=5) as conn:
-        conn.sendall(b"mntr")
-        text = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
-    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("zk_num_alive_connections")))
-
-
-def test_clients_open_no_zookeeper_session_and_skip_a_dead_seed(config, zk, paths, two_gcms, zookeeper):
+def test_clients_open_no_zookeeper_session_and_skip_a_dead_seed(two_gcm_cluster, two_gcms, zookeeper):
+    config, zk, paths = two_gcm_cluster.config, two_gcm_cluster.zk, two_gcm_cluster.paths
     from roq.client import Publisher, Subscriber
     with Admin(config) as admin:
-        admin.create_queue("q", exchanges=2)
-    wait_until(lambda: len(read_live(zk, paths, "q")) == 2, timeout=15, message="exchanges live")
+        admin.create_queue("quiet", exchanges=2)
+    wait_until(lambda: len(read_live(zk, paths, "quiet")) == 2, timeout=15, message="exchanges live")
     before = zookeeper_connections(zookeeper)
     # The third reserved seed has no GCM: first in the list, so every client meets it first.
     seeds = config.cluster.seeds.split(",")
     dead_first = config.replace(cluster={"seeds": ",".join([seeds[2], *seeds[:2]])})
-    with Subscriber("q", dead_first, topics=["t"]) as sub, Publisher("q", dead_first) as pub, \
+    with Subscriber("quiet", dead_first, topics=["t"]) as sub, Publisher("quiet", dead_first) as pub, \
             Admin(dead_first) as admin:
-        assert admin.describe_queue("q")["name"] == "q"
+        assert admin.describe_queue("quiet")["name"] == "quiet"
         pub.wait_for_subscribers(1, timeout=15)
         for i in range(100):
             pub.publish("t", str(i).encode())
@@ -166,3 +160,23 @@ def test_clients_open_no_zookeeper_session_and_skip_a_dead_seed(config, zk, path
         got = sorted(int(sub.receive(timeout=10).payload) for _ in range(100))
         assert got == list(range(100))
         assert zookeeper_connections(zookeeper) <= before
+
+
+# Last in the module: it stops the shared ZooKeeper for a moment.
+def test_zookeeper_down_answers_from_the_last_view(two_gcm_cluster, two_gcms, zookeeper):
+    config, zk, paths = two_gcm_cluster.config, two_gcm_cluster.zk, two_gcm_cluster.paths
+    with Admin(config) as admin:
+        admin.create_queue("down", exchanges=1)
+    wait_until(lambda: len(read_live(zk, paths, "down")) == 1, timeout=15, message="exchange live")
+    conv = Conversation(two_gcms[1])
+    try:
+        before = wait_until(lambda: (r := conv.call("metadata.get", queue="down")).ok and r.result["exchanges"]
+                            and r.result, message="answered")
+        zookeeper.stop()
+        try:
+            during = conv.call("metadata.get", queue="down")
+            assert during.ok and during.result["exchanges"].keys() == before["exchanges"].keys()
+        finally:
+            zookeeper.start()
+    finally:
+        conv.close()

@@ -22,16 +22,20 @@ from typing import Any
 
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
 from kazoo.client import KazooClient
 
+from gcm.backup_document import MAX_QUEUES
 from roq.client import Admin, Publisher, Subscriber
 from roq.config import Config
-from roq.errors import ForbiddenError, InvalidNameError, RefusedError
+from roq.errors import ForbiddenError, InvalidNameError, RefusedError, RoqError
 from roq.paths import Paths
 from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
 from roq.zk import read_json, start_client, stop_client
+from tests.profiles import examples
 from tests.support.helpers import OK, REFUSED, Processes, carry, fast_config, handshake, record_figures, wait_until
+from tests.support.hostile_documents import hostile_restores
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -300,7 +304,9 @@ def test_a_revoked_right_refuses_the_next_connection_and_open_ones_stay(cluster:
 
 def test_permissions_survive_a_backup_and_restore(cluster: Cluster, tmp_path: Path) -> None:
     backup = tmp_path / "roq.json"
-    result = cluster.roq("clients/app", "backup", str(backup), "--keys-dir", str(cluster.keys_dir))
+    refused = cluster.roq("clients/app", "backup", str(backup))  # the permissions are for admins to read
+    assert refused.returncode == 1 and "needs an admin key" in refused.stderr and not backup.exists(), refused.stderr
+    result = cluster.roq("admins/ops", "backup", str(backup), "--keys-dir", str(cluster.keys_dir))
     assert result.returncode == 0, result.stderr
     document = json.loads(backup.read_text())
     assert document["version"] == 2 and set(document["permissions"]["keys"]) == {"pub", "sub", "worker"}
@@ -331,6 +337,47 @@ def test_permissions_survive_a_backup_and_restore(cluster: Cluster, tmp_path: Pa
         raise
     finally:
         procs.stop_all()
+
+
+def znodes(zk: KazooClient, path: str) -> dict[str, tuple[bytes, int]]:
+    """Every znode under `path` with its data and version: what a refused restore must leave as it was."""
+    found: dict[str, tuple[bytes, int]] = {}
+    if zk.exists(path):
+        data, stat = zk.get(path)
+        found[path] = (data, stat.version)
+        for child in zk.get_children(path):
+            found.update(znodes(zk, f"{path}/{child}"))
+    return found
+
+
+def test_hostile_restore_documents_are_refused_and_change_nothing(cluster: Cluster) -> None:
+    watched = (cluster.paths.queues, cluster.paths.permissions)
+    with cluster.admin() as admin, cluster.admin("clients/pub") as client:
+        good = admin.call("backup.export")
+        before = {path: znodes(cluster.zk, path) for path in watched}
+        for op, args in (("backup.export", {}), ("restore", {"document": good, "dry_run": True})):
+            with pytest.raises(ForbiddenError):
+                client.call(op, **args)
+
+        @settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
+        @given(hostile_restores(good))
+        def refused(args: dict[str, Any]) -> None:
+            try:
+                answer = admin.call("restore", **args)
+            except RoqError as exc:  # a clear refusal, never the leader's internal error
+                assert exc.code in ("bad_request", "invalid_name"), (exc.code, str(exc))
+            else:  # only a dry run can be answered, and then it changed nothing
+                assert args["dry_run"] is True and answer["created"] == answer["granted"] == [], answer
+            assert {path: znodes(cluster.zk, path) for path in watched} == before
+
+        refused()
+        # Past the limits: refused whole, before anything is planned.
+        bomb = dict(good, queues=[{"name": f"q{i}", "exchanges": 1, "replicas": 1, "rules": None, "settings": {}}
+                                  for i in range(MAX_QUEUES + 1)])
+        with pytest.raises(RoqError, match="a backup holds at most"):
+            admin.call("restore", document=bomb, dry_run=True)
+        assert admin.call("ping")  # the leader lives on
+    assert {path: znodes(cluster.zk, path) for path in watched} == before
 
 
 def test_permissions_survive_a_leader_failover(cluster: Cluster) -> None:

@@ -321,6 +321,35 @@ class SteadyTraffic:
 FIGURES: list[tuple[str, dict[str, object]]] = []  # printed at the end of the test session
 
 
+def zookeeper_connections(server: Any) -> int:
+    """ZooKeeper's own count of client connections (one per session), by the `mntr` word; `server`
+    has `host` and `port` (roq.tools.zkserver.ZooKeeperServer, the session's `zookeeper` fixture)."""
+    import socket
+    with socket.create_connection((server.host, server.port), timeout=5) as conn:
+        conn.sendall(b"mntr")
+        text = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("zk_num_alive_connections")))
+
+
+def most_connections_while(server: Any, run: Callable[[], T]) -> tuple[T, int]:
+    """`run()`'s result and the most ZooKeeper connections seen while it ran (polled, plus once after)."""
+    done = threading.Event()
+    seen = [zookeeper_connections(server)]
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(zookeeper_connections(server))
+            done.wait(0.02)
+    watcher = threading.Thread(target=poll, name="mntr", daemon=True)
+    watcher.start()
+    try:
+        result = run()
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    return result, max(seen)
+
+
 def record_figures(name: str, **values: object) -> None:
     """Keep a scenario's measured figures for the session's summary (and print them now)."""
     FIGURES.append((name, values))

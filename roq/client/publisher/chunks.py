@@ -115,6 +115,10 @@ class ChunkLog:
         first = len(self.open[self.open_at]) + len(self.open[self.open_at + 1])
         return 2 * min(self.max_batch, max(1, self.max_batch_bytes // max(1, first)))
 
+    def open_count(self) -> int:
+        """Messages not yet sealed into a chunk."""
+        return (len(self.open) - self.open_at) // 2
+
     def open_messages(self) -> list[bytes]:
         """The messages not yet sealed into a chunk, as [topic, payload, ...]."""
         return self.open[self.open_at:]

@@ -184,7 +184,7 @@ class PublisherLink(QueueIoThread):
             self._say_hello(sock, rewind=True)
         if not self._awaiting_welcome:
             self._send_batches(sock)
-            if not self._log.in_flight:
+            if not self._log.in_flight or self._eager_idle():
                 # Idle: from here on publish() must wake us, and what came before is taken
                 # now. With batches in flight their acks wake us (or a full batch, below).
                 self.wake_pending = False
@@ -192,6 +192,14 @@ class PublisherLink(QueueIoThread):
         if self._want_hello or (self._awaiting_welcome and time.monotonic() - self._hello_sent > HELLO_RETRY):
             self._want_hello = False
             self._say_hello(sock)
+
+    def _eager_idle(self) -> bool:
+        """With client.eager_in_flight: nothing waits to be sent and a small batch could still go
+        now, so publish() must wake us (at a high rate the log is rarely empty here, and acks wake
+        us as before)."""
+        log = self._log
+        return len(log.in_flight) < self.config.client.eager_in_flight and not log.open_count() \
+            and not log.unsent
 
     def _idle(self, poller: zmq.Poller, timeout_ms: int) -> None:
         """Wait for a reply, a wake-up from publish(), or the timeout."""
