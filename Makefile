@@ -4,10 +4,10 @@
 demo: setup
 	.venv/bin/roq demo
 
-# Two workers (tests/conftest.py says which tests share one), then the `solo` tests alone: they load
-# the machine or measure times. Both runs report; the target fails if either failed.
+# Two workers (tests/conftest.py says which tests share one, and which start first), then the `solo`
+# tests alone: they measure times. Both runs report; the target fails if either failed.
 test: setup-test lint docker-images deploy-images bench-servers
-	.venv/bin/python -m pytest -n 2 --dist loadgroup -m "not solo"; parallel=$$?; \
+	.venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not solo"; parallel=$$?; \
 	.venv/bin/python -m pytest -m solo; solo=$$?; \
 	exit $$(( parallel || solo ))
 

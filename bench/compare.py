@@ -11,7 +11,12 @@ through its batch API (`publish_many()`, `batch_callback=`, system
 APIs: `roq-replicated(-batch)` (a queue with replicas = 2: each frame copied to
 a replica process on the other host before the publisher's ack) and
 `roq-journal-fsync(-batch)` (exchange.journal = fsync: acks after the fsync;
-the disk's own fsync latency is measured first and reported). Ratios are
+the disk's own fsync latency is measured first and reported). Messages kept on
+disk (issue 35), with `--systems`: `roq-disk(-batch)` (a queue with a disk storage
+policy: frames in its segment store, acks before the store's fsync) beside
+`nats-jetstream` (file storage, acks before its fsync), and `roq-disk-fsync(-batch)`
+(exchange.store_sync = confirm: acks after the store's fsync) beside `rabbitmq-quorum`
+(publisher confirms after the fsync); their goals are in `targets` (disk_targets). Ratios are
 against raw ZeroMQ PUB→SUB, one message per send, no broker: the ceiling for
 a single-message Python client; `zeromq-batch` (one msgpack list of payloads
 per send) is shown for reference, and so is `python-hop`: raw ZeroMQ through
@@ -27,6 +32,8 @@ durability and over NATS, likewise. Writes JSON and a PNG chart to `--out`.
     .venv/bin/python bench/compare.py                   # everything once, about 8 minutes
     .venv/bin/python bench/compare.py --repeat 5 --out docs/bench
     .venv/bin/python bench/compare.py --smoke           # seconds: keeps the tools working (CI)
+    .venv/bin/python bench/compare.py --repeat 3 --sizes 100,1000 --out docs/bench/i35 \
+        --systems roq-disk,roq-disk-batch,nats-jetstream,roq-disk-fsync,roq-disk-fsync-batch,rabbitmq-quorum
 
 `--curves` runs bench/curves.py instead: fan-out, fan-in, topics, message size, idle connections
 and latency against rate, each point with RoQ beside raw ZeroMQ and NATS (`--only` picks curves).
@@ -63,11 +70,14 @@ ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.Zmq
             "roq": ROQ_SINGLE, "roq-batch": ROQ_BATCH, "roq-batch-oneframe": ROQ_BATCH,
             "roq-replicated": ROQ_SINGLE, "roq-replicated-batch": ROQ_BATCH,
             "roq-journal-fsync": ROQ_SINGLE, "roq-journal-fsync-batch": ROQ_BATCH,
+            "roq-disk": ROQ_SINGLE, "roq-disk-batch": ROQ_BATCH,
+            "roq-disk-fsync": ROQ_SINGLE, "roq-disk-fsync-batch": ROQ_BATCH,
             "nats": "bench.peers.NatsAdapter", "redis": "bench.peers.RedisAdapter",
             "rabbitmq": "bench.peers.RabbitAdapter",
             "nats-jetstream": "bench.peers.JetStreamAdapter", "rabbitmq-quorum": "bench.peers.RabbitQuorumAdapter"}
-# Disk-retained peers: run with --systems until RoQ's own disk-retained system joins them (issue 35).
-ON_DISK = ("nats-jetstream", "rabbitmq-quorum")
+# Messages kept on disk (issue 35): run with --systems, e.g. the RoQ ones beside JetStream's file storage
+# and RabbitMQ's quorum queues (both with publisher confirms).
+ON_DISK = ("nats-jetstream", "rabbitmq-quorum", "roq-disk", "roq-disk-batch", "roq-disk-fsync", "roq-disk-fsync-batch")
 ALL = [system for system in ADAPTERS if system not in ON_DISK]
 # What each RoQ system runs with: the queue's `replicas` and configuration overrides. Durability
 # (what a confirm costs when it means more), each with both APIs: replicas 2 (a replica process on
@@ -75,13 +85,24 @@ ALL = [system for system in ADAPTERS if system not in ON_DISK]
 # batch in one frame (client.payload_blocks off): the exchange then unpacks and packs each payload
 # again, as before two-part batches (the zero-copy path it is compared with).
 FSYNC = {"exchange": {"journal": "fsync"}}
+# A queue with a disk storage policy (every queue created without its own: gcm.default_retention):
+# frames in segment files (docs/segment-store.md); with store_sync = confirm an ack waits for their fsync.
+DISK = {"gcm": {"default_retention": 86_400.0, "default_retention_bytes": 50 << 30}}
+DISK_FSYNC = {**DISK, "exchange": {"store_sync": "confirm"}}
 ROQ_SETUPS: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {
     "roq": (1, {}), "roq-batch": (1, {}), "roq-batch-oneframe": (1, {"client": {"payload_blocks": False}}),
     "roq-replicated": (2, {}), "roq-replicated-batch": (2, {}),
-    "roq-journal-fsync": (1, FSYNC), "roq-journal-fsync-batch": (1, FSYNC)}
+    "roq-journal-fsync": (1, FSYNC), "roq-journal-fsync-batch": (1, FSYNC),
+    "roq-disk": (1, DISK), "roq-disk-batch": (1, DISK), "roq-disk-fsync": (1, DISK_FSYNC),
+    "roq-disk-fsync-batch": (1, DISK_FSYNC)}
 # Each durable system against the RoQ system with the same API and no durability.
 DURABLE = {"roq-replicated": "roq", "roq-replicated-batch": "roq-batch",
-           "roq-journal-fsync": "roq", "roq-journal-fsync-batch": "roq-batch"}
+           "roq-journal-fsync": "roq", "roq-journal-fsync-batch": "roq-batch",
+           "roq-disk": "roq", "roq-disk-batch": "roq-batch",
+           "roq-disk-fsync": "roq", "roq-disk-fsync-batch": "roq-batch"}
+# Issue 35's goals: confirmed publish to a disk-retained queue over its peer's (100 B and 1000 B).
+DISK_GOALS = (("roq-disk", "nats-jetstream", 3.0), ("roq-disk-batch", "nats-jetstream", 3.0),
+              ("roq-disk-fsync", "rabbitmq-quorum", 1.0), ("roq-disk-fsync-batch", "rabbitmq-quorum", 1.0))
 
 
 @contextlib.contextmanager
@@ -280,6 +301,22 @@ def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                 "met": median <= 1000, "rounds_met": sum(p <= 1000 for p in p99s)}
     found.update(durability_targets(rounds))
     found.update(zero_copy_targets(rounds))
+    found.update(disk_targets(rounds))
+    return found
+
+
+def disk_targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 35: a disk-retained queue's confirmed publish against JetStream's file storage (which acks
+    before its fsync) and, with store_sync = confirm, against RabbitMQ's quorum queues (which fsync
+    before confirming), at 100 B and 1000 B, within rounds."""
+    found: dict[str, Any] = {}
+    for system, peer, goal in DISK_GOALS:
+        for size in (100, 1000):
+            ratio = ratio_within_rounds(rounds, system, peer, size)
+            if ratio:
+                met = sum(r >= goal for r in within_rounds(rounds, system, peer, "msgs_per_s", size))
+                found[f"{_key(system)}_vs_{_key(peer)}_{size}"] = dict(ratio, goal=goal, met=ratio["ratio"] >= goal,
+                                                                       rounds_met=met)
     return found
 
 
@@ -400,7 +437,7 @@ def main(systems: str, sizes: str, messages: int, latency_messages: int, rate: f
     halt_poll = machine.halt_poll_ns()
     console.print(f"CPU stalls before the runs: {stalls}; guest halt polling: {halt_poll} ns")
     fsync = None
-    if any(ROQ_SETUPS.get(s, (1, {}))[1] == FSYNC for s in chosen):
+    if any(ROQ_SETUPS.get(s, (1, {}))[1] in (FSYNC, DISK_FSYNC) for s in chosen):
         fsync = fsync_latency(Path(tempfile.gettempdir()))  # where measure() puts the journals
         console.print(f"fsync of 64 KiB in {fsync['directory']}: p50 {fsync['p50_us']} µs, "
                       f"p99 {fsync['p99_us']} µs")

@@ -10,12 +10,16 @@ Two measurements, each in this one invocation, on a fresh local cluster (`roq cl
   at the beginning reads them all. Reported: its rate and gaps (must be 0). The same with NATS
   JetStream (file storage): the stream is filled, then an ordered consumer replays it from the
   start. An hour behind at 5,000 msg/s is `--messages 18000000`.
+* group backlog (`--group-messages`): a consumer group with no member while that many are
+  published; the exchange's peak resident memory meanwhile; then two members take them all
+  (counted per message: delivered, twice).
 * big store (`--store-gb G`, 0 to skip): G GB of 64 KiB messages are published to a second
   queue; then the exchange's resident memory, and after a SIGKILL, the time from the new
   process's start until a subscriber from the beginning has its first message (the restart
   reads segment indexes, not the data).
 
-    .venv/bin/python bench/disk_catchup.py --messages 18000000 --store-gb 10 --json out.json
+    .venv/bin/python bench/disk_catchup.py --messages 18000000 --group-messages 10000000 \
+        --store-gb 10 --json out.json
     .venv/bin/python bench/disk_catchup.py                  # smoke: 100,000 messages, 0.2 GB
 
 Run it alone on the machine: other load changes every figure.
@@ -135,6 +139,61 @@ def big_store(config: Any, admin: Any, gigabytes: float, timeout: float) -> dict
             "restart_to_first_message_s": round(serving, 2), "served": first.is_set()}
 
 
+def group_backlog(config: Any, admin: Any, messages: int, size: int, timeout: float) -> dict[str, Any]:
+    """A consumer group with no member while `messages` are published: the exchange's peak RSS
+    meanwhile; then two members take them all (each counted: once, never twice)."""
+    from roq.client import GroupMember, Publisher
+    queue = "groupdisk"
+    admin.create_queue(queue, retention=RETENTION, retention_bytes=int(messages * (size + 200) * 2))
+    admin.wait_running(queue, 1, timeout=60)
+    with GroupMember(queue, config, ["t"], group="w", prefetch=100) as founder:
+        founder.wait_connected(1, timeout=60)  # the group exists from here on; then it has no member
+    proc = exchange_process(queue)
+    peak = [proc.memory_info().rss]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.2):
+            with contextlib.suppress(psutil.Error):
+                peak[0] = max(peak[0], proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    pad = b"x" * max(0, size - 8)
+    start = time.perf_counter()
+    with Publisher(queue, config) as pub:
+        for first in range(0, messages, BATCH):
+            pub.publish_many("t", [n.to_bytes(8, "big") + pad for n in range(first, min(messages, first + BATCH))],
+                             timeout=120)
+        pub.flush(600)
+    fill = messages / (time.perf_counter() - start)
+    counts = bytearray(messages)  # deliveries per message number (saturating)
+    lock, done = threading.Lock(), threading.Event()
+    taken = [0]
+
+    def on_work(msg: Any) -> None:
+        n = int.from_bytes(msg.payload[:8], "big")
+        with lock:
+            if counts[n] == 0:
+                taken[0] += 1
+            counts[n] = min(255, counts[n] + 1)
+            if taken[0] >= messages:
+                done.set()
+
+    start = time.perf_counter()
+    members = [GroupMember(queue, config, ["t"], group="w", prefetch=1000, callback=on_work) for _ in range(2)]
+    try:
+        done.wait(timeout)
+        seconds = time.perf_counter() - start
+    finally:
+        for member in members:
+            member.close()
+        sampling.set()
+    return {"messages": messages, "fill_msg_per_s": round(fill), "exchange_peak_rss_mb": round(peak[0] / 1e6, 1),
+            "delivered": taken[0], "twice": sum(1 for c in counts if c > 1), "seconds": round(seconds, 2),
+            "msg_per_s": round(taken[0] / seconds)}
+
+
 def jetstream(messages: int, size: int, workdir: Path, timeout: float) -> dict[str, Any]:
     """Fill a file-storage stream, then an ordered consumer replays it from the start."""
     import nats
@@ -191,6 +250,8 @@ def main() -> None:
     parser.add_argument("--jetstream-messages", type=int, default=0,
                         help="messages for JetStream's replay (default --messages; its Python client replays "
                              "about 30k msg/s, so 18 M take 10 minutes)")
+    parser.add_argument("--group-messages", type=int, default=100_000,
+                        help="a member-less group's backlog (0 to skip); the issue's case is 10000000")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     import tempfile
@@ -206,6 +267,9 @@ def main() -> None:
             result["roq_fill_msg_per_s"] = round(fill_roq(config, "catchup", args.messages, args.size))
             result["roq"] = catch_up_roq(config, "catchup", args.messages, args.timeout)
             print("roq catch-up", result["roq"], flush=True)
+            if args.group_messages > 0:
+                result["group"] = group_backlog(config, admin, args.group_messages, args.size, args.timeout)
+                print("group backlog", result["group"], flush=True)
             if args.store_gb > 0:
                 result["big_store"] = big_store(config, admin, args.store_gb, args.timeout)
                 print("big store", result["big_store"], flush=True)

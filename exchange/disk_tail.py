@@ -22,6 +22,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from exchange.retention import TopicCounts
 from exchange.segment_store import SegmentStore, StoreLimits, StoreState
@@ -35,6 +36,15 @@ MAX_PENDING_BYTES = 64 << 20  # appended, not yet written: past this the publish
 RETRY_EVERY = 0.5  # s between two flushes of a store whose disk refused the last one
 GONE = StoreLimits(retention=1e-9)  # a queue made memory only: every segment goes at the next pass
 GROUPS_DIR = "groups"  # beside the incarnations' stores: the consumer groups' cursor files (exchange/group_restore.py)
+
+
+class StoreFigures(TypedDict, total=False):
+    """The `store_*` fields of records.ExchangeStats (none: no store)."""
+    store_state: str
+    store_bytes: int
+    store_segments: int
+    store_oldest_pos: int
+    store_oldest_time: float | None
 
 
 class DiskTail:
@@ -51,6 +61,7 @@ class DiskTail:
         self.policy = StoragePolicy()
         self._retry_at = 0.0
         self._started = False
+        self.unsynced_from: int | None = None  # the first position appended and not yet fsync'ed (None: none)
 
     # -- starting and policies ----------------------------------------------------------------
 
@@ -67,6 +78,8 @@ class DiskTail:
     def apply(self, policy: StoragePolicy) -> None:
         """A storage policy (the first, or a change from `queue.set`): applied to every store."""
         self.policy = policy
+        if not policy.on_disk:
+            self.unsynced_from = None  # memory only: nothing more waits for the store
         limits = limits_for(policy)
         for store in self.stores():
             store.set_limits(limits or GONE)
@@ -107,6 +120,8 @@ class DiskTail:
         if store.next_pos is not None and store.next_pos != pos:
             store = self._restart(pos)  # the policy was memory only meanwhile: positions must follow
         store.append(stored_frame(pos, time.time(), topic, protocol.inline(body), messages, topics))
+        if self.unsynced_from is None:
+            self.unsynced_from = pos
 
     def flush(self, now: float, sync: bool = False) -> None:
         """Write what was appended (each turn of the loop; a refused write is retried every RETRY_EVERY s)."""
@@ -117,12 +132,29 @@ class DiskTail:
             return
         was_full = store.state is StoreState.FULL
         if store.flush(sync=sync):
+            if sync:
+                self.unsynced_from = None  # every record appended is written, and the tail synced
             if was_full:
                 log.info("segment store of %s writes again", self.name)
             return
         self._retry_at = now + RETRY_EVERY
         if not was_full:
             log.error("segment store of %s: %s; publishers held until it writes", self.name, self.error_text)
+
+    def sync(self, now: float) -> None:
+        """Write and fsync what was appended (`exchange.store_sync = confirm`: once per loop turn
+        with acks waiting, a group commit); a disk that refused the last write is retried only
+        every RETRY_EVERY s."""
+        store = self.store
+        if self.unsynced_from is None or store is None or store.state is StoreState.BROKEN:
+            return
+        if store.state is StoreState.FULL and now < self._retry_at:
+            return
+        self.flush(now, sync=True)
+
+    def durable_before(self, next_pos: int) -> int:
+        """Every position below this is on the store's disk, fsync'ed (`next_pos`: the stream's)."""
+        return next_pos if self.unsynced_from is None else min(next_pos, self.unsynced_from)
 
     def tick(self, now: float | None = None) -> None:
         """On the stats tick: a new policy, the frames written made durable, retention applied."""
@@ -157,6 +189,22 @@ class DiskTail:
         store = self.store
         return store is not None and self.policy.on_disk and (
             store.state is not StoreState.OK or store.pending_bytes > MAX_PENDING_BYTES)
+
+    def figures(self) -> StoreFigures:
+        """The store's figures for the statistics (records.ExchangeStats `store_*`): bytes and
+        segments on disk over every incarnation's store, this one's oldest position, the oldest
+        time held, and the state ("" with no store at all)."""
+        stores = self.stores()
+        if not stores:
+            return StoreFigures()
+        store = self.store
+        oldest = [held[0].index.times[0] for s in stores
+                  if (held := [seg for seg in s.segments if seg.end_pos > seg.first_pos and len(seg.index)])]
+        return StoreFigures(
+            store_state="full" if self.full else "ok", store_bytes=sum(s.disk_bytes for s in stores),
+            store_segments=sum(len(s.segments) for s in stores),
+            store_oldest_pos=store.first_pos if store is not None and store.first_pos < store.end_pos else 0,
+            store_oldest_time=min(oldest) if oldest else None)
 
     @property
     def error_text(self) -> str:

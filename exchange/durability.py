@@ -7,6 +7,8 @@ everything the stream held when it was earned is durable. A journal whose disk r
 holds the acks and the publishers, and tells them why, until it writes again or the leader moves
 the exchange (exchange/storage.py); it never ends the loop. With `exchange.journal = async` a
 failing disk only switches the journal off for this incarnation (its acks never waited for it).
+With `exchange.store_sync = confirm` acks also wait until the queue's segment store (a disk
+storage policy) has written and fsync'ed their frames: one sync per loop turn, in the loop.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Durability:
         self.disk = parts.disk  # the segment store's disk full is the journal's backpressure too
         self._disk_was_full = False
         self.fsync = self.journal is not None and self.config.journal == "fsync"
-        self.gated = self.link is not None or self.fsync  # acks wait for what is durable
+        self.store_sync = self.config.store_sync == "confirm"  # acks wait for the segment store's fsync
+        self.gated = self.link is not None or self.fsync or self.store_sync  # acks wait for what is durable
         self.replica_target: str | None = None  # set from the stdin thread; the loop connects
         self.journal_failed = False  # broken for good and not moved in time: this incarnation must end
         self.storage_error = ""  # why the journal's disk refused its last write ("" while it takes them)
@@ -89,6 +92,8 @@ class Durability:
             durable = min(durable, self.link.held)
         if self.journal is not None and self.config.journal == "fsync":
             durable = min(durable, self.journal.committed_pos)
+        if self.store_sync:
+            durable = self.disk.durable_before(durable)
         return durable
 
     def follow_replica(self, poller: zmq.Poller, link_sock: zmq.Socket | None) -> zmq.Socket | None:
@@ -157,7 +162,10 @@ class Durability:
     def _write_store(self, now: float) -> None:
         """The segment store's writes of this turn; a disk that refuses them holds the publishers
         (`holds_publishers`), who are told why once, as for the journal."""
-        self.disk.flush(now)
+        if self.store_sync and len(self.gate):
+            self.disk.sync(now)  # one fdatasync for every batch of this turn, before their acks
+        else:
+            self.disk.flush(now)
         full = self.disk.full
         if full:
             self.storage_error = self.disk.error_text

@@ -92,7 +92,8 @@ class GroupSpill:
             return
         after, end = group.spilled_from - 1, gap_from or self.retention.next_pos
         page = read(self.retention, self.disk.store, after, end, list(group.settings.prefixes),
-                    min(READ_AHEAD_BYTES, max(1, share // 2)))  # so it holds its share, give or take a frame
+                    min(READ_AHEAD_BYTES, max(1, share // 2)),  # so it holds its share, give or take a frame
+                    wait_pending=True)  # frames the store has not written yet (a full disk) are waited for
         if page.lost:
             self.lost += page.lost
             log.warning("consumer group %s: %d messages after position %d were gone from the store "

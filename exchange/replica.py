@@ -187,8 +187,8 @@ class Replica:
         if incarnation in self.sealed or incarnation.rsplit(".", 1)[0] != self.xid:
             return protocol.encode_replica_reply(protocol.SEALED, incarnation)
         if incarnation not in self.copies:
-            for older in list(self.copies):  # that exchange restarted: its older incarnations ended
-                self.seal(older)
+            for older in [inc for inc in (*self.copies, *self.disk.adopted) if inc != incarnation]:
+                self.seal(older)  # that exchange restarted: its older incarnations ended
             self._new_copy(incarnation, 0)
             log.info("following %s", incarnation)
         copy = self.copies[incarnation]
@@ -283,7 +283,7 @@ class Replica:
         """The running incarnation's copy serves nothing below `upto` any more (frames pinned for its
         groups stay for adoption); the copies of the exchange's earlier incarnations go."""
         frames, messages = self.copies[incarnation].purge(upto)
-        self.disk.purge(incarnation, upto)
+        self.disk.purge(incarnation, upto)  # adopted stores of other incarnations go too
         for older in [inc for inc in self.copies if inc != incarnation]:
             del self.copies[older]
             self.disk.drop(older)

@@ -20,6 +20,16 @@ not served; once it reaches the copy's start, its segments are moved into the co
 (highest first, so a crash leaves consecutive positions) and the copy is served whole: the
 replica is then `in sync`.
 
+**Adoption**: a restarted replica process keeps the stores an earlier process of it wrote (its
+host restarted with its data directory, or only the process did): each becomes a *stored*
+incarnation, read only, served on the replay socket like an ended copy (sealed by a subscriber's
+position request, as a copy is) until its retention deletes it. So when every host restarts, or
+the primary's host is lost meanwhile, what this replica held of an ended incarnation is still
+served. Should the primary follow an adopted incarnation again (it still runs: only the replica
+restarted), the adopted store is replaced by a fresh copy (the primary holds that incarnation, and
+sends it again, with a state transfer of what lies on its disk). An unfinished transfer
+(`~base`) is never served: it is deleted at start.
+
 Incarnation names come from the primary (checked against the cluster's digest, and here against
 the characters a directory name may have), so a peer can never make the replica write outside its
 root.
@@ -34,6 +44,7 @@ import shutil
 import time
 from pathlib import Path
 
+from exchange.journal_format import fsync_directory
 from exchange.retention import TopicCounts
 from exchange.segment_format import SEGMENT_FILE
 from exchange.segment_store import SegmentStore, StoreState
@@ -46,6 +57,7 @@ log = logging.getLogger(__name__)
 BASE_SUFFIX = "~base"  # a transfer in progress, beside the copy's store
 REPLICA_SUFFIX = "~r"  # the replica's stores of xid live beside the primary's, as <xid>~r
 MAX_PENDING_BYTES = 64 << 20  # appended, not written yet: past this no page is taken
+MAX_ADOPTED = 8  # stores adopted at start (as many as copies kept): the most recently written
 RETRY_EVERY = 0.5  # s between two flushes of a store whose disk refused the last one
 _DIR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.~-]{0,199}")
 
@@ -66,17 +78,31 @@ class ReplicaDisk:
         self.starts: dict[str, int] = {}  # where each copy began: a transfer fills what lies below
         self.bases: dict[str, SegmentStore] = {}  # transfers in progress
         self.in_sync: set[str] = set()  # copies whose transfer completed (or that needed none)
+        self.adopted: dict[str, SegmentStore] = {}  # stores an earlier process of this replica wrote
         self._retry_at = 0.0
 
     def start(self, policy: StoragePolicy | None) -> None:
-        """Before the loop: stores left by an earlier replica process are stale copies (the
-        primary copies again from where this process says): they go."""
-        if self.root is not None and self.root.is_dir():
-            for directory in self.root.iterdir():
-                if directory.is_dir() and safe_dir_name(directory.name):
-                    shutil.rmtree(directory, ignore_errors=True)
-        if policy is not None:
-            self.policy = policy
+        """Before the loop: the stores an earlier replica process left are adopted (served read
+        only); its unfinished transfers, and empty stores, go; all of them if the policy keeps
+        nothing on disk. No policy (none came): they are left as they are."""
+        if policy is None:
+            return
+        self.policy = policy
+        if self.root is None or not self.root.is_dir():
+            return
+        limits = limits_for(self.policy)
+        found = [d for d in self.root.iterdir() if d.is_dir() and safe_dir_name(d.name)]
+        for directory in sorted(found, key=_modified, reverse=True):  # the newest kept past MAX_ADOPTED
+            if limits is None or directory.name.endswith(BASE_SUFFIX) or len(self.adopted) >= MAX_ADOPTED:
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            store = SegmentStore(directory, limits)
+            if store.first_pos < store.end_pos:
+                self.adopted[directory.name] = store
+                log.info("adopted the stored copy of %s: positions %d-%d", directory.name, store.first_pos,
+                         store.end_pos - 1)
+            else:
+                _delete(store)
 
     # -- the copies' life ----------------------------------------------------------------------
 
@@ -87,6 +113,7 @@ class ReplicaDisk:
         limits = limits_for(self.policy)
         if limits is None or self.root is None or not safe_dir_name(incarnation + BASE_SUFFIX):
             return
+        shutil.rmtree(self.root / incarnation, ignore_errors=True)  # one an earlier process left unadopted
         self.stores[incarnation] = SegmentStore(self.root / incarnation, limits)
         self.starts[incarnation] = first_pos
         if first_pos <= 1:
@@ -96,11 +123,11 @@ class ReplicaDisk:
     def drop(self, incarnation: str) -> None:
         self.starts.pop(incarnation, None)
         self.in_sync.discard(incarnation)
-        for stores in (self.stores, self.bases):
+        for stores in (self.stores, self.bases, self.adopted):
             store = stores.pop(incarnation, None)
             if store is not None:
-                store.close()
-                shutil.rmtree(store.directory, ignore_errors=True)
+                _delete(store)
+
 
     # -- state transfer --------------------------------------------------------------------------
 
@@ -141,6 +168,7 @@ class ReplicaDisk:
             old.close()
             shutil.rmtree(old.directory, ignore_errors=True)
         assert self.root is not None
+        shutil.rmtree(self.root / (incarnation + BASE_SUFFIX), ignore_errors=True)
         base = SegmentStore(self.root / (incarnation + BASE_SUFFIX), tail.limits)
         self.bases[incarnation] = base
         return base
@@ -166,7 +194,7 @@ class ReplicaDisk:
                 source = base.directory / (name.rsplit(".", 1)[0] + suffix)
                 if source.exists():
                     os.replace(source, tail.directory / source.name)
-        _sync_dir(tail.directory)
+        fsync_directory(tail.directory)
         shutil.rmtree(base.directory, ignore_errors=True)
         self.stores[incarnation] = SegmentStore(tail.directory, tail.limits)
         self.in_sync.add(incarnation)
@@ -174,7 +202,8 @@ class ReplicaDisk:
         log.info("copy of %s in sync: positions %d-%d stored", incarnation, merged.first_pos, merged.end_pos - 1)
 
     def store_of(self, incarnation: str) -> SegmentStore | None:
-        return self.stores.get(incarnation)
+        """The store serving `incarnation`: its copy's, or one adopted at start."""
+        return self.stores.get(incarnation) or self.adopted.get(incarnation)
 
     def accepts(self, incarnation: str) -> bool:
         """May a page of `incarnation` be taken now? Not while its store's disk refuses writes,
@@ -199,6 +228,9 @@ class ReplicaDisk:
         return store is None or self._flush(store)
 
     def purge(self, incarnation: str, upto: int) -> None:
+        """A purge of `incarnation`: its store below `upto`, and the adopted stores of the others."""
+        for other in [inc for inc in self.adopted if inc != incarnation]:
+            self.drop(other)
         store = self.stores.get(incarnation)
         if store is not None:
             store.delete_below(upto)
@@ -211,7 +243,7 @@ class ReplicaDisk:
         if policy is not None:
             self.policy = policy
             limits = limits_for(policy)
-            for incarnation, store in list(self.stores.items()):
+            for incarnation, store in [*self.stores.items(), *self.adopted.items()]:
                 if limits is None:
                     self.drop(incarnation)  # memory only now: a copy's store would have holes
                 else:
@@ -221,16 +253,20 @@ class ReplicaDisk:
             if store.state is not StoreState.BROKEN:
                 self._flush(store, sync=True)
             store.apply_retention(wall)
+        for incarnation, store in list(self.adopted.items()):
+            store.apply_retention(wall)
+            if store.first_pos >= store.end_pos:
+                self.drop(incarnation)
         for incarnation in list(self.bases):
             self._try_complete(incarnation)
 
     def close(self) -> None:
-        for store in [*self.stores.values(), *self.bases.values()]:
+        for store in [*self.stores.values(), *self.bases.values(), *self.adopted.values()]:
             store.close()
 
     def report(self) -> dict[str, int | bool]:
-        return {"stored_bytes": sum(store.disk_bytes for store in self.stores.values()),
-                "transferring": len(self.bases),
+        return {"stored_bytes": sum(store.disk_bytes for store in [*self.stores.values(), *self.adopted.values()]),
+                "transferring": len(self.bases), "adopted": len(self.adopted),
                 "storage_full": bool(any(store.state is not StoreState.OK for store in self.stores.values()))}
 
     def _flush(self, store: SegmentStore, sync: bool = False) -> bool:
@@ -240,9 +276,13 @@ class ReplicaDisk:
         return False
 
 
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _modified(directory: Path) -> float:
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return directory.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _delete(store: SegmentStore) -> None:
+    store.close()
+    shutil.rmtree(store.directory, ignore_errors=True)

@@ -184,7 +184,9 @@ class SegmentStore:
             if sync:
                 self._sync()
         except OSError as exc:
-            self.error = exc
+            # Without its traceback: the frames it holds would pin the pending bytearray, which
+            # takes the next appends (BufferError on a full disk otherwise).
+            self.error = exc.with_traceback(None)
             if self.state is not StoreState.BROKEN:
                 self.state = StoreState.FULL
             log.warning("segment store %s: %s (%s)", self.directory, exc, self.state.value)

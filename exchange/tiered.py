@@ -30,6 +30,11 @@ def held(store: SegmentStore | None) -> bool:
     return store is not None and store.first_pos < store.end_pos
 
 
+def pending(store: SegmentStore, pos: int) -> bool:
+    """The frame at `pos` was appended to the store and waits to be written."""
+    return store.end_pos <= pos < (store.next_pos or 0)
+
+
 def served_from(retention: Retention, store: SegmentStore | None) -> int:
     """Oldest position a reader may still fetch."""
     memory = retention.served_from
@@ -39,9 +44,15 @@ def served_from(retention: Retention, store: SegmentStore | None) -> int:
 
 
 def read(retention: Retention, store: SegmentStore | None, after: int, before: int, prefixes: list[bytes],
-         max_bytes: int) -> Page:
-    """`Retention.read` and `Retention.lost` in one, over the disk and the memory."""
+         max_bytes: int, wait_pending: bool = False) -> Page:
+    """`Retention.read` and `Retention.lost` in one, over the disk and the memory. `wait_pending`:
+    frames appended to the store and not written yet (its disk refused them, the memory let them
+    go) end the page, not done, rather than counted lost: a reader that can wait (a spilled group)
+    gets them once they are written."""
     memory_from = retention.served_from
+    waits = wait_pending and store is not None and after + 1 < memory_from
+    if waits and store is not None and pending(store, max(after + 1, retention.floor)):
+        return Page([], after, False, 0, True)  # the next frame the memory let go waits to be written
     start = max(after, retention.floor - 1, store.first_pos - 1) if store is not None else after
     if store is None or not held(store) or start + 1 >= memory_from:
         found, scanned_to, done = retention.read(after, before, prefixes, max_bytes)
@@ -56,6 +67,8 @@ def read(retention: Retention, store: SegmentStore | None, after: int, before: i
         lost += sum(end - first for first, end in disk.damaged)  # at least one message each
         exact = False
     if not disk.done:
+        return Page(disk.frames, disk.scanned_to, False, lost, exact)
+    if wait_pending and disk.scanned_to < upto - 1 and pending(store, disk.scanned_to + 1):
         return Page(disk.frames, disk.scanned_to, False, lost, exact)
     if disk.scanned_to < upto - 1:  # the store ends short of the memory (its disk refused writes): gone
         more, more_exact = retention.lost(disk.scanned_to, upto, prefixes)

@@ -7,7 +7,8 @@ their journals first, a moved one is running and its replica caught up), the lea
 at most `gcm.rebalance_moves` slots by gcm.placement's `plan_rebalance`, the ordinary way
 (gcm.assignments `move`: the old incarnation asks its publishers to move, they resend; a new
 replica is copied the retention before it confirms). An exchange of a queue without replicas on a
-host that journals is left where it is: its journal would stay behind. `queue.rebalance` (`roq
+host that journals, or of a queue whose storage policy keeps frames on disk, is left where it is:
+its journal or segment store would stay behind. `queue.rebalance` (`roq
 queue rebalance`) runs the same plan at once, without the delay (gcm.reconciler `rebalance_now`).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from gcm.assignments import AssignmentWriter, describe_slot
 from gcm.cache import ClusterCache
 from gcm.placement import Move, plan_rebalance
-from gcm.view import Placements, placement_data
+from gcm.view import Placements, keeps_frames_on_disk, placement_data
 from roq.config import GcmConfig
 from roq.paths import Paths, is_replica_slot, primary_of, replica_slot
 from roq.state import HostInfo, read_live
@@ -101,10 +102,13 @@ class Rebalancer:
         return moves
 
     def _pinned(self, hosts: dict[str, HostInfo], placements: Placements) -> set[tuple[str, str]]:
-        """Exchanges without a replica on a host that journals: a move would leave their journal behind."""
+        """Exchanges without a replica on a host that journals, or keeping frames on disk: a move
+        would leave their journal or segment store behind."""
+        def left_behind(queue: str, host: str) -> bool:
+            return hosts[host].journal != "off" or keeps_frames_on_disk(self.cache, self.paths, queue)
         return {(queue, slot) for (queue, slot), host in placements.items()
                 if not is_replica_slot(slot) and (queue, replica_slot(slot)) not in placements
-                and host in hosts and hosts[host].journal != "off"}
+                and host in hosts and left_behind(queue, host)}
 
     def take_rebalanced(self) -> set[tuple[str, str]]:
         """The (queue, exchange) moved to even the spread since the last call (for the event log)."""

@@ -1,8 +1,9 @@
 """The leader's tick: compare where exchanges should run with the hosts alive.
 
 Exchanges on a host that has been gone for `gcm.reassign_grace` seconds (for a host that keeps
-journals, `gcm.journal_reassign_grace`: their journals are on its disk, and a host that restarts
-within it gets them back), and exchanges never placed (no capacity at the time), are moved to the
+journals, or holds an exchange or replica of a queue whose storage policy keeps frames on disk,
+`gcm.journal_reassign_grace`: their journals and segment stores are on its disk, and a host that
+restarts within it gets them back), and exchanges never placed (no capacity at the time), are moved to the
 least loaded survivors; an exchange that cannot write its journal (its disk full or failing, as its
 statistics say) for `gcm.storage_full_grace` is moved to a host with room, and none is placed on a
 full one (gcm.view `full_hosts`); with no host with room it stays, and an ERROR line says so once;
@@ -24,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -34,7 +34,7 @@ from gcm.fence import LeaderFence
 from gcm.placement import Move, plan_moves
 from gcm.queues import QueueManager
 from gcm.rebalancer import Rebalancer
-from gcm.view import Placements, full_hosts, placement_data, storage_full
+from gcm.view import Placements, full_hosts, keeps_frames_on_disk, placement_data, storage_full
 from roq.config import GcmConfig
 from roq.errors import QueueNotFoundError
 from roq.names import check_queue_name
@@ -92,7 +92,7 @@ class Reconciler:
             hosts = read_hosts(self.cache, self.paths)
             self.writer.remember_journals(hosts)
             placements = self.queues.all_placements()
-            movable = self._hosts_to_evacuate(hosts, placements.values())
+            movable = self._hosts_to_evacuate(hosts, placements)
             storage, refusing = self._storage_moves(placements)
             full = full_hosts(hosts, self.queues.min_free_bytes, refusing)
             moved = self.moves
@@ -164,22 +164,33 @@ class Reconciler:
                       "and holds its publishers until its disk takes writes again or a host with room joins",
                       *key, host)
 
-    def _hosts_to_evacuate(self, hosts: dict[str, HostInfo], placed: Iterable[str | None]) -> set[str]:
+    def _hosts_to_evacuate(self, hosts: dict[str, HostInfo], placements: Placements) -> set[str]:
         now = time.monotonic()
-        gone = {h for h in placed if h and h not in hosts}
+        gone = {h for h in placements.values() if h and h not in hosts}
         for host in list(self._missing_since):
             if host not in gone:
                 del self._missing_since[host]
         for host in gone:
             if host not in self._missing_since:
-                journals = self.writer.keeps_journals(host)
-                log.warning("host %s is gone; its exchanges move in %.1fs%s", host, self._grace_of(host),
-                            " (it keeps journals: waiting for it to come back)" if journals else "")
+                waited = self._grace_of(host, placements)
+                log.warning("host %s is gone; its exchanges move in %.1fs%s", host, waited,
+                            f" (it keeps {self._kept_on(host, placements)}: waiting for it to come back)"
+                            if waited > self.grace else "")
                 self._missing_since[host] = now
-        return {h for h in gone if now - self._missing_since[h] >= self._grace_of(h)}
+        return {h for h in gone if now - self._missing_since[h] >= self._grace_of(h, placements)}
 
-    def _grace_of(self, host: str) -> float:
-        return self.journal_grace if self.writer.keeps_journals(host) else self.grace
+    def _grace_of(self, host: str, placements: Placements) -> float:
+        return self.grace if not self._kept_on(host, placements) else self.journal_grace
+
+    def _kept_on(self, host: str, placements: Placements) -> str:
+        """What the lost `host`'s disk holds that is worth waiting for ("" for nothing): journals
+        (as last recorded), or segment stores (a slot of a queue with a disk storage policy)."""
+        if self.writer.keeps_journals(host):
+            return "journals"
+        if any(placed == host and keeps_frames_on_disk(self.cache, self.paths, queue)
+               for (queue, _), placed in placements.items()):
+            return "segment stores"
+        return ""
 
     def _stuck_replicas(self, hosts: dict[str, HostInfo], placements: Placements) -> set[tuple[str, str]]:
         """Replica slots on live hosts whose process has said nothing for REPLICA_SILENT_GRACE."""

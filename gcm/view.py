@@ -26,6 +26,7 @@ from gcm.cache import ClusterCache
 from roq.paths import Paths, is_replica_slot, primary_of, replica_slot
 from roq.records import ExchangeStats, HostStats
 from roq.state import HostInfo, Source, queue_names, read_exchanges, read_live, replica_count, tree
+from roq.storage_policy import policy_of
 
 Placements = dict[tuple[str, str], str | None]
 
@@ -54,6 +55,12 @@ def read_placements(source: Source, paths: Paths) -> Placements:
             if replicated:
                 found[(queue, replica_slot(x.id))] = x.replica
     return found
+
+
+def keeps_frames_on_disk(source: Source, paths: Paths, queue: str) -> bool:
+    """Whether `queue`'s storage policy keeps frames on disk: its slots' segment stores stay on
+    their hosts (a lost host is waited for, an exchange without a replica is not rebalanced)."""
+    return policy_of(tree(source).read_json(paths.queue(queue)) or {}).on_disk
 
 
 def exchanges_only(placements: Placements) -> Placements:

@@ -146,6 +146,13 @@ EXCHANGE_GAUGES = {
     "roq_exchange_storage_full": ("storage_full", "1 while the fsync'ed journal's disk refuses writes (acks "
                                                   "and publishers held until it has room or the leader moves it)"),
 }
+STORE_GAUGES = {  # only for an exchange with a segment store (a queue with a disk storage policy)
+    "roq_exchange_store_bytes": ("store_bytes", "bytes of segment and index files of its stores on its host "
+                                                "(earlier incarnations' included)"),
+    "roq_exchange_store_segments": ("store_segments", "segment files of its stores on its host"),
+    "roq_exchange_store_oldest_position": ("store_oldest_pos", "this incarnation's oldest position on disk "
+                                                               "(0: none yet)"),
+}
 CONFIRM_HISTOGRAM = "roq_exchange_confirm_seconds"
 REPLICA_COUNTERS = {
     "roq_replica_fetches_total": ("fetches", "retention fetches answered from the copies"),
@@ -169,6 +176,8 @@ def exchange_metrics(out: Families, queue: str, exchange: str, host: str, stats:
     if stats is None:
         return
     _fields(out, EXCHANGE_COUNTERS, EXCHANGE_GAUGES, labels, stats)
+    if stats.store_state:
+        _store_metrics(out, labels, stats)
     for lag in stats.consumers:  # a durable subscriber's lag on this exchange: sum by subscriber for the queue's
         named = {**labels, "subscriber": lag.name}
         out.gauge("roq_exchange_consumer_lag_messages", "messages of the exchange's stream after what the durable "
@@ -183,6 +192,16 @@ def exchange_metrics(out: Families, queue: str, exchange: str, host: str, stats:
         out.histogram(CONFIRM_HISTOGRAM, "seconds from the exchange reading a batch to sending its ack "
                       "(with a replica or an fsync journal: until what it holds is durable)", labels,
                       CONFIRM_BUCKETS, stats.confirm_buckets, stats.confirm_seconds_sum)
+
+
+def _store_metrics(out: Families, labels: Labels, stats: ExchangeStats) -> None:
+    _fields(out, {}, STORE_GAUGES, labels, stats)
+    out.gauge("roq_exchange_store_full", "1 while its segment store refuses writes, broke, or has too much "
+              "waiting to be written (publishers held: storage_full)", labels, stats.store_state != "ok")
+    if stats.store_oldest_time is not None:
+        out.gauge("roq_exchange_store_oldest_timestamp_seconds", "Unix time the oldest frame on disk was "
+                  "stored: time() minus it is how far back a replay from a time can go", labels,
+                  stats.store_oldest_time)
 
 
 GROUP_GAUGES = {

@@ -133,7 +133,7 @@ class ExchangeStats(Record):
     interval since its previous report. The exchange writes everything but `at`, which its HCM
     sets when the report arrives (a frozen exchange stops reporting, and its `at` ages)."""
 
-    OMITTED_WHEN_NONE = frozenset({"latency_p50_ms", "latency_p99_ms", "at"})
+    OMITTED_WHEN_NONE = frozenset({"latency_p50_ms", "latency_p99_ms", "at", "store_oldest_time"})
 
     # Counters (exchange/stats.py Counters).
     msgs_in: int = 0
@@ -192,6 +192,7 @@ class ExchangeStats(Record):
     copied_frames: int = 0
     stored_bytes: int = 0  # its copies' segment stores on disk (exchange/replica_disk.py)
     transferring: int = 0  # copies whose state transfer is under way
+    adopted: int = 0  # stores an earlier process of this replica wrote, served as stored incarnations
     refused_copies: int = 0
     refused_seals: int = 0
     # The journal's disk (exchange/storage.py): with exchange.journal = fsync, true while it refuses
@@ -202,6 +203,12 @@ class ExchangeStats(Record):
     storage_error: str = ""
     journal_errors: int = 0
     journal_pending_bytes: int = 0
+    # The queue's segment store on disk (exchange/disk_tail.py StoreFigures, docs/segment-store.md).
+    store_state: str = ""  # "": none (memory only); "ok"; "full": refuses writes, broke, or too much waits
+    store_bytes: int = 0  # segment and index files of every incarnation's store on this host
+    store_segments: int = 0
+    store_oldest_pos: int = 0  # this incarnation's oldest position on disk; 0: none on disk
+    store_oldest_time: float | None = None  # Unix seconds the oldest frame on disk was stored (any incarnation)
     # Durable subscribers behind this stream, furthest first (exchange/consumers.py).
     consumers: tuple[ConsumerLag, ...] = ()
     # Consumer groups of this stream (exchange/groups.py Groups.stats), by name.
@@ -260,6 +267,7 @@ class Load(Record):
     subscriptions: int = 0
     drops: int = 0
     retained_bytes: int = 0
+    store_bytes: int = 0
 
 
 LOAD_FIELDS = tuple(f.name for f in fields(Load))
@@ -278,11 +286,17 @@ class ExchangeSummary(Load):
     latency_p99_ms: float | None = None
     consumers: tuple[ConsumerLag, ...] = ()
     groups: dict[str, GroupStats] = field(default_factory=dict)  # its consumer groups (none while it does not run)
+    store_state: str = ""  # its segment store, as in ExchangeStats
+    store_segments: int = 0
+    store_oldest_pos: int = 0
+    store_oldest_time: float | None = None
 
     @classmethod
     def of(cls, xid: str, host: str | None, running: bool, restarts: int, stats: ExchangeStats) -> ExchangeSummary:
         return cls(id=xid, host=host, running=running, restarts=restarts, top_publishers=stats.top_publishers,
                    latency_p50_ms=stats.latency_p50_ms, latency_p99_ms=stats.latency_p99_ms,
+                   store_state=stats.store_state, store_segments=stats.store_segments,
+                   store_oldest_pos=stats.store_oldest_pos, store_oldest_time=stats.store_oldest_time,
                    consumers=stats.consumers if running else (), groups=stats.groups if running else {},
                    **{name: getattr(stats, name) for name in LOAD_FIELDS})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -21,6 +22,7 @@ from roq.errors import (
 )
 from roq.names import check_queue_name, check_topic
 from roq.protocol import check_headers
+from roq.start_time import EXAMPLE, parse_start_time
 from roq_web.access import Caller, HttpError, check_text, share_of
 from roq_web.gateway import TokenWriter, next_events
 from roq_web.limits import read_envelope, read_messages
@@ -68,19 +70,31 @@ def install_data_routes(app: FastAPI, gateway: Gateway) -> None:
                                            idempotency_key, headers)
 
     @app.get("/api/queues/{queue}/stream", tags=["data"], response_class=StreamingResponse,
-             summary="Server-Sent Events: the queue's messages, resumable with Last-Event-ID",
+             summary="Server-Sent Events: the queue's messages from now, the beginning or a time, resumable with "
+                     "Last-Event-ID",
              responses={200: {"content": {"text/event-stream": {}}}})
     async def stream(request: Request, who: Caller, queue: str, topic: Annotated[list[str] | None, Query()] = None,
-                     start: Annotated[str, Query(alias="from", pattern="^(now|beginning)$")] = "now",
+                     start: Annotated[str, Query(alias="from", max_length=64)] = "now",
                      position: str | None = None, limit: Annotated[int | None, Query(ge=1)] = None,
                      last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
         token = last_event_id or position
         for t in topic or []:
             check_text(t, "topic")
+        begin = stream_start(start)
         share = share_of(request, who)
-        subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], start, token, share)
+        subscriber = await run_in_threadpool(gateway.streams.open, queue, topic or [], begin, token, share)
         return StreamingResponse(_events(gateway, subscriber, share, limit), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def stream_start(text: str) -> str | datetime:
+    """`from=`: now, beginning, or a time (ISO 8601 with a zone, or epoch milliseconds): 400 otherwise."""
+    if text in ("now", "beginning"):
+        return text
+    try:
+        return datetime.fromtimestamp(parse_start_time(text), UTC)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise HttpError(400, "bad_request", f"from must be now, beginning or a time ({EXAMPLE}): {exc}") from None
 
 
 HEADER_PREFIX = b"roq-header-"  # `RoQ-Header-Trace-Id: 4bf9` publishes header "trace-id" (names: any case)

@@ -33,6 +33,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import msgpack
@@ -380,7 +381,8 @@ class Streams:
         self.slots = Slots("streams", config.web.max_streams, config.web.max_streams_per_client,
                            ("web.max_streams", "web.max_streams_per_client"), busy=StreamLimitError)
 
-    def open(self, queue: str, topics: list[str], start: str, token: str | None, caller: str) -> Subscriber:
+    def open(self, queue: str, topics: list[str], start: str | datetime, token: str | None,
+             caller: str) -> Subscriber:
         check_queue_name(queue)
         position = decode_token(token) if token else None
         self.slots.take(caller)

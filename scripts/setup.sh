@@ -49,7 +49,20 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 stamp=".venv/.roq-installed-$extras"
-if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+# Installed already, since setup.cfg last changed, with these extras or more: `make test` asks for
+# dev after dev,spark.
+installed() {
+  local done extra
+  for done in .venv/.roq-installed-*; do
+    [ -f "$done" ] && [ ! setup.cfg -nt "$done" ] || continue
+    for extra in ${extras//,/ }; do
+      [[ ",${done#.venv/.roq-installed-}," == *",$extra,"* ]] || continue 2
+    done
+    return 0
+  done
+  return 1
+}
+if ! installed; then
   echo "setup: installing RoQ into .venv (extras: $extras)"
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -e ".[$extras]"

@@ -68,17 +68,36 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup). A module's tests stay
-# together (they share its cluster); the tests that drive a Docker engine share one worker, as do
-# those that need the Spark session (one JVM), so neither runs twice at once.
-SHARED_WORKERS = {"docker": "engine", "deploy": "engine", "spark": "spark"}
+# together (they share its cluster); the tests that drive a Docker engine (marker `docker`) share one
+# worker, as do those that need the Spark session (one JVM), so neither runs twice at once.
+ENGINE, SPARK = "engine", "spark"
+# Groups start longest first (`--no-loadscope-reorder` keeps the order of the items): the engine's
+# (a quarter of an hour), then Spark's, then the modules that start clusters, the unit tests last.
+# Short groups then fill the end, and both workers finish near each other.
+START_FIRST, START_LAST = {ENGINE: 0, SPARK: 1}, {"unit": 3}
+
+
+def xdist_group(item: pytest.Item) -> str:
+    if item.get_closest_marker("docker"):
+        return ENGINE
+    if item.path.parent.name == "spark":
+        return SPARK
+    return item.module.__name__
+
+
+def start_rank(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("xdist_group")
+    group = marker.args[0] if marker and marker.args else ""
+    return START_FIRST.get(group, START_LAST.get(item.path.parent.name, 2))
 
 
 @pytest.hookimpl(wrapper=True)  # around xdist's own hook, which reads the groups into the test ids
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if not item.get_closest_marker("xdist_group"):
-            group = SHARED_WORKERS.get(item.path.parent.name, item.module.__name__)
-            item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    if hasattr(config, "workerinput"):  # an xdist worker: the order the controller hands out groups
+        items.sort(key=start_rank)  # stable: a module's tests keep their order
     return (yield)
 
 

@@ -13,6 +13,7 @@ from roq.config.declare import setting
 from roq.protocol import MAX_PREFETCH
 
 JOURNAL_MODES = ("off", "async", "fsync")
+STORE_SYNC_MODES = ("interval", "confirm")  # exchange.store_sync: when the segment store is fsync'ed
 MIN_JOURNAL_SEGMENT_BYTES = 64 << 10
 TCP_PORT: dict[str, Any] = {"lo": 0, "hi": 65535, "note": "a TCP port, 0 = any free one"}
 METRICS_PORT: dict[str, Any] = {"lo": -1, "hi": 65535, "note": "a TCP port, 0 = any free one, -1 = off"}
@@ -92,8 +93,9 @@ class GcmConfig:
     tick: float = setting(1.0, "reconcile interval of the leader, seconds", positive=True)
     reassign_grace: float = setting(0.0, "seconds to wait after a host vanishes before moving its exchanges", lo=0)
     journal_reassign_grace: float = setting(
-        30.0, "the same for a host whose exchanges keep a journal: restarted within it, it gets them back with "
-        "their journals", lo=0)
+        30.0, "the same for a host whose exchanges keep a journal, or that holds an exchange or replica of a "
+        "queue with a disk storage policy: restarted within it, it gets them back with their journals and "
+        "segment stores", lo=0)
     storage_full_grace: float = setting(3.0, "seconds an exchange's journal disk may refuse writes before the "
                                         "exchange moves to a host with room (docs/guarantees.md)", lo=0)
     min_free_bytes: int = setting(64 << 20, "a host whose exchanges journal gets no new exchange while its data disk "
@@ -199,6 +201,10 @@ class ExchangeConfig:
                            "(a batch is confirmed once fsync'ed)", choices=JOURNAL_MODES)
     journal_segment_bytes: int = setting(16 << 20, "one journal file's size before the next is started",
                                          lo=MIN_JOURNAL_SEGMENT_BYTES, note="64 KiB")
+    store_sync: str = setting("interval", "when a queue's segment store (a disk storage policy) is fsync'ed: "
+                              "interval (every stats_interval; acks do not wait); confirm (a batch is confirmed "
+                              "once the store fsync'ed it: one sync per loop turn covers that turn's batches)",
+                              choices=STORE_SYNC_MODES)
     # Consumer groups: docs/work-queues.md.
     max_groups: int = setting(64, "consumer groups per exchange", positive=True)
     max_group_members: int = setting(1_000, "members per group", positive=True)

@@ -211,6 +211,14 @@ class _Reader:
     def ends(self) -> dict[str, StreamEnd]:
         return self.queue.positions()
 
+    def starts(self, ends: dict[str, StreamEnd], default: str) -> dict[str, dict[str, Any]]:
+        """The first offset: startingOffsets, or each exchange's last frame stored before
+        startingTimestamp (one that did not say: its oldest frame)."""
+        if self.opts.starting_at is None:
+            return resolve(self.opts.starting, ends, "startingOffsets", default)
+        before = self.queue.positions_at(ends, self.opts.starting_at)
+        return {xid: offset(end.inc, before.get(xid, end.oldest - 1), 0, end.replay) for xid, end in ends.items()}
+
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         if not isinstance(partition, ExchangeRange):
             return iter(())  # Spark's stand-in partition when there is nothing to read
@@ -226,7 +234,7 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
         self.target: dict[str, Any] | None = None  # Trigger.AvailableNow: what was there when it started
 
     def initialOffset(self) -> dict[str, Any]:
-        return resolve(self.opts.starting, self.ends(), "startingOffsets", LATEST)
+        return self.starts(self.ends(), LATEST)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_offsets) if self.opts.max_offsets else ReadAllAvailable()
@@ -293,12 +301,12 @@ class RoqBatchReader(_Reader, DataSourceReader):
     def partitions(self) -> list[ExchangeRange]:
         try:
             ends = self.ends()
+            start = self.starts(ends, EARLIEST)
         finally:
             self.queue.close()  # a batch asks once
-        start = resolve(self.opts.starting, ends, "startingOffsets", EARLIEST)
         end = resolve(self.opts.ending, ends, "endingOffsets", LATEST)
         # The oldest frames may leave the retention before the tasks run: not a loss when reading from earliest.
-        starting = self.opts.starting
+        starting = self.opts.starting if self.opts.starting_at is None else LATEST  # a time is no "earliest"
         earliest = frozenset(x for x in ends if (starting.get(x, EARLIEST) if isinstance(starting, dict)
                                                  else starting) == EARLIEST)
         return plan_ranges(start, end, self.opts, earliest)

@@ -54,6 +54,18 @@ class QueueView:
                     ends[xid] = answer
         return ends
 
+    def positions_at(self, ends: dict[str, StreamEnd], at: float) -> dict[str, int]:
+        """Per exchange of `ends`, the last frame stored before Unix time `at` (startingTimestamp),
+        asked with `position_at` (protocol 5.6); one that does not answer, or answers for another
+        incarnation, is left out (read from its oldest frame)."""
+        config = config_from(self.conn)
+        before = {}
+        for xid, end in ends.items():
+            pos = ask_position_at(end, at, config)
+            if pos is not None:
+                before[xid] = pos - 1
+        return before
+
     def check(self) -> None:
         """QueueNotFoundError unless the queue exists: the sink checks on the driver, before any task."""
         self._checked(config_from(self.conn))
@@ -99,6 +111,27 @@ def ask_position(endpoint: str, config: Any) -> StreamEnd | None:
         if not isinstance(answer, protocol.StreamPosition):
             return None
         return StreamEnd(answer.incarnation, answer.next_pos - 1, answer.oldest, endpoint)
+    finally:
+        sock.close(linger=0)
+
+
+def ask_position_at(end: StreamEnd, at: float, config: Any) -> int | None:
+    """The first position of `end`'s incarnation stored at or after Unix time `at` (None: no answer)."""
+    from roq import protocol
+    sock = _socket(config)
+    try:
+        sock.connect(end.replay)
+        sock.send(protocol.encode_position_at_request(1, at, end.inc))
+        if not sock.poll(FETCH_TIMEOUT_MS):
+            log.warning("exchange at %s did not answer a position_at request", end.replay)
+            return None
+        try:
+            answer = protocol.decode_replay_reply(sock.recv(), protocol.MAX_CONTROL_FRAME)
+        except protocol.ProtocolError:  # ReplayRefused included
+            return None
+        if not isinstance(answer, protocol.TimePosition) or answer.incarnation != end.inc:
+            return None
+        return answer.pos
     finally:
         sock.close(linger=0)
 

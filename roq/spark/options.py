@@ -7,6 +7,9 @@ option the source or the sink does not know is an error naming the known ones:
 Spark's Kafka source ignores a misspelt option, and a query then silently reads
 something else than meant.
 
+`startingTimestamp` (epoch milliseconds, as Kafka's, or ISO 8601 with a zone) starts every
+exchange at its first frame stored at or after that time instead (docs/spark.md).
+
 Positions (`startingOffsets`, `endingOffsets`) are `earliest`, `latest` (any case),
 or JSON naming exchanges of the queue, in the form the source's own offsets take
 (docs/spark.md): `{"x1": {"inc": "x1.3fa2", "pos": 1200}, "x2": -2}`.
@@ -18,13 +21,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from roq.start_time import parse_start_time
+
 EARLIEST, LATEST = "earliest", "latest"
 KAFKA_CODES = {-2: EARLIEST, -1: LATEST}  # Kafka's JSON spells earliest -2 and latest -1
 
 # lower-case key → the name users write (for messages and docs)
 CONNECTION = {"seeds": "seeds", "config": "config", "queue": "queue"}
 SOURCE = {**CONNECTION, "topics": "topics", "startingoffsets": "startingOffsets",
-          "endingoffsets": "endingOffsets", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+          "startingtimestamp": "startingTimestamp", "endingoffsets": "endingOffsets",
+          "maxoffsetspertrigger": "maxOffsetsPerTrigger",
           "maxframespertrigger": "maxFramesPerTrigger", "failondataloss": "failOnDataLoss"}
 SINK = {**CONNECTION, "topic": "topic", "confirmtimeout": "confirmTimeout",
         "checkpointlocation": "checkpointLocation"}  # Spark passes a stream's checkpointLocation to the sink
@@ -53,6 +59,7 @@ class SourceOptions:
     queue: str
     topics: tuple[bytes, ...] = ()
     starting: Positions = LATEST
+    starting_at: float | None = None  # startingTimestamp as Unix seconds: replaces `starting`
     ending: Positions = LATEST
     max_offsets: int = 0  # messages per micro-batch; 0 = no bound
     max_frames: int = 0  # frames per exchange and micro-batch; 0 = no bound
@@ -111,6 +118,7 @@ def source_options(raw: Any, streaming: bool) -> SourceOptions:
             if key in options:
                 raise OptionError(f"{SOURCE[key]} bounds a micro-batch: it is for streaming reads only")
     starting = positions(options.get("startingoffsets", LATEST if streaming else EARLIEST), "startingOffsets")
+    starting_at = _timestamp(options)
     ending = positions(options.get("endingoffsets", LATEST), "endingOffsets")
     if not streaming:
         _refuse(starting, LATEST, "startingOffsets", kind, "it would read nothing")
@@ -118,7 +126,7 @@ def source_options(raw: Any, streaming: bool) -> SourceOptions:
     return SourceOptions(
         connection=connection(options), queue=required(options, "queue"),
         topics=tuple(t.strip().encode() for t in options.get("topics", "").split(",") if t.strip()),
-        starting=starting, ending=ending,
+        starting=starting, starting_at=starting_at, ending=ending,
         max_offsets=_count(options, "maxoffsetspertrigger"), max_frames=_count(options, "maxframespertrigger"),
         fail_on_loss=_flag(options, "failondataloss", True))
 
@@ -175,6 +183,20 @@ def _position(value: Any, where: str) -> str | Position:
 def _refuse(spec: Positions, word: str, option: str, kind: str, why: str) -> None:
     if spec == word or (isinstance(spec, dict) and word in spec.values()):
         raise OptionError(f"{option} {word} is not allowed for a {kind} read: {why}")
+
+
+def _timestamp(options: dict[str, str]) -> float | None:
+    """startingTimestamp as Unix seconds (None: not given); it names one time for every exchange,
+    so it does not go with startingOffsets."""
+    text = options.get("startingtimestamp")
+    if text is None:
+        return None
+    if "startingoffsets" in options:
+        raise OptionError("startingTimestamp and startingOffsets both say where to start: give one")
+    try:
+        return parse_start_time(str(text))
+    except ValueError as exc:
+        raise OptionError(f"startingTimestamp: {exc}") from None
 
 
 def _count(options: dict[str, str], key: str) -> int:

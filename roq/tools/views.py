@@ -188,7 +188,7 @@ def stats_view(snapshot: dict[str, Any]) -> Group:
     queues = Table(title="queues")
     queues.add_column("queue / exchange", no_wrap=True)
     queues.add_column("host", no_wrap=True)
-    for header in ("msg/s in", "msg/s out", "MB/s in", "pubs", "subs", "drops", "kept MB"):
+    for header in ("msg/s in", "msg/s out", "MB/s in", "pubs", "subs", "drops", "kept MB", "disk MB"):
         queues.add_column(header, justify="right")
     events = Table("queue", "when", "what", title="recent scaling and relocation")
     for name, q in sorted(cluster.queues.items()):
@@ -217,11 +217,28 @@ def stats_view(snapshot: dict[str, Any]) -> Group:
     hosts = Table("host", "CPU %", "memory %", "exchanges", "capacity", title="hosts")
     for name, h in sorted(cluster.hosts.items()):
         hosts.add_row(name, _num(h.cpu_percent), _num(h.memory_percent), str(h.exchanges), str(h.capacity))
-    parts: list[Any] = [queues, *(t for t in (lag, groups) if t.row_count), hosts]
+    stores = store_table(cluster)
+    parts: list[Any] = [queues, *(t for t in (lag, groups, stores) if t.row_count), hosts]
     if events.row_count:
         parts.append(events)
     parts.append(f"as of {time.strftime('%H:%M:%S', time.localtime(cluster.time or time.time()))}")
     return Group(*parts)
+
+
+def store_table(cluster: ClusterStats) -> Table:
+    """The exchanges with a segment store (docs/segment-store.md): how much they keep on disk, and
+    from when."""
+    table = Table("queue / exchange", "state", "disk MB", "segments", "oldest position", "oldest stored",
+                  title="segment stores")
+    for name, q in sorted(cluster.queues.items()):
+        for x in q.by_exchange:
+            if not x.store_state:
+                continue
+            oldest = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(x.store_oldest_time))
+                      if x.store_oldest_time is not None else "-")
+            table.add_row(f"{name} / {x.id}", x.store_state, f"{x.store_bytes / 1e6:,.1f}", str(x.store_segments),
+                          str(x.store_oldest_pos or "-"), oldest, style="bold red" if x.store_state != "ok" else None)
+    return table
 
 
 def live_stats(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
@@ -240,7 +257,8 @@ def live_stats(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
 
 def _figures(row: Load) -> list[str]:
     return [f"{row.msgs_in_per_s:,.0f}", f"{row.msgs_out_per_s:,.0f}", f"{row.bytes_in_per_s / 1e6:,.1f}",
-            str(row.publishers), str(row.subscriptions), str(row.drops), f"{row.retained_bytes / 1e6:,.1f}"]
+            str(row.publishers), str(row.subscriptions), str(row.drops), f"{row.retained_bytes / 1e6:,.1f}",
+            f"{row.store_bytes / 1e6:,.1f}" if row.store_bytes else "-"]
 
 
 def _num(value: Any) -> str:

@@ -25,7 +25,8 @@ ENV = {
 
 @pytest.fixture(scope="session")
 def docker_client():
-    return docker_engine("roq:test", "the Docker failover suite", "`make docker-images` starts dockerd and builds it")
+    from tests.support.docker_launcher import IMAGE
+    return docker_engine(IMAGE, "the Docker failover suite", "`make docker-images` starts dockerd and builds it")
 
 
 class Lab:

@@ -13,7 +13,8 @@ import pytest
 from bench.servers import BINARIES
 from tests.conftest import unavailable
 
-pytestmark = [pytest.mark.integration, pytest.mark.solo]  # loads or times the machine: run alone
+# Counts, never timings: beside the other tests, one benchmark smoke run at a time (RabbitMQs share epmd).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("bench")]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,8 @@ from bench.servers import BINARIES
 from roq.tools.zkserver import ZooKeeperNotInstalledError, find_zookeeper
 from tests.conftest import unavailable
 
-pytestmark = [pytest.mark.integration, pytest.mark.solo]  # loads or times the machine: run alone
+# Counts, never timings: beside the other tests, one benchmark smoke run at a time (RabbitMQs share epmd).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("bench")]
 ROOT = Path(__file__).resolve().parents[2]
 SSE_MESSAGES, NATIVE_MESSAGES = 500, 1000
 ROWS = {"http-single-1", "http-single-2", "http-lines-10", "roq-native-each", "sse-backlog", "sse-live",

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from itertools import combinations
 from pathlib import Path
@@ -122,6 +123,7 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     wait_until(lambda: total(hosts, "roq_group_ready_messages", "roq_group_ready_messages")
                + total(hosts, "roq_group_in_flight_messages", "roq_group_in_flight_messages") == sum(batches)
                and total(hosts, "roq_group_members", "roq_group_members") == 2, message="the group's figures")
+    store_figures(config, zk, paths, hosts, tmp_path)
     texts = {url: scrape(url) for url in [leader, *hosts]}
     member.close()
     for url, text in texts.items():
@@ -152,7 +154,7 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     for a, b in combinations(hosts, 2):
         assert not series(a) & series(b)
     assert set().union(*map(series, hosts)) == {
-        *(("exchange", q, xid) for q in ("watched", "mirrored") for xid in read_live(zk, paths, q)),
+        *(("exchange", q, xid) for q in ("watched", "mirrored", "kept") for xid in read_live(zk, paths, q)),
         ("replica", "mirrored", "x1"), ("host", "host-1"), ("host", "host-2")}
 
     # The scrape example, with targets written from the status, and the dashboard's metrics.
@@ -181,6 +183,38 @@ def test_prometheus_endpoints_under_load(config, zk, paths, monitored, tmp_path)
     parsed_rules = subprocess.run([tool, "check", "rules", str(tmp_path / "dashboard.rules.yml")],
                                   capture_output=True, text=True, timeout=30)
     assert parsed_rules.returncode == 0, parsed_rules.stdout + parsed_rules.stderr
+
+
+def store_figures(config, zk, paths, hosts: list[str], tmp_path: Path) -> None:
+    """A queue with a disk storage policy: its exchange's segment store in the metrics and `roq stats`."""
+    with Admin(config) as admin:
+        admin.create_queue("kept", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
+    wait_until(lambda: read_live(zk, paths, "kept").get("x1"), timeout=20, message="kept/x1 running")
+    before = time.time()
+    with Publisher("kept", config) as pub:
+        pub.publish_many("t", [bytes(1_000)] * 100, timeout=10)
+        pub.flush(10)
+    after = time.time()
+
+    def store(name: str) -> float | None:
+        found = [s.value for url in hosts for f in families(url).values() for s in f.samples
+                 if s.name == name and s.labels.get("queue") == "kept"]
+        return found[0] if found else None
+    wait_until(lambda: (store("roq_exchange_store_bytes") or 0) > 100_000, message="kept's store in the metrics")
+    assert store("roq_exchange_store_segments") == 1 and store("roq_exchange_store_oldest_position") == 1
+    assert store("roq_exchange_store_full") == 0
+    assert before <= (store("roq_exchange_store_oldest_timestamp_seconds") or 0) <= after
+    watched = [f.name for url in hosts for f in families(url).values() for s in f.samples
+               if f.name.startswith("roq_exchange_store") and s.labels.get("queue") == "watched"]
+    assert not watched, "a memory-only queue has no store series"
+    cfg = str(config_file(tmp_path, config))
+    kept = wait_until(lambda: (q := json.loads(roq("--config", cfg, "stats", "--json").stdout)["queues"]["kept"])
+                      ["store_bytes"] > 100_000 and q, message="kept's store in the leader's aggregate")
+    (x1,) = kept["by_exchange"]
+    assert (x1["store_state"], x1["store_segments"], x1["store_oldest_pos"]) == ("ok", 1, 1)
+    assert before <= x1["store_oldest_time"] <= after
+    view = roq("--config", cfg, "stats", "--once")
+    assert view.returncode == 0 and "segment stores" in view.stdout and "kept / x1" in view.stdout, view.stdout
 
 
 def dashboard_queries() -> list[str]:

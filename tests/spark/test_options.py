@@ -58,11 +58,22 @@ def test_kafka_names_and_the_older_ones_are_accepted_in_any_case() -> None:
     ({"startingOffsets": '{"x1": 17}'}, True, "a position is \"earliest\", \"latest\", -2, -1 or"),
     ({"startingOffsets": "[1, 2]"}, True, "JSON must be a non-empty object of exchange"),
     ({"queue": ""}, True, "needs .option('queue', ...)"),
+    ({"startingTimestamp": "yesterday"}, True, "startingTimestamp: 'yesterday' is not a time: give ISO 8601"),
+    ({"startingTimestamp": "2026-11-27T10:00:00"}, False, "has no time zone: add Z (UTC)"),
+    ({"startingTimestamp": "1795773600000", "startingOffsets": "earliest"}, True,
+     "startingTimestamp and startingOffsets both say where to start: give one"),
 ])
 def test_a_bad_option_is_an_error_that_says_what_is_wrong(options, streaming, says) -> None:
     with pytest.raises(OptionError) as caught:
         source_options({**BASE, **options}, streaming)
     assert says in str(caught.value)
+
+
+def test_starting_timestamp_is_epoch_milliseconds_or_iso_8601_in_any_case() -> None:
+    kafka = source_options({**BASE, "startingtimestamp": "1795773600000"}, True)
+    iso = source_options({**BASE, "StartingTimestamp": "2026-11-27T11:00:00+01:00"}, False)
+    assert kafka.starting_at == iso.starting_at == 1795773600.0
+    assert source_options(BASE, True).starting_at is None
 
 
 def test_the_sink_knows_its_options_and_spark_s_checkpoint_location() -> None:

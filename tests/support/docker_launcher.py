@@ -39,6 +39,7 @@ import argparse
 import ipaddress
 import json
 import logging
+import os
 import random
 import re
 import signal
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IMAGE = "roq:test"
+IMAGE = os.environ.get("ROQ_TEST_IMAGE", "roq:test")  # another tag: a branch's own build beside the shared one
 IMAGE_PATH = "/opt/roq/test/docker_launcher.py"  # this file in the image (docker/Dockerfile)
 SUBNET_POOL = ipaddress.ip_network("172.30.0.0/16")  # /24s are carved out of it for test networks
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exchange.group_cursor import COMPACT_MIN_BYTES, CursorState, GroupCursor, encode
+from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, CursorState, GroupCursor, encode
 from tests.profiles import examples
 
+MIB = 1 << 20
 START = ["start", [b"jobs"], 30_000, 5, b"dead", 10, "x1.0a0b0c0d"]
 RANGES = st.lists(st.tuples(st.integers(10, 60), st.integers(0, 20), st.integers(1, 5)), min_size=1, max_size=4)
 OPS = st.lists(st.one_of(RANGES.map(lambda r: ["done", [list(x) for x in r]]),
@@ -85,9 +88,9 @@ def test_a_compacted_cursor_says_the_same_in_fewer_bytes() -> None:
             written += len(encode(["done", [[pos, 0, 100]]]))
             if pos % 50 == 0:
                 cursor.floor(pos - 1)  # compacts once big enough: the floor leaves little to keep
-        assert written > COMPACT_MIN_BYTES
+        assert written > MIB
         before = cursor.state
-        assert path.stat().st_size < COMPACT_MIN_BYTES, "compaction ran"
+        assert path.stat().st_size < MIB, "compaction ran"
         cursor.close()
         after = GroupCursor(path).recover()
         assert after == before
@@ -122,7 +125,73 @@ def test_a_stuck_floor_still_compacts_the_acks_above_it() -> None:
             for idx in range(1, 100, 2):
                 cursor.done([(pos, idx, 1)])
             cursor.floor(1)
-        assert path.stat().st_size < COMPACT_MIN_BYTES, "compacted although the floor never moved"
+        assert path.stat().st_size < MIB, "compacted although the floor never moved"
         assert cursor.state.done[699] == [(0, 100)]
         cursor.close()
         assert GroupCursor(path).recover() == cursor.state
+
+
+def state_bytes(state: CursorState) -> int:
+    return sum(len(encode(r)) for r in state.records())
+
+
+def test_a_long_cursor_file_reads_in_linear_time_and_stays_within_a_few_times_its_state() -> None:
+    """A floor stuck at the first frame and 50,000 frames acked one record each (the reviewer's
+    quadratic case: 20,000 records took minutes): the file keeps to a few times what its state
+    needs, and reads back at once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cursor = started(Path(tmp))
+        for pos in range(2, 50_002):
+            cursor.done([(pos, 0, 100)])
+            if pos % 100 == 0:
+                cursor.floor(1)
+            if pos % 5_000 == 0:
+                assert path.stat().st_size <= 2 * COMPACT_RATIO * state_bytes(cursor.state) + 2 * COMPACT_SLACK_BYTES
+        cursor.close()
+        records = 50_000 + 1
+        data = path.read_bytes()
+        path.write_bytes(data + b"".join(encode(["floor", 1]) for _ in range(records)))  # and as many floor records
+        began = time.monotonic()
+        assert GroupCursor(path).recover() == cursor.state
+        assert time.monotonic() - began < 5.0, "read in linear time (quadratic: many minutes)"
+
+
+def test_a_small_file_of_repeated_acks_is_compacted_too() -> None:
+    """Under a megabyte, with the floor stuck: 20,000 records that merge into a few runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cursor = started(Path(tmp))
+        for n in range(20_000):
+            cursor.done([(2 + n // 5_000, n % 5_000, 1)])
+            if n % 100 == 0:
+                cursor.floor(1)
+        cursor.floor(1)
+        assert path.stat().st_size <= COMPACT_RATIO * state_bytes(cursor.state) + 2 * COMPACT_SLACK_BYTES
+        cursor.close()
+        assert GroupCursor(path).recover() == cursor.state
+
+
+BAD_FIELDS = [["floor", math.inf], ["floor", -1], ["floor", (1 << 64) - 1], ["floor", True], ["floor", "7"],
+              ["start", [1 << 40], 30_000, 5, b"", 10, "x"], ["start", [b"jobs"], 1.5, 5, b"", 10, "x"],
+              ["start", [b"jobs"], 30_000, 5, b"", 10, 7], ["start", "jobs", 30_000, 5, b"", 10, "x"],
+              ["done", [[1, 2]]], ["done", [[1, 2, math.nan]]], ["done", 5], ["gap", 1], ["gap", 1, None],
+              ["floor"], [], "floor", {"floor": 1}, [7, 1]]
+SCALARS = (st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 64) - 1) | st.floats()
+           | st.binary(max_size=8) | st.text(max_size=8))
+ANY = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4), max_leaves=12).filter(
+    lambda r: not (isinstance(r, list) and r and r[0] in ("start", "done", "floor", "gap")))  # those: BAD_FIELDS
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(bad=st.sampled_from(BAD_FIELDS) | ANY, before=OPS)
+def test_a_record_with_a_good_crc_and_bad_fields_is_cut_like_a_torn_one(bad, before) -> None:
+    """["floor", inf] raised OverflowError at start-up; bytes(n) in a prefix allocated n bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "g.cur"
+        write(path, [START, *before])
+        good = path.read_bytes()
+        path.write_bytes(good + encode(bad) + encode(["floor", 59]))
+        cursor = GroupCursor(path)
+        assert cursor.recover() == fold([START, *before]), "the records before it, and nothing after"
+        assert cursor.cut == len(encode(bad)) + len(encode(["floor", 59]))
+        cursor.close()
+        assert path.read_bytes() == good

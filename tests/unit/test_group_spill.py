@@ -7,7 +7,10 @@ frames are numbered, retained, stored and offered as exchange/fanout.py does.
 
 from __future__ import annotations
 
+import errno
+import os
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from hypothesis import strategies as st
 
 from exchange.chains import PrefixChains
 from exchange.disk_tail import DiskTail
+from exchange.group_cursor import GroupCursor
 from exchange.group_feed import GroupFeed
 from exchange.group_restore import GroupCursors
 from exchange.group_spill import GroupSpill
@@ -32,17 +36,19 @@ MAX_BYTES = 20_000
 class Stream:
     """An exchange's frames path: retention (a tiny memory tail), its store, the groups."""
 
-    def __init__(self, root: Path, on_disk: bool = True, incarnation: str = "x1.00000001") -> None:
+    def __init__(self, root: Path, on_disk: bool = True, incarnation: str = "x1.00000001",
+                 policy_late: bool = False) -> None:
         self.retention = Retention(3600.0, 5_000)
         self.incarnation = incarnation
         self.disk = DiskTail(root, incarnation, "q/x1")
-        self.disk.start(StoragePolicy(retention=3600.0 if on_disk else 0.0))
+        self.disk.start(None if policy_late else StoragePolicy(retention=3600.0 if on_disk else 0.0))
         self.groups = Groups(group_ttl=60.0)
         self.feed = GroupFeed(self.groups)
         self.spill = GroupSpill(self.groups, self.feed, self.retention, self.disk, MAX_BYTES)
         self.feed.before_live = self.spill.mark
         self.cursors = GroupCursors(self.groups, self.retention, self.disk, incarnation)
         self.groups.on_done = self.cursors.left
+        self.cursors.restore(self.send, PrefixChains())  # as Forwarder.restore_groups and its loop's steps
         self.next_id = 1  # sequence numbers start at 1
 
     def publish(self, messages: int, size: int, topic: bytes = b"jobs") -> None:
@@ -174,6 +180,149 @@ def test_a_restarted_exchange_finds_its_groups_backlog_and_acks_again() -> None:
         second.groups.join("h", b"m3", other, 10)
         got_h = second.work_of("h", b"m3")
         assert Counter(got_h) == Counter(range(1, second.next_id)), "the other group's whole backlog, once"
+
+
+def unacked_backlog(root: Path) -> int:
+    """A first incarnation whose group "g" got 90 messages and acked none; its files synced."""
+    first = Stream(root)
+    first.groups.join("g", b"m1", SETTINGS, 10)
+    first.groups.leave("g", b"m1")
+    for _ in range(30):
+        first.publish(3, 1_000)
+    first.cursors.tick()
+    first.disk.tick()
+    first.disk.close()
+    first.cursors.close()
+    return first.next_id - 1
+
+
+def cursor_incarnation(stream: Stream, name: str = "g") -> str:
+    path = stream.cursors._path(name)
+    cursor = GroupCursor(path)
+    state = cursor.recover()
+    cursor.close()
+    return state.incarnation
+
+
+def fill(disk: Path) -> Path:
+    """Every free byte of a small filesystem taken by one file."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_restore_the_disk_refuses_keeps_the_earlier_cursor_until_its_frames_are_written(small_disk) -> None:
+    """The frames forwarded again cannot be written (ENOSPC): the cursor file keeps the earlier
+    incarnation's positions and the exchange says storage_full; a crash then loses nothing, and a
+    disk that frees moves the cursor on."""
+    disk = small_disk("groups", 2 << 20)
+    n = unacked_backlog(disk)
+    filler = fill(disk)
+    second = Stream(disk, incarnation="x1.00000002")  # restores at once: the store refuses the frames
+    assert second.disk.full and second.disk.reason.startswith("storage_full")
+    second.cursors.turn()
+    second.cursors.tick()
+    assert cursor_incarnation(second) == "x1.00000001", "not moved to frames the disk did not take"
+    second.cursors.close()  # a crash: the second store's frames were never written
+    filler.unlink()
+    third = Stream(disk, incarnation="x1.00000003")
+    assert cursor_incarnation(third) == "x1.00000003"
+    third.groups.join("g", b"m2", SETTINGS, 10)
+    assert Counter(third.work(b"m2")) == Counter(range(1, n + 1)), "every unacked message, once"
+    third.disk.close()
+
+
+def test_a_restore_moves_the_cursor_once_the_disk_takes_the_frames(small_disk) -> None:
+    disk = small_disk("groups", 2 << 20)
+    n = unacked_backlog(disk)
+    filler = fill(disk)
+    second = Stream(disk, incarnation="x1.00000002")
+    assert second.cursors.restoring, "paused while the disk refuses: the backlog waits on disk, not in memory"
+    filler.unlink()
+    second.disk.flush(time.monotonic(), sync=True)
+    second.cursors.restore(second.send, PrefixChains())  # the loop's steps go on
+    assert not second.cursors.restoring
+    assert cursor_incarnation(second) == "x1.00000002"
+    second.groups.join("g", b"m2", SETTINGS, 10)
+    taken = second.work(b"m2", rounds=3)
+    assert taken == list(range(1, len(taken) + 1)) and len(taken) > 10
+    second.cursors.tick()
+    second.cursors.close()  # a crash
+    third = Stream(disk, incarnation="x1.00000003")
+    third.groups.join("g", b"m3", SETTINGS, 10)
+    assert Counter(third.work(b"m3")) == Counter(set(range(1, n + 1)) - set(taken))
+    third.disk.close()
+
+
+def test_a_spilled_group_waits_for_frames_the_store_has_not_written(small_disk) -> None:
+    """A full disk for longer than the memory keeps the frames: the group neither counts them lost
+    nor passes over them, and gets each once the store writes them."""
+    disk = small_disk("spill", 2 << 20)
+    stream = Stream(disk)
+    stream.groups.join("g", b"m1", SETTINGS, 10)
+    stream.groups.leave("g", b"m1")
+    for _ in range(30):
+        stream.publish(1, 1_000)
+    assert stream.groups.groups["g"].spilled_from
+    filler = fill(disk)
+    for _ in range(20):  # appended, refused, and gone from the 5 KB memory tail
+        stream.publish(1, 1_000)
+    assert stream.disk.full and stream.disk.store is not None and stream.disk.store.pending_bytes
+    stream.groups.join("g", b"m2", SETTINGS, 10)
+    got = stream.work(b"m2", rounds=200)
+    assert stream.spill.lost == 0 and stream.groups.groups["g"].spilled_from, "it waits"
+    filler.unlink()
+    stream.disk.flush(time.monotonic(), sync=True)
+    got += stream.work(b"m2")
+    assert got == list(range(1, stream.next_id)), "every message once, in order"
+    stream.disk.close()
+
+
+def test_a_backlog_is_forwarded_again_a_page_at_a_time_after_the_restore_begins() -> None:
+    """Beginning the restore forwards nothing (the exchange says ready at once); each step forwards
+    about a page; the groups get exactly their backlogs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        n = unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002", policy_late=True)
+        second.disk.apply(StoragePolicy(retention=3600.0))
+        second.cursors.tick()  # begins it
+        assert second.cursors.restoring and second.retention.next_pos == 1, "nothing forwarded yet"
+        steps = 0
+        while second.cursors.restoring:
+            before = second.retention.next_pos
+            second.cursors.restore_step(max_bytes=8_000)
+            assert second.retention.next_pos - before <= 8, "a page's frames, no more"
+            steps += 1
+        assert steps > 5
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        assert Counter(second.work(b"m2")) == Counter(range(1, n + 1))
+        second.disk.close()
+
+
+def test_a_storage_policy_that_comes_late_restores_the_groups_before_any_cursor_file_is_written() -> None:
+    """The policy line came after POLICY_WAIT: no cursor file is replaced before the restore runs
+    (on the stats tick that applies the policy), and a member that joined meanwhile gets the backlog."""
+    with tempfile.TemporaryDirectory() as tmp:
+        n = unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002", policy_late=True)
+        assert not second.cursors.restored
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        second.cursors.turn()
+        second.cursors.tick()
+        assert cursor_incarnation(second) == "x1.00000001", "the earlier file stands"
+        second.disk.apply(StoragePolicy(retention=3600.0))  # the line, applied on a stats tick ...
+        second.cursors.tick()  # ... and the groups' tick right after it begins the restore
+        second.cursors.restore(second.send, PrefixChains())  # the loop's steps
+        assert second.cursors.restored and cursor_incarnation(second) == "x1.00000002"
+        assert Counter(second.work(b"m2")) == Counter(range(1, n + 1))
+        second.disk.close()
 
 
 def test_a_replicated_queue_spills_too_and_keeps_no_cursor_files() -> None:

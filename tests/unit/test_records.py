@@ -106,19 +106,26 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
                                                       "storage_full", "storage_error", "journal_errors",
                                                       "journal_pending_bytes",
                                                       "refused_permission", "permissions_version",  # permissions
+                                                      # the segment store (its oldest time only when it holds one)
+                                                      "store_state", "store_bytes", "store_segments",
+                                                      "store_oldest_pos",
                                                       # disk copies and the state transfer to a new replica
-                                                      "transfer_end", "transferred_to", "stored_bytes", "transferring"}
+                                                      "transfer_end", "transferred_to", "stored_bytes", "transferring",
+                                                      "adopted"}
     host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
     assert host.items() >= OLD_HOST_FIGURES.items()
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # a full disk
     summary = queue_summary().to_dict()
     assert set(summary) == OLD_QUEUE_KEYS | {"subscribers",  # consumer lag, added
                                              "replicas",  # the console lists each queue's
-                                             "groups"}  # consumer groups in the aggregate
-    assert all(set(row) == OLD_ROW_KEYS | {"consumers", "groups"} for row in summary["by_exchange"])
+                                             "groups",  # consumer groups in the aggregate
+                                             "store_bytes"}  # bytes on disk, summed
+    assert all(set(row) == OLD_ROW_KEYS | {"consumers", "groups", "store_bytes", "store_state", "store_segments",
+                                           "store_oldest_pos", "store_oldest_time"}  # the segment store
+               for row in summary["by_exchange"])
     assert set(cluster().to_dict()["hosts"]["h1"]) == set(host) | {"capacity"}
     # Keys only some reports carry are left out while unknown; a row of the aggregate keeps them as null.
-    assert not {"latency_p50_ms", "latency_p99_ms", "at"} & set(ExchangeStats().to_dict())
+    assert not {"latency_p50_ms", "latency_p99_ms", "at", "store_oldest_time"} & set(ExchangeStats().to_dict())
     assert summary["by_exchange"][1]["latency_p99_ms"] is None and summary["rules"] == {"max_rate": 1000.0}
 
 

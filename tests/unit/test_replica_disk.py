@@ -8,6 +8,7 @@ sends makes the replica write outside its root.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from exchange import tiered
 from exchange.replica import MAX_COPIES, Replica
-from exchange.replica_disk import ReplicaDisk, safe_dir_name
+from exchange.replica_disk import MAX_ADOPTED, ReplicaDisk, safe_dir_name
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits
@@ -100,6 +101,77 @@ def test_a_jump_replaces_the_store_and_a_dropped_copy_deletes_it(ctx: zmq.Contex
         follow(replica, primary, inc)
     assert replica.disk.store_of(INC) is None
     assert not (tmp_path / "x1~r" / INC).exists()
+
+
+def restarted(ctx: zmq.Context, root: Path, policy: StoragePolicy = ON_DISK) -> Replica:
+    """A new replica process on the data directory an earlier one wrote (its host restarted)."""
+    r = Replica(ctx, config(retention_bytes=4_000), X, "127.0.0.1", "127.0.0.1", store_root=root)
+    r.disk.start(policy)
+    return r
+
+
+def test_a_restarted_replica_adopts_its_stores_and_serves_them_as_stored_incarnations(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    primary = dealer(ctx, replica.repl_endpoint)
+    follow(replica, primary)
+    for first in range(1, 101, 20):
+        copy(replica, primary, first, frames(INC, first, 20, size=200))
+    replica.disk.tick()
+    (tmp_path / "x1~r" / (INC2 + "~base")).mkdir()  # an unfinished transfer: never served
+    replica.close()
+    again = restarted(ctx, tmp_path / "x1~r")
+    try:
+        vouch(again, INC, INC2, running=INC2)  # INC ended with the whole cluster; INC2 runs
+        assert set(again.disk.adopted) == {INC} and again.report()["adopted"] == 1
+        assert not (tmp_path / "x1~r" / (INC2 + "~base")).exists()
+        subscriber = dealer(ctx, again.replay_endpoint)
+        answer = replay_ask(again, subscriber, protocol.encode_position_request(1, [TOPIC], INC))
+        assert isinstance(answer, protocol.StreamPosition) and (answer.oldest, answer.next_pos) == (1, 101)
+        assert fetch_all(again, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 101)]
+        assert follow(again, dealer(ctx, again.repl_endpoint), INC).kind == protocol.SEALED, \
+            "a stored incarnation a subscriber read is sealed, as a copy is"
+    finally:
+        again.close()
+
+
+def test_an_adopted_store_of_the_running_incarnation_is_copied_afresh_and_memory_only_drops_them(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    primary = dealer(ctx, replica.repl_endpoint)
+    follow(replica, primary)
+    copy(replica, primary, 1, frames(INC, 1, 5))
+    replica.disk.tick()
+    replica.close()
+    again = restarted(ctx, tmp_path / "x1~r")
+    try:
+        vouch(again, INC, running=INC)  # only the replica restarted: its primary runs on
+        assert follow(again, dealer(ctx, again.repl_endpoint), INC).next_pos == 0, "the primary sends it again"
+        store = again.disk.store_of(INC)
+        assert store is not None and store.end_pos == 1 and not again.disk.adopted
+    finally:
+        again.close()
+    gone = restarted(ctx, tmp_path / "x1~r", StoragePolicy())
+    gone.close()
+    assert not any((tmp_path / "x1~r").iterdir()), "a queue made memory only keeps no store"
+
+
+def test_a_restart_adopts_at_most_the_newest_stores(tmp_path: Path) -> None:
+    """Stores left by many earlier lives: the MAX_ADOPTED most recently written are adopted, the
+    others deleted (retention would have; an operator's restarts must not pile them up)."""
+    root = tmp_path / "x1~r"
+    names = [f"{X}.old{i}" for i in range(MAX_ADOPTED + 3)]
+    for age, name in enumerate(reversed(names)):  # names[-1] written last
+        store = SegmentStore(root / name, StoreLimits())
+        store.append(stored_frame(1, time.time(), TOPIC, body(name, 1), 1))
+        assert store.flush()
+        store.close()
+        os.utime(root / name, (time.time() - 60 * age, time.time() - 60 * age))
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    try:
+        assert set(disk.adopted) == set(names[-MAX_ADOPTED:])
+        assert sorted(p.name for p in root.iterdir()) == sorted(names[-MAX_ADOPTED:])
+    finally:
+        disk.close()
 
 
 def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: zmq.Context, small_disk) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -427,6 +429,46 @@ def test_a_stream_cut_anywhere_resumes_from_its_last_event_id_with_nothing_lost_
     got = payloads_of(received)
     assert sorted(got) == sorted(sent), f"lost {len(set(sent) - set(got))}, repeated {len(got) - len(set(got))}"
     assert len(got) == len(set(got))
+
+
+def test_a_stream_from_a_time_gets_exactly_what_was_stored_since_in_either_spelling(web_cluster: WebCluster) -> None:
+    web = web_cluster
+    with Admin(web.config) as admin:  # a disk storage policy: the store's time index answers too
+        admin.create_queue("timed-q", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
+    wait_until(lambda: read_live(web.zk, Paths(web.config.zk.root), "timed-q").get("x1"), timeout=20,
+               message="x1 running")
+    try:
+        publish_lines(web, "timed-q", "t", [f"before-{i}" for i in range(50)])  # answered after the confirm
+        since = time.time()
+        wait_until(lambda: time.time() > since + 0.05, message="the clock to move past the first publish")
+        after = [f"after-{i}" for i in range(50)]
+        for i in range(0, 50, 10):
+            publish_lines(web, "timed-q", "t", after[i:i + 10])
+        iso = datetime.fromtimestamp(since, UTC).isoformat()  # "+00:00": httpx encodes the "+"
+        millis = str(math.ceil(since * 1000))  # rounded up: past the first publish
+        for start in (iso, iso.replace("+00:00", "Z"), millis):
+            events = list(sse_events(web, "timed-q", 50, **{"from": start, "limit": 50}))
+            assert payloads_of(events) == after, f"from={start}"
+    finally:
+        with Admin(web.config) as admin:  # its slot: the module's cluster has room for so many exchanges
+            admin.delete_queue("timed-q")
+
+
+@pytest.mark.parametrize("start, says", [
+    ("yesterday", "is not a time"),
+    ("2026-11-27T10:00:00", "has no time zone"),
+    ("1969-12-31T23:59:59Z", "before 1970"),
+    ("99999999999999999999", "past the year 9999"),
+    ("x" * 65, "at most 64 characters"),
+])
+def test_a_stream_from_a_bad_time_is_a_clear_400_and_opens_nothing(web_cluster: WebCluster, start: str,
+                                                                    says: str) -> None:
+    answer = api(web_cluster, "GET", "/api/queues/resume-q/stream", params={"from": start, "limit": 1})
+    assert answer.status_code == 400, answer.text
+    assert says in answer.text
+    if not start.startswith("x"):
+        assert "now, beginning or a time" in answer.json()["message"]
+    assert api(web_cluster, "GET", "/api/session", token="").status_code == 200
 
 
 def test_a_token_from_one_gateway_resumes_on_another(web_cluster: WebCluster) -> None:

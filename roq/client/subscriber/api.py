@@ -144,7 +144,10 @@ class Subscriber(ClientLifecycle):
         drained from the running exchange's replay socket like any ended incarnation."""
         for xid, running in self.topology.snapshot().items():
             for incarnation in archived(running):
-                self._streams.stream(incarnation, xid)
+                if incarnation not in self._streams.streams:  # from a time: started where it begins
+                    self._streams.stream(incarnation, xid)
+                    # In the position from now on, so a resume before its first frame still reads it.
+                    self._progress.started(incarnation, 0)
                 self._streams.end(incarnation)
 
     # ------------------------------------------------------------ API
