@@ -31,7 +31,7 @@ from tests.integration.test_disk_retention import (
     drain_with_two_members,
     group_held,
 )
-from tests.integration.test_replication import create_replicated, start_hosts
+from tests.integration.test_replication import LOST_FOR_GOOD, create_replicated, start_hosts
 from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -117,7 +117,7 @@ def test_a_disk_retained_group_backlog_beyond_its_memory_survives_the_loss_of_it
     exchange's host is SIGKILLed (HCM and exchange, its disk lost with it). The exchange's next
     incarnation, on another host, adopts the group from the replica, which reads the backlog from
     its own segment store: members get every message once, and none acked before the kill."""
-    start_hosts(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    start_hosts(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}", gcm_settings=LOST_FOR_GOOD)
     create_replicated(config, zk, paths, "deepgroup", retention=3_600.0)
     small = config.replace(client={"max_batch_bytes": 20_000})
     # Confirms wait for the replica, which takes frames in order: it holds the acks of 0-99 then.
