@@ -82,9 +82,11 @@ class Deployment:
         return ",".join(f"{self.hosts.ips[n]}:2181" for n in NODES)
 
     def client_config(self, identity: str) -> Config:
-        """The configuration site.yml wrote for one key: the GCMs as seeds, CURVE on."""
+        """The configuration site.yml wrote for one key: the GCMs as seeds, CURVE on, and no ZooKeeper
+        address or credential (clients never open a ZooKeeper session: issue 36)."""
         config = load_config(CLIENTS / f"{identity}.toml", env={})
-        assert config.zk.hosts == self.zk_hosts and config.cluster.seeds and config.security.curve
+        assert config.cluster.seeds and config.security.curve
+        assert config.zk.hosts == Config().zk.hosts and not config.zk.auth, "a client file names no ZooKeeper"
         return config.replace(client={"request_timeout": 15.0})
 
 
@@ -336,10 +338,8 @@ def test_the_deployed_cluster_lets_in_only_known_keys_and_zookeeper_credentials(
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoAuthError
 
+    from roq.client.metadata import MetadataClient
     from roq.errors import ForbiddenError
-    from roq.paths import Paths
-    from roq.state import read_leader, read_live
-    from roq.zk import start_client, stop_client
     from tests.support.helpers import OK, REFUSED, handshake
 
     app = deployment.client_config("app")
@@ -348,13 +348,13 @@ def test_the_deployed_cluster_lets_in_only_known_keys_and_zookeeper_credentials(
         admin.wait_running("guarded", 1, timeout=60)
     with Admin(app) as admin, pytest.raises(ForbiddenError):
         admin.delete_queue("guarded")
-    reader = start_client(app)
+    # Where the GCMs and the exchange listen, as a client learns it: from the seeds' metadata.
+    control = app.cluster.seeds.split(",")[0]
+    metadata = MetadataClient(app)
     try:
-        paths = Paths(app.zk.root)
-        control = read_leader(reader, paths)["endpoint"]
-        exchange = next(iter(read_live(reader, paths, "guarded").values()))
+        exchange = next(iter(metadata.follow("guarded", lambda body: None, timeout=30)["exchanges"].values()))
     finally:
-        stop_client(reader)
+        metadata.close()
     import zmq
     for endpoint, kind in ((control, zmq.DEALER), (exchange["pub"], zmq.DEALER), (exchange["sub"], zmq.SUB),
                            (exchange["replay"], zmq.DEALER)):
