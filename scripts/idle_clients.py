@@ -320,7 +320,22 @@ def measure(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         cluster.down()
 
 
+def more_open_files(wanted: int = 65_536) -> None:
+    """Each protocol-level client holds 2 descriptors (its socket's mailbox and TCP connection), and a
+    move to another seed opens the new one before libzmq's reaper closes the old: 9,600 clients need
+    more than the usual 20,000. Raised as far as the system lets (root may raise the hard limit)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for limit in ((wanted, max(hard, wanted)), (min(wanted, hard), hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+            return
+        except (ValueError, OSError):
+            continue
+
+
 def main() -> None:
+    more_open_files()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=2, help="worker processes of real clients")
     parser.add_argument("--real-per-process", type=int, default=10, help="real Subscriber objects per worker")
