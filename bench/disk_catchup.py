@@ -260,6 +260,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="roq-disk-bench-"))
     result: dict[str, Any] = {"messages": args.messages, "size": args.size, "load_before": os.getloadavg()}
     with disk_cluster(workdir) as config:
+        # Durable positions of this run only (not an earlier run's, in the working directory).
+        config = config.replace(client={"state_dir": str(workdir / "positions")})
         with Admin(config) as admin:
             stored = int(args.messages * (args.size + 200) * 2)  # room for every message and its framing
             admin.create_queue("catchup", retention=RETENTION, retention_bytes=stored)
