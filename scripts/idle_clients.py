@@ -110,7 +110,9 @@ def worker(config_path: str, count: int, ready: Any, rounds: Any, results: Any) 
 class ProtocolClients:
     def __init__(self, seeds: list[str], count: int) -> None:
         self.context = zmq.Context()
-        self.context.MAX_SOCKETS = count + 16  # libzmq's default is 1,023 sockets per context
+        # libzmq's default is 1,023 sockets per context; a move to another seed opens the new socket
+        # before the reaper has counted the old one out, so room for every client twice.
+        self.context.MAX_SOCKETS = 2 * count + 16
         self.seeds = seeds
         self.socks = [self._connect(seeds[i % len(seeds)]) for i in range(count)]
         self.endpoints = [seeds[i % len(seeds)] for i in range(count)]
