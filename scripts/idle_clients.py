@@ -107,6 +107,16 @@ def worker(config_path: str, count: int, ready: Any, rounds: Any, results: Any) 
 
 # ------------------------------------------------------------------ protocol-level clients (this process)
 
+def wait_for_descriptors(needed: int, timeout: float = 10.0) -> None:
+    """Until `needed` more descriptors fit under this process's limit (closed sockets are reaped
+    by libzmq's thread a moment later), or `timeout`."""
+    import resource
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    deadline = time.monotonic() + timeout
+    while len(os.listdir("/proc/self/fd")) + needed + 64 > limit and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class ProtocolClients:
     def __init__(self, seeds: list[str], count: int) -> None:
         self.context = zmq.Context()
@@ -134,11 +144,13 @@ class ProtocolClients:
             self.socks[i].send(encode_request(next(self.ids), "metadata.watch", {"queues": [QUEUE]}))
         time.sleep(ATTEMPT_TIMEOUT)  # the client's timeout: nothing answers a dead GCM
         other = next(seed for seed in self.seeds if seed != dead)
-        for i in mine:
-            if not self._answered(self.socks[i]):
-                self.socks[i].close(linger=0)
-                self.socks[i], self.endpoints[i] = self._connect(other), other
-                self.socks[i].send(encode_request(next(self.ids), "metadata.watch", {"queues": [QUEUE]}))
+        moving = [i for i in mine if not self._answered(self.socks[i])]
+        for i in moving:  # closed first: libzmq's reaper frees their descriptors before new ones open
+            self.socks[i].close(linger=0)
+        wait_for_descriptors(len(moving) * 2)
+        for i in moving:
+            self.socks[i], self.endpoints[i] = self._connect(other), other
+            self.socks[i].send(encode_request(next(self.ids), "metadata.watch", {"queues": [QUEUE]}))
 
     @staticmethod
     def _answered(sock: zmq.Socket[bytes]) -> bool:
@@ -233,7 +245,11 @@ def failovers(failover: Failover, protocol: ProtocolClients, rounds: list[Any], 
     every client; (b) was measured with the first scale-out."""
     failover.kill_exchange()
     dead, _ = failover.kill_leader()
-    protocol.leave(dead)
+    try:
+        protocol.leave(dead)
+    except zmq.ZMQError as exc:  # the figures so far are kept; say what stopped the rest
+        failover.figures["leader_kill"]["error"] = f"moving the protocol-level clients: {exc}"
+        return failover.finish()
     for mine in rounds:
         mine.put("x4")
     scaled_at = failover.scale(4)
