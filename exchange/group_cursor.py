@@ -37,6 +37,8 @@ from zlib import crc32
 
 import msgpack
 
+from exchange.journal_format import fsync_directory
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
@@ -261,7 +263,7 @@ class GroupCursor:
             tmp.unlink(missing_ok=True)
             raise
         os.replace(tmp, self.path)
-        sync_directory(self.path.parent)  # the rename itself survives a power cut
+        fsync_directory(self.path.parent)  # the rename itself survives a power cut
         self.close()
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (kept open for appends)
         self._size = len(data)
@@ -293,11 +295,3 @@ class GroupCursor:
 
     def _state_size(self) -> int:
         return sum(len(encode(r)) for r in self.state.records())
-
-
-def sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

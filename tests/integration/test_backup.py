@@ -40,6 +40,7 @@ from tests.support.helpers import (
     most_connections_while,
     record_figures,
     wait_until,
+    znodes,
     zookeeper_connections,
 )
 
@@ -117,17 +118,6 @@ def queue_state(zk: KazooClient, paths: Paths) -> dict[str, dict[str, Any]]:
         state[name] = {"exchanges": len(info.exchanges), "replicas": info.replicas,
                        "settings": {k: v for k, v in info.settings.items() if k not in BOOKKEEPING}}
     return state
-
-
-def tree(zk: KazooClient, path: str) -> dict[str, tuple[bytes, int]]:
-    """Every znode under `path`: data and version, to prove nothing changed."""
-    found = {}
-    if zk.exists(path):
-        data, st = zk.get(path)
-        found[path] = (data, st.version)
-        for child in zk.get_children(path):
-            found.update(tree(zk, f"{path}/{child}"))
-    return found
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -296,10 +286,10 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
                 assert stat.S_IMODE((restored_keys / rel).stat().st_mode) == 0o644
 
             # ---- a second restore on the non-empty cluster: refused, nothing changed
-            snapshot, key_files = tree(zk, paths.queues), files_under(restored_keys)
+            snapshot, key_files = znodes(zk, paths.queues), files_under(restored_keys)
             one_line_error(roq(admin_file, "restore", str(backup_file), "--keys-dir", str(restored_keys)),
                            "is not empty (3 queues: events, metrics, orders; 1 permission entry); nothing was restored")
-            assert tree(zk, paths.queues) == snapshot and files_under(restored_keys) == key_files
+            assert znodes(zk, paths.queues) == snapshot and files_under(restored_keys) == key_files
 
             # ---- --force: the missing queue is made, the others are kept as they are
             with Admin(admin_config) as admin:
@@ -310,7 +300,7 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             generate_keys(tmp_path / "other", clients=["app"])
             shutil.copy(tmp_path / "other" / "clients" / "app.key", restored_keys / "clients" / "app.key")
             other_app = (restored_keys / "clients" / "app.key").read_bytes()
-            kept_before = {name: tree(zk, paths.queue(name)) for name in ("metrics", "orders")}
+            kept_before = {name: znodes(zk, paths.queue(name)) for name in ("metrics", "orders")}
             result = roq(admin_file, "restore", "--force", str(backup_file), "--keys-dir", str(restored_keys))
             assert result.returncode == 0, result.stdout + result.stderr
             assert "created queue events: 2 exchanges" in result.stdout
@@ -321,7 +311,7 @@ def test_backup_wipe_restore_round_trip_and_refusals(own_zookeeper: ZooKeeperSer
             assert "1 different (kept)" in result.stdout and "clients/app.key" in result.stderr
             assert (restored_keys / "clients" / "app.key").read_bytes() == other_app
             # kept: their settings (rules included) and exchanges untouched, znode versions too
-            assert {name: tree(zk, paths.queue(name)) for name in ("metrics", "orders")} == kept_before
+            assert {name: znodes(zk, paths.queue(name)) for name in ("metrics", "orders")} == kept_before
             wait_all_running(zk, paths, list(QUEUES))
             events = queue_state(zk, paths)["events"]
             assert events == before["events"]

@@ -34,7 +34,17 @@ from roq.security import generate_keys
 from roq.state import read_hosts, read_leader, read_live
 from roq.zk import read_json, start_client, stop_client
 from tests.profiles import examples
-from tests.support.helpers import OK, REFUSED, Processes, carry, fast_config, handshake, record_figures, wait_until
+from tests.support.helpers import (
+    OK,
+    REFUSED,
+    Processes,
+    carry,
+    fast_config,
+    handshake,
+    record_figures,
+    wait_until,
+    znodes,
+)
 from tests.support.hostile_documents import hostile_restores
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -337,17 +347,6 @@ def test_permissions_survive_a_backup_and_restore(cluster: Cluster, tmp_path: Pa
         raise
     finally:
         procs.stop_all()
-
-
-def znodes(zk: KazooClient, path: str) -> dict[str, tuple[bytes, int]]:
-    """Every znode under `path` with its data and version: what a refused restore must leave as it was."""
-    found: dict[str, tuple[bytes, int]] = {}
-    if zk.exists(path):
-        data, stat = zk.get(path)
-        found[path] = (data, stat.version)
-        for child in zk.get_children(path):
-            found.update(znodes(zk, f"{path}/{child}"))
-    return found
 
 
 def test_hostile_restore_documents_are_refused_and_change_nothing(cluster: Cluster) -> None:

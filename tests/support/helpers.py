@@ -321,6 +321,17 @@ class SteadyTraffic:
 FIGURES: list[tuple[str, dict[str, object]]] = []  # printed at the end of the test session
 
 
+def znodes(zk: Any, path: str) -> dict[str, tuple[bytes, int]]:
+    """Every znode under `path` with its data and version: to prove a refused change left it as it was."""
+    found: dict[str, tuple[bytes, int]] = {}
+    if zk.exists(path):
+        data, stat = zk.get(path)
+        found[path] = (data, stat.version)
+        for child in zk.get_children(path):
+            found.update(znodes(zk, f"{path}/{child}"))
+    return found
+
+
 def zookeeper_connections(server: Any) -> int:
     """ZooKeeper's own count of client connections (one per session), by the `mntr` word; `server`
     has `host` and `port` (roq.tools.zkserver.ZooKeeperServer, the session's `zookeeper` fixture)."""
