@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +76,9 @@ def publish(ctx: Context, queue_name: str, message: str | None, topic: str, sour
               help="resume where the subscriber of this name stopped (position under client.state_dir)")
 @click.option("--from", "start_from", metavar="beginning|now|TIME|FILE", default=None,
               help="where to start when there is no saved position: beginning (all the exchanges still "
-                   "retain), now (the default), a TIME with its zone (2026-11-27T10:00:00Z: every message "
-                   "stored since, from memory or the queue's disk), or a position FILE (a durable "
-                   "subscriber's saved one)")
+                   "retain), now (the default), a TIME with its zone (2026-11-27T10:00:00Z) or in epoch "
+                   "milliseconds (every message stored since, from memory or the queue's disk), or a "
+                   "position FILE (a durable subscriber's saved one)")
 @click.option("--group", metavar="NAME", default=None,
               help="join consumer group NAME: each message goes to one member of the group, acked once "
                    "the reader has its line (docs/work-queues.md)")
@@ -203,22 +203,19 @@ def _start_point(ctx: Context, queue_name: str, durable: str | None,
         return at, None
     position = load_checkpoint(path) if path.is_file() else None
     if position is None:
-        raise click.BadParameter(f"expected beginning, now, a time (2026-11-27T10:00:00Z) or a position file; "
-                                 f"there is no file {start_from!r}",
+        raise click.BadParameter(f"expected beginning, now, a time (2026-11-27T10:00:00Z, or epoch "
+                                 f"milliseconds) or a position file; there is no file {start_from!r}",
                                  param_hint="--from")
     return "now", position.to_json()
 
 
 def _start_time(text: str) -> datetime | None:
-    """An ISO 8601 time with its zone (`Z` or `+01:00`); None if the text is not a time at all."""
-    if not text[:4].isdigit() or "-" not in text:
+    """A time as roq/start_time.py reads it (ISO 8601 with its zone, or epoch milliseconds); None if
+    the text is not meant as a time (a file name: an existing file was preferred before this)."""
+    from roq.start_time import looks_like_time, parse_start_time
+    if not looks_like_time(text):
         return None
     try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not an ISO 8601 time (2026-11-27T10:00:00Z)",
-                                 param_hint="--from") from None
-    if at.tzinfo is None:
-        raise click.BadParameter(f"{text!r} has no time zone: add Z (UTC) or an offset such as +01:00",
-                                 param_hint="--from")
-    return at
+        return datetime.fromtimestamp(parse_start_time(text), UTC)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--from") from None

@@ -42,3 +42,14 @@ def test_anything_else_is_refused_saying_what_is_accepted(text, says) -> None:
 
 def test_words_and_file_names_do_not_look_like_times() -> None:
     assert not any(looks_like_time(text) for text in ("now", "beginning", "pos.json", "-5", ""))
+
+
+def test_roq_subscribe_from_reads_a_time_as_the_gateway_and_spark_do() -> None:
+    """`--from` parses with roq/start_time.py: both spellings; a word or a path is not a time."""
+    import click
+
+    from roq.cli.pubsub import _start_time
+    assert _start_time("1795773600000") == _start_time("2026-11-27T10:00:00Z")
+    assert _start_time("positions/audit.json") is None and _start_time("yesterday") is None
+    with pytest.raises(click.BadParameter, match="has no time zone"):
+        _start_time("2026-11-27T10:00:00")
