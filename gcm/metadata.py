@@ -51,6 +51,10 @@ class _Queue:
     version: int
     digest: Any
     watchers: set[bytes] = field(default_factory=set)
+    # The version every watcher has been pushed (or answered). A request may read a change first
+    # and number it: the push still goes out, since it compares with this, not with the version
+    # the push thread saw last.
+    pushed: int = 0
 
 
 @dataclass
@@ -166,7 +170,8 @@ class MetadataService:
         body, digest = self._read.get(queue) or self._read_body(queue)
         state = self._queues.get(queue)
         if state is None:
-            state = _Queue(next(self._sequence), digest)
+            version = next(self._sequence)
+            state = _Queue(version, digest, pushed=version)
             if body["exists"] or keep:  # only real queues and watched ones: a name costs nothing to send
                 self._queues[queue] = state
                 self._read[queue] = body, digest
@@ -228,13 +233,13 @@ class MetadataService:
             if not self._ready():
                 return
             for queue in sorted(queues):
-                before = self._queues[queue].version
                 body = self._current(queue)
                 state = self._queues[queue]
-                if body["version"] != before and state.watchers:
+                if body["version"] != state.pushed and state.watchers:
                     frame = encode_push(body)
                     frames += [(peer, frame) for peer in state.watchers]
-                elif not state.watchers and not body["exists"]:
+                state.pushed = body["version"]
+                if not state.watchers and not body["exists"]:
                     del self._queues[queue]  # deleted and nobody cares
                     self._read.pop(queue, None)
         for peer, frame in frames:

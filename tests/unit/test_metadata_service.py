@@ -1,9 +1,11 @@
 """The GCM's metadata service (gcm/metadata.py) driven by searched schedules of watches, gets and
 cache changes: versions only grow and move exactly when the topology does, a push reaches exactly
-the connections watching its queue, the limits hold and a refused request changes nothing."""
+the connections watching its queue (also when a request read the change before the push thread
+did), the limits hold and a refused request changes nothing."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -45,14 +47,15 @@ step = st.one_of(
 
 
 @settings(max_examples=examples(200))
-@given(st.lists(step, max_size=40))
-def test_versions_pushes_and_limits_follow_the_topology(steps: list[tuple[Any, Any, Any]]) -> None:
+@given(st.lists(st.tuples(step, st.booleans()), max_size=40))
+def test_versions_pushes_and_limits_follow_the_topology(steps: list[tuple[tuple[Any, Any, Any], bool]]) -> None:
     config = Config().replace(gcm={"metadata_max_queues": 3, "metadata_max_watchers": 3, "metadata_rate": 1000})
     world, pushed = World(), []
     service = MetadataService("gcm-1", config.gcm, world.body, lambda: True, lambda p, f: pushed.append((p, f)))
     watching: dict[bytes, set[str]] = {}
     seen: dict[str, int] = {}  # the last version any answer or push gave per queue
-    for kind, a, b in steps:
+    incarnations = itertools.count()
+    for (kind, a, b), peek in steps:
         pushed.clear()
         if kind == "watch":
             before = dict(watching)
@@ -74,13 +77,16 @@ def test_versions_pushes_and_limits_follow_the_topology(steps: list[tuple[Any, A
         else:
             topology_changes = kind != "figures"
             if kind == "restart":
-                world.queues.setdefault(a, {})[f"x{b}"] = f"x{b}.{len(steps)}-{id(pushed)}-{len(pushed)}"
+                world.queues.setdefault(a, {})[f"x{b}"] = f"x{b}.r{next(incarnations)}"
             elif kind == "delete":
                 topology_changes = world.queues.pop(a, None) is not None
             else:
                 world.publishers += 1
             for queue in QUEUES:
                 service.dirty(queue)
+            if peek:  # another connection's request reads the change before the push thread does
+                for queue in QUEUES:
+                    service.get({"queue": queue}, b"peeker")
             service._flush()
             got: dict[str, set[bytes]] = {}
             for peer, frame in pushed:
@@ -94,6 +100,8 @@ def test_versions_pushes_and_limits_follow_the_topology(steps: list[tuple[Any, A
                 seen[queue] = max(seen.get(queue, 0), service.get({"queue": queue}, b"checker")["version"])
             if not topology_changes:
                 assert not pushed  # figures alone are not pushed
+            elif kind in ("restart", "delete"):  # every watcher of the changed queue hears of it
+                assert got.get(a, set()) == {p for p, qs in watching.items() if a in qs}
         assert service.watchers <= 3
 
 
