@@ -129,6 +129,9 @@ class ProtocolClients:
         self.ids = itertools.count(1)
         self.lease = 30.0
         self.renewed = 0.0
+        self.by_answer = 0  # of the last wait_for: clients that learnt the change from a watch's answer
+        self.moved_at = 0.0  # when leave() sent the moved clients' watches; their answers' delays:
+        self.answer_delays: list[float] = []
 
     def _connect(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self.context.socket(zmq.DEALER)
@@ -148,6 +151,7 @@ class ProtocolClients:
         for i in moving:  # closed first: libzmq's reaper frees their descriptors before new ones open
             self.socks[i].close(linger=0)
         wait_for_descriptors(len(moving) * 2)
+        self.moved_at, self.answer_delays = time.time(), []
         for i in moving:
             self.socks[i], self.endpoints[i] = self._connect(other), other
             self.socks[i].send(encode_request(next(self.ids), "metadata.watch", {"queues": [QUEUE]}))
@@ -195,15 +199,30 @@ class ProtocolClients:
 
     def wait_for(self, exchange: str, timeout: float) -> list[float]:
         seen: dict[int, float] = {}
+        self.by_answer = 0
         deadline = time.monotonic() + timeout
         while len(seen) < len(self.socks) and time.monotonic() < deadline:
             for i, sock in enumerate(self.socks):
                 while i not in seen and sock.poll(0):
-                    push = decode_push(sock.recv())
-                    if push is not None and exchange in push["exchanges"]:
+                    frame = sock.recv()
+                    if decode_push(frame) is None and self.moved_at:
+                        self.answer_delays.append(time.time() - self.moved_at)
+                    if exchange in self._exchanges_in(frame):
                         seen[i] = time.time()
+                        self.by_answer += decode_push(frame) is None
             time.sleep(0.002)
         return list(seen.values()) + [float("nan")] * (len(self.socks) - len(seen))
+
+    @staticmethod
+    def _exchanges_in(frame: bytes) -> dict[str, Any]:
+        """The exchanges a push or a watch's answer shows (a client moved to another seed learns the
+        topology from its watch's answer when that comes after the change)."""
+        push = decode_push(frame)
+        if push is not None:
+            return dict(push["exchanges"])
+        reply = decode_reply(frame)
+        body = reply.result.get("queues", {}).get(QUEUE, {}) if reply.ok and isinstance(reply.result, dict) else {}
+        return dict(body.get("exchanges") or {})
 
     def close(self) -> None:
         self.context.destroy(linger=0)
@@ -228,13 +247,22 @@ def scale(config: Config, exchanges: int) -> float:
     return time.time()
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    return {"count": len(ordered), "p50": round(ordered[len(ordered) // 2], 3) if ordered else None,
+            "max": round(ordered[-1], 3) if ordered else None}
+
+
 def reach(protocol: ProtocolClients, results: Any, workers: int, exchange: str, since: float) -> dict[str, Any]:
     """How long after `since` every client saw `exchange` (the workers were told to look for it)."""
     times = protocol.wait_for(exchange, 60) if protocol.socks else []
+    missed_protocol = sum(1 for t in times if t != t)
     for _ in range(workers):
         times += results.get(timeout=120)
     delays = sorted(t - since for t in times if t == t)
-    return {"clients": len(times), "missed": sum(1 for t in times if t != t),
+    return {"clients": len(times), "missed": sum(1 for t in times if t != t), "missed_protocol": missed_protocol,
+            "protocol_by_answer": protocol.by_answer,
+            "moved_watch_answered_s": spread(protocol.answer_delays),
             "p50_s": round(delays[len(delays) // 2], 3) if delays else None,
             "p99_s": round(delays[max(0, int(len(delays) * 0.99) - 1)], 3) if delays else None,
             "all_s": round(delays[-1], 3) if delays else None}
@@ -244,6 +272,9 @@ def failovers(failover: Failover, protocol: ProtocolClients, rounds: list[Any], 
     """(a) the publisher's exchange killed, (c) the GCM leader killed then a scale-out reaching
     every client; (b) was measured with the first scale-out."""
     failover.kill_exchange()
+    # A fresh lease for the protocol-level clients, as real ones renew by themselves: the phases
+    # since the last renewal may otherwise outlast it (30 s) and their watches lapse.
+    protocol.watch_all()
     dead, _ = failover.kill_leader()
     try:
         protocol.leave(dead)
