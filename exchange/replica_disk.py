@@ -9,9 +9,11 @@ served from position 1 (within retention) below the copy's memory tail (exchange
 A copy's store starts with the copy: a new follow, or a jump (the primary no longer holds the frames
 between), replaces it; a dropped copy's store is deleted. The store is written before a copy page
 is answered `copied` (a killed replica process loses nothing it acknowledged: the page cache has
-it) and synced on the stats tick, as the primary's is. A store whose disk refuses writes makes the
-replica take no more pages (`accepts` is False) until a flush goes through: the primary's confirms
-wait, its retention fills, its publishers are held; nothing acknowledged is lost.
+it) and synced on the stats tick, as the primary's is; with `exchange.store_sync = confirm` a loop
+turn's copy pages are answered only after one fsync of each store they wrote (`sync_written`). A
+store whose disk refuses writes makes the replica take no more pages (`accepts` is False) until a
+flush goes through: the primary's confirms wait, its retention fills, its publishers are held;
+nothing acknowledged is lost.
 
 **State transfer** (protocol section 6.5): a copy that started at a jump (a new replica, placed
 after the primary's memory had moved on) lacks what lies below its start on the primary's disk.
@@ -68,10 +70,14 @@ def safe_dir_name(name: str) -> bool:
 
 
 class ReplicaDisk:
-    def __init__(self, root: Path | None, inbox: PolicyInbox | None = None) -> None:
+    def __init__(self, root: Path | None, inbox: PolicyInbox | None = None, sync_before_answer: bool = False) -> None:
         """`root`: where this replica's stores live (None: nowhere, memory only); `inbox`: the
-        HCM's storage policy lines."""
+        HCM's storage policy lines; `sync_before_answer` (`exchange.store_sync = confirm`): a copy
+        page is answered only once the store fsync'ed it (`sync_written`, once per loop turn)."""
         self.root = root
+        self.sync_before_answer = sync_before_answer
+        self.syncs = 0  # sync_written's fsyncs of a store (one per store and loop turn)
+        self._unsynced: set[str] = set()  # copies written since sync_written last ran
         self.inbox = inbox if inbox is not None else PolicyInbox()
         self.policy = StoragePolicy()
         self.stores: dict[str, SegmentStore] = {}
@@ -225,7 +231,26 @@ class ReplicaDisk:
     def flush(self, incarnation: str) -> bool:
         """Write what a page appended (before it is answered); False: the disk refused it."""
         store = self.stores.get(incarnation)
-        return store is None or self._flush(store)
+        if store is None:
+            return True
+        if self.sync_before_answer:
+            self._unsynced.add(incarnation)
+        return self._flush(store)
+
+    def sync_written(self) -> set[str]:
+        """Fsync every copy's store written since the last call (the loop turn's group commit, before
+        its `copied` answers leave); returns the incarnations whose store refused it (not answered:
+        the primary asks again)."""
+        refused = set()
+        for incarnation in self._unsynced:
+            store = self.stores.get(incarnation)
+            if store is None:
+                continue  # dropped meanwhile: its copy answers nothing more
+            self.syncs += 1
+            if not self._flush(store, sync=True):
+                refused.add(incarnation)
+        self._unsynced.clear()
+        return refused
 
     def purge(self, incarnation: str, upto: int) -> None:
         """A purge of `incarnation`: its store below `upto`, and the adopted stores of the others."""

@@ -204,6 +204,52 @@ def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: 
         r.close()
 
 
+def test_with_store_sync_confirm_a_page_is_answered_after_its_fsync_one_per_turn(
+        ctx: zmq.Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`exchange.store_sync = confirm`: every `copied next_pos` the primary gets covers only frames
+    the replica's store had fsync'ed, and a loop turn that took many pages fsync'ed once (a group
+    commit), not once per page. Bursts of pages are sent until some turn took several."""
+    r = Replica(ctx, config(store_sync="confirm"), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    synced_through = [0]  # the copy's next_pos at the store's last fdatasync
+    turn_syncs = [0]  # fdatasyncs in the current loop turn
+    real_fdatasync = os.fdatasync
+
+    def observed(fd: int) -> None:
+        real_fdatasync(fd)
+        synced_through[0] = r.copies[INC].next_pos
+        turn_syncs[0] += 1
+    monkeypatch.setattr(os, "fdatasync", observed)
+    try:
+        primary = dealer(ctx, r.repl_endpoint)
+        follow(r, primary)
+        first, most_pages_in_a_turn, answers = 1, 0, 0
+        deadline = time.monotonic() + 30
+        while most_pages_in_a_turn < 4:
+            assert time.monotonic() < deadline, "no loop turn ever took several pages"
+            for _ in range(16):
+                primary.send(protocol.encode_copy(INC, first, frames(INC, first, 5), proof(INC)))
+                first += 5
+            while r.copies[INC].next_pos < first:
+                assert r.repl.poll(int(test_replication.WAIT * 1000)), "the pages never reached the replica"
+                taken_from, turn_syncs[0] = r.copies[INC].next_pos, 0
+                r._drain_primary()
+                pages = (r.copies[INC].next_pos - taken_from) // 5
+                most_pages_in_a_turn = max(most_pages_in_a_turn, pages)
+                assert pages == 0 or 1 <= turn_syncs[0] <= 2, \
+                    f"{pages} pages took {turn_syncs[0]} fdatasyncs (the segment and its index once)"
+            while answers < (first - 1) // 5:
+                assert primary.poll(int(test_replication.WAIT * 1000)), "a page was not answered"
+                reply = protocol.decode_replica_reply(primary.recv())
+                assert isinstance(reply, protocol.ReplicaReply) and reply.kind == protocol.COPIED
+                assert reply.next_pos <= synced_through[0], "copied answered before the store fsync'ed it"
+                answers += 1
+        assert r.disk.syncs < answers, "one fsync per turn, not per page"
+    finally:
+        r.close()
+
+
 def serve_a_while(r: Replica) -> None:
     """Handle what reached the replica's `repl` socket within 200 ms (a page is on loopback)."""
     while r.repl.poll(200):
