@@ -86,25 +86,28 @@ class TransferOut:
 
     def _page(self, store: SegmentStore) -> tuple[int, list[list[object]]] | None:
         """The next consecutive run of frames from our store (a gap, where retention or damage
-        took positions, starts a new transfer at the replica)."""
-        start = max(self.next, store.first_pos)
-        if start >= self.end:
-            self.end = 0  # our retention deleted the rest meanwhile: nothing left to transfer
-            return None
-        result = store.read(start, self.end, self.page_bytes)
-        frames: list[list[object]] = []
-        for frame in result.frames:
-            if frame.pos != start + len(frames):
-                break  # damaged records skipped: send up to the gap, the next page jumps
-            frames.append([int(frame.stored_at * 1e6), frame.topic, frame.body, frame.messages])
-        if not frames:
+        took positions, starts a new transfer at the replica). A loop, not a recursion: a store
+        with many damaged stretches is passed one read at a time."""
+        while True:
+            start = max(self.next, store.first_pos)
+            if start >= self.end:
+                self.end = 0  # our retention deleted the rest meanwhile: nothing left to transfer
+                return None
+            result = store.read(start, self.end, self.page_bytes)
+            if result.frames and result.frames[0].pos > start:
+                start = result.frames[0].pos  # damaged records skipped: go on from the frame after them
+            frames: list[list[object]] = []
+            for frame in result.frames:
+                if frame.pos != start + len(frames):
+                    break  # damaged records skipped: send up to the gap, the next page jumps
+                frames.append([int(frame.stored_at * 1e6), frame.topic, frame.body, frame.messages])
+            if frames:
+                if start > self.next:
+                    self._jump = True
+                return start, frames
             if result.next_pos <= start:
                 return None
             self.next, self._jump = result.next_pos, True
-            return self._page(store)
-        if start > self.next:
-            self._jump = True
-        return start, frames
 
     def on_filled(self, reply: protocol.Filled) -> None:
         if self.end == 0 or reply.end_pos != self.end:

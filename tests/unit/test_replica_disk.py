@@ -430,3 +430,39 @@ def test_lost_fill_pages_are_sent_again_and_the_transfer_completes_whole(ctx: zm
     subscriber = dealer(ctx, replica.replay_endpoint)
     end = primary.retention.next_pos
     assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end)]
+
+
+def damage(store_dir: Path, positions: list[int]) -> None:
+    """Flip one byte of each of these frames' records in the store's files (a CRC mismatch)."""
+    for path in store_dir.glob("*.seg"):
+        data = bytearray(path.read_bytes())
+        for pos in positions:
+            at = data.find(b"m%d." % pos)
+            if at >= 0:
+                data[at] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+def test_a_transfer_across_many_damaged_stretches_ends_with_everything_after_the_last(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """The primary's store has a damaged record every 10 positions below its memory tail: each
+    gap restarts the transfer at the replica (a store holds consecutive positions), and the frames
+    right after each gap are sent, not skipped, so the replica's store ends up holding every
+    position from the last damaged stretch's end, served whole."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    damaged_positions = list(range(10, primary.retention.oldest - 20, 10))
+    damage(tmp_path / "primary", damaged_positions)
+    stretches = primary.store.read(1, primary.retention.oldest, 1 << 30).damaged
+    assert len(stretches) == len(damaged_positions) > 20, "every damaged record is a stretch of its own"
+    primary.link.page_bytes = primary.link.transfer.page_bytes = 1_500  # a few frames a page: gaps inside pages
+    deadline = time.monotonic() + 30
+    while not (replica.disk.starts.get(INC, 0) > 1 and INC in replica.disk.in_sync and primary.link.transfer.in_sync):
+        assert time.monotonic() < deadline, "the transfer did not complete"
+        primary.cycle()
+    stored = replica.disk.store_of(INC)
+    first_whole = stretches[-1][1]
+    assert stored is not None and stored.first_pos == first_whole, \
+        f"the replica holds from {stored and stored.first_pos}, the primary from {first_whole} without a gap"
+    end = primary.retention.next_pos
+    assert replay_copy(replica) == [body(INC, pos, 200) for pos in range(first_whole, end)]
+
