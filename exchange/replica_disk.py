@@ -268,7 +268,7 @@ class ReplicaDisk:
         if policy is not None:
             self.policy = policy
             limits = limits_for(policy)
-            for incarnation, store in [*self.stores.items(), *self.adopted.items()]:
+            for incarnation, store in [*self.stores.items(), *self.adopted.items(), *self.bases.items()]:
                 if limits is None:
                     self.drop(incarnation)  # memory only now: a copy's store would have holes
                 else:
@@ -282,7 +282,8 @@ class ReplicaDisk:
             store.apply_retention(wall)
             if store.first_pos >= store.end_pos:
                 self.drop(incarnation)
-        for incarnation in list(self.bases):
+        for incarnation, base in list(self.bases.items()):
+            base.apply_retention(wall)  # a long transfer's oldest frames age out as the copy's would
             self._try_complete(incarnation)
 
     def close(self) -> None:

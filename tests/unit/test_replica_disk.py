@@ -466,3 +466,20 @@ def test_a_transfer_across_many_damaged_stretches_ends_with_everything_after_the
     end = primary.retention.next_pos
     assert replay_copy(replica) == [body(INC, pos, 200) for pos in range(first_whole, end)]
 
+
+def test_a_transfer_store_gets_the_queues_retention(tmp_path: Path) -> None:
+    """Fill pages of frames stored two hours ago, with a one-hour retention: the stats tick
+    deletes them from the transfer's store (`~base`) as from the copy's, before it completes."""
+    disk = ReplicaDisk(tmp_path / "x1~r")
+    disk.start(ON_DISK)
+    disk.open(INC, first_pos=100)
+    two_hours_ago = int((time.time() - 7_200) * 1e6)
+    old = [[two_hours_ago, TOPIC, body(INC, pos), 1] for pos in range(1, 51)]
+    assert disk.fill(protocol.Fill(INC, 1, 100, old, True, proof(INC))) == 51
+    base = disk.bases[INC]
+    assert (base.first_pos, base.end_pos) == (1, 51)
+    disk.tick()
+    assert base.first_pos == base.end_pos == 51, "frames older than the retention left the transfer's store"
+    recent = [[int(time.time() * 1e6), TOPIC, body(INC, pos), 1] for pos in range(51, 100)]
+    assert disk.fill(protocol.Fill(INC, 51, 100, recent, False, proof(INC))) == 100
+    disk.close()
