@@ -243,14 +243,15 @@ class Replica:
 
     def _fill(self, fill: protocol.Fill) -> bytes | None:
         """A page of the state transfer from the primary's disk (exchange/replica_disk.py)."""
-        if fill.incarnation in self.sealed or fill.incarnation not in self.copies:
-            return protocol.encode_filled(fill.incarnation, 0, fill.end_pos)
-        held = self.disk.fill(fill)
+        if fill.incarnation in self.sealed or fill.incarnation not in self.copies or (
+                fill.ended and fill.ended.rsplit(".", 1)[0] != self.xid):
+            return protocol.encode_filled(fill.incarnation, 0, fill.end_pos, fill.ended)
+        held = self.disk.fill_ended(fill) if fill.ended else self.disk.fill(fill)
         if held is None:
             self._count("refused_pages_storage_full", 1)
             return None
         self._count("filled_frames", len(fill.frames))
-        return protocol.encode_filled(fill.incarnation, held, fill.end_pos)
+        return protocol.encode_filled(fill.incarnation, held, fill.end_pos, fill.ended)
 
     def _mark(self, mark: protocol.Mark) -> bytes | None:
         """`marked` once we hold every group frame the primary sent before the mark: frames come in

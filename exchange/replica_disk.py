@@ -20,7 +20,9 @@ after the primary's memory had moved on) lacks what lies below its start on the 
 The primary sends it as `fill` pages, written to a second store (`<incarnation>~base/`) that is
 not served; once it reaches the copy's start, its segments are moved into the copy's store
 (highest first, so a crash leaves consecutive positions) and the copy is served whole: the
-replica is then `in sync`.
+replica is then `in sync`. The stores of the primary's earlier incarnations (it restarted on its
+host) come the same way (`fill_ended`), each to `<earlier>~base/`, renamed `<earlier>/` once whole
+and then served as an adopted store is: so the primary's host lost with its disk loses none of them.
 
 **Adoption**: a restarted replica process keeps the stores an earlier process of it wrote (its
 host restarted with its data directory, or only the process did): each becomes a *stored*
@@ -49,7 +51,7 @@ from pathlib import Path
 from exchange.journal_format import fsync_directory
 from exchange.retention import TopicCounts
 from exchange.segment_format import SEGMENT_FILE
-from exchange.segment_store import SegmentStore, StoreState
+from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import PolicyInbox, limits_for, stored_frame
 from roq import protocol
 from roq.storage_policy import StoragePolicy
@@ -145,9 +147,33 @@ class ReplicaDisk:
         tail = self.stores.get(incarnation)
         if tail is None or self.starts.get(incarnation) != end or incarnation in self.in_sync:
             return end if incarnation in self.in_sync and self.starts.get(incarnation) == end else 0
-        base = self.bases.get(incarnation)
+        held = self._take(incarnation, fill, tail.limits)
+        if held is not None:
+            self._try_complete(incarnation)
+        return held
+
+    def fill_ended(self, fill: protocol.Fill) -> int | None:
+        """Take a page of the primary's earlier incarnation `fill.ended` (`fill_ended`), whole up to
+        its end: written to `<ended>~base/`, which once complete becomes a stored incarnation of
+        this replica, served as an adopted one. One we hold a store of already (we copied it, or
+        adopted it) is answered complete at once; 0: none is taken here (memory only)."""
+        ended, end = fill.ended, fill.end_pos
+        if ended in self.adopted or ended in self.stores:
+            return end
+        limits = limits_for(self.policy)
+        if limits is None or self.root is None or not safe_dir_name(ended + BASE_SUFFIX):
+            return 0
+        held = self._take(ended, fill, limits)
+        if held is not None and held >= end:
+            self._store_ended(ended)
+        return held
+
+    def _take(self, name: str, fill: protocol.Fill, limits: StoreLimits) -> int | None:
+        """Write a page to the transfer store of `name` (a new one at a jump past what it holds);
+        returns where it is, None if its disk refuses the page now."""
+        base = self.bases.get(name)
         if base is None or (fill.jump and fill.first_pos > base.end_pos):
-            base = self._new_base(incarnation, tail)
+            base = self._new_base(name, limits)
         held = base.next_pos if base.next_pos is not None else fill.first_pos
         skip = held - fill.first_pos
         if skip < 0:
@@ -160,22 +186,34 @@ class ReplicaDisk:
             held += 1
         if not self._flush(base):
             return None  # the primary asks again; what was appended waits in the store
-        self._try_complete(incarnation)
         return held
+
+    def _store_ended(self, ended: str) -> None:
+        """A complete transfer of an earlier incarnation: its directory becomes the stored one."""
+        assert self.root is not None
+        base = self.bases.pop(ended)
+        base.close()
+        target = self.root / ended
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(base.directory, target)
+        fsync_directory(self.root)
+        self.adopted[ended] = SegmentStore(target, base.limits)
+        stored = self.adopted[ended]
+        log.info("stored %s, transferred whole: positions %d-%d", ended, stored.first_pos, stored.end_pos - 1)
 
     def accepts_base(self, base: SegmentStore) -> bool:
         if base.state is StoreState.FULL and time.monotonic() >= self._retry_at:
             self._flush(base)
         return base.state is StoreState.OK and base.pending_bytes <= MAX_PENDING_BYTES
 
-    def _new_base(self, incarnation: str, tail: SegmentStore) -> SegmentStore:
+    def _new_base(self, incarnation: str, limits: StoreLimits) -> SegmentStore:
         old = self.bases.pop(incarnation, None)
         if old is not None:
             old.close()
             shutil.rmtree(old.directory, ignore_errors=True)
         assert self.root is not None
         shutil.rmtree(self.root / (incarnation + BASE_SUFFIX), ignore_errors=True)
-        base = SegmentStore(self.root / (incarnation + BASE_SUFFIX), tail.limits)
+        base = SegmentStore(self.root / (incarnation + BASE_SUFFIX), limits)
         self.bases[incarnation] = base
         return base
 

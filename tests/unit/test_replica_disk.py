@@ -343,7 +343,8 @@ def fill_requests() -> st.SearchStrategy[protocol.Fill]:
                       st.integers(0, 5))
     return st.builds(protocol.Fill, st.sampled_from([INC, INC2, "x1.zz", "x2.a"]), st.integers(1, 60),
                      st.integers(2, 80), st.lists(frame, max_size=8), st.booleans(),
-                     st.sampled_from([proof(INC), proof(INC2), b"\0" * 32]))
+                     st.sampled_from([proof(INC), proof(INC2), b"\0" * 32]),
+                     st.sampled_from(["", "", "x1.old", "x2.old", INC, "x1.a/../..", "../x1.b", "x1." + "o" * 250]))
 
 
 def stored_state(root: Path) -> dict[str, bytes]:
@@ -368,11 +369,11 @@ def test_hostile_fills_never_crash_nor_write_outside_nor_touch_the_served_copy(f
             served = replay_copy(r)
             for fill in fills:
                 wire = protocol.encode_fill(fill.incarnation, fill.first_pos, fill.end_pos,
-                                            [list(f) for f in fill.frames], fill.proof, fill.jump)
+                                            [list(f) for f in fill.frames], fill.proof, fill.jump, fill.ended)
                 try:
                     request = protocol.decode_replica_request(wire)
-                except ProtocolError:
-                    assert fill.first_pos + len(fill.frames) > fill.end_pos  # the only rule a builder may break
+                except ProtocolError:  # the only rules a builder may break
+                    assert fill.first_pos + len(fill.frames) > fill.end_pos or fill.ended == fill.incarnation
                     continue
                 before = stored_state(root)
                 if not r.proof_holds(b"p", request):
@@ -380,7 +381,11 @@ def test_hostile_fills_never_crash_nor_write_outside_nor_touch_the_served_copy(f
                     continue
                 answer = r.handle(b"p", request)
                 assert answer is None or isinstance(protocol.decode_replica_reply(answer), protocol.Filled)
-                if request.incarnation != INC or request.end_pos != 40:
+                written = {name.split("/")[0] for name in set(stored_state(root)) - set(before)}
+                if request.ended:  # an earlier incarnation of our exchange only, in its own directories
+                    assert (request.incarnation == INC and request.ended == "x1.old") or not written, written
+                    assert written <= {"x1.old~base", "x1.old"}, written
+                elif request.incarnation != INC or request.end_pos != 40:
                     assert stored_state(root) == before, "a fill toward nothing this replica started wrote nothing"
             assert all(path.resolve().is_relative_to(root.resolve()) for path in Path(tmp).rglob("*")
                        if path.is_file()), "nothing outside the replica's root"
@@ -483,3 +488,33 @@ def test_a_transfer_store_gets_the_queues_retention(tmp_path: Path) -> None:
     recent = [[int(time.time() * 1e6), TOPIC, body(INC, pos), 1] for pos in range(51, 100)]
     assert disk.fill(protocol.Fill(INC, 51, 100, recent, False, proof(INC))) == 100
     disk.close()
+
+
+def test_an_earlier_incarnations_store_goes_to_the_replica_whole_and_is_served_there(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """The primary serves an earlier incarnation's store (it restarted on its host): after its own
+    store's transfer, that one goes as `fill_ended` pages, and the replica serves it whole as a
+    stored incarnation; a later follow finds it held (answered complete at the first page)."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    earlier = f"{X}.earlier"
+    store = SegmentStore(tmp_path / "earlier", StoreLimits(segment_bytes=16 << 10, index_every=1 << 10))
+    for pos in range(1, 401):
+        store.append(stored_frame(pos, time.time(), TOPIC, body(earlier, pos, 200), 1))
+    assert store.flush(sync=True)
+    primary.link.ended_stores = lambda: {earlier: store}
+    deadline = time.monotonic() + 30
+    while earlier not in replica.disk.adopted:
+        assert time.monotonic() < deadline, "the earlier incarnation's transfer did not complete"
+        primary.cycle()
+    assert primary.link.transfer.in_sync, "the running incarnation's own transfer went first"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    assert fetch_all(replica, subscriber, earlier) == [body(earlier, pos, 200) for pos in range(1, 401)]
+    assert not list((tmp_path / "x1~r").glob("*~base")), "the transfer's own store became the stored one"
+    assert (tmp_path / "x1~r" / earlier / f"{1:020d}.seg").exists()
+    filled_before = replica.counters.get("filled_frames", 0)
+    primary.link.following = False
+    primary.link._follow()  # the same replica followed again: offered the earlier store again
+    while primary.link.ended_transfer is None or not primary.link.ended_transfer.in_sync:
+        assert time.monotonic() < deadline, "the second offer was not answered"
+        primary.cycle()
+    assert replica.counters.get("filled_frames", 0) - filled_before <= 4_000 // 200, "at most a page again"
