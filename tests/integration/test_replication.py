@@ -213,12 +213,16 @@ def test_h_a_subscriber_away_while_its_exchange_host_dies_resumes_from_the_repli
         back.sub.close()
 
 
+@pytest.mark.parametrize("store_sync", ["interval", "confirm"])
 def test_j_an_exchange_host_lost_with_its_disk_under_load_loses_nothing_the_replica_stored(config, zk, paths,
-                                                                                          procs) -> None:
+                                                                                          procs, store_sync) -> None:
     """Disk retention, a memory tail of 200 KB: a durable subscriber away from the start while
     ~4 MB (20 memory tails) are confirmed under load, then the exchange's host and the publisher
-    killed together: every confirmed message comes back once, from the replica's segment store."""
-    start_hosts(procs, zk, paths, "exchange.retention_bytes=200000", gcm_settings=LOST_FOR_GOOD)
+    killed together: every confirmed message comes back once, from the replica's segment store.
+    With `exchange.store_sync = confirm` both stores fsync before a confirm (the replica before
+    it answers `copied`), and confirms still flow under load."""
+    start_hosts(procs, zk, paths, "exchange.retention_bytes=200000", f"exchange.store_sync={store_sync}",
+                gcm_settings=LOST_FOR_GOOD)
     create_replicated(config, zk, paths, "deep", retention=3_600.0)
     config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
     publish_with_a_subscriber_away(config, zk, "deep", "audit", taken=10, total=10)
@@ -241,7 +245,8 @@ def test_j_an_exchange_host_lost_with_its_disk_under_load_loses_nothing_the_repl
         wanted = set(range(confirmed))
         wait_until(lambda: wanted <= set(back.counts), timeout=60,
                    message=f"the {confirmed} confirmed messages, from the replica's store")
-        record_figures("replication j (processes): exchange host lost with its disk, disk retention",
+        record_figures(f"replication j (processes): exchange host lost with its disk, disk retention, "
+                       f"store_sync {store_sync}",
                        confirmed=confirmed, received=len(back.counts), lost=len(wanted - set(back.counts)),
                        duplicated=back.duplicated(), drained_in_s=round(time.monotonic() - killed_at, 2))
         assert back.duplicated() == 0
