@@ -87,6 +87,7 @@ class ReplicaDisk:
         self.bases: dict[str, SegmentStore] = {}  # transfers in progress
         self.in_sync: set[str] = set()  # copies whose transfer completed (or that needed none)
         self.adopted: dict[str, SegmentStore] = {}  # stores an earlier process of this replica wrote
+        self.purged: set[str] = set()  # earlier incarnations a purge dropped: no transfer brings them back
         self._retry_at = 0.0
 
     def start(self, policy: StoragePolicy | None) -> None:
@@ -161,7 +162,7 @@ class ReplicaDisk:
         if ended in self.adopted or ended in self.stores:
             return end
         limits = limits_for(self.policy)
-        if limits is None or self.root is None or not safe_dir_name(ended + BASE_SUFFIX):
+        if limits is None or self.root is None or not safe_dir_name(ended + BASE_SUFFIX) or ended in self.purged:
             return 0
         held = self._take(ended, fill, limits)
         if held is not None and held >= end:
@@ -291,9 +292,11 @@ class ReplicaDisk:
         return refused
 
     def purge(self, incarnation: str, upto: int) -> None:
-        """A purge of `incarnation`: its store below `upto`, and the adopted stores of the others."""
-        for other in [inc for inc in self.adopted if inc != incarnation]:
+        """A purge of `incarnation`: its store below `upto`, and the adopted stores of the others
+        (and earlier incarnations' transfers under way: they must not complete after it)."""
+        for other in [inc for inc in (*self.adopted, *self.bases) if inc != incarnation]:
             self.drop(other)
+            self.purged.add(other)
         store = self.stores.get(incarnation)
         if store is not None:
             store.delete_below(upto)

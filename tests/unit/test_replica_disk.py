@@ -518,3 +518,24 @@ def test_an_earlier_incarnations_store_goes_to_the_replica_whole_and_is_served_t
         assert time.monotonic() < deadline, "the second offer was not answered"
         primary.cycle()
     assert replica.counters.get("filled_frames", 0) - filled_before <= 4_000 // 200, "at most a page again"
+
+
+def test_a_purge_drops_an_earlier_incarnations_transfer_under_way_and_takes_no_more_of_it(tmp_path: Path) -> None:
+    """A purge while an earlier incarnation's store is being transferred: what it wrote goes, and
+    pages of it still in flight are answered 0 (not taken), so the purged frames never come back."""
+    disk = ReplicaDisk(tmp_path / "x1~r")
+    disk.start(ON_DISK)
+    disk.open(INC)
+    earlier = f"{X}.earlier"
+    now_us = int(time.time() * 1e6)
+
+    def page(first: int, count: int, jump: bool) -> protocol.Fill:
+        frames = [[now_us, TOPIC, body(earlier, pos), 1] for pos in range(first, first + count)]
+        return protocol.Fill(INC, first, 100, frames, jump, proof(INC), earlier)
+    assert disk.fill_ended(page(1, 10, True)) == 11
+    assert (tmp_path / "x1~r" / f"{earlier}~base").is_dir()
+    disk.purge(INC, 1)
+    assert not (tmp_path / "x1~r" / f"{earlier}~base").exists(), "the transfer under way went with the purge"
+    assert disk.fill_ended(page(11, 89, False)) == 0 and disk.fill_ended(page(1, 99, True)) == 0
+    assert earlier not in disk.adopted and not (tmp_path / "x1~r" / earlier).exists()
+    disk.close()
