@@ -72,12 +72,14 @@ ADAPTERS = {"zeromq": "bench.peers.ZmqAdapter", "zeromq-batch": "bench.peers.Zmq
             "roq-journal-fsync": ROQ_SINGLE, "roq-journal-fsync-batch": ROQ_BATCH,
             "roq-disk": ROQ_SINGLE, "roq-disk-batch": ROQ_BATCH,
             "roq-disk-fsync": ROQ_SINGLE, "roq-disk-fsync-batch": ROQ_BATCH,
+            "roq-disk-fsync-replicated": ROQ_SINGLE, "roq-disk-fsync-replicated-batch": ROQ_BATCH,
             "nats": "bench.peers.NatsAdapter", "redis": "bench.peers.RedisAdapter",
             "rabbitmq": "bench.peers.RabbitAdapter",
             "nats-jetstream": "bench.peers.JetStreamAdapter", "rabbitmq-quorum": "bench.peers.RabbitQuorumAdapter"}
 # Messages kept on disk (issue 35): run with --systems, e.g. the RoQ ones beside JetStream's file storage
 # and RabbitMQ's quorum queues (both with publisher confirms).
-ON_DISK = ("nats-jetstream", "rabbitmq-quorum", "roq-disk", "roq-disk-batch", "roq-disk-fsync", "roq-disk-fsync-batch")
+ON_DISK = ("nats-jetstream", "rabbitmq-quorum", "roq-disk", "roq-disk-batch", "roq-disk-fsync", "roq-disk-fsync-batch",
+           "roq-disk-fsync-replicated", "roq-disk-fsync-replicated-batch")
 ALL = [system for system in ADAPTERS if system not in ON_DISK]
 # What each RoQ system runs with: the queue's `replicas` and configuration overrides. Durability
 # (what a confirm costs when it means more), each with both APIs: replicas 2 (a replica process on
@@ -94,12 +96,15 @@ ROQ_SETUPS: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {
     "roq-replicated": (2, {}), "roq-replicated-batch": (2, {}),
     "roq-journal-fsync": (1, FSYNC), "roq-journal-fsync-batch": (1, FSYNC),
     "roq-disk": (1, DISK), "roq-disk-batch": (1, DISK), "roq-disk-fsync": (1, DISK_FSYNC),
-    "roq-disk-fsync-batch": (1, DISK_FSYNC)}
+    "roq-disk-fsync-batch": (1, DISK_FSYNC),
+    # replicas 2 and store_sync = confirm: an ack waits for the fsync of both hosts' stores
+    "roq-disk-fsync-replicated": (2, DISK_FSYNC), "roq-disk-fsync-replicated-batch": (2, DISK_FSYNC)}
 # Each durable system against the RoQ system with the same API and no durability.
 DURABLE = {"roq-replicated": "roq", "roq-replicated-batch": "roq-batch",
            "roq-journal-fsync": "roq", "roq-journal-fsync-batch": "roq-batch",
            "roq-disk": "roq", "roq-disk-batch": "roq-batch",
-           "roq-disk-fsync": "roq", "roq-disk-fsync-batch": "roq-batch"}
+           "roq-disk-fsync": "roq", "roq-disk-fsync-batch": "roq-batch",
+           "roq-disk-fsync-replicated": "roq", "roq-disk-fsync-replicated-batch": "roq-batch"}
 # Issue 35's goals: confirmed publish to a disk-retained queue over its peer's (100 B and 1000 B).
 DISK_GOALS = (("roq-disk", "nats-jetstream", 3.0), ("roq-disk-batch", "nats-jetstream", 3.0),
               ("roq-disk-fsync", "rabbitmq-quorum", 1.0), ("roq-disk-fsync-batch", "rabbitmq-quorum", 1.0))

@@ -149,6 +149,7 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
                     f"{Path(site.store_root).parent.name}/{site.xid}" if site.store_root is not None else site.xid)
     if link is not None:
         link.transfer.store_of = lambda: disk.store  # a new replica's state transfer reads it
+        link.ended_stores = lambda: disk.archived  # and our earlier incarnations' stores, whole
     spill = GroupSpill(groups, feed, retention, disk, config.group_max_bytes)
     feed.before_live = spill.mark
     cursors = GroupCursors(groups, retention, disk, stream.incarnation, replicated=link is not None)

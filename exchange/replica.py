@@ -46,7 +46,7 @@ class Replica:
         """`store_root`: where the copies' segment stores go when the queue's policy keeps frames on
         disk (None: memory only)."""
         self.config = config
-        self.disk = ReplicaDisk(store_root)
+        self.disk = ReplicaDisk(store_root, sync_before_answer=config.exchange.store_sync == "confirm")
         self.xid = xid
         self.incarnation = f"{xid}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
@@ -110,11 +110,12 @@ class Replica:
     # ------------------------------------------------------------ from the primary
 
     def _drain_primary(self, budget: int = 64) -> None:
+        held: list[tuple[bytes, bytes | None, str | None]] = []  # answers waiting for this turn's fsync
         for _ in range(budget):
             try:
                 parts = self.repl.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             if len(parts) != 2:
                 self._count("malformed", 1)
                 continue
@@ -128,8 +129,25 @@ class Replica:
                 self._count("malformed", 1)
                 log.warning("refusing a replication frame: %s", err)
                 continue
-            if self.proof_holds(route, request):
-                self._answer(route, self.handle(route, request))
+            if not self.proof_holds(route, request):
+                continue
+            reply = self.handle(route, request)
+            if self.disk.sync_before_answer:
+                held.append((route, reply, request.incarnation if isinstance(request, protocol.Copy) else None))
+            else:
+                self._answer(route, reply)
+        self._answer_synced(held)
+
+    def _answer_synced(self, held: list[tuple[bytes, bytes | None, str | None]]) -> None:
+        """`exchange.store_sync = confirm`: a turn's answers leave, in order, once the stores its
+        copy pages wrote are fsync'ed (one sync per store: a group commit), so what the primary
+        confirms is on both disks; a page whose store refused the sync is not answered."""
+        if not held:
+            return
+        refused = self.disk.sync_written()
+        for route, reply, copy_of in held:
+            if copy_of is None or copy_of not in refused:
+                self._answer(route, reply)
 
     def _answer(self, route: bytes, reply: bytes | None) -> None:
         if reply is None:
@@ -225,14 +243,15 @@ class Replica:
 
     def _fill(self, fill: protocol.Fill) -> bytes | None:
         """A page of the state transfer from the primary's disk (exchange/replica_disk.py)."""
-        if fill.incarnation in self.sealed or fill.incarnation not in self.copies:
-            return protocol.encode_filled(fill.incarnation, 0, fill.end_pos)
-        held = self.disk.fill(fill)
+        if fill.incarnation in self.sealed or fill.incarnation not in self.copies or (
+                fill.ended and fill.ended.rsplit(".", 1)[0] != self.xid):
+            return protocol.encode_filled(fill.incarnation, 0, fill.end_pos, fill.ended)
+        held = self.disk.fill_ended(fill) if fill.ended else self.disk.fill(fill)
         if held is None:
             self._count("refused_pages_storage_full", 1)
             return None
         self._count("filled_frames", len(fill.frames))
-        return protocol.encode_filled(fill.incarnation, held, fill.end_pos)
+        return protocol.encode_filled(fill.incarnation, held, fill.end_pos, fill.ended)
 
     def _mark(self, mark: protocol.Mark) -> bytes | None:
         """`marked` once we hold every group frame the primary sent before the mark: frames come in

@@ -9,16 +9,20 @@ served from position 1 (within retention) below the copy's memory tail (exchange
 A copy's store starts with the copy: a new follow, or a jump (the primary no longer holds the frames
 between), replaces it; a dropped copy's store is deleted. The store is written before a copy page
 is answered `copied` (a killed replica process loses nothing it acknowledged: the page cache has
-it) and synced on the stats tick, as the primary's is. A store whose disk refuses writes makes the
-replica take no more pages (`accepts` is False) until a flush goes through: the primary's confirms
-wait, its retention fills, its publishers are held; nothing acknowledged is lost.
+it) and synced on the stats tick, as the primary's is; with `exchange.store_sync = confirm` a loop
+turn's copy pages are answered only after one fsync of each store they wrote (`sync_written`). A
+store whose disk refuses writes makes the replica take no more pages (`accepts` is False) until a
+flush goes through: the primary's confirms wait, its retention fills, its publishers are held;
+nothing acknowledged is lost.
 
 **State transfer** (protocol section 6.5): a copy that started at a jump (a new replica, placed
 after the primary's memory had moved on) lacks what lies below its start on the primary's disk.
 The primary sends it as `fill` pages, written to a second store (`<incarnation>~base/`) that is
 not served; once it reaches the copy's start, its segments are moved into the copy's store
 (highest first, so a crash leaves consecutive positions) and the copy is served whole: the
-replica is then `in sync`.
+replica is then `in sync`. The stores of the primary's earlier incarnations (it restarted on its
+host) come the same way (`fill_ended`), each to `<earlier>~base/`, renamed `<earlier>/` once whole
+and then served as an adopted store is: so the primary's host lost with its disk loses none of them.
 
 **Adoption**: a restarted replica process keeps the stores an earlier process of it wrote (its
 host restarted with its data directory, or only the process did): each becomes a *stored*
@@ -47,7 +51,7 @@ from pathlib import Path
 from exchange.journal_format import fsync_directory
 from exchange.retention import TopicCounts
 from exchange.segment_format import SEGMENT_FILE
-from exchange.segment_store import SegmentStore, StoreState
+from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import PolicyInbox, limits_for, stored_frame
 from roq import protocol
 from roq.storage_policy import StoragePolicy
@@ -68,10 +72,14 @@ def safe_dir_name(name: str) -> bool:
 
 
 class ReplicaDisk:
-    def __init__(self, root: Path | None, inbox: PolicyInbox | None = None) -> None:
+    def __init__(self, root: Path | None, inbox: PolicyInbox | None = None, sync_before_answer: bool = False) -> None:
         """`root`: where this replica's stores live (None: nowhere, memory only); `inbox`: the
-        HCM's storage policy lines."""
+        HCM's storage policy lines; `sync_before_answer` (`exchange.store_sync = confirm`): a copy
+        page is answered only once the store fsync'ed it (`sync_written`, once per loop turn)."""
         self.root = root
+        self.sync_before_answer = sync_before_answer
+        self.syncs = 0  # sync_written's fsyncs of a store (one per store and loop turn)
+        self._unsynced: set[str] = set()  # copies written since sync_written last ran
         self.inbox = inbox if inbox is not None else PolicyInbox()
         self.policy = StoragePolicy()
         self.stores: dict[str, SegmentStore] = {}
@@ -79,6 +87,7 @@ class ReplicaDisk:
         self.bases: dict[str, SegmentStore] = {}  # transfers in progress
         self.in_sync: set[str] = set()  # copies whose transfer completed (or that needed none)
         self.adopted: dict[str, SegmentStore] = {}  # stores an earlier process of this replica wrote
+        self.purged: set[str] = set()  # earlier incarnations a purge dropped: no transfer brings them back
         self._retry_at = 0.0
 
     def start(self, policy: StoragePolicy | None) -> None:
@@ -139,9 +148,33 @@ class ReplicaDisk:
         tail = self.stores.get(incarnation)
         if tail is None or self.starts.get(incarnation) != end or incarnation in self.in_sync:
             return end if incarnation in self.in_sync and self.starts.get(incarnation) == end else 0
-        base = self.bases.get(incarnation)
+        held = self._take(incarnation, fill, tail.limits)
+        if held is not None:
+            self._try_complete(incarnation)
+        return held
+
+    def fill_ended(self, fill: protocol.Fill) -> int | None:
+        """Take a page of the primary's earlier incarnation `fill.ended` (`fill_ended`), whole up to
+        its end: written to `<ended>~base/`, which once complete becomes a stored incarnation of
+        this replica, served as an adopted one. One we hold a store of already (we copied it, or
+        adopted it) is answered complete at once; 0: none is taken here (memory only)."""
+        ended, end = fill.ended, fill.end_pos
+        if ended in self.adopted or ended in self.stores:
+            return end
+        limits = limits_for(self.policy)
+        if limits is None or self.root is None or not safe_dir_name(ended + BASE_SUFFIX) or ended in self.purged:
+            return 0
+        held = self._take(ended, fill, limits)
+        if held is not None and held >= end:
+            self._store_ended(ended)
+        return held
+
+    def _take(self, name: str, fill: protocol.Fill, limits: StoreLimits) -> int | None:
+        """Write a page to the transfer store of `name` (a new one at a jump past what it holds);
+        returns where it is, None if its disk refuses the page now."""
+        base = self.bases.get(name)
         if base is None or (fill.jump and fill.first_pos > base.end_pos):
-            base = self._new_base(incarnation, tail)
+            base = self._new_base(name, limits)
         held = base.next_pos if base.next_pos is not None else fill.first_pos
         skip = held - fill.first_pos
         if skip < 0:
@@ -154,22 +187,34 @@ class ReplicaDisk:
             held += 1
         if not self._flush(base):
             return None  # the primary asks again; what was appended waits in the store
-        self._try_complete(incarnation)
         return held
+
+    def _store_ended(self, ended: str) -> None:
+        """A complete transfer of an earlier incarnation: its directory becomes the stored one."""
+        assert self.root is not None
+        base = self.bases.pop(ended)
+        base.close()
+        target = self.root / ended
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(base.directory, target)
+        fsync_directory(self.root)
+        self.adopted[ended] = SegmentStore(target, base.limits)
+        stored = self.adopted[ended]
+        log.info("stored %s, transferred whole: positions %d-%d", ended, stored.first_pos, stored.end_pos - 1)
 
     def accepts_base(self, base: SegmentStore) -> bool:
         if base.state is StoreState.FULL and time.monotonic() >= self._retry_at:
             self._flush(base)
         return base.state is StoreState.OK and base.pending_bytes <= MAX_PENDING_BYTES
 
-    def _new_base(self, incarnation: str, tail: SegmentStore) -> SegmentStore:
+    def _new_base(self, incarnation: str, limits: StoreLimits) -> SegmentStore:
         old = self.bases.pop(incarnation, None)
         if old is not None:
             old.close()
             shutil.rmtree(old.directory, ignore_errors=True)
         assert self.root is not None
         shutil.rmtree(self.root / (incarnation + BASE_SUFFIX), ignore_errors=True)
-        base = SegmentStore(self.root / (incarnation + BASE_SUFFIX), tail.limits)
+        base = SegmentStore(self.root / (incarnation + BASE_SUFFIX), limits)
         self.bases[incarnation] = base
         return base
 
@@ -225,12 +270,33 @@ class ReplicaDisk:
     def flush(self, incarnation: str) -> bool:
         """Write what a page appended (before it is answered); False: the disk refused it."""
         store = self.stores.get(incarnation)
-        return store is None or self._flush(store)
+        if store is None:
+            return True
+        if self.sync_before_answer:
+            self._unsynced.add(incarnation)
+        return self._flush(store)
+
+    def sync_written(self) -> set[str]:
+        """Fsync every copy's store written since the last call (the loop turn's group commit, before
+        its `copied` answers leave); returns the incarnations whose store refused it (not answered:
+        the primary asks again)."""
+        refused = set()
+        for incarnation in self._unsynced:
+            store = self.stores.get(incarnation)
+            if store is None:
+                continue  # dropped meanwhile: its copy answers nothing more
+            self.syncs += 1
+            if not self._flush(store, sync=True):
+                refused.add(incarnation)
+        self._unsynced.clear()
+        return refused
 
     def purge(self, incarnation: str, upto: int) -> None:
-        """A purge of `incarnation`: its store below `upto`, and the adopted stores of the others."""
-        for other in [inc for inc in self.adopted if inc != incarnation]:
+        """A purge of `incarnation`: its store below `upto`, and the adopted stores of the others
+        (and earlier incarnations' transfers under way: they must not complete after it)."""
+        for other in [inc for inc in (*self.adopted, *self.bases) if inc != incarnation]:
             self.drop(other)
+            self.purged.add(other)
         store = self.stores.get(incarnation)
         if store is not None:
             store.delete_below(upto)
@@ -243,7 +309,7 @@ class ReplicaDisk:
         if policy is not None:
             self.policy = policy
             limits = limits_for(policy)
-            for incarnation, store in [*self.stores.items(), *self.adopted.items()]:
+            for incarnation, store in [*self.stores.items(), *self.adopted.items(), *self.bases.items()]:
                 if limits is None:
                     self.drop(incarnation)  # memory only now: a copy's store would have holes
                 else:
@@ -257,7 +323,8 @@ class ReplicaDisk:
             store.apply_retention(wall)
             if store.first_pos >= store.end_pos:
                 self.drop(incarnation)
-        for incarnation in list(self.bases):
+        for incarnation, base in list(self.bases.items()):
+            base.apply_retention(wall)  # a long transfer's oldest frames age out as the copy's would
             self._try_complete(incarnation)
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ the store a page at a time, at most FILL_WINDOW pages unanswered, sent only whil
 leave room, so memory stays bounded and confirms never wait for it. The replica writes them to a
 store of its own and answers `filled next_pos`; at `end` (where its copy starts) the replica is
 in sync. A silent replica gets the pages again from where it last answered; a page it cannot
-place (a gap) is answered with where it is, and the transfer goes on from there.
+place (a gap) is answered with where it is, and the transfer goes on from there. The same class
+sends a store of an earlier incarnation whole (`fill_ended`: exchange/replication.py offers each).
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ def _no_store() -> SegmentStore | None:
 
 
 class TransferOut:
-    def __init__(self, incarnation: str, proof: bytes, page_bytes: int) -> None:
+    def __init__(self, incarnation: str, proof: bytes, page_bytes: int, ended: str = "") -> None:
+        """`ended`: the transfer of that earlier incarnation's store (`fill_ended`), whole; else of
+        the running incarnation's store below the replica's copy."""
         self.incarnation = incarnation
+        self.ended = ended
         self.proof = proof
         self.page_bytes = page_bytes
         self.store_of: Callable[[], SegmentStore | None] = _no_store  # our segment store (exchange/disk_tail.py)
@@ -63,6 +67,17 @@ class TransferOut:
         self.end, self.next, self.acked, self._jump = end, self.first, 0, True
         log.info("state transfer to the replica: positions %d-%d from our segment store", self.next, end - 1)
 
+    def start_whole(self) -> None:
+        """Transfer all our store holds (an earlier incarnation's: it ended, its end is fixed)."""
+        store = self.store_of()
+        self._out.clear()
+        if store is None or store.first_pos >= store.end_pos:
+            self.end = 0
+            return
+        self.first = self.next = store.first_pos
+        self.end, self.acked, self._jump = store.end_pos, 0, True
+        log.info("state transfer of %s to the replica: positions %d-%d", self.ended, self.first, self.end - 1)
+
     def pump(self, now: float, send: Callable[[bytes], bool], room: bool) -> None:
         """Send what fits in the window while the copy leaves `room`; send again if silent."""
         if self.end == 0:
@@ -76,7 +91,8 @@ class TransferOut:
             if page is None:
                 return
             first, frames = page
-            if not send(protocol.encode_fill(self.incarnation, first, self.end, frames, self.proof, self._jump)):
+            if not send(protocol.encode_fill(self.incarnation, first, self.end, frames, self.proof, self._jump,
+                                             self.ended)):
                 return
             self._jump = False
             if not self._out:
@@ -86,28 +102,31 @@ class TransferOut:
 
     def _page(self, store: SegmentStore) -> tuple[int, list[list[object]]] | None:
         """The next consecutive run of frames from our store (a gap, where retention or damage
-        took positions, starts a new transfer at the replica)."""
-        start = max(self.next, store.first_pos)
-        if start >= self.end:
-            self.end = 0  # our retention deleted the rest meanwhile: nothing left to transfer
-            return None
-        result = store.read(start, self.end, self.page_bytes)
-        frames: list[list[object]] = []
-        for frame in result.frames:
-            if frame.pos != start + len(frames):
-                break  # damaged records skipped: send up to the gap, the next page jumps
-            frames.append([int(frame.stored_at * 1e6), frame.topic, frame.body, frame.messages])
-        if not frames:
+        took positions, starts a new transfer at the replica). A loop, not a recursion: a store
+        with many damaged stretches is passed one read at a time."""
+        while True:
+            start = max(self.next, store.first_pos)
+            if start >= self.end:
+                self.end = 0  # our retention deleted the rest meanwhile: nothing left to transfer
+                return None
+            result = store.read(start, self.end, self.page_bytes)
+            if result.frames and result.frames[0].pos > start:
+                start = result.frames[0].pos  # damaged records skipped: go on from the frame after them
+            frames: list[list[object]] = []
+            for frame in result.frames:
+                if frame.pos != start + len(frames):
+                    break  # damaged records skipped: send up to the gap, the next page jumps
+                frames.append([int(frame.stored_at * 1e6), frame.topic, frame.body, frame.messages])
+            if frames:
+                if start > self.next:
+                    self._jump = True
+                return start, frames
             if result.next_pos <= start:
                 return None
             self.next, self._jump = result.next_pos, True
-            return self._page(store)
-        if start > self.next:
-            self._jump = True
-        return start, frames
 
     def on_filled(self, reply: protocol.Filled) -> None:
-        if self.end == 0 or reply.end_pos != self.end:
+        if self.end == 0 or reply.end_pos != self.end or reply.ended != self.ended:
             return
         self._asked = time.monotonic()
         if reply.next_pos == 0:

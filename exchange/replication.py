@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 
 import zmq
 
 from exchange.replica_transfer import TransferOut
 from exchange.retention import Retention
+from exchange.segment_store import SegmentStore
 from roq import protocol
 from roq.config import Config
 from roq.errors import ProtocolError
@@ -67,6 +69,11 @@ class ReplicaLink:
         self._marks_dropped = 0  # marks sent before the last follow: no longer waited for
         self.recorded: set[str] = set()  # admin commands the replica said it holds (`applied` answered)
         self.transfer = TransferOut(incarnation, proof, self.page_bytes)  # what our disk holds below a jump
+        # Our earlier incarnations' stores (exchange/disk_tail.py) go to each replica that follows us,
+        # one at a time, after the running one's transfer: a host lost with its disk loses none of them.
+        self.ended_stores: Callable[[], Mapping[str, SegmentStore]] = dict
+        self.ended_transfer: TransferOut | None = None
+        self._ended_done: set[str] = set()  # earlier incarnations this replica said it holds, or taken up
         retention.protect_from = self.held
 
     # ------------------------------------------------------------ wiring
@@ -132,7 +139,28 @@ class ReplicaLink:
             return
         self._pump_copies(now)
         # The transfer from disk only uses what the copy leaves of the window: confirms come first.
-        self.transfer.pump(now, self._send, room=len(self._pages) < WINDOW_PAGES // 2)
+        room = len(self._pages) < WINDOW_PAGES // 2
+        self.transfer.pump(now, self._send, room)
+        if self.transfer.in_sync:
+            self._pump_ended(now, room)
+
+    def _pump_ended(self, now: float, room: bool) -> None:
+        """Transfer our earlier incarnations' stores, oldest name first, one at a time (`fill_ended`)."""
+        stores = self.ended_stores()
+        transfer = self.ended_transfer
+        if transfer is not None and (transfer.in_sync or transfer.ended not in stores):
+            transfer = None  # done (or its store went with our retention): the next one
+        if transfer is None:
+            name = next((name for name in sorted(stores) if name not in self._ended_done), None)
+            if name is None:
+                self.ended_transfer = None
+                return
+            self._ended_done.add(name)
+            transfer = TransferOut(self.incarnation, self.proof, self.page_bytes, ended=name)
+            transfer.store_of = lambda: self.ended_stores().get(name)
+            transfer.start_whole()
+        self.ended_transfer = transfer
+        transfer.pump(now, self._send, room)
 
     def _pump_copies(self, now: float) -> None:
         retention = self.retention
@@ -169,7 +197,10 @@ class ReplicaLink:
             self.recorded.add(reply.command_id)
             return
         if isinstance(reply, protocol.Filled):
-            self.transfer.on_filled(reply)
+            if not reply.ended:
+                self.transfer.on_filled(reply)
+            elif self.ended_transfer is not None:
+                self.ended_transfer.on_filled(reply)
             return
         self._asked = time.monotonic()
         if isinstance(reply, protocol.Marked):
@@ -191,6 +222,8 @@ class ReplicaLink:
             # Start where it is: frames below our oldest were confirmed with an earlier replica.
             if reply.next_pos == 0:
                 self.transfer.start(0, 0)  # a new copy: a transfer starts again at its jump
+            self._ended_done.clear()  # each follow (a new replica, maybe) is offered our earlier stores again
+            self.ended_transfer = None
             self.following = True
             self.follows += 1
             self._marks_dropped = self.marks_sent  # the state sent to this follow covers what they marked

@@ -203,7 +203,8 @@ class ExchangeConfig:
                                          lo=MIN_JOURNAL_SEGMENT_BYTES, note="64 KiB")
     store_sync: str = setting("interval", "when a queue's segment store (a disk storage policy) is fsync'ed: "
                               "interval (every stats_interval; acks do not wait); confirm (a batch is confirmed "
-                              "once the store fsync'ed it: one sync per loop turn covers that turn's batches)",
+                              "once the store fsync'ed it: one sync per loop turn covers that turn's batches; "
+                              "with replicas 2 the replica's store too, before it answers the copy)",
                               choices=STORE_SYNC_MODES)
     # Consumer groups: docs/work-queues.md.
     max_groups: int = setting(64, "consumer groups per exchange", positive=True)

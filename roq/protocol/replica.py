@@ -18,6 +18,7 @@ FOLLOW, FOLLOWING, COPY, COPIED, SEALED = "follow", "following", "copy", "copied
 GROUPS, DONE, ADOPT, ADOPTION, MARK, MARKED = "groups", "done", "adopt", "adoption", "mark", "marked"
 APPLIED, RECORDED = "applied", "recorded"
 FILL, FILLED = "fill", "filled"
+FILL_ENDED, FILLED_ENDED = "fill_ended", "filled_ended"  # an earlier incarnation's store (section 6.5)
 MAX_STORED_AT_US = 1 << 53  # microseconds since the Unix epoch a stored frame may carry (year 285,000)
 MAX_COPY_FRAME = 1 << 30  # a copy carries at most exchange.fetch_max_bytes-sized pages; generous
 MIN_PROOF, MAX_PROOF = 16, 64  # bytes of an incarnation's copy secret
@@ -66,6 +67,7 @@ class Fill:
     frames: list[tuple[int, bytes, bytes, int]]  # (stored_at in µs since the epoch, topic, body, messages)
     jump: bool  # the primary's store holds nothing between what the replica asked for and first_pos
     proof: bytes
+    ended: str = ""  # `fill_ended`: the earlier incarnation whose store the frames are (end_pos: its end)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Filled:
     next_pos: int
     end_pos: int
     kind: str = FILLED
+    ended: str = ""  # `filled_ended`: the earlier incarnation transferred
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,17 @@ def _fill(incarnation: str, first_pos: int, end_pos: int, frames: list[list[Any]
     return Fill(incarnation, first_pos, end_pos, [(f[0], f[1], f[2], f[3]) for f in frames], jump, proof)
 
 
+def _fill_ended(incarnation: str, ended: str, first_pos: int, end_pos: int, frames: list[list[Any]], jump: bool,
+                proof: bytes) -> Fill:
+    return Fill(incarnation, first_pos, end_pos, [(f[0], f[1], f[2], f[3]) for f in frames], jump, proof, ended)
+
+
+FILL_FRAMES = Field("frames", ListOf(Array(Field("stored_at_us", Int(0, MAX_STORED_AT_US)),
+                                           Field("topic", Bin(0, MAX_TOPIC)), Field("body", Bin()),
+                                           Field("messages", Int()))),
+                    shown="[[stored_at_us, topic, body, messages], ...]")
+ENDED = Field("ended", Str(1, MAX_INCARNATION))
+
 REPLICA_REQUESTS = Conversation(
     "replication request",
     frame(FOLLOW, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF, build=Follow),
@@ -243,15 +257,16 @@ REPLICA_REQUESTS = Conversation(
     frame(APPLIED, INCARNATION, Field("command_id", COMMAND_ID), GROUP_STATE_LIST, Field("purge_upto", Int()), PROOF,
           build=lambda incarnation, command_id, groups, purge_upto, proof: Applied(
               incarnation, command_id, records_of(groups), purge_upto, proof)),
-    frame(FILL, INCARNATION, Field("first_pos", Int(1)), Field("end_pos", Int(2)),
-          Field("frames", ListOf(Array(Field("stored_at_us", Int(0, MAX_STORED_AT_US)),
-                                       Field("topic", Bin(0, MAX_TOPIC)), Field("body", Bin()),
-                                       Field("messages", Int()))),
-                shown="[[stored_at_us, topic, body, messages], ...]"),
+    frame(FILL, INCARNATION, Field("first_pos", Int(1)), Field("end_pos", Int(2)), FILL_FRAMES,
           Field("jump", Bool()), PROOF,
           rules=[(lambda inc, first_pos, end_pos, frames, *_: first_pos + len(frames) <= end_pos,
                   "fill frames reach end_pos")],
           build=_fill),
+    frame(FILL_ENDED, INCARNATION, ENDED, Field("first_pos", Int(1)), Field("end_pos", Int(2)), FILL_FRAMES,
+          Field("jump", Bool()), PROOF,
+          rules=[(lambda inc, ended, first_pos, end_pos, frames, *_: first_pos + len(frames) <= end_pos,
+                  "fill frames reach end_pos"), (lambda inc, ended, *_: ended != inc, "ended is the running one")],
+          build=_fill_ended),
 )
 
 
@@ -270,6 +285,8 @@ REPLICA_REPLIES = Conversation(
     frame(SEALED, INCARNATION, build=lambda incarnation: ReplicaReply(SEALED, incarnation, 0)),
     frame(MARKED, INCARNATION, Field("serial", Int(1)), build=Marked),
     frame(FILLED, INCARNATION, Field("next_pos", Int()), Field("end_pos", Int()), build=Filled),
+    frame(FILLED_ENDED, INCARNATION, ENDED, Field("next_pos", Int()), Field("end_pos", Int()),
+          build=lambda incarnation, ended, next_pos, end_pos: Filled(incarnation, next_pos, end_pos, FILLED, ended)),
     frame(RECORDED, INCARNATION, Field("command_id", COMMAND_ID), build=Recorded),
     frame(ADOPTION, INCARNATION, Field("ended", Str(0, MAX_INCARNATION)), GROUP_STATE_LIST,
           Field("high", ListOf(Array(Field("publisher_id", Str()), Field("seq", Int()))),
@@ -315,12 +332,17 @@ def encode_applied(incarnation: str, command_id: str, groups: list[GroupRecord],
 
 
 def encode_fill(incarnation: str, first_pos: int, end_pos: int, frames: list[list[Any]], proof: bytes,
-                jump: bool = False) -> bytes:
-    """`frames` are [stored_at_us, topic, body, messages] lists, from `first_pos` on, below `end_pos`."""
+                jump: bool = False, ended: str = "") -> bytes:
+    """`frames` are [stored_at_us, topic, body, messages] lists, from `first_pos` on, below `end_pos`;
+    `ended`: they are that earlier incarnation's (`fill_ended`), not the running one's."""
+    if ended:
+        return pack([FILL_ENDED, DATA_VERSION, incarnation, ended, first_pos, end_pos, frames, jump, proof])
     return pack([FILL, DATA_VERSION, incarnation, first_pos, end_pos, frames, jump, proof])
 
 
-def encode_filled(incarnation: str, next_pos: int, end_pos: int) -> bytes:
+def encode_filled(incarnation: str, next_pos: int, end_pos: int, ended: str = "") -> bytes:
+    if ended:
+        return pack([FILLED_ENDED, DATA_VERSION, incarnation, ended, next_pos, end_pos])
     return pack([FILLED, DATA_VERSION, incarnation, next_pos, end_pos])
 
 

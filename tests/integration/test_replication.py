@@ -213,12 +213,16 @@ def test_h_a_subscriber_away_while_its_exchange_host_dies_resumes_from_the_repli
         back.sub.close()
 
 
+@pytest.mark.parametrize("store_sync", ["interval", "confirm"])
 def test_j_an_exchange_host_lost_with_its_disk_under_load_loses_nothing_the_replica_stored(config, zk, paths,
-                                                                                          procs) -> None:
+                                                                                          procs, store_sync) -> None:
     """Disk retention, a memory tail of 200 KB: a durable subscriber away from the start while
     ~4 MB (20 memory tails) are confirmed under load, then the exchange's host and the publisher
-    killed together: every confirmed message comes back once, from the replica's segment store."""
-    start_hosts(procs, zk, paths, "exchange.retention_bytes=200000", gcm_settings=LOST_FOR_GOOD)
+    killed together: every confirmed message comes back once, from the replica's segment store.
+    With `exchange.store_sync = confirm` both stores fsync before a confirm (the replica before
+    it answers `copied`), and confirms still flow under load."""
+    start_hosts(procs, zk, paths, "exchange.retention_bytes=200000", f"exchange.store_sync={store_sync}",
+                gcm_settings=LOST_FOR_GOOD)
     create_replicated(config, zk, paths, "deep", retention=3_600.0)
     config = config.replace(client={"state_dir": str(procs.workdir / "subscribers")})
     publish_with_a_subscriber_away(config, zk, "deep", "audit", taken=10, total=10)
@@ -241,7 +245,8 @@ def test_j_an_exchange_host_lost_with_its_disk_under_load_loses_nothing_the_repl
         wanted = set(range(confirmed))
         wait_until(lambda: wanted <= set(back.counts), timeout=60,
                    message=f"the {confirmed} confirmed messages, from the replica's store")
-        record_figures("replication j (processes): exchange host lost with its disk, disk retention",
+        record_figures(f"replication j (processes): exchange host lost with its disk, disk retention, "
+                       f"store_sync {store_sync}",
                        confirmed=confirmed, received=len(back.counts), lost=len(wanted - set(back.counts)),
                        duplicated=back.duplicated(), drained_in_s=round(time.monotonic() - killed_at, 2))
         assert back.duplicated() == 0
@@ -298,6 +303,64 @@ def test_k_a_late_replica_catches_up_from_the_primary_disk_then_takes_over(confi
         assert not [i for i in back.counts if i < 10], "taken before: not again"
     finally:
         back.sub.close()
+
+
+def test_l_an_earlier_incarnation_reaches_a_new_replica_and_outlives_its_exchange_host(config, zk, paths,
+                                                                                       procs) -> None:
+    """Disk retention, a memory tail of 200 KB: 1,000 messages (~1 MB) confirmed in incarnation A,
+    then the exchange process killed (its HCM restarts it as B, which serves A's store), then the
+    replica's host killed: the new replica gets A's store by transfer (`fill_ended`, protocol 6.5).
+    Then B's host is lost with its disk: a subscriber from the beginning (position taken while B
+    ran) gets every message of A once, from the new replica alone."""
+    memory = "exchange.retention_bytes=200000"
+    start_hosts(procs, zk, paths, memory, gcm_settings=LOST_FOR_GOOD)
+    procs.start("hcm", "host-4", "hcm.host=host-4", memory)  # room for a new replica, then the exchange
+    wait_until(lambda: len(read_hosts(zk, paths)) == 4, message="four hosts")
+    create_replicated(config, zk, paths, "earlier", retention=3_600.0)
+    with Publisher("earlier", config) as pub:
+        for i in range(1000):
+            pub.publish("load", str(i).encode().ljust(1000))
+        pub.flush(60)
+    live = read_live(zk, paths, "earlier")["x1"]
+    host, first = live["host"], live["incarnation"]
+    os.kill(live["pid"], signal.SIGKILL)  # its HCM starts a new incarnation there, the store kept
+    wait_until(lambda: read_live(zk, paths, "earlier").get("x1", {}).get("incarnation") not in (None, first),
+               timeout=30, message="a new incarnation")
+    live = read_live(zk, paths, "earlier")["x1"]
+    if live["host"] != host:
+        pytest.skip("the leader moved the exchange to another host: its store stayed behind")
+    assert first in live.get("archived", []), "the restarted exchange serves the earlier store"
+    with Subscriber("earlier", config, start="beginning", inbox_limit=1) as early:
+        position = early.position()
+    assert position["streams"].get(first) == 0, "the earlier incarnation is in the position, unread"
+    old_replica = read_json(zk, paths.replica_live("earlier", "x1"))
+    assert old_replica and old_replica["host"] != host
+    procs.kill(str(old_replica["host"]))
+    procs.wait_gone(str(old_replica["host"]))
+
+    def new_replica_host() -> str | None:
+        new = read_json(zk, paths.replica_live("earlier", "x1"))
+        return str(new["host"]) if new and new["host"] != old_replica["host"] else None
+    wait_until(new_replica_host, timeout=60, message="a new replica")
+    stored = procs.workdir / str(new_replica_host()) / "data" / "store" / "earlier" / "x1~r" / str(first)
+    wait_until(lambda: (stored / f"{1:020d}.seg").exists() and not list(stored.parent.glob("*~base")),
+               timeout=60, message=f"the earlier incarnation transferred to {stored}")
+    procs.kill(host)  # B's host, with A's store on its disk: only the new replica holds A now
+    wait_until(lambda: (read_live(zk, paths, "earlier").get("x1") or {}).get("host") not in (None, host),
+               timeout=30, message="x1 back on another host")
+    counts: Counter[int] = Counter()
+    with Subscriber("earlier", config, position=position) as back:
+        deadline = time.monotonic() + 60
+        while len(counts) < 1000 and time.monotonic() < deadline:
+            msg = back.receive(timeout=1)
+            if msg is not None:
+                counts[int(msg.payload)] += 1
+        gaps = back.gaps
+    record_figures("replication l (processes): an earlier incarnation transferred to a new replica, then "
+                   "the exchange host lost", confirmed=1000, received=len(counts),
+                   lost=1000 - len(set(counts) & set(range(1000))), duplicated=sum(1 for c in counts.values() if c > 1))
+    assert set(counts) == set(range(1000)), f"{1000 - len(counts)} of the earlier incarnation's messages missing"
+    assert max(counts.values()) == 1 and gaps == 0
 
 
 def test_confirms_wait_for_the_replica(config, zk, paths, procs) -> None:

@@ -204,6 +204,52 @@ def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: 
         r.close()
 
 
+def test_with_store_sync_confirm_a_page_is_answered_after_its_fsync_one_per_turn(
+        ctx: zmq.Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`exchange.store_sync = confirm`: every `copied next_pos` the primary gets covers only frames
+    the replica's store had fsync'ed, and a loop turn that took many pages fsync'ed once (a group
+    commit), not once per page. Bursts of pages are sent until some turn took several."""
+    r = Replica(ctx, config(store_sync="confirm"), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    synced_through = [0]  # the copy's next_pos at the store's last fdatasync
+    turn_syncs = [0]  # fdatasyncs in the current loop turn
+    real_fdatasync = os.fdatasync
+
+    def observed(fd: int) -> None:
+        real_fdatasync(fd)
+        synced_through[0] = r.copies[INC].next_pos
+        turn_syncs[0] += 1
+    monkeypatch.setattr(os, "fdatasync", observed)
+    try:
+        primary = dealer(ctx, r.repl_endpoint)
+        follow(r, primary)
+        first, most_pages_in_a_turn, answers = 1, 0, 0
+        deadline = time.monotonic() + 30
+        while most_pages_in_a_turn < 4:
+            assert time.monotonic() < deadline, "no loop turn ever took several pages"
+            for _ in range(16):
+                primary.send(protocol.encode_copy(INC, first, frames(INC, first, 5), proof(INC)))
+                first += 5
+            while r.copies[INC].next_pos < first:
+                assert r.repl.poll(int(test_replication.WAIT * 1000)), "the pages never reached the replica"
+                taken_from, turn_syncs[0] = r.copies[INC].next_pos, 0
+                r._drain_primary()
+                pages = (r.copies[INC].next_pos - taken_from) // 5
+                most_pages_in_a_turn = max(most_pages_in_a_turn, pages)
+                assert pages == 0 or 1 <= turn_syncs[0] <= 2, \
+                    f"{pages} pages took {turn_syncs[0]} fdatasyncs (the segment and its index once)"
+            while answers < (first - 1) // 5:
+                assert primary.poll(int(test_replication.WAIT * 1000)), "a page was not answered"
+                reply = protocol.decode_replica_reply(primary.recv())
+                assert isinstance(reply, protocol.ReplicaReply) and reply.kind == protocol.COPIED
+                assert reply.next_pos <= synced_through[0], "copied answered before the store fsync'ed it"
+                answers += 1
+        assert r.disk.syncs < answers, "one fsync per turn, not per page"
+    finally:
+        r.close()
+
+
 def serve_a_while(r: Replica) -> None:
     """Handle what reached the replica's `repl` socket within 200 ms (a page is on loopback)."""
     while r.repl.poll(200):
@@ -297,7 +343,8 @@ def fill_requests() -> st.SearchStrategy[protocol.Fill]:
                       st.integers(0, 5))
     return st.builds(protocol.Fill, st.sampled_from([INC, INC2, "x1.zz", "x2.a"]), st.integers(1, 60),
                      st.integers(2, 80), st.lists(frame, max_size=8), st.booleans(),
-                     st.sampled_from([proof(INC), proof(INC2), b"\0" * 32]))
+                     st.sampled_from([proof(INC), proof(INC2), b"\0" * 32]),
+                     st.sampled_from(["", "", "x1.old", "x2.old", INC, "x1.a/../..", "../x1.b", "x1." + "o" * 250]))
 
 
 def stored_state(root: Path) -> dict[str, bytes]:
@@ -322,11 +369,11 @@ def test_hostile_fills_never_crash_nor_write_outside_nor_touch_the_served_copy(f
             served = replay_copy(r)
             for fill in fills:
                 wire = protocol.encode_fill(fill.incarnation, fill.first_pos, fill.end_pos,
-                                            [list(f) for f in fill.frames], fill.proof, fill.jump)
+                                            [list(f) for f in fill.frames], fill.proof, fill.jump, fill.ended)
                 try:
                     request = protocol.decode_replica_request(wire)
-                except ProtocolError:
-                    assert fill.first_pos + len(fill.frames) > fill.end_pos  # the only rule a builder may break
+                except ProtocolError:  # the only rules a builder may break
+                    assert fill.first_pos + len(fill.frames) > fill.end_pos or fill.ended == fill.incarnation
                     continue
                 before = stored_state(root)
                 if not r.proof_holds(b"p", request):
@@ -334,7 +381,11 @@ def test_hostile_fills_never_crash_nor_write_outside_nor_touch_the_served_copy(f
                     continue
                 answer = r.handle(b"p", request)
                 assert answer is None or isinstance(protocol.decode_replica_reply(answer), protocol.Filled)
-                if request.incarnation != INC or request.end_pos != 40:
+                written = {name.split("/")[0] for name in set(stored_state(root)) - set(before)}
+                if request.ended:  # an earlier incarnation of our exchange only, in its own directories
+                    assert (request.incarnation == INC and request.ended == "x1.old") or not written, written
+                    assert written <= {"x1.old~base", "x1.old"}, written
+                elif request.incarnation != INC or request.end_pos != 40:
                     assert stored_state(root) == before, "a fill toward nothing this replica started wrote nothing"
             assert all(path.resolve().is_relative_to(root.resolve()) for path in Path(tmp).rglob("*")
                        if path.is_file()), "nothing outside the replica's root"
@@ -384,3 +435,107 @@ def test_lost_fill_pages_are_sent_again_and_the_transfer_completes_whole(ctx: zm
     subscriber = dealer(ctx, replica.replay_endpoint)
     end = primary.retention.next_pos
     assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end)]
+
+
+def damage(store_dir: Path, positions: list[int]) -> None:
+    """Flip one byte of each of these frames' records in the store's files (a CRC mismatch)."""
+    for path in store_dir.glob("*.seg"):
+        data = bytearray(path.read_bytes())
+        for pos in positions:
+            at = data.find(b"m%d." % pos)
+            if at >= 0:
+                data[at] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+def test_a_transfer_across_many_damaged_stretches_ends_with_everything_after_the_last(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """The primary's store has a damaged record every 10 positions below its memory tail: each
+    gap restarts the transfer at the replica (a store holds consecutive positions), and the frames
+    right after each gap are sent, not skipped, so the replica's store ends up holding every
+    position from the last damaged stretch's end, served whole."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    damaged_positions = list(range(10, primary.retention.oldest - 20, 10))
+    damage(tmp_path / "primary", damaged_positions)
+    stretches = primary.store.read(1, primary.retention.oldest, 1 << 30).damaged
+    assert len(stretches) == len(damaged_positions) > 20, "every damaged record is a stretch of its own"
+    primary.link.page_bytes = primary.link.transfer.page_bytes = 1_500  # a few frames a page: gaps inside pages
+    deadline = time.monotonic() + 30
+    while not (replica.disk.starts.get(INC, 0) > 1 and INC in replica.disk.in_sync and primary.link.transfer.in_sync):
+        assert time.monotonic() < deadline, "the transfer did not complete"
+        primary.cycle()
+    stored = replica.disk.store_of(INC)
+    first_whole = stretches[-1][1]
+    assert stored is not None and stored.first_pos == first_whole, \
+        f"the replica holds from {stored and stored.first_pos}, the primary from {first_whole} without a gap"
+    end = primary.retention.next_pos
+    assert replay_copy(replica) == [body(INC, pos, 200) for pos in range(first_whole, end)]
+
+
+def test_a_transfer_store_gets_the_queues_retention(tmp_path: Path) -> None:
+    """Fill pages of frames stored two hours ago, with a one-hour retention: the stats tick
+    deletes them from the transfer's store (`~base`) as from the copy's, before it completes."""
+    disk = ReplicaDisk(tmp_path / "x1~r")
+    disk.start(ON_DISK)
+    disk.open(INC, first_pos=100)
+    two_hours_ago = int((time.time() - 7_200) * 1e6)
+    old = [[two_hours_ago, TOPIC, body(INC, pos), 1] for pos in range(1, 51)]
+    assert disk.fill(protocol.Fill(INC, 1, 100, old, True, proof(INC))) == 51
+    base = disk.bases[INC]
+    assert (base.first_pos, base.end_pos) == (1, 51)
+    disk.tick()
+    assert base.first_pos == base.end_pos == 51, "frames older than the retention left the transfer's store"
+    recent = [[int(time.time() * 1e6), TOPIC, body(INC, pos), 1] for pos in range(51, 100)]
+    assert disk.fill(protocol.Fill(INC, 51, 100, recent, False, proof(INC))) == 100
+    disk.close()
+
+
+def test_an_earlier_incarnations_store_goes_to_the_replica_whole_and_is_served_there(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """The primary serves an earlier incarnation's store (it restarted on its host): after its own
+    store's transfer, that one goes as `fill_ended` pages, and the replica serves it whole as a
+    stored incarnation; a later follow finds it held (answered complete at the first page)."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    earlier = f"{X}.earlier"
+    store = SegmentStore(tmp_path / "earlier", StoreLimits(segment_bytes=16 << 10, index_every=1 << 10))
+    for pos in range(1, 401):
+        store.append(stored_frame(pos, time.time(), TOPIC, body(earlier, pos, 200), 1))
+    assert store.flush(sync=True)
+    primary.link.ended_stores = lambda: {earlier: store}
+    deadline = time.monotonic() + 30
+    while earlier not in replica.disk.adopted:
+        assert time.monotonic() < deadline, "the earlier incarnation's transfer did not complete"
+        primary.cycle()
+    assert primary.link.transfer.in_sync, "the running incarnation's own transfer went first"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    assert fetch_all(replica, subscriber, earlier) == [body(earlier, pos, 200) for pos in range(1, 401)]
+    assert not list((tmp_path / "x1~r").glob("*~base")), "the transfer's own store became the stored one"
+    assert (tmp_path / "x1~r" / earlier / f"{1:020d}.seg").exists()
+    filled_before = replica.counters.get("filled_frames", 0)
+    primary.link.following = False
+    primary.link._follow()  # the same replica followed again: offered the earlier store again
+    while primary.link.ended_transfer is None or not primary.link.ended_transfer.in_sync:
+        assert time.monotonic() < deadline, "the second offer was not answered"
+        primary.cycle()
+    assert replica.counters.get("filled_frames", 0) - filled_before <= 4_000 // 200, "at most a page again"
+
+
+def test_a_purge_drops_an_earlier_incarnations_transfer_under_way_and_takes_no_more_of_it(tmp_path: Path) -> None:
+    """A purge while an earlier incarnation's store is being transferred: what it wrote goes, and
+    pages of it still in flight are answered 0 (not taken), so the purged frames never come back."""
+    disk = ReplicaDisk(tmp_path / "x1~r")
+    disk.start(ON_DISK)
+    disk.open(INC)
+    earlier = f"{X}.earlier"
+    now_us = int(time.time() * 1e6)
+
+    def page(first: int, count: int, jump: bool) -> protocol.Fill:
+        frames = [[now_us, TOPIC, body(earlier, pos), 1] for pos in range(first, first + count)]
+        return protocol.Fill(INC, first, 100, frames, jump, proof(INC), earlier)
+    assert disk.fill_ended(page(1, 10, True)) == 11
+    assert (tmp_path / "x1~r" / f"{earlier}~base").is_dir()
+    disk.purge(INC, 1)
+    assert not (tmp_path / "x1~r" / f"{earlier}~base").exists(), "the transfer under way went with the purge"
+    assert disk.fill_ended(page(11, 89, False)) == 0 and disk.fill_ended(page(1, 99, True)) == 0
+    assert earlier not in disk.adopted and not (tmp_path / "x1~r" / earlier).exists()
+    disk.close()
