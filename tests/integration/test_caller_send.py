@@ -43,8 +43,9 @@ def queue(two_gcm_cluster: SharedCluster) -> SharedCluster:
     return cluster
 
 
-def caller_config(cluster: SharedCluster, on: bool = True) -> Config:
-    return cluster.config.replace(client={"caller_send": on, "max_unconfirmed": LIMIT})
+def caller_config(cluster: SharedCluster, on: bool = True, eager: int = 0) -> Config:
+    """`eager`: client.eager_in_flight, under which a caller may send while batches are in flight."""
+    return cluster.config.replace(client={"caller_send": on, "max_unconfirmed": LIMIT, "eager_in_flight": eager})
 
 
 class Received:
@@ -103,9 +104,9 @@ step = st.one_of(
 
 
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(step, min_size=1, max_size=8))
-def test_every_message_arrives_once_in_order_whatever_the_schedule(queue, received, steps):
-    with Publisher(QUEUE, caller_config(queue), prefer="x1") as pub:
+@given(steps=st.lists(step, min_size=1, max_size=8), eager=st.sampled_from([0, 4]))
+def test_every_message_arrives_once_in_order_whatever_the_schedule(queue, received, steps, eager):
+    with Publisher(QUEUE, caller_config(queue, eager=eager), prefer="x1") as pub:
         pub.wait_for_subscribers(1, timeout=15)
         payload_of: dict[int, bytes] = {}
         lock = threading.Lock()

@@ -113,8 +113,16 @@ class PublisherLink(QueueIoThread):
             return False  # the I/O thread has more to do than send: its turn
         if not self._log.in_flight:  # the confirm timeout counts from here, not from the silence before
             self._last_reply = time.monotonic()
-        self._send_batches(sock)
+        self._send_round(sock)
         return True
+
+    def _send_round(self, sock: zmq.Socket) -> None:
+        """Send what may go. Idle after it: from here on publish() must wake us (or send itself),
+        and what came before is taken now. With batches in flight their acks wake us."""
+        self._send_batches(sock)
+        if not self._log.in_flight or self._sender.eager_idle():
+            self.wake_pending = False
+            self._send_batches(sock)
 
     def _take_move(self) -> str | None:
         with self._move_lock:
@@ -183,7 +191,8 @@ class PublisherLink(QueueIoThread):
                 waiting = self._log.in_flight or self._awaiting_welcome
                 if waiting and time.monotonic() - self._last_reply > self.config.client.confirm_timeout:
                     self._avoid_current()
-                    self._note_storage_full_stats()
+                    if full := _storage_full_in_stats(self.topology.snapshot(), self.queue, self.xid):
+                        self._note_storage_full(full)
                     self.request_move(f"no answer from {self.xid} for {self.config.client.confirm_timeout:.1f}s")
             if conn is not None:
                 try:
@@ -210,12 +219,7 @@ class PublisherLink(QueueIoThread):
             self.reconnects += 1
             self._say_hello(sock, rewind=True)
         if not self._awaiting_welcome:
-            self._send_batches(sock)
-            if not self._log.in_flight or self._sender.eager_idle():
-                # Idle: from here on publish() must wake us, and what came before is taken
-                # now. With batches in flight their acks wake us (or a full batch, below).
-                self.wake_pending = False
-                self._send_batches(sock)
+            self._send_round(sock)
         if self._want_hello or (self._awaiting_welcome and time.monotonic() - self._hello_sent > HELLO_RETRY):
             self._want_hello = False
             self._say_hello(sock)
@@ -332,10 +336,11 @@ class PublisherLink(QueueIoThread):
                         "that has (nothing unconfirmed is lost)", self.id, reason)
         self.storage_full = reason
 
-    def _note_storage_full_stats(self) -> None:
-        """Silent exchange: if its statistics say its storage is full, that is why."""
-        stats = ExchangeStats.from_dict((self.topology.snapshot().get(self.xid or "") or {}).get("stats"))
-        if stats.storage_full:
-            self._note_storage_full(f"{STORAGE_FULL}: exchange {self.queue}/{self.xid} cannot write its "
-                                    f"journal ({stats.storage_error})")
+
+def _storage_full_in_stats(live: dict[str, Any], queue: str, xid: str | None) -> str | None:
+    """Silent exchange: if its statistics say its storage is full, that is why."""
+    stats = ExchangeStats.from_dict((live.get(xid or "") or {}).get("stats"))
+    if stats.storage_full:
+        return f"{STORAGE_FULL}: exchange {queue}/{xid} cannot write its journal ({stats.storage_error})"
+    return None
 
