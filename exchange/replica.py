@@ -22,9 +22,9 @@ from typing import Any
 import zmq
 
 from exchange.replay import ReplayServer, replay_socket
-from exchange.replica_adoption import adoption_reply, needed_from
+from exchange.replica_adoption import Adoptions, needed_from
 from exchange.replica_disk import ReplicaDisk
-from exchange.replica_groups import FILE_NAME, GroupFiles, load
+from exchange.replica_groups import GroupFiles, stored_groups
 from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
@@ -56,6 +56,7 @@ class Replica:
         self.group_state: dict[str, list[protocol.GroupRecord]] = {}
         self.group_done: dict[str, dict[str, list[tuple[int, int, int]]]] = {}  # since that state
         self.group_files = GroupFiles()  # the same beside each copy's store (exchange/replica_groups.py)
+        self.adoptions = Adoptions()  # answers to `adopt`
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
@@ -257,6 +258,7 @@ class Replica:
             return
         self.group_state[state.incarnation] = state.groups
         self.group_done.pop(state.incarnation, None)  # the state includes them
+        self.adoptions.over(state.incarnation)
         store = self.disk.stores.get(state.incarnation)
         if store is not None:
             self.group_files.state(store.directory, state.incarnation, state.groups)
@@ -310,16 +312,9 @@ class Replica:
         """A restarted exchange asks for the groups its earlier incarnation left
         (exchange/replica_adoption.py): of a copy, or of a store an earlier process of this replica
         left with its group file (exchange/replica_groups.py), whose frames are all on disk."""
-        stored: OrderedDict[str, Retention] = OrderedDict()
-        for incarnation, store in sorted(self.disk.adopted.items(), key=lambda item: _modified(item[1].directory)):
-            if incarnation not in self.copies and incarnation not in self.group_state:
-                found = load(store.directory)
-                if found is not None:
-                    self.group_state[incarnation], self.group_done[incarnation] = found
-            if incarnation not in self.copies and incarnation in self.group_state:
-                stored[incarnation] = Retention(0, 0, first_pos=max(store.end_pos, 1))  # nothing in memory
-        return adoption_reply(adopt, stored | self.copies, self.group_state, self.group_done, tuple(self.applied),
-                              {**self.disk.adopted, **self.disk.stores})
+        stored = stored_groups(self.disk.adopted, self.copies, self.group_state, self.group_done)
+        return self.adoptions.answer(adopt, stored | self.copies, self.group_state, self.group_done,
+                                     tuple(self.applied), {**self.disk.adopted, **self.disk.stores})
 
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange
@@ -364,10 +359,3 @@ class Replica:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}
 
-
-def _modified(directory: Path) -> float:
-    """When a store's group file was last written (0: none): the newest state is adopted."""
-    try:
-        return (directory / FILE_NAME).stat().st_mtime
-    except OSError:
-        return 0.0

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 
 from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads, write_whole
+from exchange.retention import Retention
+from exchange.segment_store import SegmentStore
 from roq import protocol
 from roq.errors import ProtocolError
 
@@ -128,3 +132,30 @@ def load(directory: Path) -> tuple[list[protocol.GroupRecord], dict[str, list[tu
         else:
             break
     return (groups, done) if groups is not None else None
+
+
+def stored_groups(adopted: Mapping[str, SegmentStore], copies: Mapping[str, Retention],
+                  group_state: dict[str, list[protocol.GroupRecord]],
+                  group_done: dict[str, dict[str, list[tuple[int, int, int]]]]) -> OrderedDict[str, Retention]:
+    """The incarnations whose groups only a store an earlier process of this replica left knows
+    (their files read into `group_state` and `group_done` once), the oldest state first, each as
+    an empty copy ending where its store ends: their frames are all on disk."""
+    stored: OrderedDict[str, Retention] = OrderedDict()
+    for incarnation, store in sorted(adopted.items(), key=lambda item: _modified(item[1].directory)):
+        if incarnation in copies:
+            continue
+        if incarnation not in group_state:
+            found = load(store.directory)
+            if found is not None:
+                group_state[incarnation], group_done[incarnation] = found
+        if incarnation in group_state:
+            stored[incarnation] = Retention(0, 0, first_pos=max(store.end_pos, 1))  # nothing in memory
+    return stored
+
+
+def _modified(directory: Path) -> float:
+    """When a store's group file was last written (0: none)."""
+    try:
+        return (directory / FILE_NAME).stat().st_mtime
+    except OSError:
+        return 0.0

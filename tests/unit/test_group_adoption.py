@@ -206,6 +206,26 @@ def incarnation(ctx: zmq.Context, replica: Replica) -> Forwarder:
     return fw
 
 
+def with_member_and_publisher(ctx: zmq.Context, replica: Replica,
+                              processed: Counter[int]) -> tuple[Forwarder, Member, zmq.Socket]:
+    """An incarnation following `replica`, a member of GROUP on it and a publisher that said hello."""
+    fw = incarnation(ctx, replica)
+    member = Member(ctx, fw, processed)
+    publisher = dealer(ctx, fw.pub_endpoint)
+    publisher.send(protocol.encode_hello(protocol.publisher_id_for(TOKEN), TOKEN, 1))
+    return fw, member, publisher
+
+
+def process_all(member: Member, step: Callable[[], None]) -> None:
+    """Take and ack work until every message was processed (within WAIT)."""
+    deadline = time.monotonic() + WAIT
+    while len(member.processed) < MESSAGES:
+        assert time.monotonic() < deadline, f"only {len(member.processed)} of {MESSAGES} processed"
+        ranges = member.take(step)
+        if ranges:
+            member.ack(ranges)
+
+
 def test_work_waits_until_the_replica_holds_the_acks_so_a_failover_repeats_at_most_the_prefetch(
         ctx: zmq.Context) -> None:
     """An exchange takes a member's ack, hands it more work, and is killed before the ack reached
@@ -238,13 +258,7 @@ def test_work_waits_until_the_replica_holds_the_acks_so_a_failover_repeats_at_mo
 
     new = incarnation(ctx, replica)
     again = Member(ctx, new, processed)
-    step = lambda: turn(new, replica)  # noqa: E731
-    deadline = time.monotonic() + WAIT
-    while len(processed) < MESSAGES:
-        assert time.monotonic() < deadline, f"only {len(processed)} of {MESSAGES} processed"
-        ranges = again.take(step)
-        if ranges:
-            again.ack(ranges)
+    process_all(again, lambda: turn(new, replica))
     twice = sorted(seq for seq, n in processed.items() if n > 1)
     assert twice == list(range(PREFETCH + 1, 2 * PREFETCH + 1))  # the second ten: acked, not copied
     again.close()
@@ -258,10 +272,7 @@ def test_without_a_replica_acks_free_their_room_at_once(ctx: zmq.Context) -> Non
     the acks: members go on working, as without replication, and the next replica gets the state."""
     processed: Counter[int] = Counter()
     replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
-    fw = incarnation(ctx, replica)
-    member = Member(ctx, fw, processed)
-    publisher = dealer(ctx, fw.pub_endpoint)
-    publisher.send(protocol.encode_hello(protocol.publisher_id_for(TOKEN), TOKEN, 1))
+    fw, member, publisher = with_member_and_publisher(ctx, replica, processed)
     publisher.send(batch(SimpleNamespace(pid=protocol.publisher_id_for(TOKEN)), 1, MESSAGES))  # type: ignore[arg-type]
     member.ack(member.take(lambda: turn(fw, replica)))
     assert fw.link is not None
@@ -275,4 +286,42 @@ def test_without_a_replica_acks_free_their_room_at_once(ctx: zmq.Context) -> Non
     member.close()
     publisher.close()
     fw.close()
+    replica.close()
+
+
+def test_a_backlog_of_many_pages_is_adopted_page_by_page_every_message_once(
+        ctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replica answers `adopt` a page at a time (protocol section 7.6): with pages of one frame
+    here, a backlog of 12 frames (and a member's prefetch in flight) takes a page per frame; the
+    new incarnation hands out every unacked message once, none acked. Before, the whole backlog
+    went in one reply (one page)."""
+    monkeypatch.setattr("exchange.replica_adoption.PAGE_BYTES", 1)
+    processed: Counter[int] = Counter()
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    old, member, publisher = with_member_and_publisher(ctx, replica, processed)
+    pid = SimpleNamespace(pid=protocol.publisher_id_for(TOKEN))
+    for first in range(1, MESSAGES + 1, 5):  # one frame each
+        publisher.send(batch(pid, first, 5))  # type: ignore[arg-type]
+    step = lambda: turn(old, replica)  # noqa: E731
+    acked = member.take(step)
+    member.ack(acked)
+    member.take(step)  # in flight at the kill: comes again
+    deadline = time.monotonic() + WAIT
+    while old.link is not None and old.link.marked < old.link.marks_sent or old.retention.next_pos <= MESSAGES // 5:
+        assert time.monotonic() < deadline, "the replica to hold the acks and the backlog"
+        step()
+    old.close()
+    member.close()
+    new = incarnation(ctx, replica)
+    pages = new.group_sync.adoption.pages
+    assert pages >= MESSAGES // 5 - 2, f"a page per frame of the backlog: {pages}"
+    again = Member(ctx, new, processed)
+    step = lambda: turn(new, replica)  # noqa: E731
+    process_all(again, step)
+    assert not again.take(step, wait=0.3), "nothing more"
+    twice = sorted(seq for seq, n in processed.items() if n > 1)
+    assert twice == list(range(PREFETCH + 1, 2 * PREFETCH + 1)), "only the prefetch in flight at the kill"
+    again.close()
+    new.close()
+    publisher.close()
     replica.close()
