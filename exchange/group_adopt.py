@@ -28,7 +28,10 @@ from roq.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
-ADOPT_TIMEOUT = 3.0  # s a replicated exchange waits at start for the first answer about the groups
+ADOPT_TIMEOUT = 3.0  # s a replicated exchange waits at start for the first answer about the groups ...
+# ... or, restarted on a disk that holds its earlier incarnations' stores, this long: its replica's host
+# may be restarting too (every host restarted), and only the replica holds the groups' cursors.
+STORED_ADOPT_TIMEOUT = 15.0
 PAGE_TIMEOUT = 1.5  # s without the page asked for: asked again (the first: whole, for a replica of before pages)
 PAGE_TRIES = 8  # asks of one page before the adoption ends with what came
 
@@ -54,7 +57,7 @@ class GroupAdoption:
         self._send, self._send_state_now = fanout.send, send_state_now
         self.adopting = self.link is not None  # until the replica answered (or did not in time)
         self.pages = 0  # pages taken
-        self._deadline = time.monotonic() + ADOPT_TIMEOUT
+        self._started = time.monotonic()
         self._under_way: _Adopting | None = None
         self._asked: tuple[int, int] | None = None  # the page asked for last (None: nothing yet)
         self._asked_at = 0.0
@@ -98,10 +101,18 @@ class GroupAdoption:
         self.link.ask_adoption(self._asked)
         self._asked_at = now
 
+    @property
+    def _timeout(self) -> float:
+        return STORED_ADOPT_TIMEOUT if self.disk.archived else ADOPT_TIMEOUT
+
+    @property
+    def _deadline(self) -> float:
+        return self._started + self._timeout
+
     def _give_up(self) -> None:
         self.adopting = False
         log.warning("no answer from the replica about earlier consumer groups in %.0fs; starting without",
-                    ADOPT_TIMEOUT)
+                    self._timeout)
 
     def _take_page(self, reply: protocol.Adoption, now: float) -> None:
         assert reply.page is not None and self.link is not None

@@ -156,7 +156,9 @@ def test_a_disk_retained_group_keeps_its_cursor_when_the_exchange_and_its_replic
     their exchange and replica) and started again on their data directories. The replica held the
     group's cursor in memory only before (the exchange keeps no cursor file with a replica): the
     restarted replica reads it from beside its store of the ended incarnation, and the exchange's
-    next incarnation adopts it: every unacked message once, no acked one again."""
+    next incarnation adopts it: every unacked message once, no acked one again. The replica's host
+    comes back 4 s after the exchange's: an exchange restarted on its stores waits for it longer
+    than the 3 s it waited before (when it started without the groups)."""
     start_hosts(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
     create_replicated(config, zk, paths, "together", retention=3_600.0)
     small = config.replace(client={"max_batch_bytes": 20_000})
@@ -170,10 +172,14 @@ def test_a_disk_retained_group_keeps_its_cursor_when_the_exchange_and_its_replic
         procs.kill(host)
     for host in hosts:
         procs.wait_gone(host)
-    for host in hosts:
-        restart_host(procs, host, f"{host}-again", *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    settings = (*MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    restart_host(procs, hosts[0], f"{hosts[0]}-again", *settings)
     wait_until(lambda: read_live(zk, paths, "together").get("x1", {}).get("incarnation")
                not in (None, live["incarnation"]), timeout=60, message="x1's next incarnation")
+    # The replica's host comes back later than the 3 s an exchange without a stored disk waits for it.
+    back_at = time.monotonic()
+    wait_until(lambda: time.monotonic() > back_at + 4, timeout=10, message="the replica's host to stay away 4 s")
+    restart_host(procs, hosts[1], f"{hosts[1]}-again", *settings)
     wait_until(lambda: "w" in ExchangeStats.from_dict(read_live(zk, paths, "together")["x1"].get("stats")).groups,
                timeout=30, message="the new incarnation to report the adopted group")
     seen = drain_with_two_members(small, "together", set(range(100, 1_100)))
