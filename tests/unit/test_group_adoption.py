@@ -311,6 +311,37 @@ def test_a_backlog_of_many_pages_is_adopted_page_by_page_every_message_once(
     store_root = tmp_path / "exchange" if on_disk else None
     replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path / "replica")
     replica.disk.start(ON_DISK if on_disk else None)
+    publisher = backlog_then_kill(ctx, replica, processed, store_root)
+    new = incarnation(ctx, replica, store_root)
+    pages = new.group_sync.adoption.pages
+    assert pages >= MESSAGES // 5 - 2, f"a page per frame of the backlog: {pages}"
+    assert bool(new.groups.groups[GROUP].spilled_from) == on_disk, "on disk: read back from the store"
+    each_unacked_once(ctx, new, replica, processed)
+    publisher.close()
+    replica.close()
+
+
+def test_a_replica_of_before_pages_is_asked_for_the_whole_adoption(ctx: zmq.Context,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica of before pages drops a paged `adopt` as malformed (here: a real replica that
+    answers only an unpaged one): the exchange asks for the whole adoption after PAGE_TIMEOUT, and
+    takes it in one reply."""
+    processed: Counter[int] = Counter()
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    publisher = backlog_then_kill(ctx, replica, processed)
+    answer = replica._adopt
+    monkeypatch.setattr(replica, "_adopt", lambda adopt: answer(adopt) if adopt.page is None else None)
+    new = incarnation(ctx, replica)
+    assert new.group_sync.adoption.pages == 0, "no page: the whole adoption at once"
+    each_unacked_once(ctx, new, replica, processed)
+    publisher.close()
+    replica.close()
+
+
+def backlog_then_kill(ctx: zmq.Context, replica: Replica, processed: Counter[int],
+                      store_root: Path | None = None) -> zmq.Socket:
+    """An incarnation with 12 frames of backlog; its member acked a prefetch and holds the next
+    unacked; the replica holds the acks and the frames; then the incarnation is gone. Its publisher."""
     old, member, publisher = with_member_and_publisher(ctx, replica, processed, store_root)
     pid = SimpleNamespace(pid=protocol.publisher_id_for(TOKEN))
     for first in range(1, MESSAGES + 1, 5):  # one frame each
@@ -325,10 +356,12 @@ def test_a_backlog_of_many_pages_is_adopted_page_by_page_every_message_once(
         step()
     old.close()
     member.close()
-    new = incarnation(ctx, replica, store_root)
-    pages = new.group_sync.adoption.pages
-    assert pages >= MESSAGES // 5 - 2, f"a page per frame of the backlog: {pages}"
-    assert bool(new.groups.groups[GROUP].spilled_from) == on_disk, "on disk: read back from the store"
+    return publisher
+
+
+def each_unacked_once(ctx: zmq.Context, new: Forwarder, replica: Replica, processed: Counter[int]) -> None:
+    """A member of `new` processes the rest: every message then processed, only the prefetch that
+    was in flight at the kill twice."""
     again = Member(ctx, new, processed)
     step = lambda: turn(new, replica)  # noqa: E731
     process_all(again, step)
@@ -337,5 +370,3 @@ def test_a_backlog_of_many_pages_is_adopted_page_by_page_every_message_once(
     assert twice == list(range(PREFETCH + 1, 2 * PREFETCH + 1)), "only the prefetch in flight at the kill"
     again.close()
     new.close()
-    publisher.close()
-    replica.close()
