@@ -327,14 +327,24 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
     replica.disk.start(replica.disk.inbox.first(POLICY_WAIT) if watch_parent else None)
     gatekeeper.start()
 
+    announced: list[list[str]] = []  # the `stored` of the last ready event
+
+    def announce() -> None:
+        """The ready event, again whenever the ended incarnations we serve change: our HCM writes
+        them to our znode (`stored`), where subscribers starting from the beginning find them."""
+        announced[:] = [replica.stored()]
+        emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
+              "incarnation": replica.incarnation, "pid": os.getpid(), "stored": announced[0]})
+
     def report() -> None:
         replica.disk.tick()  # written frames synced before the report, as an exchange's store
         emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(), "rss_bytes": rss_bytes()})
+        if announced and replica.stored() != announced[0]:
+            announce()
     on_tick = every(config.exchange.stats_interval, report)
     try:
         await_permissions(gatekeeper, config, stop, watch_parent)
-        emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
-              "incarnation": replica.incarnation, "pid": os.getpid()})
+        announce()
         log.info("replica of %s/%s ready: copies at %s, fetches at %s", queue, xid,
                  replica.repl_endpoint, replica.replay_endpoint)
         replica.run(stop.is_set, on_tick)
