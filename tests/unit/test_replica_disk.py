@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exchange import tiered
-from exchange.replica import MAX_COPIES, Replica
+from exchange.replica import MAX_COPIES, Replica, stored
 from exchange.replica_disk import MAX_ADOPTED, ReplicaDisk, safe_dir_name
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
@@ -527,14 +527,14 @@ def test_the_replica_lists_the_ended_incarnations_it_serves_oldest_first_never_t
     os.utime(root / f"{X}.older", (time.time(), time.time()))  # written last: the name order is no clue
     r = restarted(ctx, root)
     try:
-        assert r.stored() == [f"{X}.older", f"{X}.old"]
+        assert stored(r) == [f"{X}.older", f"{X}.old"]
         vouch(r, INC, INC2, running=INC)
         sock = dealer(ctx, r.repl_endpoint)
         follow(r, sock, INC)
-        assert r.stored() == [f"{X}.older", f"{X}.old"], "the running incarnation is not ended"
+        assert stored(r) == [f"{X}.older", f"{X}.old"], "the running incarnation is not ended"
         vouch(r, INC, INC2, running=INC2)
         follow(r, sock, INC2)
-        assert r.stored() == [f"{X}.older", f"{X}.old", INC]
+        assert stored(r) == [f"{X}.older", f"{X}.old", INC]
     finally:
         r.close()
 
