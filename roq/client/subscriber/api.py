@@ -69,9 +69,9 @@ class Subscriber(ClientLifecycle):
 
         `start`: where a subscriber without a position (none given, no saved one under its durable
         name) begins: "now" (what is published from now on), "beginning" (everything the
-        exchanges still retain, earlier incarnations a restarted exchange serves from disk
-        included, then on), or a `datetime` with a time zone (every frame the running exchanges
-        stored at or after it, then on: roq/client/subscriber/from_time.py). A position, given or
+        exchanges still retain, ended incarnations that a restarted exchange serves from disk or
+        a replica still holds included, then on), or a `datetime` with a time zone (every frame
+        those stored at or after it, then on: roq/client/subscriber/from_time.py). A position, given or
         saved, always wins.
 
         `inbox_limit`: messages held for the iterator style before the I/O thread waits (and the
