@@ -339,3 +339,10 @@ class Replica:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}
 
+
+def stored(replica: Replica) -> list[str]:
+    """The ended incarnations of the replica's exchange served on its `replay` (the `stored` of its
+    znode, protocol section 1), oldest first: stores adopted or transferred whole, then the copies
+    in the order they were followed. The one the cluster lists as running is not ended."""
+    names = dict.fromkeys([*replica.disk.adopted_oldest_first(), *replica.copies])
+    return [incarnation for incarnation in names if incarnation != replica.trust.running]
