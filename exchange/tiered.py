@@ -15,7 +15,7 @@ import time
 from typing import NamedTuple
 
 from exchange.retention import Retention
-from exchange.segment_store import SegmentStore
+from exchange.segment_store import SegmentStore, StoreState
 from exchange.store_hooks import fetch_below_memory
 
 
@@ -32,8 +32,9 @@ def held(store: SegmentStore | None) -> bool:
 
 
 def pending(store: SegmentStore, pos: int) -> bool:
-    """The frame at `pos` was appended to the store and waits to be written."""
-    return store.end_pos <= pos < (store.next_pos or 0)
+    """The frame at `pos` was appended to the store and waits to be written. Never in a broken
+    store: it writes nothing more, so what waits there is gone (counted lost), not "not yet"."""
+    return store.state is not StoreState.BROKEN and store.end_pos <= pos < (store.next_pos or 0)
 
 
 def served_from(retention: Retention, store: SegmentStore | None) -> int:

@@ -17,7 +17,7 @@ import zmq
 
 from exchange.replay import ReplayServer, replay_socket
 from exchange.retention import Retention
-from exchange.segment_store import SegmentStore, StoreLimits
+from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import stored_frame
 from roq import protocol
 from roq.client.subscriber.replay import ReplayClient
@@ -102,6 +102,24 @@ def test_frames_waiting_to_be_written_are_fetched_once_written_never_counted_los
         positions, lost = fetch_all(client, served.endpoint)
         assert positions == list(range(1, FRAMES + 1))
         assert lost == 0
+    finally:
+        client.close()
+        ctx.destroy(linger=0)
+
+
+def test_frames_waiting_in_a_broken_store_are_counted_lost_not_pending(served: Served) -> None:
+    """A broken store writes nothing more: what waits there is gone, so a fetch counts it lost
+    instead of answering `pending` for ever (and holding the reader's hole open for good)."""
+    config = dataclasses.replace(Config(), client=ClientConfig(fetch_timeout=0.5))
+    ctx = zmq.Context()
+    client = ReplayClient(config, lambda: {}, lambda: False)
+    client.bind(ctx)
+    try:
+        with served.lock:
+            served.store.state = StoreState.BROKEN
+        positions, lost = fetch_all(client, served.endpoint)
+        assert positions[:WRITTEN] == list(range(1, WRITTEN + 1))
+        assert lost >= 1, "frames a broken store will never write are lost, said so"
     finally:
         client.close()
         ctx.destroy(linger=0)

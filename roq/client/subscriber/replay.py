@@ -29,8 +29,11 @@ from roq.errors import ProtocolError
 from roq.security import secure_client
 
 MAX_REPLY = 1 << 30
-BUSY_RETRY = 0.05  # pause before asking again an exchange that answered "busy" or "pending"
-RETRIED = ("busy", "pending")  # refusals asked again within the request's deadline
+BUSY_RETRY = 0.05  # pause before asking again an exchange that answered "busy"
+# Refusals asked again within the request's deadline. Not "pending" (frames waiting to be written,
+# e.g. a full disk, for as long as it lasts): that fetch fails at once and the hole stays open, asked
+# again at a later beat, so this I/O thread never waits on a disk.
+RETRIED = ("busy",)
 
 Answer = protocol.Frames | protocol.StreamPosition | protocol.TimePosition
 
@@ -135,8 +138,8 @@ class ReplayClient:
                     raise NoCopy(str(refused)) from None
                 if refused.refusal not in RETRIED or time.monotonic() + BUSY_RETRY > deadline:
                     raise FetchFailed(str(refused)) from None
-                # busy: the exchange holds too many unsent replies, let them go; pending: the frames
-                # wait to be written to its store. Past the deadline the hole stays open, asked again later.
+                # busy: the exchange holds too many unsent replies, let them go. Past the deadline the
+                # hole stays open, asked again later.
                 time.sleep(BUSY_RETRY)
             except FetchFailed:
                 self.drop(target)
