@@ -8,9 +8,14 @@ today's behaviour):
   batch goes while fewer than that many are in flight, instead of waiting for their acks;
 * ≥ 25,000 one-message frames/s — `exchange.send_held_frames`: a publisher drain sends its
   deliveries back to back, then their acks, every that many frames, so libzmq's I/O thread is
-  woken once for both rather than once for each.
+  woken once for both rather than once for each;
+* latency again — `client.caller_send`: publish() sends a batch from the application's thread when
+  the publisher's I/O thread sleeps, instead of waking that thread (no thread hop).
 
-Variants: `off` (today), `publisher` (the client knob), `exchange` (the exchange knob), `both`.
+Variants: `off` (every knob as before the prototypes: `exchange.send_held_frames` 0, though it is
+on by default now), `publisher` (the client knob), `exchange` (the exchange knob), `both`,
+`caller` (client.caller_send), `caller-eager` (client.caller_send with the eager publisher: a small
+batch may then go from the caller while others are in flight).
 Every round runs each variant once, on a fresh local cluster (2 GCMs, 2 HCMs, one queue of one
 exchange) configured with its knobs, which the clients read too; the order turns by one each
 round, so load on a shared machine hits them alike. Per variant and round:
@@ -25,6 +30,8 @@ Ratios to `off` are taken within each round, then their median and spread. `--na
 latency row to each round (the goal's yardstick). Writes prototypes.json to `--out`.
 
     .venv/bin/python bench/prototypes.py --repeat 5 --nats --out /tmp/prototypes
+    .venv/bin/python bench/prototypes.py --variants off,caller,caller-eager --frames 0 --repeat 5 --nats \
+        --out /tmp/caller    # the caller's send alone: latency rows only, about 5 minutes
     .venv/bin/python bench/prototypes.py --smoke     # seconds: the tool works, nothing measured
 """
 
@@ -49,17 +56,20 @@ from bench import compare  # noqa: E402
 from roq.tools.bench import run  # noqa: E402
 
 console = Console()
-VARIANTS = ("off", "publisher", "exchange", "both")
+VARIANTS = ("off", "publisher", "exchange", "both", "caller", "caller-eager")
 LATENCY_SYSTEMS = ("roq", "roq-batch")
 SIZE = 100
 
 
 def overrides(variant: str, eager_in_flight: int, eager_batch_messages: int,
               held_frames: int) -> dict[str, dict[str, Any]]:
-    """The configuration sections a variant changes (none for `off`)."""
-    out: dict[str, dict[str, Any]] = {}
-    if variant in ("publisher", "both"):
+    """The configuration sections a variant sets."""
+    # Set in every variant: its default is 16 now, and `off` stays the behaviour before the prototypes.
+    out: dict[str, dict[str, Any]] = {"exchange": {"send_held_frames": 0}}
+    if variant in ("publisher", "both", "caller-eager"):
         out["client"] = {"eager_in_flight": eager_in_flight, "eager_batch_messages": eager_batch_messages}
+    if variant in ("caller", "caller-eager"):
+        out.setdefault("client", {})["caller_send"] = True
     if variant in ("exchange", "both"):
         out["exchange"] = {"send_held_frames": held_frames}
     return out
@@ -125,7 +135,7 @@ def medians(rounds: list[list[dict[str, Any]]], variant: str) -> dict[str, Any]:
 
 def show(row: dict[str, Any]) -> str:
     parts = [f"{name} {value:,.0f}" for name, value in figures(row).items()]
-    return f"{row['variant']:>9} (load {row.get('load1', os.getloadavg()[0]):.1f}): " + ", ".join(parts)
+    return f"{row['variant']:>12} (load {row.get('load1', os.getloadavg()[0]):.1f}): " + ", ".join(parts)
 
 
 @click.command()

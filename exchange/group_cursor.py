@@ -31,6 +31,7 @@ import logging
 import os
 import struct
 from bisect import insort
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,21 +154,34 @@ SHAPES: dict[str, tuple[Any, ...]] = {  # each field's check, after the kind
 
 
 def encode(record: list[Any]) -> bytes:
-    payload = msgpack.packb(record, use_bin_type=True)
+    return framed(msgpack.packb(record, use_bin_type=True))
+
+
+def framed(payload: bytes) -> bytes:
+    """A record: its header, then `payload`."""
     return HEADER.pack(len(payload), crc32(payload)) + payload
+
+
+def payloads(data: bytes) -> Iterator[tuple[bytes, int]]:
+    """Each whole record's payload at the start of `data`, with where the record ends; it stops at
+    the first torn or damaged one (the caller stops too at one whose payload says nonsense)."""
+    offset = 0
+    while offset + HEADER.size <= len(data):
+        length, crc = HEADER.unpack_from(data, offset)
+        end = offset + HEADER.size + length
+        if length > MAX_RECORD or end > len(data):
+            return
+        payload = data[offset + HEADER.size:end]
+        if crc32(payload) != crc:
+            return
+        yield payload, end
+        offset = end
 
 
 def decode_all(data: bytes) -> tuple[CursorState, int]:
     """The state of the whole records at the start of `data`, and where the first bad one starts."""
     state, offset = CursorState(), 0
-    while offset + HEADER.size <= len(data):
-        length, crc = HEADER.unpack_from(data, offset)
-        end = offset + HEADER.size + length
-        if length > MAX_RECORD or end > len(data):
-            break
-        payload = data[offset + HEADER.size:end]
-        if crc32(payload) != crc:
-            break
+    for payload, end in payloads(data):
         try:
             record = checked(msgpack.unpackb(payload, raw=False))
         except (ValueError, TypeError, IndexError, msgpack.UnpackException):
@@ -190,6 +204,22 @@ def checked(record: Any) -> list[Any]:
         if not check(value):
             raise ValueError(f"cursor record {kind!r}: a field out of type or range")
     return record
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """`path` replaced by `data` atomically (a temporary file, fsync, rename, fsync of the
+    directory): a crash leaves the old or the new file, both whole. OSError: the old one stands."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    fsync_directory(path.parent)  # the rename itself survives a power cut
 
 
 class GroupCursor:
@@ -254,17 +284,7 @@ class GroupCursor:
         if state is not None:
             self.state = state
         data = b"".join(encode(r) for r in self.state.records())
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            with open(tmp, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, self.path)
-        fsync_directory(self.path.parent)  # the rename itself survives a power cut
+        write_whole(self.path, data)
         self.close()
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (kept open for appends)
         self._size = len(data)

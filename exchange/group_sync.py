@@ -1,33 +1,26 @@
 """Consumer groups across incarnations: adopted at start, copied to the replica as they change.
 
-With a replica, a starting exchange first asks it for the groups its earlier incarnation left
-and takes them before reading any publisher or member (their resends must meet the adopted
-groups); the pending messages are forwarded again in the new stream. With a disk storage policy a
-group whose backlog is over its share of exchange.group_max_bytes is not handed it in memory: it
-reads it back from our store a read-ahead at a time (exchange/group_spill.py), skipping the other
-groups' backlogs forwarded after its own (its `spill_gap`). Afterwards the members' acks
-go to the replica as they come, and the groups' whole state when it changed, at most every
-GROUP_SYNC (protocol section 7.6); an ack's credit comes back to its member once the replica
-holds it (a mark answered), so that a failover never delivers again what was acked.
+With a replica, a starting exchange first adopts the groups its earlier incarnation left
+(exchange/group_adopt.py). Afterwards the members' acks go to the replica as they come, and the
+groups' whole state when it changed, at most every GROUP_SYNC (protocol section 7.6); an ack's
+credit comes back to its member once the replica holds it (a mark answered), so that a failover
+never delivers again what was acked.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import Any
 
 from exchange.fanout import Fanout
-from exchange.grouping import frames_of
-from exchange.groups import Group, Member
+from exchange.group_adopt import GroupAdoption
+from exchange.groups import Member
 from exchange.parts import Parts
 from roq import protocol
-from roq.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
-ADOPT_TIMEOUT = 3.0  # s a replicated exchange waits at start for the groups its predecessor left
 GROUP_SYNC = 0.1  # s between two copies of the groups' state to the replica ...
 GROUP_SYNC_BYTES_PER_S = 20e6  # ... or longer for a big one
 MAX_GROUP_STATE = 16 << 20  # a bigger state is not copied (the last copy stands)
@@ -37,17 +30,9 @@ class GroupSync:
     def __init__(self, parts: Parts, fanout: Fanout) -> None:
         self.link = parts.link  # None: no replica keeps the groups (adopt still takes what it is given)
         self.groups = parts.groups
-        self.feed = parts.feed
-        self.spill, self.disk = parts.spill, parts.disk
-        self.commands = parts.commands
         self.retention = parts.retention
-        self.publisher_ttl = parts.config.publisher_ttl
         self.incarnation, self.copy_secret = parts.stream.incarnation, parts.stream.copy_secret
-        self._send = fanout.send
-        self.chains = parts.chains
-        self.adopting = self.link is not None  # until the replica answered (or ADOPT_TIMEOUT)
-        self._adopt_asked = False
-        self._adopt_deadline = time.monotonic() + ADOPT_TIMEOUT
+        self.adoption = GroupAdoption(parts, fanout, self._send_state_now)
         self._groups_sent: tuple[float, Any, int] = (0.0, None, 0)  # when, what, how big
         # Members' acks waiting for the replica: those in frames sent before a mark, by its serial;
         # and those in no frame yet (their `done` could not go), which the next state sent covers.
@@ -59,80 +44,16 @@ class GroupSync:
 
     # ------------------------------------------------------------ at start
 
+    @property
+    def adopting(self) -> bool:
+        """Until the replica answered the whole adoption (or did not, in time)."""
+        return self.adoption.adopting
+
     def adoption_step(self) -> None:
-        """Ask the replica for the groups our previous incarnation left, and take them."""
-        link = self.link
-        assert link is not None
-        if link.adoption is not None:
-            adoption, link.adoption = link.adoption, None
-            self.adopting = False
-            self.adopt(adoption)
-        elif link.following and not self._adopt_asked:
-            self._adopt_asked = link.ask_adoption()
-        elif time.monotonic() > self._adopt_deadline:
-            self.adopting = False
-            log.warning("no answer from the replica about earlier consumer groups in %.0fs; starting without",
-                        ADOPT_TIMEOUT)
+        self.adoption.step()
 
     def adopt(self, adoption: protocol.Adoption) -> None:
-        """Take the groups of `adoption.ended`: their pending messages are forwarded again, in our
-        stream (so our replica holds them too), and offered to their group only, with their delivery
-        counts. A publisher's resends up to its highest sequence number there are not new to groups."""
-        self.commands.mark_applied(adoption.applied)  # an earlier incarnation's: not again
-        if not adoption.ended:
-            return
-        frames = {pos: (topic, body) for pos, topic, body in adoption.frames}
-        adopted = 0
-        spilled: list[tuple[Group, int, int]] = []  # groups that read their backlog back: (group, first, end)
-        for record in adoption.groups:
-            group = self.groups.adopt(record)
-            pending: dict[int, list[tuple[int, int, int]]] = {}
-            for pos, idx, count, deliveries in record.pending:
-                pending.setdefault(pos, []).append((idx, count, deliveries))
-            wanted = [pos for pos in sorted(frames)
-                      if not record.is_pending_whole(pos) or group.matches(frames[pos][0])]
-            # Over its share: on disk, read back later (its deliveries counted afresh), not in memory.
-            offer = not self.spill.enabled or sum(len(frames[p][1]) for p in wanted) <= self.spill.share()
-            first = self.retention.next_pos
-            for pos in wanted:
-                topic, body = frames[pos]
-                runs = pending.get(pos) if not record.is_pending_whole(pos) else [(0, 1 << 62, 0)]
-                if runs:
-                    adopted += self._forward_again(group, topic, body, runs, offer)
-            if not offer and self.retention.next_pos > first:
-                spilled.append((group, first, self.retention.next_pos))
-                self.disk.flush(time.monotonic())  # written before the memory tail lets them go
-        last = self.retention.next_pos
-        self.feed.adopted(adoption.high, time.monotonic() + self.publisher_ttl, last)
-        for group, first, end in spilled:  # the frames after a group's own were forwarded for the others
-            group.spilled_from, group.spill_gap = first, (end, last) if last > end else (0, 0)
-        log.info("adopted %d consumer groups of %s: %d pending messages", len(adoption.groups), adoption.ended,
-                 adopted)
-        self._groups_sent = (0.0, None, 0)  # our own state to the replica at once
-
-    def _forward_again(self, group: Group, topic: bytes, body: bytes, runs: list[tuple[int, int, int]],
-                       offer: bool = True) -> int:
-        try:
-            d = protocol.decode_delivery(body)
-        except ProtocolError:
-            return 0
-        count = 0
-        for idx, length, deliveries in runs:
-            end = min(len(d.seqs), idx + length)
-            if idx >= end:
-                continue
-            attrs = [[a[0] - idx, *a[1:]] for a in d.attrs or () if idx <= a[0] < end]
-            # Cut as a batch is (exchange/grouping.py): each frame reaches the subscribers of its messages.
-            for frame in frames_of(self.chains, d.seqs[idx:end], d.message_topics(topic)[idx:end],
-                                   d.payloads[idx:end], attrs):
-                pos = self._send(frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
-                                 sum(map(len, frame.payloads)), frame.attrs, offer=False, topics=frame.topics)
-                if offer:
-                    self.groups.offer(pos, frame.topic, d.publisher, d.sent_ns, frame.seqs, frame.payloads,
-                                      [tuple(a) for a in frame.attrs or ()] or None, only=group,
-                                      deliveries=deliveries, topics=frame.topics)
-            count += end - idx
-        return count
+        self.adoption.adopt(adoption)
 
     # ------------------------------------------------------------ while running
 
@@ -168,6 +89,10 @@ class GroupSync:
             else:
                 self._acks_unsent += covered
                 self._want_group_state()
+
+    def _send_state_now(self) -> None:
+        """Our own groups' state to the replica at the next turn (an adoption ended)."""
+        self._groups_sent = (0.0, None, 0)
 
     def _want_group_state(self) -> None:
         """Copy the groups' state again when it is next due, changed or not."""

@@ -329,6 +329,7 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
 
     def report() -> None:
         replica.disk.tick()  # written frames synced before the report, as an exchange's store
+        replica.group_files.sync()
         emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(), "rss_bytes": rss_bytes()})
     on_tick = every(config.exchange.stats_interval, report)
     try:

@@ -114,7 +114,14 @@ class ReplayServer:
             return
         disk = self.store_of(incarnation)
         before = req.before or memory.next_pos
-        page = tiered.read(memory, disk, req.after, before, req.prefixes, limit)
+        # Frames the store has not written yet (its disk refuses writes, or the writer is behind)
+        # are not lost: a page ends before them, and one that would start there says `pending`.
+        page = tiered.read(memory, disk, req.after, before, req.prefixes, limit, wait_pending=True)
+        if not page.frames and not page.done and page.scanned_to <= req.after:
+            self._send(ident, protocol.encode_replay_error(
+                req.request_id, "pending", f"position {req.after + 1} waits to be written to the segment store "
+                "(its disk refuses writes, or the writer is behind): ask again later"))
+            return
         self._count("fetches", 1)
         self._count("fetched_frames", len(page.frames))
         reply, *parts = protocol.encode_frames_message(

@@ -22,8 +22,9 @@ from typing import Any
 import zmq
 
 from exchange.replay import ReplayServer, replay_socket
-from exchange.replica_adoption import adoption_reply, needed_from
+from exchange.replica_adoption import Adoptions, needed_from
 from exchange.replica_disk import ReplicaDisk
+from exchange.replica_groups import GroupFiles, stored_groups
 from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
@@ -54,6 +55,8 @@ class Replica:
         # exchange adopts. Its pending messages' frames are kept in the copy (pinned) meanwhile.
         self.group_state: dict[str, list[protocol.GroupRecord]] = {}
         self.group_done: dict[str, dict[str, list[tuple[int, int, int]]]] = {}  # since that state
+        self.group_files = GroupFiles()  # the same beside each copy's store (exchange/replica_groups.py)
+        self.adoptions = Adoptions()  # answers to `adopt`
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
@@ -198,6 +201,9 @@ class Replica:
             done = self.group_done.setdefault(request.incarnation, {})
             for group, ranges in request.done.items():
                 done.setdefault(group, []).extend(ranges)
+            store = self.disk.stores.get(request.incarnation)
+            if store is not None:
+                self.group_files.done(store.directory, request.incarnation, request.done)
         return None
 
     def _follow(self, route: bytes, follow: protocol.Follow) -> bytes:
@@ -271,6 +277,15 @@ class Replica:
             return
         self.group_state[state.incarnation] = state.groups
         self.group_done.pop(state.incarnation, None)  # the state includes them
+        self.adoptions.over(state.incarnation)
+        store = self.disk.stores.get(state.incarnation)
+        if store is not None:
+            self.group_files.state(store.directory, state.incarnation, state.groups)
+        for older, stored in self.disk.adopted.items():  # an earlier process's: adopted by this one
+            if older != state.incarnation:
+                self.group_files.forget(stored.directory)
+                self.group_state.pop(older, None)
+                self.group_done.pop(older, None)
         pins = [needed_from(g) for g in state.groups]
         # Frames on this host's disk stay there for adoption (exchange/replica_adoption.py), not in memory.
         copy.protect_from = min(pins) if pins and self.disk.store_of(state.incarnation) is None else None
@@ -314,9 +329,11 @@ class Replica:
 
     def _adopt(self, adopt: protocol.Adopt) -> bytes:
         """A restarted exchange asks for the groups its earlier incarnation left
-        (exchange/replica_adoption.py)."""
-        return adoption_reply(adopt, self.copies, self.group_state, self.group_done, tuple(self.applied),
-                              self.disk.stores)
+        (exchange/replica_adoption.py): of a copy, or of a store an earlier process of this replica
+        left with its group file (exchange/replica_groups.py), whose frames are all on disk."""
+        stored = stored_groups(self.disk.adopted, self.copies, self.group_state, self.group_done)
+        return self.adoptions.answer(adopt, stored | self.copies, self.group_state, self.group_done,
+                                     tuple(self.applied), {**self.disk.adopted, **self.disk.stores})
 
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange
@@ -360,3 +377,4 @@ class Replica:
     def report(self) -> dict[str, int | bool]:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}
+

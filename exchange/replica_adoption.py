@@ -5,13 +5,16 @@ groups since is taken out, what came since is pending whole), with the frames of
 messages and each publisher's highest sequence number in that copy (protocol section 7.6). With a
 disk storage policy a group's backlog may lie below the copy's memory tail (the primary's groups
 read it from disk: exchange/group_spill.py): those frames are read from the copy's segment store
-on this host (exchange/replica_disk.py).
+on this host (exchange/replica_disk.py). An exchange that asks for pages gets one group's frames at
+a time, PAGE_BYTES of bodies at most: the adoption is worked out once (a `Plan`: what each group
+still holds and where, not the bodies) and each page read from the copy's memory and store.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore
@@ -21,43 +24,151 @@ from roq.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 READ_PAGE_BYTES = 4 << 20  # read from the copy's store at a time
+PAGE_BYTES = 4 << 20  # frame bodies in one page of a paged adoption
+
+
+@dataclass
+class Plan:
+    """An adoption worked out once, served whole or a page at a time."""
+    ended: str
+    groups: list[protocol.GroupRecord]  # as `_final` makes them
+    high: dict[str, int]
+    wanted: list[list[int]]  # each group's positions holding its pending messages, ascending
+    copy: Retention
+    store: SegmentStore | None
+
+
+def adoption_plan(adopt: protocol.Adopt, copies: Mapping[str, Retention],
+                  group_state: Mapping[str, list[protocol.GroupRecord]],
+                  group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]],
+                  stores: Mapping[str, SegmentStore] | None = None) -> Plan | None:
+    """The groups the incarnation before `adopt.incarnation` left (the newest copy with a state),
+    or None. Frames on disk are scanned for their topics and publishers, their bodies not kept."""
+    ended = next((inc for inc in reversed(list(copies)) if inc != adopt.incarnation and inc in group_state
+                  and inc.rsplit(".", 1)[0] == adopt.exchange), "")
+    if not ended:
+        return None
+    copy = copies[ended]
+    lowest = min((needed_from(g) for g in group_state[ended]), default=copy.oldest)
+    store = (stores or {}).get(ended)
+    index: list[tuple[int, bytes, int]] = []
+    high: dict[str, int] = {}
+    stored = stored_pages(store, lowest, copy.oldest) if store is not None else iter(())
+    for page in stored:
+        for pos, topic, body, messages in page:
+            _index(index, high, pos, topic, body, messages)
+    for at, (held_topic, held_body, count) in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest):
+        assert isinstance(held_topic, bytes) and isinstance(held_body, bytes) and isinstance(count, int)
+        _index(index, high, at, held_topic, held_body, count)
+    done = group_done.get(ended, {})
+    groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in group_state[ended]]
+    wanted = [sorted({p[0] for p in g.pending}) for g in groups]
+    return Plan(ended, groups, high, wanted, copy, store)
+
+
+def _index(index: list[tuple[int, bytes, int]], high: dict[str, int], pos: int, topic: bytes, body: bytes,
+           messages: int) -> None:
+    index.append((pos, topic, messages))
+    try:
+        delivery = protocol.decode_delivery(body)
+    except ProtocolError:
+        return
+    if delivery.seqs:
+        high[delivery.publisher] = max(high.get(delivery.publisher, 0), delivery.seqs[-1])
 
 
 def adoption_reply(adopt: protocol.Adopt, copies: Mapping[str, Retention],
                    group_state: Mapping[str, list[protocol.GroupRecord]],
                    group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]], applied: tuple[str, ...],
-                   stores: Mapping[str, SegmentStore] | None = None) -> bytes:
-    """The groups the incarnation before `adopt.incarnation` left (the newest copy with a state),
-    and the admin commands applied (`applied`): the adopting exchange applies none of them again."""
-    ended = next((inc for inc in reversed(list(copies)) if inc != adopt.incarnation and inc in group_state
-                  and inc.rsplit(".", 1)[0] == adopt.exchange), "")
-    if not ended:
-        return protocol.encode_adoption(adopt.incarnation, "", [], {}, [], applied)
-    copy = copies[ended]
-    lowest = min((needed_from(g) for g in group_state[ended]), default=copy.oldest)
-    store = (stores or {}).get(ended)
-    entries = stored_entries(store, lowest, copy.oldest) if store is not None else []
-    for pos, (topic, body, messages) in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest):
-        assert isinstance(topic, bytes) and isinstance(body, bytes) and isinstance(messages, int)
-        entries.append((pos, topic, body, messages))
-    index = [(pos, topic, messages) for pos, topic, _, messages in entries]
-    done = group_done.get(ended, {})
-    groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in group_state[ended]]
-    pending = {p[0] for g in groups for p in g.pending}
-    high: dict[str, int] = {}
-    frames = []
-    for pos, topic, body, _ in entries:
-        try:
-            delivery = protocol.decode_delivery(body)
-        except ProtocolError:
-            continue
-        if delivery.seqs:
-            high[delivery.publisher] = max(high.get(delivery.publisher, 0), delivery.seqs[-1])
-        if pos in pending:
-            frames.append((pos, topic, body))
-    log.info("%s adopts the %d consumer groups of %s (%d frames)", adopt.incarnation, len(groups), ended,
+                   stores: Mapping[str, SegmentStore] | None = None, plan: Plan | None = None) -> bytes:
+    """The answer to `adopt` (protocol section 7.6): the whole adoption, or the page it asks for
+    (`plan`: one worked out for an earlier page of the same adoption). The admin commands
+    applied (`applied`) go with it: the adopting exchange applies none of them again."""
+    if plan is None:
+        plan = adoption_plan(adopt, copies, group_state, group_done, stores)
+    if plan is None:
+        return protocol.encode_adoption(adopt.incarnation, "", [], {}, [], applied,
+                                        None if adopt.page is None else (0, 0, 0, 0))
+    if adopt.page is not None:
+        return _page(adopt, plan, applied)
+    frames, _ = frames_at(plan, sorted({pos for wanted in plan.wanted for pos in wanted}), 1 << 62)
+    log.info("%s adopts the %d consumer groups of %s (%d frames)", adopt.incarnation, len(plan.groups), plan.ended,
              len(frames))
-    return protocol.encode_adoption(adopt.incarnation, ended, groups, high, frames, applied)
+    return protocol.encode_adoption(adopt.incarnation, plan.ended, plan.groups, plan.high, frames, applied)
+
+
+class Adoptions:
+    """A replica's answers to `adopt`: a paged adoption is worked out once, when asked (0, 0)
+    (again after a restart of ours), and kept until its asker sends its own state."""
+
+    def __init__(self) -> None:
+        self._plan: tuple[str, Plan | None] | None = None  # the asker's incarnation, its plan
+
+    def answer(self, adopt: protocol.Adopt, copies: Mapping[str, Retention],
+               group_state: Mapping[str, list[protocol.GroupRecord]],
+               group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]], applied: tuple[str, ...],
+               stores: Mapping[str, SegmentStore]) -> bytes:
+        if adopt.page is None:
+            return adoption_reply(adopt, copies, group_state, group_done, applied, stores)
+        if adopt.page == (0, 0) or self._plan is None or self._plan[0] != adopt.incarnation:
+            self._plan = (adopt.incarnation, adoption_plan(adopt, copies, group_state, group_done, stores))
+        return adoption_reply(adopt, copies, group_state, group_done, applied, stores, self._plan[1])
+
+    def over(self, incarnation: str) -> None:
+        """`incarnation` sent its own group state: its adoption is over."""
+        if self._plan is not None and self._plan[0] == incarnation:
+            self._plan = None
+
+
+def _page(adopt: protocol.Adopt, plan: Plan, applied: tuple[str, ...]) -> bytes:
+    """Group `group`'s frames after position `after`, PAGE_BYTES of bodies at most (one frame at
+    least), and where the next page starts; the groups, the publishers' highs and the commands
+    go with the first page (0, 0) only."""
+    assert adopt.page is not None
+    group, after = adopt.page
+    first = adopt.page == (0, 0)
+    positions = [pos for pos in plan.wanted[group] if pos > after] if group < len(plan.groups) else []
+    frames, taken = frames_at(plan, positions, PAGE_BYTES)
+    if taken < len(positions):
+        following = (group, positions[taken - 1])
+    else:
+        following = (next((g for g in range(group + 1, len(plan.groups)) if plan.wanted[g]), len(plan.groups)), 0)
+    if first:
+        log.info("%s adopts the %d consumer groups of %s, in pages", adopt.incarnation, len(plan.groups), plan.ended)
+    return protocol.encode_adoption(adopt.incarnation, plan.ended, plan.groups if first else [],
+                                    plan.high if first else {}, frames, applied if first else (),
+                                    (group, after, *following))
+
+
+def frames_at(plan: Plan, positions: list[int], max_bytes: int) -> tuple[list[tuple[int, bytes, bytes]], int]:
+    """(pos, topic, body) of the frames at `positions` (ascending) from the copy's store and
+    memory, about `max_bytes` of bodies (one frame at least), and how many positions that
+    covered. Positions neither holds any more are passed over (logged)."""
+    frames: list[tuple[int, bytes, bytes]] = []
+    size, i, copy, store = 0, 0, plan.copy, plan.store
+    while i < len(positions) and (not frames or size < max_bytes):
+        pos = positions[i]
+        if pos >= copy.oldest or store is None:
+            entry = copy.entries(pos, 1) if pos >= copy.oldest else []
+            if entry:
+                topic, body = entry[0][0], entry[0][1]
+                assert isinstance(topic, bytes) and isinstance(body, bytes)
+                frames.append((pos, topic, body))
+                size += len(body)
+            i += 1
+            continue
+        page = store.read(pos, min(positions[-1] + 1, copy.oldest), max(max_bytes - size, 1))
+        if page.damaged:
+            log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
+        wanted = set(positions[i:])
+        for f in page.frames:
+            if f.pos in wanted:
+                frames.append((f.pos, f.topic, f.body))
+                size += len(f.body)
+        scanned = max(page.next_pos, pos + 1)
+        while i < len(positions) and positions[i] < scanned:
+            i += 1
+    return frames, i
 
 
 def _final(record: protocol.GroupRecord, done: list[tuple[int, int, int]],
@@ -84,11 +195,10 @@ def needed_from(record: protocol.GroupRecord) -> int:
     return min([p[0] for p in record.pending], default=record.upto)
 
 
-def stored_entries(store: SegmentStore, first: int, end: int) -> list[tuple[int, bytes, bytes, int]]:
+def stored_pages(store: SegmentStore, first: int, end: int) -> Iterator[list[tuple[int, bytes, bytes, int]]]:
     """(pos, topic, body, messages) of the frames the store holds at first <= pos < end (a group's
-    backlog below the copy's memory tail). Positions its retention deleted are passed over: the
-    queue's policy let them go."""
-    entries: list[tuple[int, bytes, bytes, int]] = []
+    backlog below the copy's memory tail), a page at a time. Positions its retention deleted are
+    passed over: the queue's policy let them go."""
     if store.first_pos > first:
         log.warning("adoption: the copy's store starts at %d, the groups' backlog at %d (retention deleted "
                     "the rest, or a state transfer is under way): those messages are gone", store.first_pos, first)
@@ -97,11 +207,15 @@ def stored_entries(store: SegmentStore, first: int, end: int) -> list[tuple[int,
         page = store.read(pos, end, READ_PAGE_BYTES)
         if page.damaged:
             log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
-        entries += [(f.pos, f.topic, f.body, f.messages) for f in page.frames]
+        yield [(f.pos, f.topic, f.body, f.messages) for f in page.frames]
         if page.next_pos <= pos:
             break
         pos = page.next_pos
-    return entries
+
+
+def stored_entries(store: SegmentStore, first: int, end: int) -> list[tuple[int, bytes, bytes, int]]:
+    """All of `stored_pages` at once."""
+    return [entry for page in stored_pages(store, first, end) for entry in page]
 
 
 def _minus(span: tuple[int, int], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:

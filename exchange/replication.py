@@ -237,9 +237,10 @@ class ReplicaLink:
             self.copied_frames += max(0, reply.next_pos - self.held)
             self._set_held(max(reply.next_pos, self.held))  # one connection: acks never go back
 
-    def ask_adoption(self) -> bool:
-        """Ask the replica for the consumer groups our exchange's earlier incarnation left."""
-        return self._send(protocol.encode_adopt(self.incarnation, self.xid, self.proof))
+    def ask_adoption(self, page: tuple[int, int] | None) -> bool:
+        """Ask the replica for the consumer groups our exchange's earlier incarnation left: page
+        (group, after) of them, or all at once (None)."""
+        return self._send(protocol.encode_adopt(self.incarnation, self.xid, self.proof, page))
 
     def send_groups(self, frame: bytes) -> bool:
         """Our consumer groups' state (protocol.encode_groups or encode_applied), replacing the last one sent."""

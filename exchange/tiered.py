@@ -5,7 +5,8 @@ alone when a queue keeps frames in memory only. With a store, what the memory no
 read from disk with the same contract (exchange/store_hooks.py `fetch_below_memory`), so a page
 may start on disk and go on in memory; `served_from` is then the store's oldest position (above a
 purge's floor); positions neither holds any more, and records whose checks fail on disk
-(`damaged`), are counted lost.
+(`damaged`), are counted lost. Frames the store has not written yet are not lost: readers that
+pass `wait_pending` (a spilled group, a replay fetch, which answers `pending`) end a page before them.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def read(retention: Retention, store: SegmentStore | None, after: int, before: i
          max_bytes: int, wait_pending: bool = False) -> Page:
     """`Retention.read` and `Retention.lost` in one, over the disk and the memory. `wait_pending`:
     frames appended to the store and not written yet (its disk refused them, the memory let them
-    go) end the page, not done, rather than counted lost: a reader that can wait (a spilled group)
-    gets them once they are written."""
+    go) end the page, not done, rather than counted lost: a reader that can wait (a spilled group, a
+    replay fetch) gets them once they are written."""
     memory_from = retention.served_from
     waits = wait_pending and store is not None and after + 1 < memory_from
     if waits and store is not None and pending(store, max(after + 1, retention.floor)):

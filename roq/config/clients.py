@@ -63,6 +63,10 @@ class ClientConfig:
                                    note="0: only while none is")
     eager_batch_messages: int = setting(8, "the most messages a batch sent early under client.eager_in_flight holds",
                                         positive=True)
+    # A prototype (issue 34, item 5): no thread hop for a lone batch. bench/prototypes.py measures it.
+    caller_send: bool = setting(False, "publish() sends a batch from the application's thread when the "
+                                "publisher's I/O thread is asleep and may send (roq/client/publisher/"
+                                "socket_owner.py), instead of waking that thread to send it")
     publish_timeout: float = setting(30.0, "how long publish() blocks under backpressure", positive=True)
     confirm_timeout: float = setting(5.0, "no confirm this long: move to another exchange", positive=True)
     # An exchange that dies may have confirmed messages its subscribers never got: must outlast

@@ -152,6 +152,7 @@ class Adopt:
     incarnation: str  # the asking primary's (new) incarnation
     exchange: str
     proof: bytes
+    page: tuple[int, int] | None = None  # (group, after): the adoption page asked for; None: unpaged
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,9 @@ class Adoption:
     high: dict[str, int]
     frames: list[tuple[int, bytes, bytes]]  # (pos, topic, body)
     applied: tuple[str, ...] = ()
+    # (group, after, next_group, next_after) of a paged reply: its frames are group `group`'s after
+    # position `after`; next_group == len(groups) of the first page: the last page. None: unpaged.
+    page: tuple[int, int, int, int] | None = None
     kind: str = ADOPTION
 
 
@@ -253,7 +257,12 @@ REPLICA_REQUESTS = Conversation(
                                max_len=MAX_GROUP_STATES), shown="[[group, [[pos, idx, count], ...]], ...]"), PROOF,
           build=lambda incarnation, done, proof: GroupsDone(incarnation, {g: ranges_of(r) for g, r in done}, proof)),
     frame(MARK, INCARNATION, Field("serial", Int(1)), PROOF, build=Mark),
-    frame(ADOPT, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF, build=Adopt),
+    frame(ADOPT, INCARNATION, Field("exchange", Str(1, MAX_INCARNATION)), PROOF,
+          # absent from an exchange of before paged adoptions: the whole adoption in one reply
+          Field("page", Array(Field("group", Int()), Field("after", Int())), shown="[group, after]",
+                optional=True, default=None),
+          build=lambda incarnation, exchange, proof, page: Adopt(
+              incarnation, exchange, proof, (page[0], page[1]) if page is not None else None)),
     frame(APPLIED, INCARNATION, Field("command_id", COMMAND_ID), GROUP_STATE_LIST, Field("purge_upto", Int()), PROOF,
           build=lambda incarnation, command_id, groups, purge_upto, proof: Applied(
               incarnation, command_id, records_of(groups), purge_upto, proof)),
@@ -271,9 +280,10 @@ REPLICA_REQUESTS = Conversation(
 
 
 def _adoption(incarnation: str, ended: str, groups: list[list[Any]], high: list[list[Any]],
-              frames: list[list[Any]], applied: list[str]) -> Adoption:
+              frames: list[list[Any]], applied: list[str], page: list[int] | None = None) -> Adoption:
     return Adoption(incarnation, ended, records_of(groups), {p: s for p, s in high},
-                    [(f[0], f[1], f[2]) for f in frames], tuple(applied))
+                    [(f[0], f[1], f[2]) for f in frames], tuple(applied),
+                    (page[0], page[1], page[2], page[3]) if page is not None else None)
 
 
 REPLICA_REPLIES = Conversation(
@@ -296,6 +306,10 @@ REPLICA_REPLIES = Conversation(
           # absent from a replica of before admin commands
           Field("applied", ListOf(COMMAND_ID, max_len=MAX_APPLIED), shown="[command_id, ...]", optional=True,
                 default=[]),
+          # present only in answer to a paged `adopt`
+          Field("page", Array(Field("group", Int()), Field("after", Int()), Field("next_group", Int()),
+                              Field("next_after", Int())),
+                shown="[group, after, next_group, next_after]", optional=True, default=None),
           build=_adoption),
 )
 
@@ -322,8 +336,9 @@ def encode_mark(incarnation: str, serial: int, proof: bytes) -> bytes:
     return pack([MARK, DATA_VERSION, incarnation, serial, proof])
 
 
-def encode_adopt(incarnation: str, exchange: str, proof: bytes) -> bytes:
-    return pack([ADOPT, DATA_VERSION, incarnation, exchange, proof])
+def encode_adopt(incarnation: str, exchange: str, proof: bytes, page: tuple[int, int] | None = None) -> bytes:
+    """`page`: (group, after) of a paged adoption ((0, 0) first); None: the whole adoption at once."""
+    return pack([ADOPT, DATA_VERSION, incarnation, exchange, proof] + ([list(page)] if page is not None else []))
 
 
 def encode_applied(incarnation: str, command_id: str, groups: list[GroupRecord], purge_upto: int,
@@ -370,9 +385,11 @@ def encode_recorded(incarnation: str, command_id: str) -> bytes:
 
 
 def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], high: dict[str, int],
-                    frames: list[tuple[int, bytes, bytes]], applied: tuple[str, ...] = ()) -> bytes:
+                    frames: list[tuple[int, bytes, bytes]], applied: tuple[str, ...] = (),
+                    page: tuple[int, int, int, int] | None = None) -> bytes:
     return pack([ADOPTION, DATA_VERSION, incarnation, ended, [g.wire() for g in groups],
-                 [[p, s] for p, s in high.items()], [list(f) for f in frames], list(applied[-MAX_APPLIED:])])
+                 [[p, s] for p, s in high.items()], [list(f) for f in frames], list(applied[-MAX_APPLIED:])]
+                + ([list(page)] if page is not None else []))
 
 
 def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked | Recorded | Filled:

@@ -24,6 +24,7 @@ from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from roq.records import ExchangeStats
 from roq.state import read_live
+from roq.zk import read_json
 from tests.integration.test_disk_retention import (
     GROUP_BYTES,
     MEMORY,
@@ -31,6 +32,7 @@ from tests.integration.test_disk_retention import (
     drain_with_two_members,
     group_held,
 )
+from tests.integration.test_host_back import restart_host
 from tests.integration.test_replication import LOST_FOR_GOOD, create_replicated, start_hosts
 from tests.support.helpers import record_figures, wait_until
 
@@ -144,3 +146,46 @@ def test_a_disk_retained_group_backlog_beyond_its_memory_survives_the_loss_of_it
     assert set(counts) == set(range(100, 1_100)), "nothing lost"
     assert [n for n, c in counts.items() if c > 1] == [], "nothing twice (no ack was lost, no member died)"
 
+
+
+@pytest.mark.timeout(300)
+def test_a_disk_retained_group_keeps_its_cursor_when_the_exchange_and_its_replica_die_together(
+        config, zk, paths, procs) -> None:
+    """Disk retention, `replicas 2`: group "w" acked 0-99 and holds 1,000 more (20 times its
+    memory), then the hosts of the exchange and of its replica are SIGKILLed together (HCMs with
+    their exchange and replica) and started again on their data directories. The replica held the
+    group's cursor in memory only before (the exchange keeps no cursor file with a replica): the
+    restarted replica reads it from beside its store of the ended incarnation, and the exchange's
+    next incarnation adopts it: every unacked message once, no acked one again. The replica's host
+    comes back 4 s after the exchange's: an exchange restarted on its stores waits for it longer
+    than the 3 s it waited before (when it started without the groups)."""
+    start_hosts(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    create_replicated(config, zk, paths, "together", retention=3_600.0)
+    small = config.replace(client={"max_batch_bytes": 20_000})
+    first, _ = backlog_beyond_memory(small, zk, paths, "together")
+    assert sorted(n for n, _ in first) == list(range(100))
+    live = read_live(zk, paths, "together")["x1"]
+    replica = read_json(zk, paths.replica_live("together", "x1"))
+    assert replica and replica["host"] != live["host"]
+    hosts = [str(live["host"]), str(replica["host"])]
+    for host in hosts:
+        procs.kill(host)
+    for host in hosts:
+        procs.wait_gone(host)
+    settings = (*MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
+    restart_host(procs, hosts[0], f"{hosts[0]}-again", *settings)
+    wait_until(lambda: read_live(zk, paths, "together").get("x1", {}).get("incarnation")
+               not in (None, live["incarnation"]), timeout=60, message="x1's next incarnation")
+    # The replica's host comes back later than the 3 s an exchange without a stored disk waits for it.
+    back_at = time.monotonic()
+    wait_until(lambda: time.monotonic() > back_at + 4, timeout=10, message="the replica's host to stay away 4 s")
+    restart_host(procs, hosts[1], f"{hosts[1]}-again", *settings)
+    wait_until(lambda: "w" in ExchangeStats.from_dict(read_live(zk, paths, "together")["x1"].get("stats")).groups,
+               timeout=30, message="the new incarnation to report the adopted group")
+    seen = drain_with_two_members(small, "together", set(range(100, 1_100)))
+    counts = Counter(n for n, _ in seen)
+    record_figures("group backlog on disk, replicas 2, exchange and replica killed together", delivered=len(seen),
+                   distinct=len(counts))
+    assert not [n for n in counts if n < 100], "nothing acked before the kill comes again"
+    assert set(counts) == set(range(100, 1_100)), "nothing lost"
+    assert [n for n, c in counts.items() if c > 1] == [], "nothing twice"

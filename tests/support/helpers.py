@@ -92,10 +92,23 @@ def carry(queue: str, publisher: Config, subscriber: Config, count: int, topic: 
 SEED_GCMS = 3  # GCM control ports reserved per test: the clients' seeds (Processes gives them out)
 
 
+# Settings of these sections in the environment (ROQ_CLIENT_CALLER_SEND=1, ROQ_EXCHANGE_SEND_HELD_FRAMES=16)
+# reach the tests' own clients and exchanges, as they reach the daemons, which read the environment:
+# how a test file runs with a knob on (docs/testing.md).
+ENV_KNOB_SECTIONS = ("ROQ_CLIENT_", "ROQ_EXCHANGE_")
+
+
 def fast_config(zk_hosts: str, root: str | None = None) -> Config:
-    """Timing knobs shrunk so failures are noticed in about a second; seeds for the test's GCMs."""
+    """Timing knobs shrunk so failures are noticed in about a second; seeds for the test's GCMs;
+    then the environment's client and exchange settings (ENV_KNOB_SECTIONS)."""
+    from roq.config import load_config
     from roq.tools.zkserver import free_port
     seeds = ",".join(f"tcp://127.0.0.1:{free_port('127.0.0.1')}" for _ in range(SEED_GCMS))
+    knobs = {name: value for name, value in os.environ.items() if name.startswith(ENV_KNOB_SECTIONS)}
+    return load_config(env=knobs, base=_fast_defaults(seeds, zk_hosts, root))
+
+
+def _fast_defaults(seeds: str, zk_hosts: str, root: str | None) -> Config:
     return Config().replace(
         cluster={"seeds": seeds},
         zk={"hosts": zk_hosts, "root": root or f"/test-{uuid.uuid4().hex[:10]}", "session_timeout": 2.0},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,10 +22,12 @@ from exchange.replica_adoption import _final, _minus
 from roq import protocol
 from roq.config import ExchangeConfig
 from roq.errors import ProtocolError
+from roq.storage_policy import StoragePolicy
 from tests.profiles import examples
 from tests.unit.test_replication import INC, TOPIC, WAIT, X, batch, config, dealer, follow, make_replica, proof
 
 SETTINGS = GroupSettings((b"jobs",), 30.0, 5, b"dead")
+ON_DISK = StoragePolicy(retention=3600.0)
 
 
 def record(upto: int, pending: list[tuple[int, int, int, int]]) -> protocol.GroupRecord:
@@ -183,6 +186,7 @@ def turn(fw: Forwarder, replica: Replica, *, killed_after_pump: bool = False) ->
     if fw.work.sock.poll(0):
         fw.work.drain()
     fw.groups.tick()
+    fw.parts.spill.turn()
     fw.group_sync.settle_acks()
     fw.work.pump()
     if not killed_after_pump:
@@ -191,10 +195,15 @@ def turn(fw: Forwarder, replica: Replica, *, killed_after_pump: bool = False) ->
         fw.durability.make_durable(now)
 
 
-def incarnation(ctx: zmq.Context, replica: Replica) -> Forwarder:
+def incarnation(ctx: zmq.Context, replica: Replica, store_root: Path | None = None) -> Forwarder:
     """A replicated exchange's new incarnation, following `replica`, having adopted what the
-    previous one left there (as its HCM and run loop would do)."""
-    fw = Forwarder.open(ctx, ExchangeConfig(), Site(X, "127.0.0.1", "127.0.0.1", replicas=2, cluster_config=config()))
+    previous one left there (as its HCM and run loop would do). `store_root`: it keeps its frames
+    on disk there (a disk storage policy), its groups 300 bytes of memory."""
+    limits = ExchangeConfig(group_max_bytes=300) if store_root is not None else ExchangeConfig()
+    fw = Forwarder.open(ctx, limits, Site(X, "127.0.0.1", "127.0.0.1", replicas=2, cluster_config=config(),
+                                          store_root=str(store_root) if store_root is not None else None))
+    if store_root is not None:
+        fw.parts.disk.start(ON_DISK)
     replica.learn_primary({"incarnation": fw.incarnation, "copy_digest": protocol.copy_digest(fw.copy_secret)})
     replica._take_news()
     assert fw.link is not None
@@ -204,6 +213,26 @@ def incarnation(ctx: zmq.Context, replica: Replica) -> Forwarder:
         assert time.monotonic() < deadline, "the replica did not answer the adoption"
         turn(fw, replica)
     return fw
+
+
+def with_member_and_publisher(ctx: zmq.Context, replica: Replica, processed: Counter[int],
+                              store_root: Path | None = None) -> tuple[Forwarder, Member, zmq.Socket]:
+    """An incarnation following `replica`, a member of GROUP on it and a publisher that said hello."""
+    fw = incarnation(ctx, replica, store_root)
+    member = Member(ctx, fw, processed)
+    publisher = dealer(ctx, fw.pub_endpoint)
+    publisher.send(protocol.encode_hello(protocol.publisher_id_for(TOKEN), TOKEN, 1))
+    return fw, member, publisher
+
+
+def process_all(member: Member, step: Callable[[], None]) -> None:
+    """Take and ack work until every message was processed (within WAIT)."""
+    deadline = time.monotonic() + WAIT
+    while len(member.processed) < MESSAGES:
+        assert time.monotonic() < deadline, f"only {len(member.processed)} of {MESSAGES} processed"
+        ranges = member.take(step)
+        if ranges:
+            member.ack(ranges)
 
 
 def test_work_waits_until_the_replica_holds_the_acks_so_a_failover_repeats_at_most_the_prefetch(
@@ -238,13 +267,7 @@ def test_work_waits_until_the_replica_holds_the_acks_so_a_failover_repeats_at_mo
 
     new = incarnation(ctx, replica)
     again = Member(ctx, new, processed)
-    step = lambda: turn(new, replica)  # noqa: E731
-    deadline = time.monotonic() + WAIT
-    while len(processed) < MESSAGES:
-        assert time.monotonic() < deadline, f"only {len(processed)} of {MESSAGES} processed"
-        ranges = again.take(step)
-        if ranges:
-            again.ack(ranges)
+    process_all(again, lambda: turn(new, replica))
     twice = sorted(seq for seq, n in processed.items() if n > 1)
     assert twice == list(range(PREFETCH + 1, 2 * PREFETCH + 1))  # the second ten: acked, not copied
     again.close()
@@ -258,10 +281,7 @@ def test_without_a_replica_acks_free_their_room_at_once(ctx: zmq.Context) -> Non
     the acks: members go on working, as without replication, and the next replica gets the state."""
     processed: Counter[int] = Counter()
     replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
-    fw = incarnation(ctx, replica)
-    member = Member(ctx, fw, processed)
-    publisher = dealer(ctx, fw.pub_endpoint)
-    publisher.send(protocol.encode_hello(protocol.publisher_id_for(TOKEN), TOKEN, 1))
+    fw, member, publisher = with_member_and_publisher(ctx, replica, processed)
     publisher.send(batch(SimpleNamespace(pid=protocol.publisher_id_for(TOKEN)), 1, MESSAGES))  # type: ignore[arg-type]
     member.ack(member.take(lambda: turn(fw, replica)))
     assert fw.link is not None
@@ -276,3 +296,77 @@ def test_without_a_replica_acks_free_their_room_at_once(ctx: zmq.Context) -> Non
     publisher.close()
     fw.close()
     replica.close()
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "disk"])
+def test_a_backlog_of_many_pages_is_adopted_page_by_page_every_message_once(
+        ctx: zmq.Context, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, on_disk: bool) -> None:
+    """The replica answers `adopt` a page at a time (protocol section 7.6): with pages of one frame
+    here, a backlog of 12 frames (and a member's prefetch in flight) takes a page per frame; the
+    new incarnation hands out every unacked message once, none acked. Before, the whole backlog
+    went in one reply (one page). With a disk storage policy the group, over more than one page,
+    is not handed its backlog in memory: it reads it back from the new incarnation's store."""
+    monkeypatch.setattr("exchange.replica_adoption.PAGE_BYTES", 1)
+    processed: Counter[int] = Counter()
+    store_root = tmp_path / "exchange" if on_disk else None
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path / "replica")
+    replica.disk.start(ON_DISK if on_disk else None)
+    publisher = backlog_then_kill(ctx, replica, processed, store_root)
+    new = incarnation(ctx, replica, store_root)
+    pages = new.group_sync.adoption.pages
+    assert pages >= MESSAGES // 5 - 2, f"a page per frame of the backlog: {pages}"
+    assert bool(new.groups.groups[GROUP].spilled_from) == on_disk, "on disk: read back from the store"
+    each_unacked_once(ctx, new, replica, processed)
+    publisher.close()
+    replica.close()
+
+
+def test_a_replica_of_before_pages_is_asked_for_the_whole_adoption(ctx: zmq.Context,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica of before pages drops a paged `adopt` as malformed (here: a real replica that
+    answers only an unpaged one): the exchange asks for the whole adoption after PAGE_TIMEOUT, and
+    takes it in one reply."""
+    processed: Counter[int] = Counter()
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    publisher = backlog_then_kill(ctx, replica, processed)
+    answer = replica._adopt
+    monkeypatch.setattr(replica, "_adopt", lambda adopt: answer(adopt) if adopt.page is None else None)
+    new = incarnation(ctx, replica)
+    assert new.group_sync.adoption.pages == 0, "no page: the whole adoption at once"
+    each_unacked_once(ctx, new, replica, processed)
+    publisher.close()
+    replica.close()
+
+
+def backlog_then_kill(ctx: zmq.Context, replica: Replica, processed: Counter[int],
+                      store_root: Path | None = None) -> zmq.Socket:
+    """An incarnation with 12 frames of backlog; its member acked a prefetch and holds the next
+    unacked; the replica holds the acks and the frames; then the incarnation is gone. Its publisher."""
+    old, member, publisher = with_member_and_publisher(ctx, replica, processed, store_root)
+    pid = SimpleNamespace(pid=protocol.publisher_id_for(TOKEN))
+    for first in range(1, MESSAGES + 1, 5):  # one frame each
+        publisher.send(batch(pid, first, 5))  # type: ignore[arg-type]
+    step = lambda: turn(old, replica)  # noqa: E731
+    acked = member.take(step)
+    member.ack(acked)
+    member.take(step)  # in flight at the kill: comes again
+    deadline = time.monotonic() + WAIT
+    while old.link is not None and old.link.marked < old.link.marks_sent or old.retention.next_pos <= MESSAGES // 5:
+        assert time.monotonic() < deadline, "the replica to hold the acks and the backlog"
+        step()
+    old.close()
+    member.close()
+    return publisher
+
+
+def each_unacked_once(ctx: zmq.Context, new: Forwarder, replica: Replica, processed: Counter[int]) -> None:
+    """A member of `new` processes the rest: every message then processed, only the prefetch that
+    was in flight at the kill twice."""
+    again = Member(ctx, new, processed)
+    step = lambda: turn(new, replica)  # noqa: E731
+    process_all(again, step)
+    assert not again.take(step, wait=0.3), "nothing more"
+    twice = sorted(seq for seq, n in processed.items() if n > 1)
+    assert twice == list(range(PREFETCH + 1, 2 * PREFETCH + 1)), "only the prefetch in flight at the kill"
+    again.close()
+    new.close()

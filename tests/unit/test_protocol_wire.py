@@ -231,7 +231,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     'adopt': (
         "95a561646f707403ab78312e3030303030303031a27831c42050505050505050505050505050505050505050505050505050"
         "50505050505050",
-        "Adopt(incarnation='x1.00000001', exchange='x1', proof=b'PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP')"),
+        "Adopt(incarnation='x1.00000001', exchange='x1', proof=b'PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP', page=None)"),
     'applied': (
         "97a76170706c69656403ab78312e3062616466303064b2632d303132333435363738396162636465669197a16791c4046a6f"
         "6273cd753003c4046465616407929402000101940501020004c4205050505050505050505050505050505050505050505050"
@@ -262,7 +262,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
         "Adoption(incarnation='x1.00000001', ended='x1.0badf00d', groups=[GroupRecord(name='g', prefixes="
         "(b'jobs',), ack_timeout_ms=30000, max_deliveries=3, dead_letter=b'dead', upto=7, pending=[(2, 0,"
         " 1, 1), (5, 1, 2, 0)], gap=(0, 0))], high={'p-9cda9765a71f364072d21550': 9}, frames=[(2, b't', b"
-        "'body')], applied=('c-1',), kind='adoption')"),
+        "'body')], applied=('c-1',), page=None, kind='adoption')"),
     'join': (
         "99a46a6f696e03a16793c40162c40161c401610acd753003c40464656164c3",
         "Join(group='g', prefixes=(b'a', b'b'), prefetch=10, ack_timeout_ms=30000, max_deliveries=3, dead"

@@ -96,6 +96,7 @@ class Publisher(ClientLifecycle):
         self._topics = self._checks.known  # publish() looks a topic up here before checking it
         self._max_message = config.exchange.max_message_bytes
         self._max_unconfirmed = config.client.max_unconfirmed
+        self._caller_send = config.client.caller_send
         self._closed = False
         self.queue_deleted = False
         try:
@@ -152,7 +153,8 @@ class Publisher(ClientLifecycle):
         link = self._link
         if not link.wake_pending:  # one wake-up per batch, not one system call per message
             link.wake_pending = True
-            link.wake()
+            if not (self._caller_send and link.send_from_caller()):
+                link.wake()
         elif not link.full_signalled and not seq & FULL_CHECK_EVERY and log.full_batch_waiting():
             link.full_signalled = True  # a full batch may go while others are in flight
             link.wake()
@@ -181,10 +183,14 @@ class Publisher(ClientLifecycle):
         wait = self.config.client.publish_timeout if timeout is None else timeout
         with self._lock:
             first = self._log.next_seq
-            done = 0
+            done, send_here = 0, False
             while done < len(items):
                 done += self._append_part(checked, items, done, wait)
-                self._wake_link()  # before waiting for room: the I/O thread must send what is queued
+                # Before waiting for room the I/O thread must send what is queued; the last part
+                # may go from here once the lock is let go (client.caller_send).
+                send_here = self._wake_link(defer=done == len(items))
+        if send_here:
+            self._send_or_wake()
         return range(first, first + len(items))
 
     def publish_all(self, topic: str | bytes, payloads: Iterable[bytes], timeout: float | None = None,
@@ -213,21 +219,35 @@ class Publisher(ClientLifecycle):
                 raise _backpressure(self._link, f"{log.unconfirmed} messages unconfirmed for {wait:.1f}s, no room "
                                                 f"for {len(items)} more")
             first = log.next_seq
+            send_here = False
             if items:
                 self._append_part(checked, items, 0, wait)  # it fits: one part
-                self._wake_link()
+                send_here = self._wake_link(defer=True)
+        if send_here:
+            self._send_or_wake()
         return range(first, first + len(items))
 
-    def _wake_link(self) -> None:
+    def _wake_link(self, defer: bool = False) -> bool:
         """Wake the I/O thread for what was queued: once until it takes more, and again when a full
-        batch may go while others are in flight (what publish() does inline, its hot path)."""
+        batch may go while others are in flight (what publish() does inline, its hot path; the
+        caller holds the lock). With `defer` and client.caller_send, True instead of the first
+        wake-up: the caller calls `_send_or_wake()` once it let go of the lock."""
         link = self._link
         if not link.wake_pending:
             link.wake_pending = True
+            if defer and self._caller_send:
+                return True
             link.wake()
         elif not link.full_signalled and self._log.full_batch_waiting():
             link.full_signalled = True
             link.wake()
+        return False
+
+    def _send_or_wake(self) -> None:
+        """client.caller_send: send from this thread if the I/O thread sleeps, or else wake it
+        (never under the lock: the send takes it)."""
+        if not self._link.send_from_caller():
+            self._link.wake()
 
     def _append_part(self, topic: bytes | list[Any], items: list[bytes], done: int, wait: float) -> int:
         """Append as many of items[done:] as the unconfirmed limit allows (caller holds the lock);

@@ -73,6 +73,14 @@ class BatchSender:
         waiting = log.open_count()
         return len(log.in_flight) < client.eager_in_flight and 0 < waiting <= client.eager_batch_messages
 
+    def eager_idle(self) -> bool:
+        """With client.eager_in_flight: nothing waits to be sent and a small batch could still go
+        now, so publish() must wake the I/O thread (at a high rate the log is rarely empty here,
+        and acks wake it as before)."""
+        log = self._log
+        return len(log.in_flight) < self.config.client.eager_in_flight and not log.open_count() \
+            and not log.unsent
+
     def _send_batch(self, sock: zmq.Socket, first: int, flat: list[bytes]) -> bool:
         """Messages first, first+1, ... as one batch: without attributes, in two parts (the topics,
         then the payloads' block the exchange splices); with some, as one frame."""

@@ -26,6 +26,7 @@ from roq.client.publisher.batches import BatchSender
 from roq.client.publisher.chunks import ChunkLog
 from roq.client.publisher.exchange_choice import ExchangeChoice
 from roq.client.publisher.exchange_socket import ExchangeSocket
+from roq.client.publisher.socket_owner import SocketOwner
 from roq.config import Config
 from roq.errors import ProtocolError
 from roq.records import ExchangeStats
@@ -55,14 +56,15 @@ class PublisherLink(QueueIoThread):
         self._move_request: str | None = None  # set by any thread, taken by the I/O thread
         self._awaiting_welcome = False  # batches wait until the exchange said what it holds
         self._hello_sent = 0.0
+        self._last_reply = 0.0  # the confirm timeout counts from here (the I/O thread, or a caller's send)
         self._choice = ExchangeChoice(publisher_id, config.exchange.stats_interval)
         self._incarnation = ""  # of the exchange we publish to
         self.xid: str | None = None  # id of the exchange we publish to
         self.subscribers = 0  # RoQ subscribers connected to our exchange, as it last reported
         self._want_hello = False
         self._endpoint: str | None = None  # where the current exchange was when we connected
-        # Set by publish() when it wakes the I/O thread; cleared by the I/O thread when it can take
-        # more messages, so while batches are in flight publish() costs no system call.
+        # Set by publish() when it wakes the I/O thread (or sends itself, client.caller_send); cleared by
+        # the I/O thread when it can take more, so while batches are in flight publish() costs no system call.
         self.wake_pending = False
         # Set by publish() when it wakes the I/O thread for a full batch while others are in flight;
         # cleared when the I/O thread takes a batch.
@@ -78,6 +80,8 @@ class PublisherLink(QueueIoThread):
         self.refusal: str | None = None
         self.relocations = 0
         self._sender = BatchSender(publisher_id, config, chunk_log, cond, self._batch_taken)
+        # Held by the I/O thread but while it sleeps, when publish() may send itself (client.caller_send)
+        self._owner = SocketOwner(config.client.caller_send)
         super().__init__(metadata, config, queue, f"publisher-{publisher_id}", self._topology_changed,
                          self._on_relocations)
         self._on_relocations(self.topology.relocations)
@@ -97,6 +101,28 @@ class PublisherLink(QueueIoThread):
             if self._move_request is None:
                 self._move_request = reason
         self.wake()
+
+    def send_from_caller(self) -> bool:
+        """client.caller_send: send what may go from the calling thread if the I/O thread sleeps
+        with an exchange that welcomed us; False when it did not (then wake the I/O thread)."""
+        return self._owner.try_send(self._send_from_caller, self.wake)
+
+    def _send_from_caller(self, sock: zmq.Socket) -> bool:
+        """What the I/O thread's turn would send, by the same rules (BatchSender's), under the lock."""
+        if self._closed or self._awaiting_welcome or self._want_hello or self._move_request is not None:
+            return False  # the I/O thread has more to do than send: its turn
+        if not self._log.in_flight:  # the confirm timeout counts from here, not from the silence before
+            self._last_reply = time.monotonic()
+        self._send_round(sock)
+        return True
+
+    def _send_round(self, sock: zmq.Socket) -> None:
+        """Send what may go. Idle after it: from here on publish() must wake us (or send itself),
+        and what came before is taken now. With batches in flight their acks wake us."""
+        self._send_batches(sock)
+        if not self._log.in_flight or self._sender.eager_idle():
+            self.wake_pending = False
+            self._send_batches(sock)
 
     def _take_move(self) -> str | None:
         with self._move_lock:
@@ -135,30 +161,38 @@ class PublisherLink(QueueIoThread):
         conn: ExchangeSocket | None = None
         poller = zmq.Poller()  # one for the thread's life; the socket is swapped in and out
         poller.register(self._wake.fd, zmq.POLLIN)
-        last_reply = time.monotonic()
+        self._last_reply = time.monotonic()
+        owner = self._owner
+        owner.lock.acquire()  # the socket is ours except while we sleep (owner.released())
         try:
             while not self._closed:
                 reason = self._take_move()
                 if reason and conn is not None:
                     log.info("publisher %s moving: %s", self.id, reason)
+                    owner.offer(None)
                     conn.drop(poller)
                     conn, self.xid = None, None
                     self.moves += 1
                 if conn is None:
                     conn = self._connect(context, poller)
-                    last_reply = time.monotonic()
+                    self._last_reply = time.monotonic()
                     if conn is None:
-                        self._idle(poller, 100)
+                        with owner.released():
+                            self._idle(poller, 100)
                         continue
+                    owner.offer(conn.sock)
                 self._turn(conn)
-                self._idle(poller, 100)
+                timeout = 0 if owner.readable(conn.sock) else 100
+                with owner.released():
+                    self._idle(poller, timeout)
                 while conn.sock.poll(0):
                     self._handle_reply(conn.sock, conn.sock.recv())
-                    last_reply = time.monotonic()
+                    self._last_reply = time.monotonic()
                 waiting = self._log.in_flight or self._awaiting_welcome
-                if waiting and time.monotonic() - last_reply > self.config.client.confirm_timeout:
+                if waiting and time.monotonic() - self._last_reply > self.config.client.confirm_timeout:
                     self._avoid_current()
-                    self._note_storage_full_stats()
+                    if full := _storage_full_in_stats(self.topology.snapshot(), self.queue, self.xid):
+                        self._note_storage_full(full)
                     self.request_move(f"no answer from {self.xid} for {self.config.client.confirm_timeout:.1f}s")
             if conn is not None:
                 try:
@@ -166,8 +200,10 @@ class PublisherLink(QueueIoThread):
                 except zmq.Again:
                     pass  # a full pipe: the exchange forgets us after exchange.publisher_ttl
         finally:
+            owner.offer(None)
             if conn is not None:
                 conn.close(linger=100)
+            owner.lock.release()
             context.term()
 
     def _turn(self, conn: ExchangeSocket) -> None:
@@ -183,23 +219,10 @@ class PublisherLink(QueueIoThread):
             self.reconnects += 1
             self._say_hello(sock, rewind=True)
         if not self._awaiting_welcome:
-            self._send_batches(sock)
-            if not self._log.in_flight or self._eager_idle():
-                # Idle: from here on publish() must wake us, and what came before is taken
-                # now. With batches in flight their acks wake us (or a full batch, below).
-                self.wake_pending = False
-                self._send_batches(sock)
+            self._send_round(sock)
         if self._want_hello or (self._awaiting_welcome and time.monotonic() - self._hello_sent > HELLO_RETRY):
             self._want_hello = False
             self._say_hello(sock)
-
-    def _eager_idle(self) -> bool:
-        """With client.eager_in_flight: nothing waits to be sent and a small batch could still go
-        now, so publish() must wake us (at a high rate the log is rarely empty here, and acks wake
-        us as before)."""
-        log = self._log
-        return len(log.in_flight) < self.config.client.eager_in_flight and not log.open_count() \
-            and not log.unsent
 
     def _idle(self, poller: zmq.Poller, timeout_ms: int) -> None:
         """Wait for a reply, a wake-up from publish(), or the timeout."""
@@ -218,7 +241,7 @@ class PublisherLink(QueueIoThread):
         with self._cond:
             self.xid = xid
         self._say_hello(conn.sock, rewind=True)
-        conn.watch(poller)
+        conn.watch(poller, self._owner.poll_target(conn.sock))
         log.info("publisher %s publishing to %s/%s at %s", self.id, self.queue, xid, conn.endpoint)
         return conn
 
@@ -313,10 +336,11 @@ class PublisherLink(QueueIoThread):
                         "that has (nothing unconfirmed is lost)", self.id, reason)
         self.storage_full = reason
 
-    def _note_storage_full_stats(self) -> None:
-        """Silent exchange: if its statistics say its storage is full, that is why."""
-        stats = ExchangeStats.from_dict((self.topology.snapshot().get(self.xid or "") or {}).get("stats"))
-        if stats.storage_full:
-            self._note_storage_full(f"{STORAGE_FULL}: exchange {self.queue}/{self.xid} cannot write its "
-                                    f"journal ({stats.storage_error})")
+
+def _storage_full_in_stats(live: dict[str, Any], queue: str, xid: str | None) -> str | None:
+    """Silent exchange: if its statistics say its storage is full, that is why."""
+    stats = ExchangeStats.from_dict((live.get(xid or "") or {}).get("stats"))
+    if stats.storage_full:
+        return f"{STORAGE_FULL}: exchange {queue}/{xid} cannot write its journal ({stats.storage_error})"
+    return None
 

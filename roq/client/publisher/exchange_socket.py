@@ -25,12 +25,14 @@ class ExchangeSocket:
             self.sock.sndbuf = self.sock.rcvbuf = config.client.socket_buffer_bytes
         self.sock.connect(endpoint)
         self.monitor: zmq.Socket | None = None
+        self._polled: zmq.Socket | int = self.sock  # what the poller watches for replies
         self._succeeded = 0  # handshakes of this socket's connections
 
-    def watch(self, poller: zmq.Poller) -> None:
-        """Poll the socket, and its handshakes from now on."""
+    def watch(self, poller: zmq.Poller, polled: zmq.Socket | int | None = None) -> None:
+        """Poll the socket (or `polled`: its ZMQ_FD), and its handshakes from now on."""
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED)
-        poller.register(self.sock, zmq.POLLIN)
+        self._polled = self.sock if polled is None else polled
+        poller.register(self._polled, zmq.POLLIN)
         poller.register(self.monitor, zmq.POLLIN)
 
     def handshakes(self) -> tuple[bool, bool | None]:
@@ -50,7 +52,7 @@ class ExchangeSocket:
 
     def drop(self, poller: zmq.Poller) -> None:
         """Close at once, nothing kept (the link is moving)."""
-        poller.unregister(self.sock)
+        poller.unregister(self._polled)
         if self.monitor is not None:
             poller.unregister(self.monitor)
         self.close(linger=0)

@@ -3,9 +3,10 @@
 One DEALER per exchange on its replay endpoint, created on first use by the subscriber's I/O
 thread (which owns them all). A request waits for its own answer up to `client.fetch_timeout`:
 older answers, left over from a request that timed out, are skipped by request id. An exchange
-that answers `busy` (too many reply bytes it has not yet sent) is asked again after a short
-pause within the same deadline. Anything else raises FetchFailed and the connection is dropped,
-so the next request starts on a fresh one.
+that answers `busy` (too many reply bytes it has not yet sent) or `pending` (the frames asked for
+wait to be written to its store) is asked again after a short pause within the same deadline.
+Anything else raises FetchFailed and the connection is dropped, so the next request starts on a
+fresh one.
 
 An ended incarnation is read from a stored copy instead (roq/client/subscriber/streams.py `end`): `copies(x)`
 names the replay endpoints that may hold one (the replica of exchange x, and x's running
@@ -28,7 +29,8 @@ from roq.errors import ProtocolError
 from roq.security import secure_client
 
 MAX_REPLY = 1 << 30
-BUSY_RETRY = 0.05  # pause before asking again an exchange that answered "busy"
+BUSY_RETRY = 0.05  # pause before asking again an exchange that answered "busy" or "pending"
+RETRIED = ("busy", "pending")  # refusals asked again within the request's deadline
 
 Answer = protocol.Frames | protocol.StreamPosition | protocol.TimePosition
 
@@ -131,9 +133,11 @@ class ReplayClient:
             except protocol.ReplayRefused as refused:
                 if refused.refusal == "unknown_incarnation" and _is_endpoint(target):
                     raise NoCopy(str(refused)) from None
-                if refused.refusal != "busy" or time.monotonic() + BUSY_RETRY > deadline:
+                if refused.refusal not in RETRIED or time.monotonic() + BUSY_RETRY > deadline:
                     raise FetchFailed(str(refused)) from None
-                time.sleep(BUSY_RETRY)  # the exchange holds too many unsent replies: let them go
+                # busy: the exchange holds too many unsent replies, let them go; pending: the frames
+                # wait to be written to its store. Past the deadline the hole stays open, asked again later.
+                time.sleep(BUSY_RETRY)
             except FetchFailed:
                 self.drop(target)
                 raise

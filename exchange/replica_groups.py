@@ -1,0 +1,161 @@
+"""A replica's copy of its primary's consumer groups, on its host's disk (protocol section 7.6).
+
+The replica holds each copied incarnation's newest group state (a `groups` frame) and the acks
+since (`done` frames) in memory for an adoption (exchange/replica_adoption.py). With a disk storage
+policy it also writes them to a file beside the copy's segment store, `<store dir>/groups.cur`,
+so that an exchange and its replica dying together (both processes SIGKILLed, or both hosts
+restarted with their disks) keep their groups: the restarted replica adopts the store
+(exchange/replica_disk.py) and reads the file when the exchange's next incarnation asks.
+
+The file has a group cursor file's framing (exchange/group_cursor.py: length u32 | CRC-32 u32 |
+payload, little-endian); each payload is the protocol frame as the primary sent it (`groups` or
+`done`, section 7.6) with its proof replaced by STORED_PROOF (the copy secret never goes to disk).
+A `groups` record replaces what came before it, a `done` record adds to it. Reading stops at the
+first torn, damaged or malformed record (each is checked as a frame from the wire is), so a crash
+leaves a prefix of what was written. A state record is appended, or the file rewritten atomically
+as that one record once it would grow past COMPACT_RATIO times the state. Records are written
+before the frame is handled further (a killed process loses none: the page cache has them) and
+synced on the stats tick, as the copy's store is. A record the disk refuses is left out whole;
+the next state rewrites the file (until then a crash undoes those acks: delivered again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads, write_whole
+from exchange.retention import Retention
+from exchange.segment_store import SegmentStore
+from roq import protocol
+from roq.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "groups.cur"
+STORED_PROOF = b"\0" * protocol.MIN_PROOF  # in place of the copy secret, which stays in memory
+
+
+class GroupFiles:
+    """The group files of the copies' stores: `state` and `done` as frames come, `sync` on the tick."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[Path, tuple[int, int]] = {}  # file → (its size, its last state record's size)
+        self._behind: set[Path] = set()  # a record refused: rewritten by the next state
+
+    def state(self, directory: Path, incarnation: str, groups: list[protocol.GroupRecord]) -> None:
+        """The incarnation's new group state: what the file said before is replaced."""
+        path = directory / FILE_NAME
+        record = framed(protocol.encode_groups(incarnation, groups, STORED_PROOF))
+        size, _ = self._sizes.get(path, (0, 0))
+        grown = size + len(record) > COMPACT_RATIO * len(record) + COMPACT_SLACK_BYTES
+        if grown or path in self._behind or not path.exists():
+            try:
+                write_whole(path, record)
+            except OSError as exc:
+                self._refused(path, exc)
+                return
+            self._behind.discard(path)
+            self._sizes[path] = (len(record), len(record))
+        else:
+            self._append(path, record, len(record))
+
+    def done(self, directory: Path, incarnation: str, done: dict[str, list[tuple[int, int, int]]]) -> None:
+        """Messages that left the groups since the state."""
+        path = directory / FILE_NAME
+        if path in self._sizes and path not in self._behind:
+            self._append(path, framed(protocol.encode_done(incarnation, done, STORED_PROOF)))
+
+    def forget(self, directory: Path) -> None:
+        """The incarnation's groups were adopted by its successor (or its store went): no file."""
+        path = directory / FILE_NAME
+        self._sizes.pop(path, None)
+        self._behind.discard(path)
+        path.unlink(missing_ok=True)
+
+    def sync(self) -> None:
+        for path in list(self._sizes):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:  # its store was deleted
+                self._sizes.pop(path, None)
+                continue
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                log.warning("group file %s: sync refused (%s)", path, exc)
+            finally:
+                os.close(fd)
+
+    def _append(self, path: Path, record: bytes, state_size: int = 0) -> None:
+        size, last_state = self._sizes.get(path, (0, 0))
+        try:
+            with open(path, "ab") as out:
+                out.write(record)
+        except OSError as exc:
+            try:
+                os.truncate(path, size)  # no part of it may stay: later records would be cut with it
+            except OSError:
+                pass
+            self._refused(path, exc)
+            return
+        self._sizes[path] = (size + len(record), state_size or last_state)
+
+    def _refused(self, path: Path, exc: OSError) -> None:
+        if path not in self._behind:
+            log.warning("group file %s: a record refused (%s); rewritten with the next state", path, exc)
+        self._behind.add(path)
+
+
+def load(directory: Path) -> tuple[list[protocol.GroupRecord], dict[str, list[tuple[int, int, int]]]] | None:
+    """The group state and the acks since that a store's group file holds, or None (no file, or no
+    whole state record in it)."""
+    try:
+        data = (directory / FILE_NAME).read_bytes()
+    except OSError:
+        return None
+    groups: list[protocol.GroupRecord] | None = None
+    done: dict[str, list[tuple[int, int, int]]] = {}
+    for payload, _ in payloads(data):
+        try:
+            frame = protocol.decode_replica_request(payload)
+        except ProtocolError:
+            break
+        if isinstance(frame, protocol.GroupState):
+            groups, done = frame.groups, {}
+        elif isinstance(frame, protocol.GroupsDone) and groups is not None:
+            for name, ranges in frame.done.items():
+                done.setdefault(name, []).extend(ranges)
+        else:
+            break
+    return (groups, done) if groups is not None else None
+
+
+def stored_groups(adopted: Mapping[str, SegmentStore], copies: Mapping[str, Retention],
+                  group_state: dict[str, list[protocol.GroupRecord]],
+                  group_done: dict[str, dict[str, list[tuple[int, int, int]]]]) -> OrderedDict[str, Retention]:
+    """The incarnations whose groups only a store an earlier process of this replica left knows
+    (their files read into `group_state` and `group_done` once), the oldest state first, each as
+    an empty copy ending where its store ends: their frames are all on disk."""
+    stored: OrderedDict[str, Retention] = OrderedDict()
+    for incarnation, store in sorted(adopted.items(), key=lambda item: _modified(item[1].directory)):
+        if incarnation in copies:
+            continue
+        if incarnation not in group_state:
+            found = load(store.directory)
+            if found is not None:
+                group_state[incarnation], group_done[incarnation] = found
+        if incarnation in group_state:
+            stored[incarnation] = Retention(0, 0, first_pos=max(store.end_pos, 1))  # nothing in memory
+    return stored
+
+
+def _modified(directory: Path) -> float:
+    """When a store's group file was last written (0: none)."""
+    try:
+        return (directory / FILE_NAME).stat().st_mtime
+    except OSError:
+        return 0.0
