@@ -378,3 +378,21 @@ def test_a_queue_made_memory_only_forgets_its_cursor_files() -> None:
         stream.disk.apply(StoragePolicy())
         stream.cursors.turn()
         assert not list(stream.cursors.root.glob("*.cur")), "a later restart must not bring the group back"
+
+
+def test_a_reset_of_a_restored_group_drops_its_backlog_and_its_file() -> None:
+    """`roq group reset` of a group still reading a backlog: what it had not read goes too, and the
+    backlog's file with it once nothing of it is held (a later restart must not bring it back)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        second.spill.turn()  # a read-ahead of the backlog
+        assert second.groups.groups["g"].held_bytes and second.cursors.backlogs["g"]
+        second.groups.reset("g")
+        second.cursors.tick()
+        assert not second.cursors.backlogs
+        assert second.cursors.root is not None and [p.name for p in second.cursors.root.glob("*.cur")] == ["67.cur"]
+        second.publish(1, 10)
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        assert second.work(b"m2") == [second.next_id - 1], "only what came after the reset"
+        second.disk.close()
