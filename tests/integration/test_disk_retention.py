@@ -236,9 +236,9 @@ def take(member: GroupMember, upto: int, seen: list[tuple[int, int]]) -> None:
 BACKLOG = 6_000  # 12 MB: 120 times exchange.group_max_bytes, three of a restore's 4 MiB read-aheads
 
 
-def backlog_beyond_memory(config, zk, paths, queue: str) -> tuple[list[tuple[int, int]], list[int]]:
-    """Group "w" takes and acks messages 0-99, then has no member while BACKLOG more come, all
-    stored: what it took, and what the groups held meanwhile."""
+def backlog_beyond_memory(config, zk, paths, queue: str, count: int = 1_000) -> tuple[list[tuple[int, int]], list[int]]:
+    """Group "w" takes and acks messages 0-99, then has no member while `count` more come (1,000:
+    2 MB, 20 times exchange.group_max_bytes), all stored: what it took, and what the groups held."""
     first: list[tuple[int, int]] = []
     with Publisher(queue, config) as pub:
         with GroupMember(queue, config, ["t"], group="w", prefetch=20, auto_ack=False) as member:
@@ -246,10 +246,10 @@ def backlog_beyond_memory(config, zk, paths, queue: str) -> tuple[list[tuple[int
             publish(pub, 0, 100)
             take(member, 99, first)
         held: list[int] = []
-        for start in range(100, 100 + BACKLOG, 500):
+        for start in range(100, 100 + count, 500):
             publish(pub, start, 500)  # never held: the backlog waits on disk
             held.append(group_held(zk, paths, queue))
-        wait_until(lambda: stored_all(zk, paths, queue, 100 + BACKLOG), timeout=60, message="the store to write all")
+        wait_until(lambda: stored_all(zk, paths, queue, 100 + count), timeout=60, message="the store to write all")
         held.append(group_held(zk, paths, queue))
     return first, held
 
@@ -276,7 +276,7 @@ def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_a
     start_cluster(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "backlog")
-    first, held = backlog_beyond_memory(small, zk, paths, "backlog")
+    first, held = backlog_beyond_memory(small, zk, paths, "backlog", BACKLOG)
     record_figures("group backlog on disk", published=BACKLOG, most_held=max(held), bound=GROUP_BYTES)
     assert max(held) <= GROUP_BYTES + 25_000, "memory holds a share of group_max_bytes, give or take a frame"
     assert sorted(n for n, _ in first) == list(range(100))
