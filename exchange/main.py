@@ -30,7 +30,7 @@ import zmq
 from exchange.forwarder import Forwarder
 from exchange.journal import JOURNAL_DIR, load_archives
 from exchange.parts import Site
-from exchange.replica import Replica
+from exchange.replica import Replica, stored
 from exchange.replica_disk import REPLICA_SUFFIX
 from exchange.retention import Retention
 from exchange.stats import rss_bytes
@@ -327,15 +327,25 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
     replica.disk.start(replica.disk.inbox.first(POLICY_WAIT) if watch_parent else None)
     gatekeeper.start()
 
+    announced: list[list[str]] = []  # the `stored` of the last ready event
+
+    def announce() -> None:
+        """The ready event, again whenever the ended incarnations we serve change: our HCM writes
+        them to our znode (`stored`), where subscribers starting from the beginning find them."""
+        announced[:] = [stored(replica)]
+        emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
+              "incarnation": replica.incarnation, "pid": os.getpid(), "stored": announced[0]})
+
     def report() -> None:
         replica.disk.tick()  # written frames synced before the report, as an exchange's store
         replica.group_files.sync()
         emit({"event": "stats", **replica.report(), **gatekeeper.snapshot(), "rss_bytes": rss_bytes()})
+        if announced and stored(replica) != announced[0]:
+            announce()
     on_tick = every(config.exchange.stats_interval, report)
     try:
         await_permissions(gatekeeper, config, stop, watch_parent)
-        emit({"event": "ready", "repl": replica.repl_endpoint, "replay": replica.replay_endpoint,
-              "incarnation": replica.incarnation, "pid": os.getpid()})
+        announce()
         log.info("replica of %s/%s ready: copies at %s, fetches at %s", queue, xid,
                  replica.repl_endpoint, replica.replay_endpoint)
         replica.run(stop.is_set, on_tick)

@@ -4,10 +4,11 @@ Binds `repl`, where its primary copies every frame it retains, and `replay`, whe
 from the copies as from an exchange's retention. It keeps one copy per primary incarnation (at most
 MAX_COPIES), sealed once a subscriber asks for an ended incarnation's position; only the primary
 incarnation the cluster vouches for may copy (exchange/replica_trust.py). It also holds the
-primary's consumer groups and admin commands (exchange/replica_adoption.py). Frames are range-checked
-and a copy must continue what is held. With a disk storage policy each copy is also written to a
-segment store on this host (exchange/replica_disk.py), served below the copy's memory tail. The
-whole design: docs/replication.md.
+primary's consumer groups (exchange/replica_groups.py) and admin commands, which a restarted
+exchange adopts (exchange/replica_adoption.py). Frames are range-checked and a copy must continue
+what is held. With a disk storage policy each copy is also written to a segment store on this host
+(exchange/replica_disk.py), served below the copy's memory tail. The whole design:
+docs/replication.md.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from typing import Any
 import zmq
 
 from exchange.replay import ReplayServer, replay_socket
-from exchange.replica_adoption import Adoptions, needed_from
 from exchange.replica_disk import ReplicaDisk
-from exchange.replica_groups import GroupFiles, stored_groups
+from exchange.replica_groups import Done, GroupFiles, HeldGroups
 from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
@@ -51,12 +51,7 @@ class Replica:
         self.xid = xid
         self.incarnation = f"{xid}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
-        # The newest consumer group state of an incarnation (protocol section 7.6): what a restarted
-        # exchange adopts. Its pending messages' frames are kept in the copy (pinned) meanwhile.
-        self.group_state: dict[str, list[protocol.GroupRecord]] = {}
-        self.group_done: dict[str, dict[str, list[tuple[int, int, int]]]] = {}  # since that state
-        self.group_files = GroupFiles()  # the same beside each copy's store (exchange/replica_groups.py)
-        self.adoptions = Adoptions()  # answers to `adopt`
+        self.groups = HeldGroups()  # what a restarted exchange adopts (exchange/replica_groups.py)
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
         self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
@@ -81,6 +76,19 @@ class Replica:
         self.disk.close()
         self.repl.close(linger=0)
         self.replay.sock.close(linger=0)
+
+    # The names tests and the daemon's tick read (exchange/main.py), held in `groups`.
+    @property
+    def group_state(self) -> dict[str, list[protocol.GroupRecord]]:
+        return self.groups.state
+
+    @property
+    def group_done(self) -> dict[str, Done]:
+        return self.groups.done
+
+    @property
+    def group_files(self) -> GroupFiles:
+        return self.groups.files
 
     def _count(self, name: str, amount: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
@@ -187,23 +195,18 @@ class Replica:
             return self._follow(route, request)
         if isinstance(request, protocol.Copy):
             return self._copy(route, request)
-        if isinstance(request, protocol.Adopt):
-            return self._adopt(request)
+        if isinstance(request, protocol.Adopt):  # from the copies, or a store an earlier process of ours left
+            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk.adopted, self.disk.stores)
         if isinstance(request, protocol.Mark):
-            return self._mark(request)
+            return None if request.incarnation in self.sealed else self.groups.marked(request)
         if isinstance(request, protocol.Applied):
             return self._applied(request)
         if isinstance(request, protocol.Fill):
             return self._fill(request)
         if isinstance(request, protocol.GroupState):
             self._store_groups(request)  # the next one replaces it
-        elif request.incarnation in self.group_state:
-            done = self.group_done.setdefault(request.incarnation, {})
-            for group, ranges in request.done.items():
-                done.setdefault(group, []).extend(ranges)
-            store = self.disk.stores.get(request.incarnation)
-            if store is not None:
-                self.group_files.done(store.directory, request.incarnation, request.done)
+        else:
+            self.groups.keep_done(request.incarnation, request.done, self.disk.stores.get(request.incarnation))
         return None
 
     def _follow(self, route: bytes, follow: protocol.Follow) -> bytes:
@@ -259,42 +262,10 @@ class Replica:
         self._count("filled_frames", len(fill.frames))
         return protocol.encode_filled(fill.incarnation, held, fill.end_pos, fill.ended)
 
-    def _mark(self, mark: protocol.Mark) -> bytes | None:
-        """`marked` once we hold every group frame the primary sent before the mark: frames come in
-        order on one connection, so that is once we hold a state of its incarnation (a `done` that
-        came before the first state is in that state, each later one is kept). Without one (this
-        replica restarted, or the state went with a dropped copy) no answer: the primary's members
-        keep their acks' credit until it said `follow` again and sent its state."""
-        if mark.incarnation in self.sealed or mark.incarnation not in self.group_state:
-            return None
-        return protocol.encode_marked(mark.incarnation, mark.serial)
-
     def _store_groups(self, state: protocol.GroupState) -> None:
-        """Keep an incarnation's group state, and the frames of its pending messages; the state of
-        the incarnations before it (adopted by it) goes."""
-        copy = self.copies.get(state.incarnation)
-        if copy is None or state.incarnation in self.sealed:
-            return
-        self.group_state[state.incarnation] = state.groups
-        self.group_done.pop(state.incarnation, None)  # the state includes them
-        self.adoptions.over(state.incarnation)
-        store = self.disk.stores.get(state.incarnation)
-        if store is not None:
-            self.group_files.state(store.directory, state.incarnation, state.groups)
-        for older, stored in self.disk.adopted.items():  # an earlier process's: adopted by this one
-            if older != state.incarnation:
-                self.group_files.forget(stored.directory)
-                self.group_state.pop(older, None)
-                self.group_done.pop(older, None)
-        pins = [needed_from(g) for g in state.groups]
-        # Frames on this host's disk stay there for adoption (exchange/replica_adoption.py), not in memory.
-        copy.protect_from = min(pins) if pins and self.disk.store_of(state.incarnation) is None else None
-        for older in list(self.copies):
-            if older == state.incarnation:
-                break
-            self.copies[older].protect_from = None
-            self.group_state.pop(older, None)
-            self.group_done.pop(older, None)
+        """Keep an incarnation's group state (exchange/replica_groups.py) if its copy is followed here."""
+        if state.incarnation in self.copies and state.incarnation not in self.sealed:
+            self.groups.keep_state(state.incarnation, state.groups, self.copies, self.disk)
 
     def _applied(self, applied: protocol.Applied) -> bytes | None:
         """The primary applied an admin command: keep the state it left, the command's id, and for a
@@ -321,19 +292,10 @@ class Replica:
         for older in [inc for inc in self.copies if inc != incarnation]:
             del self.copies[older]
             self.disk.drop(older)
-            self.group_state.pop(older, None)
-            self.group_done.pop(older, None)
+            self.groups.forget(older)
             self._add_sealed(older)
         log.info("purged the copy of %s below position %d (%d frames, %d messages), earlier copies dropped",
                  incarnation, upto, frames, messages)
-
-    def _adopt(self, adopt: protocol.Adopt) -> bytes:
-        """A restarted exchange asks for the groups its earlier incarnation left
-        (exchange/replica_adoption.py): of a copy, or of a store an earlier process of this replica
-        left with its group file (exchange/replica_groups.py), whose frames are all on disk."""
-        stored = stored_groups(self.disk.adopted, self.copies, self.group_state, self.group_done)
-        return self.adoptions.answer(adopt, stored | self.copies, self.group_state, self.group_done,
-                                     tuple(self.applied), {**self.disk.adopted, **self.disk.stores})
 
     def _new_copy(self, incarnation: str, first_pos: int) -> Retention:
         ex = self.config.exchange
@@ -344,8 +306,7 @@ class Replica:
         while len(self.copies) > MAX_COPIES:
             dropped, _ = self.copies.popitem(last=False)
             self.disk.drop(dropped)
-            self.group_state.pop(dropped, None)
-            self.group_done.pop(dropped, None)
+            self.groups.forget(dropped)
             self._add_sealed(dropped)
         return copy
 
@@ -378,3 +339,10 @@ class Replica:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}
 
+
+def stored(replica: Replica) -> list[str]:
+    """The ended incarnations of the replica's exchange served on its `replay` (the `stored` of its
+    znode, protocol section 1), oldest first: stores adopted or transferred whole, then the copies
+    in the order they were followed. The one the cluster lists as running is not ended."""
+    names = dict.fromkeys([*replica.disk.adopted_oldest_first(), *replica.copies])
+    return [incarnation for incarnation in names if incarnation != replica.trust.running]

@@ -224,7 +224,9 @@ class ReplicaDisk:
         base, tail = self.bases.get(incarnation), self.stores.get(incarnation)
         if base is None or tail is None or base.end_pos != self.starts.get(incarnation) or base.pending_bytes:
             return
-        if tail.state is StoreState.OK and not tail.pending_bytes and tail.first_pos == base.end_pos:
+        # A copy that jumped with an empty page has written nothing yet: it continues the transfer.
+        starts_there = tail.first_pos == base.end_pos or (tail.next_pos is None and not tail.segments)
+        if tail.state is StoreState.OK and not tail.pending_bytes and starts_there:
             self._complete(incarnation)
 
     def _complete(self, incarnation: str) -> None:
@@ -327,6 +329,11 @@ class ReplicaDisk:
             base.apply_retention(wall)  # a long transfer's oldest frames age out as the copy's would
             self._try_complete(incarnation)
 
+    def adopted_oldest_first(self) -> list[str]:
+        """The stored incarnations (adopted at start, or transferred whole), by their newest frame's
+        time: the exchange's incarnations followed one another, so this is the order they ran in."""
+        return sorted(self.adopted, key=lambda incarnation: _newest(self.adopted[incarnation]))
+
     def close(self) -> None:
         for store in [*self.stores.values(), *self.bases.values(), *self.adopted.values()]:
             store.close()
@@ -348,6 +355,10 @@ def _modified(directory: Path) -> float:
         return directory.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _newest(store: SegmentStore) -> float:
+    return store.segments[-1].newest if store.segments else 0.0
 
 
 def _delete(store: SegmentStore) -> None:

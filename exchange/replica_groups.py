@@ -1,8 +1,10 @@
-"""A replica's copy of its primary's consumer groups, on its host's disk (protocol section 7.6).
+"""A replica's copy of its primary's consumer groups, in memory and on its host's disk (protocol
+section 7.6).
 
 The replica holds each copied incarnation's newest group state (a `groups` frame) and the acks
-since (`done` frames) in memory for an adoption (exchange/replica_adoption.py). With a disk storage
-policy it also writes them to a file beside the copy's segment store, `<store dir>/groups.cur`,
+since (`done` frames) in memory for an adoption (exchange/replica_adoption.py): `HeldGroups`, which
+keeps and forgets the two together. With a disk storage policy it also writes them to a file
+beside the copy's segment store, `<store dir>/groups.cur`,
 so that an exchange and its replica dying together (both processes SIGKILLed, or both hosts
 restarted with their disks) keep their groups: the restarted replica adopts the store
 (exchange/replica_disk.py) and reads the file when the exchange's next incarnation asks.
@@ -28,6 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads, write_whole
+from exchange.replica_adoption import Adoptions, needed_from
+from exchange.replica_disk import ReplicaDisk
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore
 from roq import protocol
@@ -37,6 +41,77 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "groups.cur"
 STORED_PROOF = b"\0" * protocol.MIN_PROOF  # in place of the copy secret, which stays in memory
+
+Done = dict[str, list[tuple[int, int, int]]]  # group → (pos, index, count) of messages that left it
+
+
+class HeldGroups:
+    """The consumer groups a replica holds of each primary incarnation: its newest state and the
+    acks since, kept and forgotten together, written to the group file beside the copy's store
+    (`store`: None without one), the pins they put on the copies, and the answers to `adopt` and
+    `mark` made of them."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, list[protocol.GroupRecord]] = {}
+        self.done: dict[str, Done] = {}  # since that state
+        self.files = GroupFiles()
+        self.adoptions = Adoptions()
+
+    def keep_state(self, incarnation: str, groups: list[protocol.GroupRecord], copies: Mapping[str, Retention],
+                   disk: ReplicaDisk) -> None:
+        """The incarnation's new state replaces what was held, acks included (the state has them),
+        and its copy keeps the frames of its pending messages; the groups of the incarnations before
+        it (adopted by it) go, and their copies' pins."""
+        self.state[incarnation] = groups
+        self.done.pop(incarnation, None)
+        self.adoptions.over(incarnation)
+        store = disk.stores.get(incarnation)
+        if store is not None:
+            self.files.state(store.directory, incarnation, groups)
+        for older, stored in disk.adopted.items():  # an earlier process's: adopted by this one
+            if older != incarnation:
+                self.forget(older, stored)
+        pins = [needed_from(g) for g in groups]
+        # Frames on this host's disk stay there for adoption (exchange/replica_adoption.py), not in memory.
+        copies[incarnation].protect_from = min(pins) if pins and disk.store_of(incarnation) is None else None
+        for older in list(copies):
+            if older == incarnation:
+                break
+            copies[older].protect_from = None
+            self.forget(older)
+
+    def keep_done(self, incarnation: str, done: Done, store: SegmentStore | None) -> None:
+        """Acks since the state; before any state none are kept (the first state has them)."""
+        if incarnation not in self.state:
+            return
+        held = self.done.setdefault(incarnation, {})
+        for group, ranges in done.items():
+            held.setdefault(group, []).extend(ranges)
+        if store is not None:
+            self.files.done(store.directory, incarnation, done)
+
+    def forget(self, incarnation: str, store: SegmentStore | None = None) -> None:
+        """The incarnation's groups go (adopted by its successor, or its copy dropped); with its
+        store, the store's group file too."""
+        self.state.pop(incarnation, None)
+        self.done.pop(incarnation, None)
+        if store is not None:
+            self.files.forget(store.directory)
+
+    def marked(self, mark: protocol.Mark) -> bytes | None:
+        """`marked` once we hold every group frame the primary sent before the mark: frames come in
+        order on one connection, so that is once we hold a state of its incarnation (a `done` that
+        came before the first state is in that state, each later one is kept). Without one (this
+        replica restarted, or the state went with a dropped copy) no answer: the primary's members
+        keep their acks' credit until it said `follow` again and sent its state."""
+        return protocol.encode_marked(mark.incarnation, mark.serial) if mark.incarnation in self.state else None
+
+    def answer(self, adopt: protocol.Adopt, copies: dict[str, Retention], applied: tuple[str, ...],
+               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore]) -> bytes:
+        """The answer to `adopt` (exchange/replica_adoption.py), from the copies or from a store an
+        earlier process of this replica left (`adopted`) with its group file."""
+        stored = stored_groups(adopted, copies, self.state, self.done)
+        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied, {**adopted, **stores})
 
 
 class GroupFiles:
@@ -63,7 +138,7 @@ class GroupFiles:
         else:
             self._append(path, record, len(record))
 
-    def done(self, directory: Path, incarnation: str, done: dict[str, list[tuple[int, int, int]]]) -> None:
+    def done(self, directory: Path, incarnation: str, done: Done) -> None:
         """Messages that left the groups since the state."""
         path = directory / FILE_NAME
         if path in self._sizes and path not in self._behind:
@@ -110,7 +185,7 @@ class GroupFiles:
         self._behind.add(path)
 
 
-def load(directory: Path) -> tuple[list[protocol.GroupRecord], dict[str, list[tuple[int, int, int]]]] | None:
+def load(directory: Path) -> tuple[list[protocol.GroupRecord], Done] | None:
     """The group state and the acks since that a store's group file holds, or None (no file, or no
     whole state record in it)."""
     try:
@@ -118,7 +193,7 @@ def load(directory: Path) -> tuple[list[protocol.GroupRecord], dict[str, list[tu
     except OSError:
         return None
     groups: list[protocol.GroupRecord] | None = None
-    done: dict[str, list[tuple[int, int, int]]] = {}
+    done: Done = {}
     for payload, _ in payloads(data):
         try:
             frame = protocol.decode_replica_request(payload)
@@ -136,7 +211,7 @@ def load(directory: Path) -> tuple[list[protocol.GroupRecord], dict[str, list[tu
 
 def stored_groups(adopted: Mapping[str, SegmentStore], copies: Mapping[str, Retention],
                   group_state: dict[str, list[protocol.GroupRecord]],
-                  group_done: dict[str, dict[str, list[tuple[int, int, int]]]]) -> OrderedDict[str, Retention]:
+                  group_done: dict[str, Done]) -> OrderedDict[str, Retention]:
     """The incarnations whose groups only a store an earlier process of this replica left knows
     (their files read into `group_state` and `group_done` once), the oldest state first, each as
     an empty copy ending where its store ends: their frames are all on disk."""

@@ -167,8 +167,10 @@ class ReplicaLink:
         while len(self._pages) < WINDOW_PAGES and self.sent < retention.next_pos:
             start = max(self.sent, retention.oldest)
             entries = retention.entries(start, self.page_bytes)
-            if not entries:
+            if not entries and start < retention.next_pos:
                 return
+            # No entries at all: our memory evicted everything the replica lacks (an idle stream).
+            # An empty page jumps the copy to our next position, so the transfer of our disk starts.
             # A frame with large payloads' parts is copied inline (its bytes in the body): a copy page
             # packs every body anyway (protocol section 6.1).
             inlined = [[topic, protocol.inline(body), messages] for topic, body, messages in entries]

@@ -37,7 +37,8 @@ from roq.storage_policy import storage_line
 # What is published of an exchange's ready event, at live/<q>/<x>; it counts only if it names the
 # first two (its endpoints).
 READY_FIELDS = ("pub", "sub", "replay", "work", "incarnation", "pid", "replicas", "archived", "copy_digest")
-REPLICA_READY_FIELDS = ("repl", "replay", "incarnation", "pid")  # of a replica, at replicas/<q>/<x>
+# Of a replica, at replicas/<q>/<x>; it sends its ready event again when `stored` changes.
+REPLICA_READY_FIELDS = ("repl", "replay", "incarnation", "pid", "stored")
 
 
 class ChildChannel:
@@ -151,7 +152,10 @@ class ChildChannel:
     def _on_event(self, child: Child, event: dict[str, Any], fields: tuple[str, ...]) -> None:
         if event.get("event") == "ready" and all(event.get(key) for key in fields[:2]):  # its endpoints
             child.reported = time.monotonic()
-            child.ready = {key: event.get(key) for key in fields}
+            ready = {key: event.get(key) for key in fields}
+            # A published child's new ready event (a replica's `stored` changed) is written at once.
+            child.stats_forced = child.stats_forced or (child.ready is not None and ready != child.ready)
+            child.ready = ready
             self.wake.set()
         elif event.get("event") == "command" and isinstance(event.get("id"), str):
             child.command_reports.append((event["id"], event.get("result") or {}))

@@ -22,7 +22,7 @@ CLIENT_STATS = ("publishers", "at", "storage_full", "storage_error")
 # What a client needs of a live exchange's znode besides its stats (section 1).
 EXCHANGE_KEYS = ("pub", "sub", "replay", "work", "incarnation", "host", "replicas", "archived", "silent",
                  "heartbeat", "stats_interval")
-REPLICA_KEYS = ("replay", "incarnation")
+REPLICA_KEYS = ("replay", "incarnation", "stored")
 
 
 @dataclass(frozen=True)

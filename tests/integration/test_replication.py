@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -305,18 +306,32 @@ def test_k_a_late_replica_catches_up_from_the_primary_disk_then_takes_over(confi
         back.sub.close()
 
 
+def receive_numbers(sub: Subscriber, wanted: set[int], timeout: float = 60.0) -> Counter[int]:
+    """How many times `sub` handed each message number over, until it has every one of `wanted`."""
+    counts: Counter[int] = Counter()
+    deadline = time.monotonic() + timeout
+    while not wanted <= set(counts) and time.monotonic() < deadline:
+        msg = sub.receive(timeout=1)
+        if msg is not None:
+            counts[int(msg.payload)] += 1
+    return counts
+
+
 def test_l_an_earlier_incarnation_reaches_a_new_replica_and_outlives_its_exchange_host(config, zk, paths,
                                                                                        procs) -> None:
     """Disk retention, a memory tail of 200 KB: 1,000 messages (~1 MB) confirmed in incarnation A,
-    then the exchange process killed (its HCM restarts it as B, which serves A's store), then the
-    replica's host killed: the new replica gets A's store by transfer (`fill_ended`, protocol 6.5).
-    Then B's host is lost with its disk: a subscriber from the beginning (position taken while B
-    ran) gets every message of A once, from the new replica alone."""
+    then the exchange process killed (its HCM restarts it as B, which serves A's store), 500 more
+    confirmed in B, then the replica's host killed: the new replica gets B's store by transfer
+    (`fill`) and A's (`fill_ended`, protocol 6.5). Then B's host is lost with its disk: a subscriber
+    from the beginning whose position was taken while B ran gets every message of A once, and a
+    subscriber first started now, from the beginning (or from a time before A), gets every message
+    of A and B once, from the new replica alone, which lists both as `stored` (protocol section 1)."""
     memory = "exchange.retention_bytes=200000"
     start_hosts(procs, zk, paths, memory, gcm_settings=LOST_FOR_GOOD)
     procs.start("hcm", "host-4", "hcm.host=host-4", memory)  # room for a new replica, then the exchange
     wait_until(lambda: len(read_hosts(zk, paths)) == 4, message="four hosts")
     create_replicated(config, zk, paths, "earlier", retention=3_600.0)
+    before_any = datetime.fromtimestamp(time.time() - 1, timezone.utc)
     with Publisher("earlier", config) as pub:
         for i in range(1000):
             pub.publish("load", str(i).encode().ljust(1000))
@@ -329,10 +344,15 @@ def test_l_an_earlier_incarnation_reaches_a_new_replica_and_outlives_its_exchang
     live = read_live(zk, paths, "earlier")["x1"]
     if live["host"] != host:
         pytest.skip("the leader moved the exchange to another host: its store stayed behind")
+    second = live["incarnation"]
     assert first in live.get("archived", []), "the restarted exchange serves the earlier store"
     with Subscriber("earlier", config, start="beginning", inbox_limit=1) as early:
         position = early.position()
     assert position["streams"].get(first) == 0, "the earlier incarnation is in the position, unread"
+    with Publisher("earlier", config) as pub:
+        for i in range(1000, 1500):
+            pub.publish("load", str(i).encode().ljust(1000))
+        pub.flush(60)
     old_replica = read_json(zk, paths.replica_live("earlier", "x1"))
     assert old_replica and old_replica["host"] != host
     procs.kill(str(old_replica["host"]))
@@ -343,24 +363,34 @@ def test_l_an_earlier_incarnation_reaches_a_new_replica_and_outlives_its_exchang
         return str(new["host"]) if new and new["host"] != old_replica["host"] else None
     wait_until(new_replica_host, timeout=60, message="a new replica")
     stored = procs.workdir / str(new_replica_host()) / "data" / "store" / "earlier" / "x1~r" / str(first)
+    # The running incarnation's own transfer comes first: A's store whole means B's is too.
     wait_until(lambda: (stored / f"{1:020d}.seg").exists() and not list(stored.parent.glob("*~base")),
                timeout=60, message=f"the earlier incarnation transferred to {stored}")
-    procs.kill(host)  # B's host, with A's store on its disk: only the new replica holds A now
+    procs.kill(host)  # B's host, with A's store on its disk: only the new replica holds A and B now
     wait_until(lambda: (read_live(zk, paths, "earlier").get("x1") or {}).get("host") not in (None, host),
                timeout=30, message="x1 back on another host")
-    counts: Counter[int] = Counter()
+    wait_until(lambda: (read_json(zk, paths.replica_live("earlier", "x1")) or {}).get("stored") == [first, second],
+               timeout=30, message="the replica lists A and B as stored, oldest first")
     with Subscriber("earlier", config, position=position) as back:
-        deadline = time.monotonic() + 60
-        while len(counts) < 1000 and time.monotonic() < deadline:
-            msg = back.receive(timeout=1)
-            if msg is not None:
-                counts[int(msg.payload)] += 1
+        counts = receive_numbers(back, set(range(1000)))
         gaps = back.gaps
     record_figures("replication l (processes): an earlier incarnation transferred to a new replica, then "
                    "the exchange host lost", confirmed=1000, received=len(counts),
                    lost=1000 - len(set(counts) & set(range(1000))), duplicated=sum(1 for c in counts.values() if c > 1))
-    assert set(counts) == set(range(1000)), f"{1000 - len(counts)} of the earlier incarnation's messages missing"
+    assert set(range(1000)) <= set(counts), f"{1000 - len(counts)} of the earlier incarnation's messages missing"
     assert max(counts.values()) == 1 and gaps == 0
+    with Subscriber("earlier", config, start="beginning") as new:
+        counts = receive_numbers(new, set(range(1500)))
+        gaps = new.gaps
+    record_figures("replication l (processes): a subscriber first started after the exchange host was lost, "
+                   "from the beginning", confirmed=1500, received=len(counts),
+                   lost=1500 - len(set(counts) & set(range(1500))), duplicated=sum(1 for c in counts.values() if c > 1))
+    assert set(counts) == set(range(1500)), f"{1500 - len(counts)} messages of A and B missing"
+    assert max(counts.values()) == 1 and gaps == 0
+    with Subscriber("earlier", config, start=before_any) as from_time:  # position_at asked at the replica
+        counts = receive_numbers(from_time, set(range(1500)))
+        gaps = from_time.gaps
+    assert set(counts) == set(range(1500)) and max(counts.values()) == 1 and gaps == 0, "from a time, the same"
 
 
 def test_confirms_wait_for_the_replica(config, zk, paths, procs) -> None:

@@ -329,8 +329,9 @@ def test_a_replica_of_before_pages_is_asked_for_the_whole_adoption(ctx: zmq.Cont
     processed: Counter[int] = Counter()
     replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
     publisher = backlog_then_kill(ctx, replica, processed)
-    answer = replica._adopt
-    monkeypatch.setattr(replica, "_adopt", lambda adopt: answer(adopt) if adopt.page is None else None)
+    answer = replica.groups.answer
+    monkeypatch.setattr(replica.groups, "answer",
+                        lambda adopt, *held: answer(adopt, *held) if adopt.page is None else None)
     new = incarnation(ctx, replica)
     assert new.group_sync.adoption.pages == 0, "no page: the whole adoption at once"
     each_unacked_once(ctx, new, replica, processed)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exchange import tiered
-from exchange.replica import MAX_COPIES, Replica
+from exchange.replica import MAX_COPIES, Replica, stored
 from exchange.replica_disk import MAX_ADOPTED, ReplicaDisk, safe_dir_name
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
@@ -488,6 +488,55 @@ def test_a_transfer_store_gets_the_queues_retention(tmp_path: Path) -> None:
     recent = [[int(time.time() * 1e6), TOPIC, body(INC, pos), 1] for pos in range(51, 100)]
     assert disk.fill(protocol.Fill(INC, 51, 100, recent, False, proof(INC))) == 100
     disk.close()
+
+
+def test_an_idle_primary_whose_memory_aged_out_still_transfers_its_disk_to_a_new_replica(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """Nothing in the primary's memory tail (idle past its retention, frames copied to an earlier
+    replica): an empty `copy` page jumps the new replica's copy to the next position, so the
+    transfer of the primary's store starts, and the copy is served whole from position 1."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    primary.retention.protect_from = None  # an earlier replica held them: they could age out
+    primary.retention.trim(time.monotonic() + 3_600)
+    end = primary.retention.next_pos
+    assert primary.retention.oldest == end, "the memory tail holds nothing"
+    deadline = time.monotonic() + 20
+    while not (INC in replica.disk.in_sync and primary.link.transfer.in_sync and primary.link.held == end):
+        assert time.monotonic() < deadline, "the idle primary's store never reached the new replica"
+        primary.cycle()
+    assert replica.disk.starts[INC] == end, "the copy jumped to the primary's next position"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end)]
+    primary.publish(3)  # the copy goes on from there
+    while primary.link.held < primary.retention.next_pos:
+        assert time.monotonic() < deadline, "later frames were not copied"
+        primary.cycle()
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, end + 3)]
+
+
+def test_the_replica_lists_the_ended_incarnations_it_serves_oldest_first_never_the_running_one(
+        ctx: zmq.Context, tmp_path: Path) -> None:
+    """`stored` (its znode, protocol section 1): stores adopted (or transferred whole) by their
+    newest frame's time, then copies in follow order, without the incarnation listed as running."""
+    root = tmp_path / "x1~r"
+    for age, name in ((200, f"{X}.older"), (100, f"{X}.old")):
+        store = SegmentStore(root / name, StoreLimits())
+        store.append(stored_frame(1, time.time() - age, TOPIC, body(name, 1), 1))
+        assert store.flush(sync=True)
+        store.close()
+    os.utime(root / f"{X}.older", (time.time(), time.time()))  # written last: the name order is no clue
+    r = restarted(ctx, root)
+    try:
+        assert stored(r) == [f"{X}.older", f"{X}.old"]
+        vouch(r, INC, INC2, running=INC)
+        sock = dealer(ctx, r.repl_endpoint)
+        follow(r, sock, INC)
+        assert stored(r) == [f"{X}.older", f"{X}.old"], "the running incarnation is not ended"
+        vouch(r, INC, INC2, running=INC2)
+        follow(r, sock, INC2)
+        assert stored(r) == [f"{X}.older", f"{X}.old", INC]
+    finally:
+        r.close()
 
 
 def test_an_earlier_incarnations_store_goes_to_the_replica_whole_and_is_served_there(

@@ -16,6 +16,7 @@ import pytest
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 import hcm.supervisor
+from hcm.channel import REPLICA_READY_FIELDS
 from hcm.heartbeat import SILENT_AFTER, exchange_changed, host_changed, write_due
 from hcm.hoststats import disk_space, host_figures
 from hcm.registration import HostRegistration
@@ -267,6 +268,24 @@ def test_a_restarted_exchange_is_published_in_full(running) -> None:
     assert "/test/live/q/x1" not in zk.nodes  # removed when it was reaped
     sup.tick(T0 + 2)
     assert zk.writes[-1][1]["pub"] == "tcp://a:4" and zk.writes[-1][1]["restarts"] == 1
+
+
+def test_a_changed_ready_event_is_written_at_once_and_a_repeated_one_not_at_all(running) -> None:
+    """A replica sends its ready event again when the ended incarnations it serves change
+    (`stored`, protocol section 1): subscribers starting from the beginning must see them soon."""
+    sup, zk = running
+    child = sup.children[KEY]
+    ready = {"event": "ready", "repl": "tcp://a:7", "replay": "tcp://a:8", "incarnation": "x1~r.1", "pid": 1,
+             "stored": ["x1.a"]}
+    sup.channel._on_event(child, ready, REPLICA_READY_FIELDS)
+    run(sup, T0 + TICK, 1.0)
+    assert len(zk.writes) == 2 and zk.writes[-1][1]["stored"] == ["x1.a"]
+    sup.channel._on_event(child, dict(ready), REPLICA_READY_FIELDS)  # the same again: nothing to write
+    run(sup, T0 + 1.0 + TICK, 1.0)
+    assert len(zk.writes) == 2
+    sup.channel._on_event(child, dict(ready, stored=["x1.a", "x1.b"]), REPLICA_READY_FIELDS)
+    sup.tick(T0 + 2.0 + TICK)
+    assert len(zk.writes) == 3 and zk.writes[-1][1]["stored"] == ["x1.a", "x1.b"], "written at the next tick"
 
 
 # ------------------------------------------------------------------ the host registration

@@ -26,7 +26,7 @@ from roq.client.metadata import MetadataClient
 from roq.client.stats import SubscriberStats
 from roq.client.subscriber.checkpoint import Checkpoint, checkpoint_file, load_checkpoint
 from roq.client.subscriber.copies import StoredCopies
-from roq.client.subscriber.from_time import archived, taken_before, unix_time
+from roq.client.subscriber.from_time import earlier_incarnations, taken_before, unix_time
 from roq.client.subscriber.messages import Message, MessageBatch, frame_batch, topic_texts
 from roq.client.subscriber.progress import Progress
 from roq.client.subscriber.receiver import SubscriberReceiver
@@ -69,9 +69,9 @@ class Subscriber(ClientLifecycle):
 
         `start`: where a subscriber without a position (none given, no saved one under its durable
         name) begins: "now" (what is published from now on), "beginning" (everything the
-        exchanges still retain, earlier incarnations a restarted exchange serves from disk
-        included, then on), or a `datetime` with a time zone (every frame the running exchanges
-        stored at or after it, then on: roq/client/subscriber/from_time.py). A position, given or
+        exchanges still retain, ended incarnations that a restarted exchange serves from disk or
+        a replica still holds included, then on), or a `datetime` with a time zone (every frame
+        those stored at or after it, then on: roq/client/subscriber/from_time.py). A position, given or
         saved, always wins.
 
         `inbox_limit`: messages held for the iterator style before the I/O thread waits (and the
@@ -131,7 +131,7 @@ class Subscriber(ClientLifecycle):
         self._streams.start_at_sync = (set(taken.start_at_sync) & running if self.resumed
                                        else running if self.start == "now" else set())
         if self.start == "time" and at is not None:
-            for incarnation, pos in taken_before(config, self.topology.snapshot, at).items():
+            for incarnation, pos in taken_before(config, self.topology.snapshot, at, self._replicas).items():
                 self._streams.resume(incarnation, pos)
                 self._progress.started(incarnation, pos)
         if self.start in ("beginning", "time"):
@@ -139,16 +139,16 @@ class Subscriber(ClientLifecycle):
         self._receiver.start()
 
     def _read_archived(self) -> None:
-        """From the beginning or a time, the earlier incarnations the running exchanges still serve
-        (a restarted exchange's segment store or journal) are read too: each as an ended stream,
-        drained from the running exchange's replay socket like any ended incarnation."""
-        for xid, running in self.topology.snapshot().items():
-            for incarnation in archived(running):
-                if incarnation not in self._streams.streams:  # from a time: started where it begins
-                    self._streams.stream(incarnation, xid)
-                    # In the position from now on, so a resume before its first frame still reads it.
-                    self._progress.started(incarnation, 0)
-                self._streams.end(incarnation)
+        """From the beginning or a time, the ended incarnations still served are read too: the
+        earlier ones a running exchange serves (a restarted exchange's segment store or journal)
+        and those a replica stores (an exchange's host lost with its disk): each as an ended stream,
+        drained from the copy like any ended incarnation, oldest first."""
+        for xid, incarnation, _ in earlier_incarnations(self.topology.snapshot(), self._replicas()):
+            if incarnation not in self._streams.streams:  # from a time: started where it begins
+                self._streams.stream(incarnation, xid)
+                # In the position from now on, so a resume before its first frame still reads it.
+                self._progress.started(incarnation, 0)
+            self._streams.end(incarnation)
 
     # ------------------------------------------------------------ API
 

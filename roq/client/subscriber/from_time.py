@@ -32,31 +32,60 @@ def unix_time(start: datetime) -> float:
 
 def archived(running: dict[str, Any]) -> list[str]:
     """The earlier incarnations a running exchange serves from its store or journal (its `archived`)."""
-    listed = running.get("archived")
+    return _names(running.get("archived"))
+
+
+def stored(replica: dict[str, Any] | None) -> list[str]:
+    """The ended incarnations a replica serves from its copies and stores (its `stored`), oldest first."""
+    return _names(replica.get("stored") if isinstance(replica, dict) else None)
+
+
+def _names(listed: Any) -> list[str]:
     return [inc for inc in listed if isinstance(inc, str) and inc] if isinstance(listed, list) else []
 
 
-def taken_before(config: Config, live: Callable[[], dict[str, dict[str, Any]]], at: float) -> dict[str, int]:
-    """Per running incarnation, and per earlier one a running exchange still serves, the last
-    position stored before Unix time `at` (0: none)."""
+def earlier_incarnations(live: dict[str, dict[str, Any]],
+                         replicas: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """`(xid, incarnation, where)` of every ended incarnation that a replica (`stored`) or a running
+    exchange (`archived`) still serves, oldest first per exchange as the replica lists them, none
+    twice and none the topology shows running. `where`: whom to ask about it, the replica's replay
+    endpoint or the running exchange's id. So an exchange whose host was lost with its disk still
+    has its earlier incarnations, and the lost one, read from the replica (protocol 4.4 rule 2)."""
+    running = {x.get("incarnation") for x in live.values()}
+    found: dict[str, tuple[str, str, str]] = {}
+    for xid in dict.fromkeys([*replicas, *live]):
+        replica = replicas.get(xid) or {}
+        endpoint = replica.get("replay")
+        listed = [(inc, endpoint) for inc in stored(replica)] if isinstance(endpoint, str) else []
+        listed += [(inc, xid) for inc in archived(live.get(xid) or {})]
+        for incarnation, where in listed:
+            if incarnation not in running and incarnation not in found:
+                found[incarnation] = (xid, incarnation, where)
+    return list(found.values())
+
+
+def taken_before(config: Config, live: Callable[[], dict[str, dict[str, Any]]], at: float,
+                 replicas: Callable[[], dict[str, dict[str, Any]]] = dict) -> dict[str, int]:
+    """Per running incarnation, and per ended one a replica or a running exchange still serves, the
+    last position stored before Unix time `at` (0: none)."""
     context = zmq.Context()
     replay = ReplayClient(config, live, lambda: False)
     replay.bind(context)
+    exchanges = live()
+    # (whom to ask, the incarnation, its name in the request: "" for the exchange's running one)
+    asks = [(xid, inc, "") for xid, running in exchanges.items() if isinstance(inc := running.get("incarnation"), str)]
+    asks += [(where, inc, inc) for _, inc, where in earlier_incarnations(exchanges, replicas())]
     points: dict[str, int] = {}
     try:
-        for xid, running in live().items():
-            incarnation = running.get("incarnation")
-            if not isinstance(incarnation, str):
+        for where, asked, named in asks:
+            try:
+                answer = replay.position_at(where, at, named)
+            except FetchFailed as exc:
+                log.warning("%s did not say where %s starts in %s (%s): read from its oldest frame",
+                            where, datetime.fromtimestamp(at).isoformat(), asked, exc)
                 continue
-            for asked in [incarnation, *archived(running)]:
-                try:
-                    answer = replay.position_at(xid, at, "" if asked == incarnation else asked)
-                except FetchFailed as exc:
-                    log.warning("exchange %s did not say where %s starts in %s (%s): read from its oldest frame",
-                                xid, datetime.fromtimestamp(at).isoformat(), asked, exc)
-                    continue
-                if answer.incarnation == asked:
-                    points[asked] = answer.pos - 1
+            if answer.incarnation == asked:
+                points[asked] = answer.pos - 1
     finally:
         replay.close()
         context.term()
