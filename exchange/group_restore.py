@@ -303,10 +303,16 @@ class GroupCursors:
         """A page of the group's oldest backlog not read yet, offered to it alone; False when it
         has none left to read (the new stream's frames come next)."""
         for backlog in self.backlogs.get(group.name, ()):
-            if backlog.read_all:
+            if backlog.store is not None and self.disk.archived.get(backlog.cursor.state.incarnation) \
+                    is not backlog.store:  # purged, or its retention deleted it all: gone with its messages
+                log.warning("consumer group %s: the stored frames of %s are gone (purged or aged out); "
+                            "its backlog there with them", group.name, backlog.cursor.state.incarnation)
+                backlog.store = None
+            store = backlog.store
+            if store is None or backlog.read_all:
                 continue
             state = backlog.cursor.state
-            page = fetch_below_memory(backlog.store, backlog.after, backlog.store.end_pos, list(state.prefixes),
+            page = fetch_below_memory(store, backlog.after, store.end_pos, list(state.prefixes),
                                       max_bytes)
             for topic, body in page.frames:
                 self._offer(group, backlog, topic, body)

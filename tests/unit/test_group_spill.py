@@ -396,3 +396,20 @@ def test_a_reset_of_a_restored_group_drops_its_backlog_and_its_file() -> None:
         second.groups.join("g", b"m2", SETTINGS, 10)
         assert second.work(b"m2") == [second.next_id - 1], "only what came after the reset"
         second.disk.close()
+
+
+def test_a_purge_while_a_backlog_is_read_drops_the_rest_of_it() -> None:
+    """`roq queue purge` removes the earlier incarnations' stores: a group reading a backlog there
+    takes what it had read already, nothing more, and does not fail on the store gone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        second.spill.turn()  # a read-ahead of the backlog
+        held = second.groups.groups["g"].ready
+        assert 0 < held < 90
+        second.disk.purge(second.retention.next_pos)
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        assert len(second.work(b"m2")) == held
+        second.cursors.tick()
+        assert not second.cursors.backlogs
+        second.disk.close()
