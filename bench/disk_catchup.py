@@ -13,6 +13,13 @@ Two measurements, each in this one invocation, on a fresh local cluster (`roq cl
 * group backlog (`--group-messages`): a consumer group with no member while that many are
   published; the exchange's peak resident memory meanwhile; then two members take them all
   (counted per message: delivered, twice).
+* group restore (`--restore-gb G`, 0 to skip): a consumer group with no member while G GB of
+  `--restore-size` byte messages are published to a third queue; the exchange SIGKILLed; from the
+  new process's start a publisher publishes (a batch of 100, confirmed, in a loop) while two
+  members take the backlog. Reported: the time from the new process's start to the first
+  confirm, the longest a later batch waited for its confirm while the backlog was read (publishers
+  held by the restore show here), the restore's duration (from the new process's start until every
+  backlog message was taken) and every backlog message once.
 * big store (`--store-gb G`, 0 to skip): G GB of 64 KiB messages are published to a second
   queue; then the exchange's resident memory, and after a SIGKILL, the time from the new
   process's start until a subscriber from the beginning has its first message (the restart
@@ -20,6 +27,8 @@ Two measurements, each in this one invocation, on a fresh local cluster (`roq cl
 
     .venv/bin/python bench/disk_catchup.py --messages 18000000 --group-messages 10000000 \
         --store-gb 10 --json out.json
+    .venv/bin/python bench/disk_catchup.py --restore-gb 4 --group-messages 0 --skip-jetstream \
+        --store-gb 0 --messages 1000        # a 4 GB group restore alone
     .venv/bin/python bench/disk_catchup.py                  # smoke: 100,000 messages, 0.2 GB
 
 Run it alone on the machine: other load changes every figure.
@@ -111,15 +120,7 @@ def big_store(config: Any, admin: Any, gigabytes: float, timeout: float) -> dict
     proc = exchange_process(queue)
     rss_mb = proc.memory_info().rss / 1e6
     proc.send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while True:  # the HCM restarts it after its backoff; time the new process, not the backoff
-        with contextlib.suppress(LookupError):
-            fresh = exchange_process(queue)
-            if fresh.pid != proc.pid:
-                break
-        if time.monotonic() > deadline:
-            raise TimeoutError("the exchange was not restarted")
-        time.sleep(0.01)
+    fresh = restarted(queue, proc, timeout)  # time the new process, not the HCM's backoff
     first = threading.Event()
     got = [0]
 
@@ -194,6 +195,92 @@ def group_backlog(config: Any, admin: Any, messages: int, size: int, timeout: fl
             "msg_per_s": round(taken[0] / seconds)}
 
 
+def restarted(queue: str, proc: psutil.Process, timeout: float) -> psutil.Process:
+    """`queue`'s exchange process after `proc` was killed (the HCM restarts it after its backoff)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(LookupError):
+            fresh = exchange_process(queue)
+            if fresh.pid != proc.pid:
+                return fresh
+        if time.monotonic() > deadline:
+            raise TimeoutError("the exchange was not restarted")
+        time.sleep(0.01)
+
+
+NEW = 1 << 40  # numbers of the messages published after the restart (the backlog's are below)
+
+
+def group_restore(config: Any, admin: Any, gigabytes: float, size: int, timeout: float) -> dict[str, Any]:
+    """A group's backlog of `gigabytes` on disk, the exchange SIGKILLed: how long the restarted
+    exchange held publishers, and how long the group took to read its backlog back."""
+    from roq.client import GroupMember, Publisher
+    queue, messages = "grouprestore", int(gigabytes * 1e9 / size)
+    admin.create_queue(queue, retention=RETENTION, retention_bytes=int(messages * (size + 200) * 2))
+    admin.wait_running(queue, 1, timeout=60)
+    with GroupMember(queue, config, ["t"], group="w", prefetch=100) as founder:
+        founder.wait_connected(1, timeout=60)  # the group exists from here on; then it has no member
+    pad = b"x" * max(0, size - 8)
+    with Publisher(queue, config) as pub:
+        for first in range(0, messages, BATCH):
+            pub.publish_many("t", [n.to_bytes(8, "big") + pad for n in range(first, min(messages, first + BATCH))],
+                             timeout=120)
+        pub.flush(600)
+    time.sleep(2)  # a few loop turns: the store wrote what was confirmed (a SIGKILL keeps the page cache)
+    proc = exchange_process(queue)
+    proc.send_signal(signal.SIGKILL)
+    fresh = restarted(queue, proc, timeout)
+    counts, order = bytearray(messages), []  # deliveries per backlog message; new ones by arrival
+    lock, backlog_done, stop = threading.Lock(), threading.Event(), threading.Event()
+    taken, last_backlog_at = [0], [0.0]
+
+    def on_work(msg: Any) -> None:
+        n = int.from_bytes(msg.payload[:8], "big")
+        with lock:
+            if n >= NEW:
+                order.append(n)
+                return
+            if counts[n] == 0:
+                taken[0] += 1
+                last_backlog_at[0] = time.time()
+            counts[n] = min(255, counts[n] + 1)
+            if taken[0] >= messages:
+                backlog_done.set()
+
+    waits: list[float] = []
+    confirmed_at = [0.0]
+
+    def publish() -> None:
+        with Publisher(queue, config) as pub:
+            n = NEW
+            while not stop.is_set():
+                began = time.time()
+                pub.publish_many("t", [(n + i).to_bytes(8, "big") + pad for i in range(100)], timeout=timeout)
+                pub.flush(timeout)
+                confirmed_at[0] = confirmed_at[0] or time.time()
+                waits.append(time.time() - began)
+                n += 100
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    members = [GroupMember(queue, config, ["t"], group="w", prefetch=1000, callback=on_work) for _ in range(2)]
+    try:
+        backlog_done.wait(timeout)
+    finally:
+        stop.set()
+        publisher.join(60)
+        for member in members:
+            member.close()
+    born = fresh.create_time()
+    return {"gigabytes": gigabytes, "messages": messages, "size": size,
+            "restart_to_first_confirm_s": round(confirmed_at[0] - born, 2) if confirmed_at[0] else None,
+            # After the first (which waits for the new process to be found and ready).
+            "longest_confirm_wait_s": round(max(waits[1:]), 3) if len(waits) > 1 else None,
+            "confirmed_batches": len(waits),
+            "restore_s": round(last_backlog_at[0] - born, 2), "backlog_delivered": taken[0],
+            "twice": sum(1 for c in counts if c > 1), "new_messages_taken": len(order)}
+
+
 def jetstream(messages: int, size: int, workdir: Path, timeout: float) -> dict[str, Any]:
     """Fill a file-storage stream, then an ordered consumer replays it from the start."""
     import nats
@@ -252,6 +339,9 @@ def main() -> None:
                              "about 30k msg/s, so 18 M take 10 minutes)")
     parser.add_argument("--group-messages", type=int, default=100_000,
                         help="a member-less group's backlog (0 to skip); the issue's case is 10000000")
+    parser.add_argument("--restore-gb", type=float, default=0.0,
+                        help="a group's backlog of this many GB, the exchange SIGKILLed: publishers held, restore time")
+    parser.add_argument("--restore-size", type=int, default=1000, help="message size of --restore-gb")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     import tempfile
@@ -272,6 +362,10 @@ def main() -> None:
             if args.group_messages > 0:
                 result["group"] = group_backlog(config, admin, args.group_messages, args.size, args.timeout)
                 print("group backlog", result["group"], flush=True)
+            if args.restore_gb > 0:
+                result["group_restore"] = group_restore(config, admin, args.restore_gb, args.restore_size,
+                                                        args.timeout)
+                print("group restore", result["group_restore"], flush=True)
             if args.store_gb > 0:
                 result["big_store"] = big_store(config, admin, args.store_gb, args.timeout)
                 print("big store", result["big_store"], flush=True)

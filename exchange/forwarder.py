@@ -87,8 +87,9 @@ class Forwarder:
         """Before reading anyone: the groups an earlier incarnation's cursor files describe, with a
         disk policy and no replica (with one, the replica's adoption stands: exchange/group_sync.py);
         a policy that comes later restores them when it is applied, before any file is written.
-        The backlogs are forwarded again a page per loop turn (`restore_step`), after ready."""
-        self.parts.cursors.restore_when_stored(self.fanout.send, self.chains)
+        Nothing is forwarded again: each group reads its backlog from the earlier store, and
+        publishers are not held meanwhile (exchange/group_restore.py)."""
+        self.parts.cursors.restore()
 
     # ------------------------------------------------------------ what main.py and the HCM see
 
@@ -182,19 +183,16 @@ class Forwarder:
         next_beat = next_housekeeping = self._next_group_tick = 0.0
         while not should_stop() and not (until_sealed and (durability.sealed or durability.journal_failed)):
             link_sock = durability.follow_replica(poller, link_sock)
-            restoring = self.parts.cursors.restoring  # a disk-retained queue's groups forwarded again, a page a turn
             if group_sync.adopting:
                 group_sync.adoption_step()
-            elif restoring:
-                self.parts.cursors.restore_step()
             else:
                 self.admin.step(time.monotonic())
-            members = not group_sync.adopting and not restoring and self.commands.ready
+            members = not group_sync.adopting and self.commands.ready
             for sock, wanted in ((self.front, not self._publishers_held()), (work.sock, members)):
                 if reading[sock] != wanted:
                     reading[sock] = wanted
                     poller.modify(sock, zmq.POLLIN if wanted else 0)
-            for sock, _ in poller.poll(0 if restoring else GROUP_POLL_MS if self.groups else POLL_MS):
+            for sock, _ in poller.poll(GROUP_POLL_MS if self.groups else POLL_MS):
                 self._serve(handlers, sock)
             now = time.monotonic()
             self._groups_turn(now)
@@ -223,17 +221,14 @@ class Forwarder:
 
     def _publishers_held(self) -> bool:
         """Read no batches while the replica lags too far, while the journal's disk refuses writes,
-        while the groups hold too much, while we adopt our predecessor's groups or restore them from
-        their cursor files, and until the admin commands came."""
-        return self.durability.holds_publishers or self.group_sync.adopting or self.parts.cursors.restoring \
-            or not self.commands.ready \
+        while the groups hold too much, while we adopt our predecessor's groups, and until the admin
+        commands came."""
+        return self.durability.holds_publishers or self.group_sync.adopting or not self.commands.ready \
             or (self.groups.held_bytes > self.config.group_max_bytes and not self.parts.spill.enabled)
 
     def _groups_turn(self, now: float) -> None:
         """Dispatch to the members, time out what they hold, publish dead letters, copy the groups
-        to the replica (not while they are restored: no frame may come between those forwarded)."""
-        if self.parts.cursors.restoring:
-            return
+        to the replica."""
         if self.work.gone:
             self.work.forget_gone()
         if self.groups:

@@ -184,7 +184,7 @@ class Group:
     # A disk-retained queue's group takes frames from here on from the store, not live (0: live;
     # exchange/group_spill.py)
     spilled_from: int = 0
-    spill_gap: tuple[int, int] = (0, 0)  # [from, to): frames read back skip them (exchange/group_restore.py)
+    spill_gap: tuple[int, int] = (0, 0)  # [from, to): frames read back skip them (exchange/group_sync.py)
 
     def matches(self, topic: bytes) -> bool:
         return topic.startswith(self.settings.prefixes)

@@ -11,7 +11,8 @@ CRC-32 of the payload), the payload msgpack:
                                                    the first record: positions are that incarnation's
     ["done", [[pos, idx, count], ...]]                                            messages that left
     ["floor", pos]                                                                nothing held below pos
-    ["gap", from, to]              positions from..to-1 hold nothing of the group's (other groups' restored frames)
+    ["gap", from, to]              positions from..to-1 hold nothing of the group's (written by earlier
+                                   versions, whose restores forwarded backlogs again; still read)
 
 Recovery reads records until the first that fails (a torn tail after a crash, a damaged byte):
 the state is that of the records before it, which is always a prefix of what was written, and

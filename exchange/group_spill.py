@@ -25,6 +25,7 @@ bound holds the publishers, idle groups are shed).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from exchange.disk_tail import DiskTail
 from exchange.group_feed import GroupFeed
@@ -46,6 +47,9 @@ class GroupSpill:
         self.max_bytes = max_bytes
         self.base_ttl = groups.group_ttl
         self.lost = 0  # frames a spilled group found gone from the store (retention deleted them)
+        # A restored group's backlogs of earlier incarnations, read before this stream's frames
+        # (GroupCursors.read_backlog, exchange/group_restore.py): False once none is left to read.
+        self.backlog: Callable[[Group, int], bool] = lambda group, max_bytes: False
 
     @property
     def enabled(self) -> bool:
@@ -77,6 +81,8 @@ class GroupSpill:
             # Each within its own share: a group without members must not starve one with members.
             while group.spilled_from and group.held_bytes < share // 2:
                 before = group.spilled_from
+                if self.backlog(group, min(READ_AHEAD_BYTES, max(1, share // 2))):
+                    continue
                 self._read_ahead(group, share)
                 if group.spilled_from and group.spilled_from <= before:
                     break  # nothing readable yet (cannot happen with a consistent store): next turn

@@ -123,19 +123,20 @@ class Groups:
 
     def offer(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int], payloads: list[bytes],
               attrs: list[tuple[Any, ...]] | None = None, only: Group | None = None, start: int = 0,
-              deliveries: int = 0, topics: list[bytes] | None = None) -> None:
+              deliveries: int = 0, topics: list[bytes] | None = None, end: int | None = None) -> None:
         """A frame the exchange forwarded: every group whose prefixes match a message takes it (or
         only `only`), from message `start` on. `topics`: each message's topic in a frame of many
         (None: all have `topic`). `attrs`: (index, priority, not_before_ms, key) or (index,
         priority, not_before_ms, key, headers) of the messages published with some; `deliveries`:
-        how often they were delivered already (adopted)."""
+        how often they were delivered already (adopted); `end`: up to message `end` - 1 only."""
+        stop = len(seqs) if end is None else end
         if topics is None:
-            self._offer_run(pos, topic, publisher, sent_ns, seqs, payloads, attrs, only, start, len(seqs), deliveries)
+            self._offer_run(pos, topic, publisher, sent_ns, seqs, payloads, attrs, only, start, stop, deliveries)
             return
-        for run_topic, begin, end in _topic_runs(topics):
-            if end > start:
+        for run_topic, begin, run_end in _topic_runs(topics):
+            if min(run_end, stop) > max(begin, start):
                 self._offer_run(pos, run_topic, publisher, sent_ns, seqs, payloads, attrs, only, max(begin, start),
-                                end, deliveries)
+                                min(run_end, stop), deliveries)
 
     def _offer_run(self, pos: int, topic: bytes, publisher: str, sent_ns: int, seqs: list[int],
                    payloads: list[bytes], attrs: list[tuple[Any, ...]] | None, only: Group | None, start: int,

@@ -154,6 +154,7 @@ def build_parts(context: zmq.Context, config: ExchangeConfig, site: Site) -> Par
     feed.before_live = spill.mark
     cursors = GroupCursors(groups, retention, disk, stream.incarnation, replicated=link is not None)
     groups.on_done = cursors.left
+    spill.backlog = cursors.read_backlog  # a restored group reads its earlier incarnations' backlogs first
     if gatekeeper is None or not gatekeeper.needed:
         work_server.watch_connections()
     parts = Parts(

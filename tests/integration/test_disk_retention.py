@@ -233,9 +233,12 @@ def take(member: GroupMember, upto: int, seen: list[tuple[int, int]]) -> None:
             return
 
 
-def backlog_beyond_memory(config, zk, paths, queue: str) -> tuple[list[tuple[int, int]], list[int]]:
-    """Group "w" takes and acks messages 0-99, then has no member while 1,000 more come (2 MB: 20
-    times exchange.group_max_bytes), all stored: what it took, and what the groups held meanwhile."""
+BACKLOG = 6_000  # 12 MB: 120 times exchange.group_max_bytes, three of a restore's 4 MiB read-aheads
+
+
+def backlog_beyond_memory(config, zk, paths, queue: str, count: int = 1_000) -> tuple[list[tuple[int, int]], list[int]]:
+    """Group "w" takes and acks messages 0-99, then has no member while `count` more come (1,000:
+    2 MB, 20 times exchange.group_max_bytes), all stored: what it took, and what the groups held."""
     first: list[tuple[int, int]] = []
     with Publisher(queue, config) as pub:
         with GroupMember(queue, config, ["t"], group="w", prefetch=20, auto_ack=False) as member:
@@ -243,21 +246,38 @@ def backlog_beyond_memory(config, zk, paths, queue: str) -> tuple[list[tuple[int
             publish(pub, 0, 100)
             take(member, 99, first)
         held: list[int] = []
-        for start in range(100, 1_100, 100):
-            publish(pub, start, 100)  # never held: the backlog waits on disk
+        for start in range(100, 100 + count, 500):
+            publish(pub, start, 500)  # never held: the backlog waits on disk
             held.append(group_held(zk, paths, queue))
-        wait_until(lambda: stored_all(zk, paths, queue, 1_100), timeout=30, message="the store to write all")
+        wait_until(lambda: stored_all(zk, paths, queue, 100 + count), timeout=60, message="the store to write all")
         held.append(group_held(zk, paths, queue))
     return first, held
 
 
+def confirmed_while_restored(config, zk, paths, queue: str, first: int, count: int) -> float:
+    """A publisher of the restarted exchange publishes `count` messages and has them confirmed (its
+    flush returns): how long it took. The group has no member: its backlog is still on disk."""
+    began = time.monotonic()
+    with Publisher(queue, config) as pub:
+        publish(pub, first, count)
+    return time.monotonic() - began
+
+
+def sent_by_x1(zk, paths, queue: str) -> int:
+    return ExchangeStats.from_dict((read_live(zk, paths, queue).get("x1") or {}).get("stats")).msgs_out
+
+
 def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_across_a_kill(
         config, zk, paths, procs):
+    """A backlog of several read-aheads, the exchange SIGKILLed: its next incarnation confirms new
+    publishes at once while the group's backlog is still on disk (nothing of it forwarded again:
+    the new stream holds the new messages only), then hands out every message once, the backlog
+    before the new ones."""
     start_cluster(procs, zk, paths, *MEMORY, f"exchange.group_max_bytes={GROUP_BYTES}")
     small = config.replace(client={"max_batch_bytes": 20_000})
     create_on_disk(small, zk, paths, "backlog")
-    first, held = backlog_beyond_memory(small, zk, paths, "backlog")
-    record_figures("group backlog on disk", published=1_000, most_held=max(held), bound=GROUP_BYTES)
+    first, held = backlog_beyond_memory(small, zk, paths, "backlog", BACKLOG)
+    record_figures("group backlog on disk", published=BACKLOG, most_held=max(held), bound=GROUP_BYTES)
     assert max(held) <= GROUP_BYTES + 25_000, "memory holds a share of group_max_bytes, give or take a frame"
     assert sorted(n for n, _ in first) == list(range(100))
     live = read_live(zk, paths, "backlog")["x1"]
@@ -267,12 +287,22 @@ def test_a_group_with_no_member_keeps_a_backlog_beyond_its_memory_and_its_acks_a
                timeout=30, message="a new incarnation")
     if read_live(zk, paths, "backlog")["x1"]["host"] != host:
         pytest.skip("the leader moved the exchange to the other host: its disk stayed behind")
-    seen = drain_with_two_members(small, "backlog", set(range(100, 1_100)))
+    end = 100 + BACKLOG
+    took = confirmed_while_restored(small, zk, paths, "backlog", end, 200)
+    record_figures("publishers during a group restore", confirmed=200, seconds=round(took, 3))
+    assert took < 30, "confirmed while the group's backlog waits on disk"
+    # The killed incarnation's last report counts 6,100; a restore that forwarded the backlog again, 6,300.
+    wait_until(lambda: sent_by_x1(zk, paths, "backlog") == 200, timeout=30,
+               message="a report of the new stream holding the new messages only (nothing forwarded again)")
+    seen = drain_with_two_members(small, "backlog", set(range(100, end + 200)))
     counts = Counter(n for n, _ in seen)
     record_figures("group backlog after SIGKILL", delivered=len(seen), distinct=len(counts))
     assert not [n for n in counts if n < 100], "nothing acked before the kill comes again"
-    assert set(counts) == set(range(100, 1_100)), "nothing lost"
+    assert set(counts) == set(range(100, end + 200)), "nothing lost"
     assert [n for n, c in counts.items() if c > 1] == [], "nothing twice (no ack was lost, no member died)"
+    order = [n for n, _ in seen]
+    assert max(i for i, n in enumerate(order) if n < end) < min(i for i, n in enumerate(order) if n >= end) + 40, \
+        "the backlog before the new messages (give or take what two members' prefetch holds)"
 
 
 def test_with_store_sync_confirm_a_sigkill_right_after_an_ack_never_loses_the_acked_frame(config, zk, paths, procs):

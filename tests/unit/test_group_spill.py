@@ -17,7 +17,6 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exchange.chains import PrefixChains
 from exchange.disk_tail import DiskTail
 from exchange.group_cursor import GroupCursor
 from exchange.group_feed import GroupFeed
@@ -48,7 +47,8 @@ class Stream:
         self.feed.before_live = self.spill.mark
         self.cursors = GroupCursors(self.groups, self.retention, self.disk, incarnation)
         self.groups.on_done = self.cursors.left
-        self.cursors.restore(self.send, PrefixChains())  # as Forwarder.restore_groups and its loop's steps
+        self.spill.backlog = self.cursors.read_backlog  # as exchange/parts.py wires them
+        self.cursors.restore()  # as Forwarder.restore_groups
         self.next_id = 1  # sequence numbers start at 1
 
     def publish(self, messages: int, size: int, topic: bytes = b"jobs") -> None:
@@ -170,7 +170,7 @@ def test_a_restarted_exchange_finds_its_groups_backlog_and_acks_again() -> None:
 
         second = Stream(Path(tmp), incarnation="x1.00000002")
         assert "x1.00000001" in second.disk.archived
-        second.cursors.restore(second.send, PrefixChains())
+        second.cursors.restore()
         assert set(second.groups.groups) == {"g", "h"}
         second.next_id = first.next_id
         second.publish(2, 10)  # the new stream's own
@@ -218,47 +218,49 @@ def fill(disk: Path) -> Path:
     return filler
 
 
-def test_a_restore_the_disk_refuses_keeps_the_earlier_cursor_until_its_frames_are_written(small_disk) -> None:
-    """The frames forwarded again cannot be written (ENOSPC): the cursor file keeps the earlier
-    incarnation's positions and the exchange says storage_full; a crash then loses nothing, and a
-    disk that frees moves the cursor on."""
+def test_a_restore_on_a_full_disk_loses_nothing(small_disk) -> None:
+    """The new cursor file cannot be written (ENOSPC): the earlier one stands as the group's
+    backlog; a crash then loses nothing, and the next incarnation hands out every message once."""
     disk = small_disk("groups", 2 << 20)
     n = unacked_backlog(disk)
     filler = fill(disk)
-    second = Stream(disk, incarnation="x1.00000002")  # restores at once: the store refuses the frames
-    assert second.disk.full and second.disk.reason.startswith("storage_full")
+    second = Stream(disk, incarnation="x1.00000002")
     second.cursors.turn()
     second.cursors.tick()
-    assert cursor_incarnation(second) == "x1.00000001", "not moved to frames the disk did not take"
-    second.cursors.close()  # a crash: the second store's frames were never written
+    assert "g" not in second.cursors.cursors, "no new file on a full disk"
+    assert [b.path.name for b in second.cursors.backlogs["g"]] == ["67.1.cur"], "the earlier file, numbered"
+    second.cursors.close()  # a crash
     filler.unlink()
     third = Stream(disk, incarnation="x1.00000003")
-    assert cursor_incarnation(third) == "x1.00000003"
     third.groups.join("g", b"m2", SETTINGS, 10)
     assert Counter(third.work(b"m2")) == Counter(range(1, n + 1)), "every unacked message, once"
     third.disk.close()
 
 
-def test_a_restore_moves_the_cursor_once_the_disk_takes_the_frames(small_disk) -> None:
-    disk = small_disk("groups", 2 << 20)
-    n = unacked_backlog(disk)
-    filler = fill(disk)
-    second = Stream(disk, incarnation="x1.00000002")
-    assert second.cursors.restoring, "paused while the disk refuses: the backlog waits on disk, not in memory"
-    filler.unlink()
-    second.disk.flush(time.monotonic(), sync=True)
-    second.cursors.restore(second.send, PrefixChains())  # the loop's steps go on
-    assert not second.cursors.restoring
-    assert cursor_incarnation(second) == "x1.00000002"
-    second.groups.join("g", b"m2", SETTINGS, 10)
-    taken = second.work(b"m2", rounds=3)
-    assert taken == list(range(1, len(taken) + 1)) and len(taken) > 10
-    second.cursors.tick()
-    second.cursors.close()  # a crash
-    third = Stream(disk, incarnation="x1.00000003")
-    third.groups.join("g", b"m3", SETTINGS, 10)
-    assert Counter(third.work(b"m3")) == Counter(set(range(1, n + 1)) - set(taken))
-    third.disk.close()
+def test_a_crash_while_a_backlog_is_read_hands_out_the_rest_once() -> None:
+    """Acks of a restored backlog go to its own file: a second crash part way through leaves both
+    files, read back in order (the backlog, then what the second incarnation stored)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        n = unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        second.next_id = n + 1
+        second.publish(3, 10)  # the second incarnation's own, after the backlog
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        taken = second.work(b"m2", rounds=3)
+        assert taken == list(range(1, len(taken) + 1)) and 10 < len(taken) < n, "the backlog first, in order"
+        second.cursors.tick()
+        second.disk.tick()
+        second.cursors.close()  # a crash
+        second.disk.close()
+        third = Stream(Path(tmp), incarnation="x1.00000003")
+        assert len(third.cursors.backlogs["g"]) == 2
+        third.groups.join("g", b"m3", SETTINGS, 10)
+        got = third.work(b"m3")
+        assert got == sorted(set(range(1, n + 4)) - set(taken)), "the rest once, oldest backlog first"
+        third.cursors.tick()
+        assert not third.cursors.backlogs and [p.name for p in third.cursors.root.glob("*.cur")] == ["67.cur"], \
+            "a backlog whose messages all left goes with its file"
+        third.disk.close()
 
 
 def test_a_spilled_group_waits_for_frames_the_store_has_not_written(small_disk) -> None:
@@ -285,24 +287,22 @@ def test_a_spilled_group_waits_for_frames_the_store_has_not_written(small_disk) 
     stream.disk.close()
 
 
-def test_a_backlog_is_forwarded_again_a_page_at_a_time_after_the_restore_begins() -> None:
-    """Beginning the restore forwards nothing (the exchange says ready at once); each step forwards
-    about a page; the groups get exactly their backlogs."""
+def test_a_restore_forwards_nothing_and_new_frames_come_after_the_backlog() -> None:
+    """The restore reads only the cursor files: the new stream is empty (nothing forwarded, so
+    nothing for publishers to wait for), new frames are stored at once, and the group reads its
+    backlog from the earlier store a read-ahead at a time, within its memory share, before them."""
     with tempfile.TemporaryDirectory() as tmp:
         n = unacked_backlog(Path(tmp))
-        second = Stream(Path(tmp), incarnation="x1.00000002", policy_late=True)
-        second.disk.apply(StoragePolicy(retention=3600.0))
-        second.cursors.tick()  # begins it
-        assert second.cursors.restoring and second.retention.next_pos == 1, "nothing forwarded yet"
-        steps = 0
-        while second.cursors.restoring:
-            before = second.retention.next_pos
-            second.cursors.restore_step(max_bytes=8_000)
-            assert second.retention.next_pos - before <= 8, "a page's frames, no more"
-            steps += 1
-        assert steps > 5
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        assert second.cursors.restored and second.retention.next_pos == 1, "nothing forwarded"
+        second.next_id = n + 1
+        for _ in range(20):
+            second.publish(2, 1_000)  # offered live to no restored group: it reads its backlog first
+            second.spill.turn()
+            assert second.groups.held_bytes <= MAX_BYTES + 3_100, "its share, give or take a frame"
+        assert second.retention.next_pos == 21, "the publisher's frames only"
         second.groups.join("g", b"m2", SETTINGS, 10)
-        assert Counter(second.work(b"m2")) == Counter(range(1, n + 1))
+        assert second.work(b"m2") == list(range(1, second.next_id)), "backlog, then new, each once, in order"
         second.disk.close()
 
 
@@ -319,7 +319,7 @@ def test_a_storage_policy_that_comes_late_restores_the_groups_before_any_cursor_
         assert cursor_incarnation(second) == "x1.00000001", "the earlier file stands"
         second.disk.apply(StoragePolicy(retention=3600.0))  # the line, applied on a stats tick ...
         second.cursors.tick()  # ... and the groups' tick right after it begins the restore
-        second.cursors.restore(second.send, PrefixChains())  # the loop's steps
+        second.cursors.turn()  # the new file, after the restore
         assert second.cursors.restored and cursor_incarnation(second) == "x1.00000002"
         assert Counter(second.work(b"m2")) == Counter(range(1, n + 1))
         second.disk.close()
@@ -361,7 +361,7 @@ def test_restarts_hand_out_exactly_what_no_member_acked(frames, groups, rounds, 
             stream.disk.close()
             stream.cursors.close()
             stream = Stream(Path(tmp), incarnation=f"x1.{n + 2:08d}")
-            stream.cursors.restore(stream.send, PrefixChains())
+            stream.cursors.restore()
             assert set(stream.groups.groups) == set(names)
         for name in names:
             stream.groups.join(name, b"again", SETTINGS, 7)
@@ -378,3 +378,38 @@ def test_a_queue_made_memory_only_forgets_its_cursor_files() -> None:
         stream.disk.apply(StoragePolicy())
         stream.cursors.turn()
         assert not list(stream.cursors.root.glob("*.cur")), "a later restart must not bring the group back"
+
+
+def test_a_reset_of_a_restored_group_drops_its_backlog_and_its_file() -> None:
+    """`roq group reset` of a group still reading a backlog: what it had not read goes too, and the
+    backlog's file with it once nothing of it is held (a later restart must not bring it back)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        second.spill.turn()  # a read-ahead of the backlog
+        assert second.groups.groups["g"].held_bytes and second.cursors.backlogs["g"]
+        second.groups.reset("g")
+        second.cursors.tick()
+        assert not second.cursors.backlogs
+        assert second.cursors.root is not None and [p.name for p in second.cursors.root.glob("*.cur")] == ["67.cur"]
+        second.publish(1, 10)
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        assert second.work(b"m2") == [second.next_id - 1], "only what came after the reset"
+        second.disk.close()
+
+
+def test_a_purge_while_a_backlog_is_read_drops_the_rest_of_it() -> None:
+    """`roq queue purge` removes the earlier incarnations' stores: a group reading a backlog there
+    takes what it had read already, nothing more, and does not fail on the store gone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        unacked_backlog(Path(tmp))
+        second = Stream(Path(tmp), incarnation="x1.00000002")
+        second.spill.turn()  # a read-ahead of the backlog
+        held = second.groups.groups["g"].ready
+        assert 0 < held < 90
+        second.disk.purge(second.retention.next_pos)
+        second.groups.join("g", b"m2", SETTINGS, 10)
+        assert len(second.work(b"m2")) == held
+        second.cursors.tick()
+        assert not second.cursors.backlogs
+        second.disk.close()
