@@ -33,7 +33,10 @@ ADOPT_TIMEOUT = 3.0  # s a replicated exchange waits at start for the first answ
 # may be restarting too (every host restarted), and only the replica holds the groups' cursors.
 STORED_ADOPT_TIMEOUT = 15.0
 PAGE_TIMEOUT = 1.5  # s without the page asked for: asked again (the first: whole, for a replica of before pages)
-PAGE_TRIES = 8  # asks of one page before the adoption ends with what came
+# Asks of one page before the adoption ends with what came (the groups not reached yet start empty:
+# their backlog is lost, logged). A minute: a replica whose host restarts mid-adoption is back well
+# within it, and the exchange holds publishers and members meanwhile.
+PAGE_TRIES = 40
 
 
 @dataclass
@@ -94,8 +97,8 @@ class GroupAdoption:
             return
         self._tries += 1
         if self._tries >= PAGE_TRIES:
-            log.warning("the replica stopped answering the adoption at page %s; going on with what came",
-                        self._asked)
+            log.error("the replica stopped answering the adoption at page %s for %.0fs; going on with what "
+                      "came: the groups not adopted yet lose their backlog", self._asked, PAGE_TRIES * PAGE_TIMEOUT)
             self._end()
             return
         self.link.ask_adoption(self._asked)
