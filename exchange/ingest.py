@@ -51,7 +51,7 @@ class PublisherIngest:
         self._send = fanout.send
         self._fanout = fanout
         # 0: each delivery leaves at once; n: a drain sends every n frames' deliveries, then their
-        # acks, together (exchange.send_held_frames: one I/O-thread wake-up for both).
+        # acks, together (exchange.send_held_frames, a prototype of one I/O-thread wake-up per turn).
         self._held_frames = parts.config.send_held_frames
         self.chains = parts.chains
         self._subscribers = fanout.subscribers  # its length is the count every ack carries

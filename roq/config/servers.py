@@ -189,10 +189,9 @@ class ExchangeConfig:
                                    "(> client.replay_seconds)", positive=True)
     max_publishers: int = setting(100_000, "publishers known at once; a hello beyond is refused", positive=True)
     max_publishers_per_connection: int = setting(64, "publishers one connection may carry", positive=True)
-    # Issue 34 item 5: the deliveries of a drain leave together with its acks, so libzmq's I/O thread
-    # is woken once for both rather than once for each (bench/prototypes.py: x1.21 one-message
-    # frames/s, p99 x0.60-0.82 at 10k msg/s, no round worse).
-    send_held_frames: int = setting(16, "frames whose deliveries a publisher drain holds and sends together with "
+    # A prototype (issue 34, item 5): the deliveries of a drain leave together with its acks, so
+    # libzmq's I/O thread is woken once for both rather than once for each. bench/prototypes.py.
+    send_held_frames: int = setting(0, "frames whose deliveries a publisher drain holds and sends together with "
                                     "their acks", lo=0, hi=256, note="0 sends each delivery at once")
     max_prefixes: int = setting(10_000, "subscription prefixes whose chains are followed (least recently used go)",
                                 positive=True)

@@ -1,6 +1,6 @@
 """Issue 34's prototype knobs keep the data path's rules: `exchange.send_held_frames` (a drain's
 deliveries held, then sent with its acks) and `client.eager_in_flight` (a small batch goes while
-few are in flight). bench/prototypes.py measures them; send_held_frames is on by default (16)."""
+few are in flight). Both default to off; bench/prototypes.py measures them."""
 
 from __future__ import annotations
 
