@@ -303,6 +303,7 @@ class Replica:
         self.copies[incarnation] = copy
         self.copies.move_to_end(incarnation)
         self.disk.open(incarnation, max(first_pos, 1))
+        self.groups.reopened(incarnation, self.disk.stores.get(incarnation))
         while len(self.copies) > MAX_COPIES:
             dropped, _ = self.copies.popitem(last=False)
             self.disk.drop(dropped)

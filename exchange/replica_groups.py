@@ -90,6 +90,15 @@ class HeldGroups:
         if store is not None:
             self.files.done(store.directory, incarnation, done)
 
+    def reopened(self, incarnation: str, store: SegmentStore | None) -> None:
+        """The incarnation's copy starts afresh (a new follow, a jump): its store's directory, group
+        file included, was wiped; what is held is written again."""
+        if store is None or incarnation not in self.state:
+            return
+        self.files.state(store.directory, incarnation, self.state[incarnation])
+        if self.done.get(incarnation):
+            self.files.done(store.directory, incarnation, self.done[incarnation])
+
     def forget(self, incarnation: str, store: SegmentStore | None = None) -> None:
         """The incarnation's groups go (adopted by its successor, or its copy dropped); with its
         store, the store's group file too."""
@@ -129,6 +138,7 @@ class GroupFiles:
         grown = size + len(record) > COMPACT_RATIO * len(record) + COMPACT_SLACK_BYTES
         if grown or path in self._behind or not path.exists():
             try:
+                directory.mkdir(parents=True, exist_ok=True)  # the store creates it at its first write
                 write_whole(path, record)
             except OSError as exc:
                 self._refused(path, exc)
@@ -142,6 +152,9 @@ class GroupFiles:
         """Messages that left the groups since the state."""
         path = directory / FILE_NAME
         if path in self._sizes and path not in self._behind:
+            if not path.exists():  # wiped with its store: acks alone would make a file without a state
+                self._behind.add(path)
+                return
             self._append(path, framed(protocol.encode_done(incarnation, done, STORED_PROOF)))
 
     def forget(self, directory: Path) -> None:
@@ -201,8 +214,8 @@ def load(directory: Path) -> tuple[list[protocol.GroupRecord], Done] | None:
             break
         if isinstance(frame, protocol.GroupState):
             groups, done = frame.groups, {}
-        elif isinstance(frame, protocol.GroupsDone) and groups is not None:
-            for name, ranges in frame.done.items():
+        elif isinstance(frame, protocol.GroupsDone):
+            for name, ranges in frame.done.items() if groups is not None else ():  # none before a state
                 done.setdefault(name, []).extend(ranges)
         else:
             break
