@@ -40,6 +40,10 @@ from roq.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 FILE_NAME = "groups.cur"
+# A file holds at most this much: acks come with no state to compact them when the state is too big
+# to copy (group_sync.MAX_GROUP_STATE); past it they are left out (a crash then delivers them again)
+# until a state rewrites the file.
+MAX_FILE_BYTES = 64 << 20
 STORED_PROOF = b"\0" * protocol.MIN_PROOF  # in place of the copy secret, which stays in memory
 
 Done = dict[str, list[tuple[int, int, int]]]  # group → (pos, index, count) of messages that left it
@@ -180,6 +184,9 @@ class GroupFiles:
 
     def _append(self, path: Path, record: bytes, state_size: int = 0) -> None:
         size, last_state = self._sizes.get(path, (0, 0))
+        if size + len(record) > MAX_FILE_BYTES:
+            self._refused(path, OSError(f"the file would pass {MAX_FILE_BYTES} bytes"))
+            return
         try:
             with open(path, "ab") as out:
                 out.write(record)

@@ -98,3 +98,18 @@ def test_acks_before_the_first_state_are_skipped_not_the_end_of_the_file(tmp_pat
     state = framed(protocol.encode_groups(INCARNATION, [record(5, [(4, 0, 1, 0)])], STORED_PROOF))
     (tmp_path / FILE_NAME).write_bytes(done + state)
     assert load(tmp_path) == ([record(5, [(4, 0, 1, 0)])], {})
+
+
+def test_acks_with_no_state_to_compact_them_stop_at_the_files_bound(tmp_path: Path, monkeypatch) -> None:
+    """A state too big to copy sends acks alone: the file stops growing at MAX_FILE_BYTES (what it
+    holds still reads back), and the next state rewrites it."""
+    import exchange.replica_groups as module
+    monkeypatch.setattr(module, "MAX_FILE_BYTES", 4096)
+    files = GroupFiles()
+    files.state(tmp_path, INCARNATION, [record(10, [(3, 0, 2, 1)])])
+    for pos in range(11, 500):
+        files.done(tmp_path, INCARNATION, {"w": [(pos, 0, 1)]})
+    assert (tmp_path / FILE_NAME).stat().st_size <= 4096
+    assert load(tmp_path) is not None
+    files.state(tmp_path, INCARNATION, [record(600, [])])
+    assert load(tmp_path) == ([record(600, [])], {})
