@@ -120,7 +120,7 @@ class HeldGroups:
         return protocol.encode_marked(mark.incarnation, mark.serial) if mark.incarnation in self.state else None
 
     def answer(self, adopt: protocol.Adopt, copies: dict[str, Retention], applied: tuple[str, ...],
-               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore]) -> bytes:
+               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore]) -> bytes | None:
         """The answer to `adopt` (exchange/replica_adoption.py), from the copies or from a store an
         earlier process of this replica left (`adopted`) with its group file."""
         stored = stored_groups(adopted, copies, self.state, self.done)
