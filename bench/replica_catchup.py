@@ -13,7 +13,8 @@ the primary's segment store by state transfer (docs/protocol.md 6.5), which conf
 Reported: the seconds from the kill until the new replica runs, the transfer's seconds, bytes
 and MB/s (the new replica's store on disk), and the steady publisher's confirm times (p50, p99, max)
 before the kill, from the kill until the new replica ran (confirms wait for a replica: this is the
-replacement), and during the transfer; its messages sent, confirmed and lost.
+replacement), and during the transfer (the confirm times "before" are the baseline of the same
+run); its messages sent, confirmed and left unconfirmed.
 
     .venv/bin/python bench/replica_catchup.py --gigabytes 2 --json out.json
     .venv/bin/python bench/replica_catchup.py --gigabytes 0.05 --memory-bytes 1000000  # smoke
@@ -83,7 +84,7 @@ class Steady:
         self._stop.set()
         self._thread.join(timeout=120)
         self.pub.close()
-        return {"sent": self.sent, "confirmed": self.confirmed, "lost": self.sent - self.confirmed,
+        return {"sent": self.sent, "confirmed": self.confirmed, "unconfirmed": self.sent - self.confirmed,
                 "errors": self.failed[:5],
                 "confirm_ms": {phase: spread(times) for phase, times in self.times.items()}}
 

@@ -36,6 +36,7 @@ from exchange.stats import ExchangeStats
 from exchange.storage import JournalHealth
 from exchange.work import WorkServer, work_socket
 from roq.config import Config, ExchangeConfig
+from roq.listen import listening
 from roq.security import Gatekeeper
 
 
@@ -213,5 +214,5 @@ def _subscriber_socket(context: zmq.Context, config: ExchangeConfig) -> zmq.Sock
 
 
 def _bind(sock: zmq.Socket, site: Site) -> str:
-    port = sock.bind_to_random_port(f"tcp://{site.bind_host}")
+    port = listening(sock).bind_to_random_port(f"tcp://{site.bind_host}")
     return f"tcp://{site.advertise_host}:{port}"

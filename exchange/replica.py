@@ -31,6 +31,7 @@ from exchange.retention import Retention
 from roq import protocol
 from roq.config import Config
 from roq.errors import ProtocolError
+from roq.listen import listening
 from roq.security import SERVER, Gatekeeper, load_keys, peer_role
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Replica:
             gatekeeper.guard(self.repl, "replication")
             gatekeeper.guard(replay, "replay")
         repl_port = self.repl.bind_to_random_port(f"tcp://{bind_host}")
-        replay_port = replay.bind_to_random_port(f"tcp://{bind_host}")
+        replay_port = listening(replay).bind_to_random_port(f"tcp://{bind_host}")
         self.replay = ReplayServer(replay, config.exchange, self._count, archives=self.copies,
                                    on_ended=self.seal_ended, store_of=self.disk.store_of)
         self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
@@ -303,6 +304,7 @@ class Replica:
         self.copies[incarnation] = copy
         self.copies.move_to_end(incarnation)
         self.disk.open(incarnation, max(first_pos, 1))
+        self.groups.reopened(incarnation, self.disk.stores.get(incarnation))
         while len(self.copies) > MAX_COPIES:
             dropped, _ = self.copies.popitem(last=False)
             self.disk.drop(dropped)

@@ -98,8 +98,9 @@ def adoption_reply(adopt: protocol.Adopt, copies: Mapping[str, Retention],
 
 
 class Adoptions:
-    """A replica's answers to `adopt`: a paged adoption is worked out once, when asked (0, 0)
-    (again after a restart of ours), and kept until its asker sends its own state."""
+    """A replica's answers to `adopt`: a paged adoption is worked out once per asker, at its first
+    paged ask (again after a restart of ours), and kept until its asker sends its own state; that
+    asker's whole ask (its fallback for a replica of before pages) is not answered."""
 
     def __init__(self) -> None:
         self._plan: tuple[str, Plan | None] | None = None  # the asker's incarnation, its plan
@@ -107,11 +108,18 @@ class Adoptions:
     def answer(self, adopt: protocol.Adopt, copies: Mapping[str, Retention],
                group_state: Mapping[str, list[protocol.GroupRecord]],
                group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]], applied: tuple[str, ...],
-               stores: Mapping[str, SegmentStore]) -> bytes:
+               stores: Mapping[str, SegmentStore]) -> bytes | None:
+        asked_in_pages = self._plan is not None and self._plan[0] == adopt.incarnation
         if adopt.page is None:
-            return adoption_reply(adopt, copies, group_state, group_done, applied, stores)
-        if adopt.page == (0, 0) or self._plan is None or self._plan[0] != adopt.incarnation:
+            # An asker that asked for pages sends the whole ask only as a fallback for a replica of
+            # before pages: not one, so no reply the size of the whole backlog is built.
+            return None if asked_in_pages else adoption_reply(adopt, copies, group_state, group_done, applied,
+                                                              stores)
+        if not asked_in_pages:  # worked out once per asker: a repeated (0, 0) is a retry
             self._plan = (adopt.incarnation, adoption_plan(adopt, copies, group_state, group_done, stores))
+        assert self._plan is not None
+        if self._plan[1] is None:  # nothing to adopt
+            return protocol.encode_adoption(adopt.incarnation, "", [], {}, [], applied, (0, 0, 0, 0))
         return adoption_reply(adopt, copies, group_state, group_done, applied, stores, self._plan[1])
 
     def over(self, incarnation: str) -> None:

@@ -159,8 +159,8 @@ class ReplicaDisk:
         this replica, served as an adopted one. One we hold a store of already (we copied it, or
         adopted it) is answered complete at once; 0: none is taken here (memory only)."""
         ended, end = fill.ended, fill.end_pos
-        if ended in self.adopted or ended in self.stores:
-            return end
+        if ended in self.stores or (ended in self.adopted and self.adopted[ended].end_pos >= end):
+            return end  # held whole (a store adopted short, e.g. torn by a power cut, is taken again)
         limits = limits_for(self.policy)
         if limits is None or self.root is None or not safe_dir_name(ended + BASE_SUFFIX) or ended in self.purged:
             return 0
@@ -194,6 +194,9 @@ class ReplicaDisk:
         assert self.root is not None
         base = self.bases.pop(ended)
         base.close()
+        short = self.adopted.pop(ended, None)  # an adopted store that ended short: replaced
+        if short is not None:
+            short.close()
         target = self.root / ended
         shutil.rmtree(target, ignore_errors=True)
         os.replace(base.directory, target)

@@ -40,6 +40,10 @@ from roq.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 FILE_NAME = "groups.cur"
+# A file holds at most this much: acks come with no state to compact them when the state is too big
+# to copy (group_sync.MAX_GROUP_STATE); past it they are left out (a crash then delivers them again)
+# until a state rewrites the file.
+MAX_FILE_BYTES = 64 << 20
 STORED_PROOF = b"\0" * protocol.MIN_PROOF  # in place of the copy secret, which stays in memory
 
 Done = dict[str, list[tuple[int, int, int]]]  # group → (pos, index, count) of messages that left it
@@ -90,6 +94,15 @@ class HeldGroups:
         if store is not None:
             self.files.done(store.directory, incarnation, done)
 
+    def reopened(self, incarnation: str, store: SegmentStore | None) -> None:
+        """The incarnation's copy starts afresh (a new follow, a jump): its store's directory, group
+        file included, was wiped; what is held is written again."""
+        if store is None or incarnation not in self.state:
+            return
+        self.files.state(store.directory, incarnation, self.state[incarnation])
+        if self.done.get(incarnation):
+            self.files.done(store.directory, incarnation, self.done[incarnation])
+
     def forget(self, incarnation: str, store: SegmentStore | None = None) -> None:
         """The incarnation's groups go (adopted by its successor, or its copy dropped); with its
         store, the store's group file too."""
@@ -107,7 +120,7 @@ class HeldGroups:
         return protocol.encode_marked(mark.incarnation, mark.serial) if mark.incarnation in self.state else None
 
     def answer(self, adopt: protocol.Adopt, copies: dict[str, Retention], applied: tuple[str, ...],
-               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore]) -> bytes:
+               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore]) -> bytes | None:
         """The answer to `adopt` (exchange/replica_adoption.py), from the copies or from a store an
         earlier process of this replica left (`adopted`) with its group file."""
         stored = stored_groups(adopted, copies, self.state, self.done)
@@ -129,6 +142,7 @@ class GroupFiles:
         grown = size + len(record) > COMPACT_RATIO * len(record) + COMPACT_SLACK_BYTES
         if grown or path in self._behind or not path.exists():
             try:
+                directory.mkdir(parents=True, exist_ok=True)  # the store creates it at its first write
                 write_whole(path, record)
             except OSError as exc:
                 self._refused(path, exc)
@@ -142,6 +156,9 @@ class GroupFiles:
         """Messages that left the groups since the state."""
         path = directory / FILE_NAME
         if path in self._sizes and path not in self._behind:
+            if not path.exists():  # wiped with its store: acks alone would make a file without a state
+                self._behind.add(path)
+                return
             self._append(path, framed(protocol.encode_done(incarnation, done, STORED_PROOF)))
 
     def forget(self, directory: Path) -> None:
@@ -167,6 +184,9 @@ class GroupFiles:
 
     def _append(self, path: Path, record: bytes, state_size: int = 0) -> None:
         size, last_state = self._sizes.get(path, (0, 0))
+        if size + len(record) > MAX_FILE_BYTES:
+            self._refused(path, OSError(f"the file would pass {MAX_FILE_BYTES} bytes"))
+            return
         try:
             with open(path, "ab") as out:
                 out.write(record)
@@ -201,8 +221,8 @@ def load(directory: Path) -> tuple[list[protocol.GroupRecord], Done] | None:
             break
         if isinstance(frame, protocol.GroupState):
             groups, done = frame.groups, {}
-        elif isinstance(frame, protocol.GroupsDone) and groups is not None:
-            for name, ranges in frame.done.items():
+        elif isinstance(frame, protocol.GroupsDone):
+            for name, ranges in frame.done.items() if groups is not None else ():  # none before a state
                 done.setdefault(name, []).extend(ranges)
         else:
             break

@@ -52,6 +52,7 @@ from roq.errors import (
     UserError,
     ZooKeeperUnavailableError,
 )
+from roq.listen import listening
 from roq.permissions import PermissionTable
 from roq.protocol import decode_request, encode_error, encode_reply, request_id_of
 from roq.security import ADMIN, CLIENT, SERVER, Gatekeeper, peer_identity
@@ -147,6 +148,7 @@ class ControlServer:
         self._socket.linger = 0
         self._socket.setsockopt(zmq.MAXMSGSIZE, 2 << 20)  # oversize frames are dropped by libzmq
         self.gatekeeper.guard(self._socket, "control")
+        listening(self._socket)
         if port:
             self._socket.bind(f"tcp://{bind_host}:{port}")
         else:

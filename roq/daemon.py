@@ -92,6 +92,20 @@ def setup_logging(config: Config, role: str, json_logs: bool = False) -> None:
             handler.setFormatter(JsonLinesFormatter())
 
 
+def more_open_files() -> None:
+    """The soft limit of open files raised to the hard one: a GCM or an exchange holds a descriptor
+    per client connection, and the soft limit is often 1,024 (systemd's default)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
+
+
 def run_daemon(name: str, load: Callable[[], Config], role: str | Callable[[Config], str],
                body: Callable[[Config, Stop], int | None], *, json_logs: bool = False) -> NoReturn:
     """Run one daemon from its console script `name` to its exit code; see the module docstring.
@@ -104,6 +118,7 @@ def run_daemon(name: str, load: Callable[[], Config], role: str | Callable[[Conf
         sys.stderr.write(f"{name}: {exc}\n")
         sys.exit(Exit.for_error(exc))
     setup_logging(config, role(config) if callable(role) else role, json_logs)
+    more_open_files()
     stop = Stop()
     install_signal_handlers(stop)
     try:

@@ -90,3 +90,15 @@ def test_a_request_of_two_frames_is_refused_with_its_id_over_a_real_socket() -> 
         client.close()
         context.term()
         api.stop()
+
+
+def test_the_control_socket_queues_a_crowd_of_connections() -> None:
+    """Thousands of clients move to a surviving GCM at once: its accept queue is roq.listen's, not
+    libzmq's 100 (past which their SYNs were dropped and retried after up to 16 s)."""
+    from roq.listen import LISTEN_BACKLOG
+    api = ControlServer(Config(), "127.0.0.1", 0, "127.0.0.1", lambda op: (lambda args: "done"))
+    try:
+        assert api._socket.getsockopt(zmq.BACKLOG) == LISTEN_BACKLOG
+    finally:
+        api._socket.close(linger=0)
+        api.gatekeeper.stop()

@@ -371,3 +371,29 @@ def each_unacked_once(ctx: zmq.Context, new: Forwarder, replica: Replica, proces
     assert twice == list(range(PREFETCH + 1, 2 * PREFETCH + 1)), "only the prefetch in flight at the kill"
     again.close()
     new.close()
+
+
+def test_an_asker_in_pages_gets_no_whole_adoption_and_its_plan_is_worked_out_once() -> None:
+    """The whole ask an exchange sends when its first page is slow (its fallback for a replica of
+    before pages) is not answered once that asker asked for pages: no reply the size of the whole
+    backlog; a repeated (0, 0) reuses the plan; another asker's whole ask is answered."""
+    from exchange.replica_adoption import Adoptions
+    adoptions, planned = Adoptions(), []
+    import exchange.replica_adoption as module
+    real = module.adoption_plan
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        planned.append(1)
+        return real(*args, **kwargs)
+    module.adoption_plan = counting
+    try:
+        paged = protocol.Adopt("x1.000000002", "x1", b"p" * protocol.MIN_PROOF, (0, 0))
+        assert adoptions.answer(paged, {}, {}, {}, (), {}) is not None
+        assert adoptions.answer(paged, {}, {}, {}, (), {}) is not None
+        assert len(planned) == 1, "a repeated (0, 0) worked the plan out again"
+        whole = protocol.Adopt("x1.000000002", "x1", b"p" * protocol.MIN_PROOF)
+        assert adoptions.answer(whole, {}, {}, {}, (), {}) is None
+        other = protocol.Adopt("x1.000000003", "x1", b"p" * protocol.MIN_PROOF)
+        assert adoptions.answer(other, {}, {}, {}, (), {}) is not None
+    finally:
+        module.adoption_plan = real

@@ -588,3 +588,24 @@ def test_a_purge_drops_an_earlier_incarnations_transfer_under_way_and_takes_no_m
     assert disk.fill_ended(page(11, 89, False)) == 0 and disk.fill_ended(page(1, 99, True)) == 0
     assert earlier not in disk.adopted and not (tmp_path / "x1~r" / earlier).exists()
     disk.close()
+
+
+def test_an_adopted_store_that_ends_short_of_the_offer_is_transferred_again(tmp_path: Path) -> None:
+    """A stored incarnation this replica adopted at start but whose end is short of what the primary
+    offers (torn by a power cut after `filled_ended`) is not answered complete: it is taken again,
+    whole, and replaces the short one."""
+    earlier = f"{X}.earlier"
+    short = SegmentStore(tmp_path / "x1~r" / earlier, StoreLimits(segment_bytes=16 << 10, index_every=1 << 10))
+    for pos in range(1, 50):
+        short.append(stored_frame(pos, time.time(), TOPIC, body(earlier, pos), 1))
+    assert short.flush(sync=True)
+    short.close()
+    disk = ReplicaDisk(tmp_path / "x1~r")
+    disk.start(ON_DISK)
+    assert disk.adopted[earlier].end_pos == 50
+    disk.open(INC)
+    now_us = int(time.time() * 1e6)
+    frames = [[now_us, TOPIC, body(earlier, pos), 1] for pos in range(1, 100)]
+    assert disk.fill_ended(protocol.Fill(INC, 1, 100, frames, True, proof(INC), earlier)) == 100
+    assert disk.adopted[earlier].end_pos == 100, "the short store was answered complete"
+    disk.close()
