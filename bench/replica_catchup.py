@@ -39,8 +39,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 
+from bench.disk_catchup import fill_roq  # noqa: E402
+
 QUEUE = "transfer"
-BATCH = 1000  # messages per publish_many call while filling
 RETENTION = 7 * 24 * 3600.0  # a week: nothing ages out during the run
 
 
@@ -99,17 +100,11 @@ def spread(seconds: list[float]) -> dict[str, Any]:
 
 
 def fill(config: Any, gigabytes: float, size: int) -> dict[str, Any]:
-    from roq.client import Publisher
+    """`gigabytes` of `size`-byte messages, confirmed (disk_catchup's fill)."""
     messages = int(gigabytes * 1e9 / size)
-    payload = b"x" * size
-    start = time.perf_counter()
-    with Publisher(QUEUE, config) as pub:
-        for first in range(0, messages, BATCH):
-            pub.publish_many("t", [payload] * min(BATCH, messages - first), timeout=120)
-        pub.flush(600)
-    seconds = time.perf_counter() - start
-    return {"messages": messages, "seconds": round(seconds, 1), "msg_per_s": round(messages / seconds),
-            "mb_per_s": round(messages * size / seconds / 1e6)}
+    rate = fill_roq(config, QUEUE, messages, size)
+    return {"messages": messages, "seconds": round(messages / rate, 1), "msg_per_s": round(rate),
+            "mb_per_s": round(rate * size / 1e6)}
 
 
 def kill_host(state: Any, host: str) -> None:
@@ -217,6 +212,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="for the transfer")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    # SIGTERM (a `timeout`) and SIGINT end the run with the cluster taken down, not left running.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(1))
     workdir = Path(tempfile.mkdtemp(prefix="roq-replica-catchup-"))
     result = {"load_before": os.getloadavg(), **measure(args, workdir), "load_after": os.getloadavg()}
     text = json.dumps(result, indent=2)
