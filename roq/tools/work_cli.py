@@ -12,8 +12,9 @@ the message is acked when CMD exits 0 and nacked with requeue otherwise (the exc
 dead-letters it after max_deliveries).
 
 On any stop (--count, --timeout, a closed pipe, Ctrl-C, SIGTERM) nothing unfinished is acked:
-running commands' process groups get SIGTERM, then SIGKILL after STOP_GRACE, and those that still
-exit 0 are acked; leaving the group (the caller's `with` block) gives everything else this member
+running commands' process groups get SIGTERM, then SIGKILL after STOP_GRACE, the member waits until
+no process of theirs runs (not only the shell: whatever it started too), and those that still exit 0
+are acked; leaving the group (the caller's `with` block) gives everything else this member
 holds back to the other members at once, not after the ack timeout.
 """
 
@@ -27,19 +28,23 @@ import select
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from roq.client.envelope import headers_json, text_line
 from roq.client.group_member import GroupMember, WorkMessage
 from roq.config import MESSAGE_ENV
 from roq.errors import UserError
+from roq.tools import process_groups
 
 RECEIVE_SLICE = 0.2  # s between two looks at a closed pipe or the idle timeout while no message comes
 REAP_SLICE = 0.02  # s a message is waited for while commands run with room for more (then they are reaped)
 STOP_GRACE = 5.0  # s running commands get after SIGTERM before SIGKILL
+KILL_WAIT = 5.0  # s a SIGKILLed group gets to disappear (only a process stuck in the kernel takes long)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops the member: held while a command starts
 # Waiting for the reader to take a line out of the pipe: spin (yielding the CPU) this many times,
 # then sleep from 1 ms doubling up to 20 ms between looks.
 SPINS = 200
@@ -165,10 +170,6 @@ class Run:
             self.code = self.proc.wait()
             self._done.set()
 
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):  # the group is gone already
-            os.killpg(self.proc.pid, signum)
-
     def settle(self) -> bool:
         """Ack on exit code 0, else nack with requeue; True if acked."""
         if self.code == 0:
@@ -196,7 +197,8 @@ def exec_share(member: GroupMember, command: str, concurrency: int, count: int, 
             if wanted and len(running) < concurrency:
                 msg = member.receive(timeout=REAP_SLICE if running else RECEIVE_SLICE)
                 if msg is not None:
-                    running.append(Run(command, msg, message_env(msg, member.queue, member.group), done))
+                    with _stops_held():  # a stop after the fork finds the command in `running`
+                        running.append(Run(command, msg, message_env(msg, member.queue, member.group), done))
                     continue
             if running:
                 idle_since = time.monotonic()
@@ -205,7 +207,8 @@ def exec_share(member: GroupMember, command: str, concurrency: int, count: int, 
             elif timeout and time.monotonic() - idle_since >= timeout:
                 break
     finally:
-        settled += _stop(running)
+        with _stops_held():  # a second SIGTERM or Ctrl-C does not cut the stop short
+            settled += _stop(running)
     return settled
 
 
@@ -217,19 +220,36 @@ def _reap(running: list[Run]) -> int:
     return len(finished)
 
 
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """Hold a SIGTERM or Ctrl-C that comes during the block, then deliver it to the handler it would
+    have reached. A command is started by a fork: a stop between it and the command's entry in
+    `running` would leave the command unseen by _stop, running on after the member said it stopped.
+    (Not by blocking the signals: the command would inherit the mask and ignore our SIGTERM.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers are the main thread's: a caller on another thread stops it its own way
+        return
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _: held.append(signum)) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+    for signum in dict.fromkeys(held):
+        signal.raise_signal(signum)
+
+
 def _stop(running: list[Run]) -> int:
-    """SIGTERM to what still runs, SIGKILL after STOP_GRACE; then ack those that exited 0. The others
-    are not nacked: the exchange would hand them straight back to this member (counting a delivery)
-    before its leave; the leave gives them to the other members, counting once."""
+    """SIGTERM to the groups of the commands still running, SIGKILL to those still running after
+    STOP_GRACE, and wait until none runs; then ack the commands that exited 0. The others are not
+    nacked: the exchange would hand them straight back to this member (counting a delivery) before
+    its leave; the leave gives them to the other members, counting once."""
+    groups = [run.proc.pid for run in running if run.code is None]
+    for pgid in process_groups.stop_groups(groups, STOP_GRACE, KILL_WAIT):
+        print(f"roq: process group {pgid} of an --exec command still runs after SIGKILL", file=sys.stderr)
     for run in running:
-        if run.code is None:
-            run.signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE
-    for run in running:
-        run.thread.join(max(0.0, deadline - time.monotonic()))
-        if run.code is None:
-            run.signal(signal.SIGKILL)
-            run.thread.join()
+        run.thread.join(KILL_WAIT)  # its shell is gone: only the reaping is left
     for run in running:
         if run.code == 0:
             run.msg.ack()
