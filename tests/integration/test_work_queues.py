@@ -575,7 +575,7 @@ def test_exec_stopped_gives_the_unfinished_message_back_at_once(lab: Lab, tmp_pa
     """SIGTERM while the command runs: the command's process group is stopped, all of it, before the
     member exits 0, its message nacked and handed to another member at once (not after the 30 s ack
     timeout)."""
-    queue = lab.queue("exec-stop")
+    queue = lab.queue(f"exec-stop-{case}")  # one each: the last case's queue may still be going away
     log = tmp_path / "started"
     member = subprocess.Popen([*roq_cli(lab), "subscribe", queue, "--topic", "j", "--group", "g", "--exec",
                                STOP_COMMANDS[case].format(log=log)], stderr=subprocess.PIPE)
