@@ -100,7 +100,7 @@ class Replica:
         poller.register(self.replay.sock, zmq.POLLIN)
         while not should_stop():
             self._take_news()
-            for sock, _ in poller.poll(POLL_MS):
+            for sock, _ in poller.poll(0 if self.groups.planning else POLL_MS):  # a plan: a step a turn
                 try:
                     if sock is self.repl:
                         self._drain_primary()
@@ -111,6 +111,7 @@ class Replica:
                 except Exception:  # a bug must not take the copies down
                     self._count("internal_errors", 1)
                     log.exception("unexpected error while handling a frame; going on")
+            self.groups.turn(self._answer)  # a step of an adoption plan, answered once worked out
             now = time.monotonic()
             for copy in self.copies.values():
                 if copy.protect_from is not None and copy.bytes > self.pin_cap:
@@ -197,7 +198,8 @@ class Replica:
         if isinstance(request, protocol.Copy):
             return self._copy(route, request)
         if isinstance(request, protocol.Adopt):  # from the copies, or a store an earlier process of ours left
-            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk.adopted, self.disk.stores)
+            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk.adopted, self.disk.stores,
+                                      route)
         if isinstance(request, protocol.Mark):
             return None if request.incarnation in self.sealed else self.groups.marked(request)
         if isinstance(request, protocol.Applied):

@@ -7,6 +7,7 @@ dropping, repeating and reordering the replica's answers as they come off the ex
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -26,7 +27,7 @@ from roq import protocol
 from roq.config import ExchangeConfig
 from tests.profiles import examples
 from tests.unit.test_group_adoption import MESSAGES, PREFETCH, TOKEN, Member, ctx, turn
-from tests.unit.test_replication import TOPIC, WAIT, X, batch, config, dealer
+from tests.unit.test_replication import TOPIC, WAIT, X, batch, config, copy, dealer, follow, frames, proof, vouch
 
 GROUPS = ("g0", "g1", "g2")
 
@@ -128,8 +129,10 @@ class Wire:
         self.held: list[bytes] = []
 
     def replica_turn(self) -> None:
-        if not self.silent and self.replica.repl.poll(0):
-            self.replica._drain_primary()
+        if not self.silent:
+            if self.replica.repl.poll(0):
+                self.replica._drain_primary()
+            self.replica.groups.turn(self.replica._answer)
 
     def take(self) -> None:
         """Answers that are not adoption pages pass at once; pages are held."""
@@ -314,3 +317,44 @@ def test_an_adoption_under_lost_repeated_reordered_pages_and_silences_ends_with_
         fast_pages: None) -> None:
     run_state_machine_as_test(FaultyAdoption, settings=settings(max_examples=examples(15), stateful_step_count=40,
                                                                 deadline=None))
+
+
+def test_a_plan_over_many_groups_is_worked_out_in_steps_while_the_replica_answers_copies(
+        ctx: zmq.Context, fast_pages: None) -> None:
+    """The replica's loop works an adoption plan out a step per turn (a group's state, or a read of
+    its store): a `copy` sent right after the `adopt`, on the same connection, is answered `copied`
+    before the adoption's first page (before: the plan of 1,000 groups was worked out in one go,
+    the loop answering nothing meanwhile)."""
+    old, new = "x1.aaaa", "x1.bbbb"
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    vouch(replica, old)
+    sock = dealer(ctx, replica.repl_endpoint)
+    stop = threading.Event()
+    loop = threading.Thread(target=replica.run, args=(stop.is_set, lambda: None), daemon=True)
+    try:
+        assert follow(replica, sock, old).kind == protocol.FOLLOWING
+        assert copy(replica, sock, 1, frames(old, 1, 1000), old).kind == protocol.COPIED
+        names = [f"group-{i:04d}" for i in range(1000)]  # the most a state holds
+        pending = [(pos, 0, 1, 1) for pos in range(1, 300)]
+        state = [protocol.GroupRecord(name, (TOPIC,), 30_000, 5, b"dead", 900, pending) for name in names]
+        sock.send(protocol.encode_groups(old, state, proof(old)))
+        assert follow(replica, sock, new).kind == protocol.FOLLOWING  # after the state: held when it answers
+        loop.start()
+        sock.send(protocol.encode_adopt(new, X, proof(new), (0, 0)))
+        sock.send(protocol.encode_copy(new, 1, frames(new, 1, 1), proof(new)))
+        replies = []
+        deadline = time.monotonic() + 4 * WAIT
+        while not any(isinstance(r, protocol.Adoption) for r in replies):
+            assert time.monotonic() < deadline, f"no adoption answered: {replies}"
+            if sock.poll(50):
+                replies.append(protocol.decode_replica_reply(sock.recv()))
+        assert [r.kind for r in replies[:1]] == [protocol.COPIED], "the copy waited for the plan"
+        adoption = replies[-1]
+        assert isinstance(adoption, protocol.Adoption) and adoption.ended == old
+        assert [g.name for g in adoption.groups] == names
+    finally:
+        stop.set()
+        if loop.is_alive():
+            loop.join(WAIT)
+        sock.close(linger=0)
+        replica.close()
