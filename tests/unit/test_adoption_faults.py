@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -26,7 +27,7 @@ from exchange.replica import Replica
 from roq import protocol
 from roq.config import ExchangeConfig
 from tests.profiles import examples
-from tests.unit.test_group_adoption import MESSAGES, PREFETCH, TOKEN, Member, ctx, turn
+from tests.unit.test_group_adoption import MESSAGES, ON_DISK, PREFETCH, TOKEN, Member, ctx, turn
 from tests.unit.test_replication import TOPIC, WAIT, X, batch, config, copy, dealer, follow, frames, proof, vouch
 
 GROUPS = ("g0", "g1", "g2")
@@ -358,3 +359,27 @@ def test_a_plan_over_many_groups_is_worked_out_in_steps_while_the_replica_answer
             loop.join(WAIT)
         sock.close(linger=0)
         replica.close()
+
+
+def test_a_replica_restarted_on_its_disk_mid_adoption_answers_the_page_asked(
+        ctx: zmq.Context, fast_pages: None, tmp_path: Path) -> None:
+    """The replica's process dies after two pages and a new one starts on its disk (its copies'
+    stores and group files): the exchange follows it anew, asks the page it waited for, and every
+    group ends with exactly its cursor."""
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path)
+    replica.disk.start(ON_DISK)
+    cursors, publisher = left_behind(ctx, replica)
+    new = starting(ctx, replica)
+    Wire(new, replica).pages(2)
+    replica.close()
+    again = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path)
+    again.disk.start(ON_DISK)
+    again.learn_primary({"incarnation": new.incarnation, "copy_digest": protocol.copy_digest(new.copy_secret)})
+    again._take_news()
+    assert new.link is not None
+    new.link.point_to(again.repl_endpoint)
+    adopted(new, again)
+    assert pending_seqs(new) == cursors
+    new.close()
+    publisher.close()
+    again.close()
