@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgpack
 import pytest
 import zmq
 from hypothesis import settings
@@ -236,6 +237,12 @@ def test_a_page_that_lies_is_dropped_with_a_clear_line_and_changes_nothing(
             assert (new.retention.next_pos, new.group_sync.adoption.pages) == before, "a lie changed something"
             assert new.group_sync.adopting
     assert sum("lies" in r.getMessage() for r in caplog.records) == len(lies)
+    negative = msgpack.packb(["adoption", protocol.DATA_VERSION, new.incarnation, first.ended, [], [], [], [],
+                              [asked[0], asked[1], asked[0], -5]])
+    with caplog.at_level(logging.WARNING, logger="exchange.replication"):
+        new.link.on_reply(negative)  # refused by the wire's rules: a negative count is no position
+        new.group_sync.adoption_step()
+    assert any("bad reply" in r.getMessage() for r in caplog.records) and new.group_sync.adopting
     adopted(new, replica)
     assert pending_seqs(new) == cursors
     new.close()
