@@ -198,8 +198,7 @@ class Replica:
         if isinstance(request, protocol.Copy):
             return self._copy(route, request)
         if isinstance(request, protocol.Adopt):  # from the copies, or a store an earlier process of ours left
-            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk.adopted, self.disk.stores,
-                                      route)
+            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk, route)
         if isinstance(request, protocol.Mark):
             return None if request.incarnation in self.sealed else self.groups.marked(request)
         if isinstance(request, protocol.Applied):

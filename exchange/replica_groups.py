@@ -120,14 +120,13 @@ class HeldGroups:
         return protocol.encode_marked(mark.incarnation, mark.serial) if mark.incarnation in self.state else None
 
     def answer(self, adopt: protocol.Adopt, copies: dict[str, Retention], applied: tuple[str, ...],
-               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore],
-               route: bytes = b"") -> bytes | None:
+               disk: ReplicaDisk, route: bytes = b"") -> bytes | None:
         """The answer to `adopt` (exchange/replica_adoption.py), from the copies or from a store an
-        earlier process of this replica left (`adopted`) with its group file; None for a paged
+        earlier process of this replica left (`disk.adopted`) with its group file; None for a paged
         adoption being worked out: `turn` answers it to `route` once it is."""
-        stored = stored_groups(adopted, copies, self.state, self.done)
-        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied, {**adopted, **stores},
-                                     route)
+        stored = stored_groups(disk.adopted, copies, self.state, self.done)
+        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied,
+                                     {**disk.adopted, **disk.stores}, route)
 
     @property
     def planning(self) -> bool:
