@@ -178,7 +178,9 @@ class ReplicaLink:
             if not self._send(page):
                 return
             if start > self.sent:  # the replica's copy starts here: what our disk holds below follows apart
-                self.transfer.start(start, self.sent)
+                # From our store's first position, whatever the replica had asked for: at a jump it
+                # drops what it held of this copy (a copy holds consecutive positions).
+                self.transfer.start(start, 1)
             if not self._pages:
                 self._asked = now
             self.sent = start + len(entries)

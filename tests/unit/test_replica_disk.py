@@ -609,3 +609,113 @@ def test_an_adopted_store_that_ends_short_of_the_offer_is_transferred_again(tmp_
     assert disk.fill_ended(protocol.Fill(INC, 1, 100, frames, True, proof(INC), earlier)) == 100
     assert disk.adopted[earlier].end_pos == 100, "the short store was answered complete"
     disk.close()
+
+
+# ---------------------------------------------------------------- transfers that did not finish
+
+
+def transfer_page(inc: str, first: int, count: int, end: int, jump: bool, ended: str = "") -> protocol.Fill:
+    now_us = int(time.time() * 1e6)
+    frames = [[now_us, TOPIC, body(ended or inc, pos), 1] for pos in range(first, first + count)]
+    return protocol.Fill(INC2 if ended else inc, first, end, frames, jump, proof(INC2 if ended else inc), ended)
+
+
+def jumped_copy(disk: ReplicaDisk, jump: int, count: int) -> None:
+    """A copy of INC that started at `jump` (the primary's memory had moved on) and holds `count` frames."""
+    disk.open(INC, jump)
+    for pos in range(jump, jump + count):
+        disk.append(INC, pos, TOPIC, body(INC, pos), 1, {})
+    assert disk.flush(INC)
+
+
+def transfer_ended_whole(disk: ReplicaDisk, end: int, page: int = 7) -> list[int]:
+    """The restarted primary (INC2) offers INC's store, positions 1 to end-1, as fill_ended pages the
+    way exchange/replica_transfer.py sends them; returns the replica's answers."""
+    answers, first, jump = [], 1, True
+    for _ in range(1_000):
+        held = disk.fill_ended(transfer_page(INC, first, min(page, end - first), end, jump, ended=INC))
+        assert held is not None
+        answers.append(held)
+        if held >= end:
+            return answers
+        first, jump = (held, False) if held > 1 else (1, True)
+    raise AssertionError("the transfer never ended")
+
+
+@pytest.mark.parametrize("restarts", ["replica", "primary", "both"])
+def test_a_copy_whose_transfer_did_not_finish_takes_what_it_lacks_from_the_restarted_primary(
+        tmp_path: Path, restarts: str) -> None:
+    """Review finding 5: a copy that jumped to 40 and whose transfer of 1-39 stopped at 15 is not
+    answered complete by `fill_ended`: the restarted primary transfers 1-39 to it, in whatever order
+    the replica and the primary restarted, and it is then served whole, with no marker left."""
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    assert disk.fill(transfer_page(INC, 1, 14, 40, True)) == 15  # then the link broke
+    if restarts in ("replica", "both"):
+        disk.close()
+        disk = ReplicaDisk(root)
+        disk.start(ON_DISK)
+    disk.open(INC2)  # the primary's new incarnation follows (INC ended)
+    answers = transfer_ended_whole(disk, 60)
+    assert answers[0] < 60, "answered complete while positions 1-39 were never transferred"
+    stored = disk.store_of(INC)
+    assert stored is not None and (stored.first_pos, stored.end_pos) == (1, 60)
+    assert [frame.body for frame in stored.read(1, 60, 1 << 20).frames] == [body(INC, pos) for pos in range(1, 60)]
+    assert not (root / INC / "transfer.missing").exists() and not list(root.glob("*~base"))
+    disk.close()
+    again = ReplicaDisk(root)
+    again.start(ON_DISK)
+    assert again.missing == {} and again.fill_ended(transfer_page(INC, 1, 7, 60, True, ended=INC)) == 60
+    again.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"4", b"\xff\xfe", b"12x", b"-3", b"40"])
+def test_a_damaged_transfer_marker_still_says_the_store_lacks_what_lies_below(tmp_path: Path, content: bytes) -> None:
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.close()
+    (root / INC / "transfer.missing").write_bytes(content)
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    disk.open(INC2)
+    assert transfer_ended_whole(disk, 60)[0] < 60, "a damaged marker was taken as a whole store"
+    stored = disk.store_of(INC)
+    assert stored is not None and (stored.first_pos, stored.end_pos) == (1, 60)
+    disk.close()
+
+
+def test_a_primary_that_holds_nothing_below_the_jump_leaves_the_copy_as_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.open(INC2)
+    assert disk.fill_ended(transfer_page(INC, 45, 7, 60, True, ended=INC)) == 60
+    assert not (root / INC / "transfer.missing").exists()
+    assert INC in disk.in_sync
+    disk.close()
+
+
+def test_a_fresh_transfer_store_refuses_a_page_that_does_not_start_the_transfer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 6, the other half: a page in the middle of a transfer reaching a transfer store that
+    holds nothing (the first pages were lost, or the store was dropped) is refused with a log line
+    and not written (answered 1: send from your first position); the first page (jump) is taken."""
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 5)
+    earlier = f"{X}.earlier"
+    with caplog.at_level("WARNING", logger="exchange.replica_disk"):
+        assert disk.fill(transfer_page(INC, 20, 5, 40, False)) == 1
+        assert disk.fill_ended(protocol.Fill(INC, 30, 50, transfer_page(earlier, 30, 5, 50, False).frames, False,
+                                             proof(INC), earlier)) == 1
+    assert sum("refused a transfer page" in record.getMessage() for record in caplog.records) == 2
+    assert not list(root.glob("*~base/*.seg")), "nothing of a refused page is written"
+    assert disk.fill(transfer_page(INC, 3, 5, 40, True)) == 8  # the primary's first page (its store starts at 3)
+    assert disk.fill(transfer_page(INC, 8, 5, 40, False)) == 13
+    disk.close()
