@@ -344,6 +344,14 @@ class ReplicaDisk:
             self._flush(store)
         return store.state is StoreState.OK and store.pending_bytes <= MAX_PENDING_BYTES
 
+    def problem(self, incarnation: str) -> str:
+        """Why the store of `incarnation` takes no page (for the `broken` answer and the logs)."""
+        store = self.stores.get(incarnation)
+        if store is None:
+            return ""
+        state = "broken (an fsync or write failed)" if store.state is StoreState.BROKEN else "refusing writes"
+        return f"{state}: {store.error}" if store.error is not None else state
+
     def append(self, incarnation: str, pos: int, topic: bytes, body: bytes, messages: int,
                topics: TopicCounts) -> None:
         store = self.stores.get(incarnation)

@@ -18,9 +18,10 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exchange import tiered
+from exchange import replication, tiered
 from exchange.replica import MAX_COPIES, Replica, stored
 from exchange.replica_disk import MAX_ADOPTED, ReplicaDisk, safe_dir_name
+from exchange.replica_health import GIVE_UP_AFTER
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits
@@ -195,7 +196,10 @@ def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: 
         held = r.copies[INC].next_pos
         primary.send(protocol.encode_copy(INC, held, frames(INC, held, 10), proof(INC)))
         serve_a_while(r)
-        assert primary.poll(0) == 0, "a page the store cannot take is not answered"
+        assert primary.poll(0), "a page the store cannot take is answered"
+        answer = protocol.decode_replica_reply(primary.recv())
+        assert isinstance(answer, protocol.Broken) and "refusing writes" in answer.reason, answer
+        assert "No space left" in answer.reason
         assert r.copies[INC].next_pos == held, "nothing taken while the store refuses writes"
         filler.unlink()
         wait_until(lambda: r.disk.accepts(INC), timeout=5, message="the store to write again")  # retried every 0.5 s
@@ -719,3 +723,99 @@ def test_a_fresh_transfer_store_refuses_a_page_that_does_not_start_the_transfer(
     assert disk.fill(transfer_page(INC, 3, 5, 40, True)) == 8  # the primary's first page (its store starts at 3)
     assert disk.fill(transfer_page(INC, 8, 5, 40, False)) == 13
     disk.close()
+
+
+def fill_up(path: Path) -> None:
+    """Write to `path` until its filesystem is full."""
+    with open(path, "wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_a_replica_whose_store_refuses_writes_says_broken_and_gives_way_to_a_restart(
+        ctx: zmq.Context, small_disk, caplog: pytest.LogCaptureFixture) -> None:
+    """Review finding 8: a full disk under the replica's store (a real tmpfs) does not stall its
+    primary's confirms in silence. The replica answers `broken` with the reason, the primary logs
+    it and confirms nothing more on its strength (held stays), while the disk stays full for
+    GIVE_UP_AFTER the replica process ends (exit STORAGE: its HCM starts it again); space freed
+    before that: the copy goes on and every frame reaches the replica's store."""
+    disk = small_disk("replica", 1 << 20)
+    filler = disk / "filler"
+    r = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=disk / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    retention = Retention(60.0, 16 << 20)
+    link = ReplicaLink(ctx, config(), retention, INC, X, proof(INC))
+    try:
+        link.point_to(r.repl_endpoint)
+
+        def turn(now: float) -> None:
+            link.pump(now)
+            serve_a_while(r)
+            assert link.sock is not None
+            while link.sock.poll(50):
+                link.on_reply(link.sock.recv())
+
+        def publish(count: int) -> None:
+            for _ in range(count):
+                retention.add(TOPIC, body(INC, retention.next_pos, 2_000), 1)
+
+        wait_until(lambda: turn(time.monotonic()) or link.following, timeout=5, message="the link to follow")
+        publish(20)
+        wait_until(lambda: turn(time.monotonic()) or link.held == retention.next_pos, timeout=5,
+                   message="the first frames to be held")
+        confirmed = link.held
+        fill_up(filler)
+        with caplog.at_level("ERROR"):
+            publish(200)
+            wait_until(lambda: turn(time.monotonic()) or bool(link.broken), timeout=10,
+                       message="the primary to hear that the replica's store refuses writes")
+        assert "No space left" in link.broken and link.held < retention.next_pos
+        assert any("cannot store our copy" in record.getMessage() for record in caplog.records)
+        assert any("refuses writes" in record.getMessage() for record in caplog.records)
+        assert link.held >= confirmed, "nothing confirmed before is taken back"
+        stuck = link.held
+        now = time.monotonic()
+        for step in range(1, 4):  # it asks again every RESYNC_AFTER and is told again
+            turn(now + step * (replication.RESYNC_AFTER + 0.1))
+        assert link.broken and link.held == stuck
+        refusing_since = min(r.health.refusing_since.values())
+        assert r.health.give_up(refusing_since + GIVE_UP_AFTER - 1, r.sealed) is None
+        assert "No space left" in (r.health.give_up(refusing_since + GIVE_UP_AFTER, r.sealed) or "")
+        filler.unlink()  # space freed before the replica gave up: it goes on
+        wait_until(lambda: turn(time.monotonic() + 10) or link.held == retention.next_pos, timeout=15,
+                   message="the copy to go on once the disk took writes again")
+        assert not link.broken and not r.health.refusing_since
+        r.disk.tick()
+        store = r.disk.store_of(INC)
+        assert store is not None and store.end_pos == retention.next_pos
+        assert [frame.body for frame in store.read(1, store.end_pos, 1 << 30).frames] == \
+            [body(INC, pos, 2_000) for pos in range(1, retention.next_pos)]
+    finally:
+        link.close()
+        r.close()
+
+
+def test_a_replica_that_gave_up_on_its_store_ends_its_loop_and_says_why(ctx: zmq.Context, small_disk) -> None:
+    disk = small_disk("replica", 256 << 10)
+    r = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=disk / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    try:
+        primary = dealer(ctx, r.repl_endpoint)
+        follow(r, primary)
+        first = 1
+        while r.disk.accepts(INC) and first < 2_000:
+            primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
+            first += 10
+            serve_a_while(r)
+        assert not r.disk.accepts(INC) and r.health.refusing_since
+        r.health.refusing_since[INC] -= GIVE_UP_AFTER  # refusing for that long already
+        ticks: list[int] = []
+        r.run(lambda: len(ticks) > 50, lambda: ticks.append(1))
+        assert len(ticks) == 1 and "refusing writes" in r.gave_up and INC in r.gave_up
+    finally:
+        r.close()
