@@ -175,6 +175,18 @@ def test_a_restart_adopts_at_most_the_newest_stores(tmp_path: Path) -> None:
         disk.close()
 
 
+def copy_until_the_disk_refuses(r: Replica, primary: zmq.Socket) -> None:
+    """Follow INC and copy pages of 10 frames of 2 KB until the replica's store refuses one."""
+    follow(r, primary)
+    first = 1
+    while r.disk.accepts(INC) and first < 2_000:
+        primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
+        first += 10
+        serve_a_while(r)
+        while primary.poll(0):
+            primary.recv()
+
+
 def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: zmq.Context, small_disk) -> None:
     disk = small_disk("replica", 1 << 20)
     filler = disk / "filler"
@@ -184,14 +196,7 @@ def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: 
     vouch(r, INC)
     try:
         primary = dealer(ctx, r.repl_endpoint)
-        follow(r, primary)
-        first = 1
-        while r.disk.accepts(INC) and first < 2_000:  # until the disk refuses a page
-            primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
-            first += 10
-            serve_a_while(r)
-            while primary.poll(0):
-                primary.recv()
+        copy_until_the_disk_refuses(r, primary)
         assert not r.disk.accepts(INC) and r.report()["storage_full"] == 1
         held = r.copies[INC].next_pos
         primary.send(protocol.encode_copy(INC, held, frames(INC, held, 10), proof(INC)))
@@ -805,13 +810,7 @@ def test_a_replica_that_gave_up_on_its_store_ends_its_loop_and_says_why(ctx: zmq
     r.disk.start(ON_DISK)
     vouch(r, INC)
     try:
-        primary = dealer(ctx, r.repl_endpoint)
-        follow(r, primary)
-        first = 1
-        while r.disk.accepts(INC) and first < 2_000:
-            primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
-            first += 10
-            serve_a_while(r)
+        copy_until_the_disk_refuses(r, dealer(ctx, r.repl_endpoint))
         assert not r.disk.accepts(INC) and r.health.refusing_since
         r.health.refusing_since[INC] -= GIVE_UP_AFTER  # refusing for that long already
         ticks: list[int] = []
