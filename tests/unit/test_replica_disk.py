@@ -290,13 +290,14 @@ class Primary:
     """A primary's segment store of `count` frames, its memory tail holding only the newest, and
     its ReplicaLink to a real replica over loopback; `cycle` moves one turn of each loop."""
 
-    def __init__(self, ctx: zmq.Context, directory: Path, replica: Replica, count: int) -> None:
+    def __init__(self, ctx: zmq.Context, directory: Path, replica: Replica, count: int, inc: str = INC) -> None:
         self.store = SegmentStore(directory, StoreLimits(segment_bytes=16 << 10, index_every=1 << 10))
         self.retention = Retention(60.0, 8_000)
+        self.inc = inc
         self.publish(count)
         assert self.retention.oldest > count // 2, "the memory tail holds only the newest frames"
         self.replica = replica
-        self.link = ReplicaLink(ctx, config(), self.retention, INC, X, proof(INC))
+        self.link = ReplicaLink(ctx, config(), self.retention, inc, X, proof(inc))
         self.link.page_bytes = self.link.transfer.page_bytes = 4_000
         self.link.transfer.store_of = lambda: self.store
         self.link.point_to(replica.repl_endpoint)
@@ -304,7 +305,7 @@ class Primary:
     def publish(self, count: int) -> None:
         for _ in range(count):
             pos = self.retention.next_pos
-            frame_body = body(INC, pos, 200)
+            frame_body = body(self.inc, pos, 200)
             self.store.append(stored_frame(pos, time.time(), TOPIC, frame_body, 1))
             self.retention.add(TOPIC, frame_body, 1)
         assert self.store.flush()
@@ -818,3 +819,39 @@ def test_a_replica_that_gave_up_on_its_store_ends_its_loop_and_says_why(ctx: zmq
         assert len(ticks) == 1 and "refusing writes" in r.gave_up and INC in r.gave_up
     finally:
         r.close()
+
+
+def test_a_transfer_cut_by_restarts_of_both_ends_is_completed_by_the_primary_s_next_incarnation(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """Finding 5 end to end, with the real link on both sides: the replica's copy of INC jumped to
+    the primary's memory tail and its transfer of the disk below was cut after a few pages; then the
+    replica process and the primary restarted (INC2, serving INC's store as an earlier one). The
+    replica's stored INC is transferred whole and served from position 1, not answered complete."""
+    root = tmp_path / "x1~r"
+    first = Primary(ctx, tmp_path / "primary", replica, 300)
+    deadline = time.monotonic() + 20
+    while not (INC in replica.disk.bases and replica.disk.bases[INC].end_pos > 20):
+        assert time.monotonic() < deadline, "the transfer did not start"
+        first.cycle()
+    while first.link.held < first.retention.next_pos:
+        first.cycle()
+    jump = replica.disk.starts[INC]
+    assert jump > 100 and INC not in replica.disk.in_sync, "the transfer was cut before it completed"
+    first.link.close()
+    replica.close()
+    again = restarted(ctx, root)
+    vouch(again, INC, INC2, running=INC2)
+    second = Primary(ctx, tmp_path / "primary2", again, 100, inc=INC2)
+    try:
+        second.link.ended_stores = lambda: {INC: first.store}
+        while second.link.ended_transfer is None or not second.link.ended_transfer.in_sync:
+            assert time.monotonic() < deadline + 20, "the earlier incarnation's offer was never answered complete"
+            second.cycle()
+        stored = again.disk.store_of(INC)
+        assert stored is not None and stored.first_pos == 1, "answered complete without positions 1 to the jump"
+        assert not (root / INC / "transfer.missing").exists()
+        subscriber = dealer(ctx, again.replay_endpoint)
+        assert fetch_all(again, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 301)]
+    finally:
+        second.link.close()
+        again.close()
