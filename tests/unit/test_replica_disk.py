@@ -9,6 +9,7 @@ sends makes the replica write outside its root.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -855,3 +856,27 @@ def test_a_transfer_cut_by_restarts_of_both_ends_is_completed_by_the_primary_s_n
     finally:
         second.link.close()
         again.close()
+
+
+def test_a_transfer_store_lost_mid_transfer_is_filled_again_from_the_start_not_from_the_middle(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """Finding 6 with the real link: the replica's transfer store goes while pages are under way
+    (here: deleted under it). The next page, from the middle, is refused (not written), the primary
+    starts the transfer again at its store's first position, and the copy ends in sync from 1."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    deadline = time.monotonic() + 20
+    while not (INC in replica.disk.bases and replica.disk.bases[INC].end_pos > 40):
+        assert time.monotonic() < deadline, "the transfer did not start"
+        primary.cycle()
+    base = replica.disk.bases.pop(INC)
+    base.close()
+    shutil.rmtree(base.directory)
+    while not (primary.link.transfer.in_sync and INC in replica.disk.in_sync):
+        assert time.monotonic() < deadline, "the transfer did not complete"
+        primary.cycle()
+    while primary.link.held < primary.retention.next_pos:
+        primary.cycle()
+    stored = replica.disk.store_of(INC)
+    assert stored is not None and stored.first_pos == 1, "the transfer restarted in the middle"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 301)]
