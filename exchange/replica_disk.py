@@ -225,9 +225,14 @@ class ReplicaDisk:
         held = self._take(name, fill, tail.limits, upto=below)
         if held is None or held < below:
             return held
-        if name in self.stores:
-            self._try_complete(name)  # the copy of an ended incarnation: retried on the tick if it waits
-            return fill.end_pos if name in self.in_sync else held
+        if name in self.stores:  # our copy of that ended incarnation
+            self._try_complete(name)
+            if name in self.in_sync:
+                return fill.end_pos
+            if tail.segments and tail.first_pos > below:  # its retention deleted where the transfer joins
+                self._now_whole(name, tail)
+                return fill.end_pos
+            return None  # its store has not written everything yet: the primary asks again in 2 s
         self._join_adopted(name)
         return fill.end_pos
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exchange.journal_format import fsync_directory
+from exchange.journal_format import fsync_directory, make_private_dir, missing_dirs
 
 MISSING_FILE = "transfer.missing"
 TORN = 0  # read_missing: a marker is there but its position cannot be read
@@ -25,7 +25,8 @@ TORN = 0  # read_missing: a marker is there but its position cannot be read
 
 def write_missing(directory: Path, below: int) -> None:
     """Note durably that the store in `directory` lacks the positions below `below` (raises OSError)."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for level in missing_dirs(directory):  # 0700, each made durable in its parent, as a store's own
+        make_private_dir(level)
     temporary = directory / (MISSING_FILE + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
