@@ -33,10 +33,12 @@ ADOPT_TIMEOUT = 3.0  # s a replicated exchange waits at start for the first answ
 # may be restarting too (every host restarted), and only the replica holds the groups' cursors.
 STORED_ADOPT_TIMEOUT = 15.0
 PAGE_TIMEOUT = 1.5  # s without the page asked for: asked again (the first: whole, for a replica of before pages)
-# Asks of one page before the adoption ends with what came (the groups not reached yet start empty:
-# their backlog is lost, logged). A minute: a replica whose host restarts mid-adoption is back well
-# within it, and the exchange holds publishers and members meanwhile.
-PAGE_TRIES = 40
+# An adoption under way never ends before its last page: the groups not reached yet hold their
+# backlog only at the replica, so ending it would lose confirmed work. A silent replica is asked
+# again with backoff, up to this long between two asks ...
+MAX_PAGE_WAIT = 30.0
+STALL_WARNING = 10.0  # ... and a stall this long is logged at warning, then once a minute
+STALL_LOG_EVERY = 60.0
 
 
 @dataclass
@@ -49,6 +51,33 @@ class _Adopting:
     offer: bool = True  # they are offered to it (else it reads them back from the store)
     spilled: list[tuple[Group, int, int]] = field(default_factory=list)  # (group, first, end) read back
     messages: int = 0
+
+
+def page_lie(reply: protocol.Adoption, first: protocol.Adoption) -> str:
+    """Why a paged answer cannot be true ("": it can), `first` being the adoption's first answer
+    (the group states): a page must move forward, stay within the groups, and hold only frames of
+    its group's pending messages, ascending, above `after` and below the group's end (`upto`)."""
+    assert reply.page is not None
+    group, after, next_group, next_after = reply.page
+    count = len(first.groups)
+    if not first.ended:
+        return "" if not reply.frames and (next_group, next_after) == (0, 0) else "frames without groups"
+    if next_group > count or (next_group, next_after) <= (group, after) and next_group < count:
+        return f"the next page {(next_group, next_after)} does not move forward from {(group, after)}"
+    if group >= count:
+        return "" if not reply.frames else f"frames of group {group} of {count}"
+    record = first.groups[group]
+    pending = {p[0] for p in record.pending}
+    last = next_after if next_group == group else record.upto - 1
+    if next_group == group and next_after >= record.upto:
+        return f"the next page starts at {next_after}, beyond the group's end {record.upto}"
+    positions = [pos for pos, _, _ in reply.frames]
+    if positions != sorted(set(positions)):
+        return "frames not ascending"
+    for pos in positions:
+        if not after < pos <= last or (pos not in pending and not record.is_pending_whole(pos)):
+            return f"a frame at {pos}, not a pending message of group {group} after {after}"
+    return ""
 
 
 class GroupAdoption:
@@ -66,6 +95,19 @@ class GroupAdoption:
         self._asked_at = 0.0
         self._tries = 0
         self._whole_asked = False
+        self._last_page = 0.0  # when the last page came (the stall figure counts from it)
+        self._stall_logged = 0.0
+        self._follows = 0  # the link's follows when we last asked: a new follow is asked at once
+
+    @property
+    def waiting_groups(self) -> int:
+        """Groups of the ended incarnation whose pages have not all come yet (a figure)."""
+        under_way, asked = self._under_way, self._asked
+        return 0 if under_way is None or asked is None else len(under_way.groups) - asked[0]
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the last page of an adoption under way came (0: none under way)."""
+        return now - self._last_page if self._under_way is not None else 0.0
 
     def step(self) -> None:
         """Once per loop turn while adopting: take an answer, or ask (again)."""
@@ -92,17 +134,31 @@ class GroupAdoption:
         assert self.link is not None and self._asked is not None
         if self._under_way is None and not self._whole_asked:
             self._whole_asked = self.link.ask_adoption(None)  # a replica of before pages refused the page
-        if self._under_way is None and now > self._deadline:
-            self._give_up()
+        if self._under_way is None and now > self._deadline and not self.link.following:
+            self._give_up()  # no replica answers at all: none holds groups we could adopt
             return
+        if now < self._asked_at + self._wait and self.link.follows == self._follows:
+            return  # backing off (a new follow, the replica back, is asked at once)
         self._tries += 1
-        if self._tries >= PAGE_TRIES:
-            log.error("the replica stopped answering the adoption at page %s for %.0fs; going on with what "
-                      "came: the groups not adopted yet lose their backlog", self._asked, PAGE_TRIES * PAGE_TIMEOUT)
-            self._end()
-            return
-        self.link.ask_adoption(self._asked)
+        if self._under_way is not None:
+            self._log_stall(now)
+        if self.link.ask_adoption(self._asked):
+            self._follows = self.link.follows
         self._asked_at = now
+
+    @property
+    def _wait(self) -> float:
+        """How long an ask waits for its answer: PAGE_TIMEOUT, doubling after each 4 asks, at most
+        MAX_PAGE_WAIT (a replica host restarting is asked often, a long-silent one not flooded)."""
+        return min(PAGE_TIMEOUT * 2 ** (self._tries // 4), MAX_PAGE_WAIT)
+
+    def _log_stall(self, now: float) -> None:
+        stalled = self.stalled_for(now)
+        if stalled >= STALL_WARNING and now >= self._stall_logged + STALL_LOG_EVERY:
+            self._stall_logged = now
+            log.warning("the replica has not answered the adoption at page %s for %.0fs: %d consumer groups "
+                        "wait for their backlog (never dropped); publishers and members are held until it "
+                        "answers", self._asked, stalled, self.waiting_groups)
 
     @property
     def _timeout(self) -> float:
@@ -120,8 +176,20 @@ class GroupAdoption:
     def _take_page(self, reply: protocol.Adoption, now: float) -> None:
         assert reply.page is not None and self.link is not None
         group, after, next_group, next_after = reply.page
+        if self._under_way is not None and not reply.ended:
+            # Not a repeat: the replica no longer holds the ended incarnation (it restarted without its
+            # disk, or a new replica replaced it): the backlog not reached yet is gone with both hosts.
+            log.error("the replica no longer holds the consumer groups being adopted (at page %s): %d groups "
+                      "start without the backlog not reached", self._asked, self.waiting_groups)
+            self._end()
+            return
         if (group, after) != self._asked:
             return  # an answer to an earlier ask, taken already
+        lie = page_lie(reply, self._under_way.first if self._under_way is not None else reply)
+        if lie:
+            log.warning("adoption: the replica's answer to page %s lies (%s): dropped, asked again",
+                        self._asked, lie)
+            return
         if self._under_way is None:
             self.commands.mark_applied(reply.applied)  # an earlier incarnation's: not again
             if not reply.ended:
@@ -130,6 +198,7 @@ class GroupAdoption:
             self._under_way = _Adopting(reply, [self.groups.adopt(record) for record in reply.groups])
         under_way = self._under_way
         self.pages += 1
+        self._last_page = now
         if group < len(under_way.groups):
             self._forward_group(under_way, group, {pos: (topic, body) for pos, topic, body in reply.frames},
                                 more=next_group == group)
@@ -137,7 +206,8 @@ class GroupAdoption:
             self._end()
             return
         self._asked, self._asked_at, self._tries = (next_group, next_after), now, 0
-        self.link.ask_adoption(self._asked)  # lost: asked again after PAGE_TIMEOUT
+        if self.link.ask_adoption(self._asked):  # lost: asked again after PAGE_TIMEOUT
+            self._follows = self.link.follows
 
     def adopt(self, adoption: protocol.Adoption) -> None:
         """Take the whole adoption at once (a replica of before pages)."""

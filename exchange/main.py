@@ -5,7 +5,8 @@ replica's endpoint, the permission table and the queue's admin commands on stdin
 and `command` events on stdout. It dies with its parent (PR_SET_PDEATHSIG, and EOF on stdin); on
 SIGTERM it asks its publishers to move, then exits. With `--role replica` it is a replica
 (exchange/replica.py). Exit codes that are not crashes: `Exit.ENDED` (its replica sealed the
-incarnation) and `Exit.STORAGE` (its journal broke for good); `Exit.CONFIG` before ready. The
+incarnation) and `Exit.STORAGE` (its journal broke for good; a replica: a copy's store could not
+keep it); `Exit.CONFIG` before ready. The
 lines and codes in full: docs/architecture.md "An exchange and its HCM"; entry point and signals:
 roq/daemon.py.
 """
@@ -155,8 +156,7 @@ def main(queue: str, xid: str, host: str, role: str, replicas: int, config_json:
 
     def body(config: Config, stop: Stop) -> Exit:
         if role == "replica":
-            serve_replica(config, stop, queue, xid, watch_parent)
-            return Exit.OK
+            return serve_replica(config, stop, queue, xid, watch_parent)
         return serve(config, stop, queue, xid, replicas, watch_parent)
 
     run_daemon("roq-exchange", load, f"exchange {queue}/{xid}", body, json_logs=json_logs)
@@ -311,8 +311,9 @@ def await_permissions(gatekeeper: Gatekeeper, config: Config, stop: threading.Ev
 
 
 def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
-                  watch_parent: bool = False) -> None:
-    """Bind, report ready, keep copies of xid's stream until `stop` is set."""
+                  watch_parent: bool = False) -> Exit:
+    """Bind, report ready, keep copies of xid's stream until `stop` is set. Returns Exit.STORAGE if
+    a copy's store could not keep it (exchange/replica_health.py: the HCM starts the replica again)."""
     context = zmq.Context()
     try:
         gatekeeper = Gatekeeper(context, config, f"replica {queue}/{xid}", queue)
@@ -356,6 +357,7 @@ def serve_replica(config: Config, stop: threading.Event, queue: str, xid: str,
         gatekeeper.stop()
         context.term()
     log.info("replica of %s/%s stopped", queue, xid)
+    return Exit.STORAGE if replica.gave_up else Exit.OK
 
 
 if __name__ == "__main__":

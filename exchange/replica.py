@@ -7,8 +7,9 @@ incarnation the cluster vouches for may copy (exchange/replica_trust.py). It als
 primary's consumer groups (exchange/replica_groups.py) and admin commands, which a restarted
 exchange adopts (exchange/replica_adoption.py). Frames are range-checked and a copy must continue
 what is held. With a disk storage policy each copy is also written to a segment store on this host
-(exchange/replica_disk.py), served below the copy's memory tail. The whole design:
-docs/replication.md.
+(exchange/replica_disk.py), served below the copy's memory tail; a store that cannot keep its
+copy is answered `broken`, and ends the process for a restart (exchange/replica_health.py). Which
+incarnations are sealed: exchange/replica_seals.py. The whole design: docs/replication.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import zmq
 from exchange.replay import ReplayServer, replay_socket
 from exchange.replica_disk import ReplicaDisk
 from exchange.replica_groups import Done, GroupFiles, HeldGroups
+from exchange.replica_health import StoreHealth
+from exchange.replica_seals import Seals
 from exchange.replica_trust import PrimaryTrust, ProofFrame
 from exchange.replication import max_copy_frame
 from exchange.retention import Retention
@@ -38,7 +41,6 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 100
 MAX_COPIES = 8  # incarnations kept; the oldest copy goes first
-MAX_SEALED = 4096  # sealed incarnations remembered
 MAX_APPLIED = 256  # admin commands remembered per exchange (the newest)
 
 
@@ -49,15 +51,18 @@ class Replica:
         disk (None: memory only)."""
         self.config = config
         self.disk = ReplicaDisk(store_root, sync_before_answer=config.exchange.store_sync == "confirm")
+        self.health = StoreHealth(self.disk)  # a store that cannot keep its copy: `broken`, then a restart
+        self.gave_up = ""  # why run() ended this replica process for a restart (exit code STORAGE)
         self.xid = xid
         self.incarnation = f"{xid}~r.{int(time.time() * 1000) % 10**9}"
         self.copies: OrderedDict[str, Retention] = OrderedDict()  # primary incarnation → its copy
         self.groups = HeldGroups()  # what a restarted exchange adopts (exchange/replica_groups.py)
         self.pin_cap = config.exchange.retention_bytes + config.exchange.group_max_bytes
-        self.sealed: OrderedDict[str, None] = OrderedDict()  # the newest MAX_SEALED, oldest first
         self.applied: OrderedDict[str, None] = OrderedDict()  # admin commands our exchange applied, oldest first
         self.counters: dict[str, int] = {}
         self.trust = PrimaryTrust(xid, self.counters)  # which primary frames to take
+        self.seals = Seals(self.copies, self.trust, self._count)  # which incarnations to take nothing more of
+        self.sealed = self.seals.sealed
         self.curve = load_keys(config.security) is not None
         self.repl = context.socket(zmq.ROUTER)
         self.repl.linger = 0
@@ -69,7 +74,7 @@ class Replica:
         repl_port = self.repl.bind_to_random_port(f"tcp://{bind_host}")
         replay_port = listening(replay).bind_to_random_port(f"tcp://{bind_host}")
         self.replay = ReplayServer(replay, config.exchange, self._count, archives=self.copies,
-                                   on_ended=self.seal_ended, store_of=self.disk.store_of)
+                                   on_ended=self.seals.seal_ended, store_of=self.disk.store_of)
         self.repl_endpoint = f"tcp://{advertise_host}:{repl_port}"
         self.replay_endpoint = f"tcp://{advertise_host}:{replay_port}"
 
@@ -95,12 +100,13 @@ class Replica:
         self.counters[name] = self.counters.get(name, 0) + amount
 
     def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None]) -> None:
+        """Serve until `should_stop`, or until a copy's store cannot keep it (`gave_up` says why)."""
         poller = zmq.Poller()
         poller.register(self.repl, zmq.POLLIN)
         poller.register(self.replay.sock, zmq.POLLIN)
         while not should_stop():
             self._take_news()
-            for sock, _ in poller.poll(POLL_MS):
+            for sock, _ in poller.poll(0 if self.groups.planning else POLL_MS):  # a plan: a step a turn
                 try:
                     if sock is self.repl:
                         self._drain_primary()
@@ -111,6 +117,7 @@ class Replica:
                 except Exception:  # a bug must not take the copies down
                     self._count("internal_errors", 1)
                     log.exception("unexpected error while handling a frame; going on")
+            self.groups.turn(self._answer)  # a step of an adoption plan, answered once worked out
             now = time.monotonic()
             for copy in self.copies.values():
                 if copy.protect_from is not None and copy.bytes > self.pin_cap:
@@ -118,6 +125,10 @@ class Replica:
                     copy.protect_from = None
                 copy.trim(now)
             on_tick()
+            self.gave_up = self.health.give_up(now, self.sealed) or ""
+            if self.gave_up:
+                log.error("%s: ending this replica process so that its HCM starts it again", self.gave_up)
+                return
 
     # ------------------------------------------------------------ from the primary
 
@@ -157,9 +168,11 @@ class Replica:
         if not held:
             return
         refused = self.disk.sync_written()
+        now = time.monotonic()
         for route, reply, copy_of in held:
-            if copy_of is None or copy_of not in refused:
-                self._answer(route, reply)
+            if copy_of is not None and copy_of in refused:
+                reply = self.health.broken(copy_of, now)
+            self._answer(route, reply)
 
     def _answer(self, route: bytes, reply: bytes | None) -> None:
         if reply is None:
@@ -197,7 +210,7 @@ class Replica:
         if isinstance(request, protocol.Copy):
             return self._copy(route, request)
         if isinstance(request, protocol.Adopt):  # from the copies, or a store an earlier process of ours left
-            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk.adopted, self.disk.stores)
+            return self.groups.answer(request, self.copies, tuple(self.applied), self.disk, route)
         if isinstance(request, protocol.Mark):
             return None if request.incarnation in self.sealed else self.groups.marked(request)
         if isinstance(request, protocol.Applied):
@@ -216,10 +229,13 @@ class Replica:
             return protocol.encode_replica_reply(protocol.SEALED, incarnation)
         if incarnation not in self.copies:
             for older in [inc for inc in (*self.copies, *self.disk.adopted) if inc != incarnation]:
-                self.seal(older)  # that exchange restarted: its older incarnations ended
+                self.seals.seal(older)  # that exchange restarted: its older incarnations ended
             self._new_copy(incarnation, 0)
             log.info("following %s", incarnation)
         copy = self.copies[incarnation]
+        if not self.disk.accepts(incarnation):  # what it holds is not all written: it vouches for nothing
+            return self.health.broken(incarnation, time.monotonic())
+        self.health.took(incarnation)
         return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos if len(copy) or
                                              copy.next_pos > 1 else 0)
 
@@ -239,16 +255,17 @@ class Replica:
         if skip < 0:
             return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos)
         if not self.disk.accepts(incarnation):
-            self._count("refused_pages_storage_full", 1)  # no answer: the primary asks again later
-            return None
+            self._count("refused_pages_storage_full", 1)
+            return self.health.broken(incarnation, time.monotonic())
         now = time.monotonic()
         for topic, body, messages in request.frames[skip:]:
             topics = protocol.body_topics(body)
             self.disk.append(incarnation, copy.next_pos, topic, body, messages, topics)
             copy.add(topic, body, messages, now, topics)
         self._count("copied_frames", max(0, len(request.frames) - skip))
-        if not self.disk.flush(incarnation):
-            return None  # held in memory meanwhile; the store writes it once its disk takes it
+        if not self.disk.flush(incarnation):  # held in memory meanwhile; the store writes it once its disk takes it
+            return self.health.broken(incarnation, time.monotonic())
+        self.health.took(incarnation)
         return protocol.encode_replica_reply(protocol.COPIED, incarnation, copy.next_pos)
 
     def _fill(self, fill: protocol.Fill) -> bytes | None:
@@ -294,7 +311,7 @@ class Replica:
             del self.copies[older]
             self.disk.drop(older)
             self.groups.forget(older)
-            self._add_sealed(older)
+            self.seals.add(older)
         log.info("purged the copy of %s below position %d (%d frames, %d messages), earlier copies dropped",
                  incarnation, upto, frames, messages)
 
@@ -309,33 +326,14 @@ class Replica:
             dropped, _ = self.copies.popitem(last=False)
             self.disk.drop(dropped)
             self.groups.forget(dropped)
-            self._add_sealed(dropped)
+            self.seals.add(dropped)
         return copy
 
     # ------------------------------------------------------------ from subscribers
 
-    def seal_ended(self, incarnation: str) -> bool:
-        """A subscriber asks where the copy of `incarnation` ends: seal it, unless the cluster (our
-        HCM) still lists it as running, or has told us nothing yet. Returns whether it is sealed."""
-        if not self.trust.told or incarnation == self.trust.running:
-            self._count("refused_seals", 1)
-            return False
-        self.seal(incarnation)
-        return True
-
     def seal(self, incarnation: str) -> None:
-        """Take nothing more of `incarnation`: it ended, and a subscriber is reading its copy."""
-        if incarnation not in self.sealed and incarnation in self.copies:
-            log.info("sealed %s at position %d", incarnation, self.copies[incarnation].next_pos)
-        self._add_sealed(incarnation)
-
-    def _add_sealed(self, incarnation: str) -> None:
-        """Remember a sealed incarnation, copies dropped included (an old primary still running must
-        not be followed afresh); the oldest are forgotten past MAX_SEALED."""
-        self.sealed[incarnation] = None
-        self.sealed.move_to_end(incarnation)
-        while len(self.sealed) > MAX_SEALED:
-            self.sealed.popitem(last=False)
+        """Take nothing more of `incarnation` (exchange/replica_seals.py)."""
+        self.seals.seal(incarnation)
 
     def report(self) -> dict[str, int | bool]:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),

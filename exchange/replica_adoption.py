@@ -7,14 +7,16 @@ disk storage policy a group's backlog may lie below the copy's memory tail (the 
 read it from disk: exchange/group_spill.py): those frames are read from the copy's segment store
 on this host (exchange/replica_disk.py). An exchange that asks for pages gets one group's frames at
 a time, PAGE_BYTES of bodies at most: the adoption is worked out once (a `Plan`: what each group
-still holds and where, not the bodies) and each page read from the copy's memory and store.
+still holds and where, not the bodies), in bounded steps a loop turn each (`plan_steps`), and each
+page read from the copy's memory and store.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore
@@ -43,25 +45,55 @@ def adoption_plan(adopt: protocol.Adopt, copies: Mapping[str, Retention],
                   group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]],
                   stores: Mapping[str, SegmentStore] | None = None) -> Plan | None:
     """The groups the incarnation before `adopt.incarnation` left (the newest copy with a state),
-    or None. Frames on disk are scanned for their topics and publishers, their bodies not kept."""
+    or None: `plan_steps` all at once."""
+    steps = plan_steps(adopt, copies, group_state, group_done, stores)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return cast("Plan | None", done.value)
+
+
+def plan_steps(adopt: protocol.Adopt, copies: Mapping[str, Retention],
+               group_state: Mapping[str, list[protocol.GroupRecord]],
+               group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]],
+               stores: Mapping[str, SegmentStore] | None = None) -> Generator[None, None, Plan | None]:
+    """`adoption_plan` in bounded steps (a replica's loop turn each, so a backlog of gigabytes does
+    not stop it answering its primaries): a read of READ_PAGE_BYTES of the copy's store, the copy's
+    memory tail (bounded by its retention), or one group's final state. Frames on disk are scanned
+    for their topics and publishers, their bodies not kept."""
     ended = next((inc for inc in reversed(list(copies)) if inc != adopt.incarnation and inc in group_state
                   and inc.rsplit(".", 1)[0] == adopt.exchange), "")
     if not ended:
         return None
-    copy = copies[ended]
-    lowest = min((needed_from(g) for g in group_state[ended]), default=copy.oldest)
+    copy, records = copies[ended], list(group_state[ended])
+    lowest = min((needed_from(g) for g in records), default=copy.oldest)
     store = (stores or {}).get(ended)
     index: list[tuple[int, bytes, int]] = []
     high: dict[str, int] = {}
-    stored = stored_pages(store, lowest, copy.oldest) if store is not None else iter(())
-    for page in stored:
-        for pos, topic, body, messages in page:
-            _index(index, high, pos, topic, body, messages)
-    for at, (held_topic, held_body, count) in enumerate(copy.entries(copy.oldest, 1 << 62), copy.oldest):
+    at = lowest
+    if store is not None:
+        _gone_below(store, lowest)
+        at = max(lowest, store.first_pos)
+        while at < min(copy.oldest, store.end_pos):  # the memory tail may move up meanwhile: read to it
+            page = store.read(at, min(copy.oldest, store.end_pos), READ_PAGE_BYTES)
+            if page.damaged:
+                log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
+            for f in page.frames:
+                _index(index, high, f.pos, f.topic, f.body, f.messages)
+            if page.next_pos <= at:
+                break
+            at = page.next_pos
+            yield
+    first = max(at, copy.oldest)
+    for pos, (held_topic, held_body, count) in enumerate(copy.entries(first, 1 << 62), first):
         assert isinstance(held_topic, bytes) and isinstance(held_body, bytes) and isinstance(count, int)
-        _index(index, high, at, held_topic, held_body, count)
+        _index(index, high, pos, held_topic, held_body, count)
     done = group_done.get(ended, {})
-    groups = [_final(g, done.get(g.name, []), index, copy.next_pos) for g in group_state[ended]]
+    groups = []
+    for record in records:
+        yield
+        groups.append(_final(record, done.get(record.name, []), index, copy.next_pos))
     wanted = [sorted({p[0] for p in g.pending}) for g in groups]
     return Plan(ended, groups, high, wanted, copy, store)
 
@@ -97,35 +129,82 @@ def adoption_reply(adopt: protocol.Adopt, copies: Mapping[str, Retention],
     return protocol.encode_adoption(adopt.incarnation, plan.ended, plan.groups, plan.high, frames, applied)
 
 
+@dataclass
+class _Planning:
+    """A paged adoption being worked out, a step per loop turn, and the ask waiting for it."""
+    asker: str
+    steps: Generator[None, None, Plan | None]
+    waiting: tuple[bytes, protocol.Adopt, tuple[str, ...]] | None  # (route, ask, applied) to answer once done
+
+
 class Adoptions:
     """A replica's answers to `adopt`: a paged adoption is worked out once per asker, at its first
-    paged ask (again after a restart of ours), and kept until its asker sends its own state; that
-    asker's whole ask (its fallback for a replica of before pages) is not answered."""
+    paged ask (again after a restart of ours), in bounded steps (`turn`, once per loop turn: the
+    loop answers copies between two), and kept until its asker sends its own state; that asker's
+    whole ask (its fallback for a replica of before pages) is not answered."""
 
     def __init__(self) -> None:
         self._plan: tuple[str, Plan | None] | None = None  # the asker's incarnation, its plan
+        self._planning: _Planning | None = None
+
+    @property
+    def planning(self) -> bool:
+        """A plan is being worked out: the loop should turn at once."""
+        return self._planning is not None
 
     def answer(self, adopt: protocol.Adopt, copies: Mapping[str, Retention],
                group_state: Mapping[str, list[protocol.GroupRecord]],
                group_done: Mapping[str, dict[str, list[tuple[int, int, int]]]], applied: tuple[str, ...],
-               stores: Mapping[str, SegmentStore]) -> bytes | None:
-        asked_in_pages = self._plan is not None and self._plan[0] == adopt.incarnation
+               stores: Mapping[str, SegmentStore], route: bytes = b"") -> bytes | None:
+        """The answer to `adopt` now, or None: none (a whole ask of an asker in pages), or later
+        (its plan is being worked out: `turn` answers the last such ask, to `route`)."""
+        planning = self._planning is not None and self._planning.asker == adopt.incarnation
+        asked_in_pages = planning or (self._plan is not None and self._plan[0] == adopt.incarnation)
         if adopt.page is None:
             # An asker that asked for pages sends the whole ask only as a fallback for a replica of
             # before pages: not one, so no reply the size of the whole backlog is built.
             return None if asked_in_pages else adoption_reply(adopt, copies, group_state, group_done, applied,
                                                               stores)
         if not asked_in_pages:  # worked out once per asker: a repeated (0, 0) is a retry
-            self._plan = (adopt.incarnation, adoption_plan(adopt, copies, group_state, group_done, stores))
+            self._plan = None
+            self._planning = _Planning(adopt.incarnation, plan_steps(adopt, copies, group_state, group_done, stores),
+                                       None)
+            planning = True
+        if planning:
+            assert self._planning is not None
+            self._planning.waiting = (route, adopt, applied)
+            return None
         assert self._plan is not None
-        if self._plan[1] is None:  # nothing to adopt
+        return self._reply(adopt, applied, self._plan[1])
+
+    def turn(self) -> tuple[bytes, bytes] | None:
+        """One step of the plan being worked out; once it is, (route, answer) of the ask waiting."""
+        planning = self._planning
+        if planning is None:
+            return None
+        try:
+            next(planning.steps)
+            return None
+        except StopIteration as done:
+            plan = cast("Plan | None", done.value)
+        self._planning, self._plan = None, (planning.asker, plan)
+        if planning.waiting is None:
+            return None
+        route, adopt, applied = planning.waiting
+        return route, self._reply(adopt, applied, plan)
+
+    @staticmethod
+    def _reply(adopt: protocol.Adopt, applied: tuple[str, ...], plan: Plan | None) -> bytes:
+        if plan is None:  # nothing to adopt
             return protocol.encode_adoption(adopt.incarnation, "", [], {}, [], applied, (0, 0, 0, 0))
-        return adoption_reply(adopt, copies, group_state, group_done, applied, stores, self._plan[1])
+        return _page(adopt, plan, applied)
 
     def over(self, incarnation: str) -> None:
         """`incarnation` sent its own group state: its adoption is over."""
         if self._plan is not None and self._plan[0] == incarnation:
             self._plan = None
+        if self._planning is not None and self._planning.asker == incarnation:
+            self._planning = None
 
 
 def _page(adopt: protocol.Adopt, plan: Plan, applied: tuple[str, ...]) -> bytes:
@@ -203,13 +282,17 @@ def needed_from(record: protocol.GroupRecord) -> int:
     return min([p[0] for p in record.pending], default=record.upto)
 
 
+def _gone_below(store: SegmentStore, first: int) -> None:
+    if store.first_pos > first:
+        log.warning("adoption: the copy's store starts at %d, the groups' backlog at %d (retention deleted "
+                    "the rest, or a state transfer is under way): those messages are gone", store.first_pos, first)
+
+
 def stored_pages(store: SegmentStore, first: int, end: int) -> Iterator[list[tuple[int, bytes, bytes, int]]]:
     """(pos, topic, body, messages) of the frames the store holds at first <= pos < end (a group's
     backlog below the copy's memory tail), a page at a time. Positions its retention deleted are
     passed over: the queue's policy let them go."""
-    if store.first_pos > first:
-        log.warning("adoption: the copy's store starts at %d, the groups' backlog at %d (retention deleted "
-                    "the rest, or a state transfer is under way): those messages are gone", store.first_pos, first)
+    _gone_below(store, first)
     pos, end = max(first, store.first_pos), min(end, store.end_pos)
     while pos < end:
         page = store.read(pos, end, READ_PAGE_BYTES)

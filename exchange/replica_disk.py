@@ -23,6 +23,10 @@ not served; once it reaches the copy's start, its segments are moved into the co
 replica is then `in sync`. The stores of the primary's earlier incarnations (it restarted on its
 host) come the same way (`fill_ended`), each to `<earlier>~base/`, renamed `<earlier>/` once whole
 and then served as an adopted store is: so the primary's host lost with its disk loses none of them.
+A copy whose own transfer did not finish (the link broke, either side restarted) keeps a marker in
+its store (exchange/transfer_marker.py), so the primary's next incarnation offering it as an
+earlier one gets what lies below its start transferred instead of an answer that it is complete.
+A fresh transfer store takes only a transfer's first page (`jump`, or position 1).
 
 **Adoption**: a restarted replica process keeps the stores an earlier process of it wrote (its
 host restarted with its data directory, or only the process did): each becomes a *stored*
@@ -53,6 +57,7 @@ from exchange.retention import TopicCounts
 from exchange.segment_format import SEGMENT_FILE
 from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import PolicyInbox, limits_for, stored_frame
+from exchange.transfer_marker import TORN, clear_missing, read_missing, write_missing
 from roq import protocol
 from roq.storage_policy import StoragePolicy
 
@@ -87,6 +92,7 @@ class ReplicaDisk:
         self.bases: dict[str, SegmentStore] = {}  # transfers in progress
         self.in_sync: set[str] = set()  # copies whose transfer completed (or that needed none)
         self.adopted: dict[str, SegmentStore] = {}  # stores an earlier process of this replica wrote
+        self.missing: dict[str, int] = {}  # adopted stores that lack what lies below this position
         self.purged: set[str] = set()  # earlier incarnations a purge dropped: no transfer brings them back
         self._retry_at = 0.0
 
@@ -108,10 +114,25 @@ class ReplicaDisk:
             store = SegmentStore(directory, limits)
             if store.first_pos < store.end_pos:
                 self.adopted[directory.name] = store
+                self._note_missing(directory.name, store)
                 log.info("adopted the stored copy of %s: positions %d-%d", directory.name, store.first_pos,
                          store.end_pos - 1)
             else:
                 _delete(store)
+
+    def _note_missing(self, name: str, store: SegmentStore) -> None:
+        """An adopted store whose transfer did not finish (transfer_marker.py) lacks what lies below
+        its first position: the copy began there, or a transfer that was joining it when the process
+        stopped left it consecutive from there (the marker's own position, or a damaged marker,
+        says no more than that)."""
+        below = read_missing(store.directory)
+        if below is None:
+            return
+        if below == TORN:
+            log.warning("the transfer marker of %s cannot be read: it still says the store is not whole", name)
+        self.missing[name] = store.first_pos
+        log.warning("the stored copy of %s lacks positions below %d (its state transfer did not finish): "
+                    "a primary that holds them transfers them again", name, store.first_pos)
 
     # -- the copies' life ----------------------------------------------------------------------
 
@@ -123,14 +144,22 @@ class ReplicaDisk:
         if limits is None or self.root is None or not safe_dir_name(incarnation + BASE_SUFFIX):
             return
         shutil.rmtree(self.root / incarnation, ignore_errors=True)  # one an earlier process left unadopted
-        self.stores[incarnation] = SegmentStore(self.root / incarnation, limits)
+        store = self.stores[incarnation] = SegmentStore(self.root / incarnation, limits)
         self.starts[incarnation] = first_pos
         if first_pos <= 1:
             self.in_sync.add(incarnation)
+        else:
+            try:  # before the first frame: a restart must know the store is not whole
+                write_missing(store.directory, first_pos)
+            except OSError as err:
+                log.error("cannot note the transfer due below position %d of %s (%s): its store takes nothing",
+                          first_pos, incarnation, err)
+                store.state, store.error = StoreState.BROKEN, err
         log.info("copy of %s stored at %s: %s", incarnation, self.root / incarnation, self.policy.describe())
 
     def drop(self, incarnation: str) -> None:
         self.starts.pop(incarnation, None)
+        self.missing.pop(incarnation, None)
         self.in_sync.discard(incarnation)
         for stores in (self.stores, self.bases, self.adopted):
             store = stores.pop(incarnation, None)
@@ -159,6 +188,9 @@ class ReplicaDisk:
         this replica, served as an adopted one. One we hold a store of already (we copied it, or
         adopted it) is answered complete at once; 0: none is taken here (memory only)."""
         ended, end = fill.ended, fill.end_pos
+        below = self._lacks_below(ended, end)
+        if below is not None:
+            return self._fill_below(ended, fill, below)
         if ended in self.stores or (ended in self.adopted and self.adopted[ended].end_pos >= end):
             return end  # held whole (a store adopted short, e.g. torn by a power cut, is taken again)
         limits = limits_for(self.policy)
@@ -169,11 +201,74 @@ class ReplicaDisk:
             self._store_ended(ended)
         return held
 
-    def _take(self, name: str, fill: protocol.Fill, limits: StoreLimits) -> int | None:
-        """Write a page to the transfer store of `name` (a new one at a jump past what it holds);
-        returns where it is, None if its disk refuses the page now."""
+    def _lacks_below(self, ended: str, end: int) -> int | None:
+        """Below which position a store we keep of `ended` lacks frames the primary may hold: our
+        copy of it that started at a jump and is not in sync yet, or such a store adopted at start
+        (one adopted short of `end` is taken again whole instead). None: nothing known missing."""
+        if ended in self.stores:
+            return None if ended in self.in_sync else self.starts.get(ended)
+        store = self.adopted.get(ended)
+        if store is None or store.end_pos < end:
+            return None
+        return self.missing.get(ended)
+
+    def _fill_below(self, name: str, fill: protocol.Fill, below: int) -> int | None:
+        """A `fill_ended` page for a store of ours that lacks what lies below `below`: written to
+        its transfer store, joined to it once the transfer reaches `below` (then answered complete,
+        fill.end_pos). A first page (`jump`) at or past `below`: the primary holds nothing of what
+        we lack, the store stays as it is."""
+        tail = self.stores.get(name) or self.adopted[name]
+        if fill.jump and fill.first_pos >= below:
+            log.info("%s: the primary holds nothing below position %d; its store stays as it is", name, below)
+            self._now_whole(name, tail)
+            return fill.end_pos
+        held = self._take(name, fill, tail.limits, upto=below)
+        if held is None or held < below:
+            return held
+        if name in self.stores:  # our copy of that ended incarnation
+            self._try_complete(name)
+            if name in self.in_sync:
+                return fill.end_pos
+            if tail.segments and tail.first_pos > below:  # its retention deleted where the transfer joins
+                self._now_whole(name, tail)
+                return fill.end_pos
+            return None  # its store has not written everything yet: the primary asks again in 2 s
+        self._join_adopted(name)
+        return fill.end_pos
+
+    def _now_whole(self, name: str, tail: SegmentStore) -> None:
+        """Nothing more will come below `tail`: its transfer (if any) goes, it counts as whole."""
+        base = self.bases.pop(name, None)
+        if base is not None:
+            _delete(base)
+        try:
+            clear_missing(tail.directory)
+        except OSError as err:
+            log.error("cannot remove the transfer marker of %s (%s): a restart takes the transfer again", name, err)
+        self.missing.pop(name, None)
+        if name in self.stores:
+            self.in_sync.add(name)
+
+    def _join_adopted(self, name: str) -> None:
+        """The transfer of what an adopted store lacked reached its first position: one store now."""
+        merged = join_below(self.bases.pop(name), self.adopted[name])
+        self.adopted[name] = merged
+        self._now_whole(name, merged)
+        log.info("stored %s is whole again: positions %d-%d", name, merged.first_pos, merged.end_pos - 1)
+
+    def _take(self, name: str, fill: protocol.Fill, limits: StoreLimits, upto: int | None = None) -> int | None:
+        """Write a page to the transfer store of `name` (a new one at a jump past what it holds; a
+        fresh one takes only a transfer's first page: `jump`, or position 1), frames from `upto`
+        on left out; returns where it is (1 for a page refused: send from your first position),
+        None if its disk refuses the page now."""
         base = self.bases.get(name)
-        if base is None or (fill.jump and fill.first_pos > base.end_pos):
+        if fill.jump and (base is None or fill.first_pos > base.end_pos):
+            base = self._new_base(name, limits)
+        elif (base is None or base.next_pos is None) and fill.first_pos > 1:
+            log.warning("refused a transfer page of %s at position %d: a new transfer starts with the first "
+                        "page of the primary's store (jump); asking again from the start", name, fill.first_pos)
+            return 1
+        elif base is None:
             base = self._new_base(name, limits)
         held = base.next_pos if base.next_pos is not None else fill.first_pos
         skip = held - fill.first_pos
@@ -181,7 +276,8 @@ class ReplicaDisk:
             return held
         if not self.accepts_base(base):
             return None
-        for stored_at_us, topic, body, messages in fill.frames[skip:]:
+        wanted = fill.frames[skip:] if upto is None else fill.frames[skip:max(skip, upto - fill.first_pos)]
+        for stored_at_us, topic, body, messages in wanted:
             frame = stored_frame(held, stored_at_us / 1e6, topic, body, messages, protocol.body_topics(body))
             base.append(frame)
             held += 1
@@ -235,20 +331,8 @@ class ReplicaDisk:
     def _complete(self, incarnation: str) -> None:
         """The transfer reached the copy's start: its segments join the copy's store, which is
         reopened over both (it is written to only between two pages, never during this)."""
-        tail, base = self.stores[incarnation], self.bases.pop(incarnation)
-        base.close()
-        tail.close()
-        names = sorted((name for name in os.listdir(base.directory) if SEGMENT_FILE.match(name)), reverse=True)
-        for name in names:  # highest first: a crash between two leaves consecutive positions
-            for suffix in (".seg", ".idx"):  # an index missing is rebuilt at start-up
-                source = base.directory / (name.rsplit(".", 1)[0] + suffix)
-                if source.exists():
-                    os.replace(source, tail.directory / source.name)
-        fsync_directory(tail.directory)
-        shutil.rmtree(base.directory, ignore_errors=True)
-        self.stores[incarnation] = SegmentStore(tail.directory, tail.limits)
-        self.in_sync.add(incarnation)
-        merged = self.stores[incarnation]
+        merged = self.stores[incarnation] = join_below(self.bases.pop(incarnation), self.stores[incarnation])
+        self._now_whole(incarnation, merged)
         log.info("copy of %s in sync: positions %d-%d stored", incarnation, merged.first_pos, merged.end_pos - 1)
 
     def store_of(self, incarnation: str) -> SegmentStore | None:
@@ -264,6 +348,14 @@ class ReplicaDisk:
         if store.state is StoreState.FULL and time.monotonic() >= self._retry_at:
             self._flush(store)
         return store.state is StoreState.OK and store.pending_bytes <= MAX_PENDING_BYTES
+
+    def problem(self, incarnation: str) -> str:
+        """Why the store of `incarnation` takes no page (for the `broken` answer and the logs)."""
+        store = self.stores.get(incarnation)
+        if store is None:
+            return ""
+        state = "broken (an fsync or write failed)" if store.state is StoreState.BROKEN else "refusing writes"
+        return f"{state}: {store.error}" if store.error is not None else state
 
     def append(self, incarnation: str, pos: int, topic: bytes, body: bytes, messages: int,
                topics: TopicCounts) -> None:
@@ -351,6 +443,23 @@ class ReplicaDisk:
             return True
         self._retry_at = time.monotonic() + RETRY_EVERY
         return False
+
+
+def join_below(base: SegmentStore, tail: SegmentStore) -> SegmentStore:
+    """Move a transfer's segments into the store they end below, and reopen that store over both
+    (neither is written to meanwhile). Highest first: a crash between two leaves consecutive
+    positions, with the transfer marker still there (transfer_marker.py)."""
+    base.close()
+    tail.close()
+    names = sorted((name for name in os.listdir(base.directory) if SEGMENT_FILE.match(name)), reverse=True)
+    for name in names:
+        for suffix in (".seg", ".idx"):  # an index missing is rebuilt at start-up
+            source = base.directory / (name.rsplit(".", 1)[0] + suffix)
+            if source.exists():
+                os.replace(source, tail.directory / source.name)
+    fsync_directory(tail.directory)
+    shutil.rmtree(base.directory, ignore_errors=True)
+    return SegmentStore(tail.directory, tail.limits)
 
 
 def _modified(directory: Path) -> float:

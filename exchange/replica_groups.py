@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads, write_whole
@@ -120,11 +120,24 @@ class HeldGroups:
         return protocol.encode_marked(mark.incarnation, mark.serial) if mark.incarnation in self.state else None
 
     def answer(self, adopt: protocol.Adopt, copies: dict[str, Retention], applied: tuple[str, ...],
-               adopted: Mapping[str, SegmentStore], stores: Mapping[str, SegmentStore]) -> bytes | None:
+               disk: ReplicaDisk, route: bytes = b"") -> bytes | None:
         """The answer to `adopt` (exchange/replica_adoption.py), from the copies or from a store an
-        earlier process of this replica left (`adopted`) with its group file."""
-        stored = stored_groups(adopted, copies, self.state, self.done)
-        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied, {**adopted, **stores})
+        earlier process of this replica left (`disk.adopted`) with its group file; None for a paged
+        adoption being worked out: `turn` answers it to `route` once it is."""
+        stored = stored_groups(disk.adopted, copies, self.state, self.done)
+        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied,
+                                     {**disk.adopted, **disk.stores}, route)
+
+    @property
+    def planning(self) -> bool:
+        return self.adoptions.planning
+
+    def turn(self, answer: Callable[[bytes, bytes | None], None]) -> None:
+        """Once per loop turn: a step of an adoption plan being worked out; once it is, the ask that
+        waits for it answered (`answer(route, reply)`)."""
+        answered = self.adoptions.turn()
+        if answered is not None:
+            answer(*answered)
 
 
 class GroupFiles:

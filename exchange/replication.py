@@ -60,6 +60,7 @@ class ReplicaLink:
         self._pages: deque[int] = deque()  # end position (exclusive) of each page not yet acknowledged
         self._asked = 0.0  # when we last said follow / sent a page with nothing heard since
         self.sealed = False
+        self.broken = ""  # why the replica said it cannot store our copy (`broken`); "" while it can
         self.copied_frames = 0
         self.adoption: protocol.Adoption | None = None  # the replica's answer to `adopt`
         self.follows = 0  # times the replica said where it is: a new one needs the group state again
@@ -131,7 +132,8 @@ class ReplicaLink:
         if self.sock is None or self.sealed:
             return
         if (self._pages or not self.following or self.marks_waiting) and now - self._asked > RESYNC_AFTER:
-            log.warning("replica %s silent for %.1fs; asking where it is", self.endpoint, now - self._asked)
+            if not self.broken:
+                log.warning("replica %s silent for %.1fs; asking where it is", self.endpoint, now - self._asked)
             self.following = False
             self._follow()
             return
@@ -178,7 +180,9 @@ class ReplicaLink:
             if not self._send(page):
                 return
             if start > self.sent:  # the replica's copy starts here: what our disk holds below follows apart
-                self.transfer.start(start, self.sent)
+                # From our store's first position, whatever the replica had asked for: at a jump it
+                # drops what it held of this copy (a copy holds consecutive positions).
+                self.transfer.start(start, 1)
             if not self._pages:
                 self._asked = now
             self.sent = start + len(entries)
@@ -205,6 +209,9 @@ class ReplicaLink:
                 self.ended_transfer.on_filled(reply)
             return
         self._asked = time.monotonic()
+        if isinstance(reply, protocol.Broken):
+            self._on_broken(reply.reason)
+            return
         if isinstance(reply, protocol.Marked):
             self.marked = max(self.marked, min(reply.serial, self.marks_sent))
             return
@@ -214,6 +221,9 @@ class ReplicaLink:
                           "confirmed here; restarting as a new incarnation", self.endpoint, self.incarnation)
             self.sealed = True
             return
+        if self.broken:  # `following` and `copied` come only from a store that takes writes
+            log.warning("replica %s stores our copy again", self.endpoint)
+            self.broken = ""
         if reply.kind == protocol.FOLLOWING:
             if self.following:
                 # An answer to a copy: the replica lost our thread (it restarted, or a gap): say
@@ -238,6 +248,17 @@ class ReplicaLink:
                 self._pages.popleft()
             self.copied_frames += max(0, reply.next_pos - self.held)
             self._set_held(max(reply.next_pos, self.held))  # one connection: acks never go back
+
+    def _on_broken(self, reason: str) -> None:
+        """The replica cannot store our copy: nothing more is confirmed on its strength (`held` stays);
+        ask it again after RESYNC_AFTER (its disk may take writes again; a replica that gives up is
+        started again by its HCM, and a new one follows afresh)."""
+        if not self.broken:
+            log.error("replica %s cannot store our copy (%s): confirms wait until it can, or until its "
+                      "replacement holds what they wait for", self.endpoint, reason or "no reason given")
+        self.broken = reason or "broken"
+        self.following = False
+        self._pages.clear()
 
     def ask_adoption(self, page: tuple[int, int] | None) -> bool:
         """Ask the replica for the consumer groups our exchange's earlier incarnation left: page

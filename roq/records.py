@@ -186,6 +186,10 @@ class ExchangeStats(Record):
     # and how far the replica holds it.
     transfer_end: int = 0
     transferred_to: int = 0
+    # A start-up adoption of the groups an earlier incarnation left (exchange/group_adopt.py): groups
+    # whose backlog has not all come from the replica yet, and seconds since its last page came.
+    adopting_groups: int = 0
+    adoption_stalled_s: float = 0.0
     # A replica's own (exchange/replica.py): copies (incarnations) held, frames copied into them, frames
     # refused on `repl` (no or a wrong copy secret, or not a daemon's key), seals refused (still running).
     copies: int = 0

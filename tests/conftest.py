@@ -56,8 +56,18 @@ def pytest_runtest_makereport(item, call):
 REPORTED_FIGURES: list[tuple[str, dict[str, object]]] = []
 
 
+# Seconds each xdist worker spent per test group (setup, call and teardown): the busier worker bounds
+# the run's wall time, and its longest groups are where a saving shortens it.
+WORKER_SECONDS: dict[str, dict[str, float]] = {}
+
+
 def pytest_runtest_logreport(report):
     REPORTED_FIGURES.extend(value for key, value in report.user_properties if key == "figures")
+    worker = getattr(report, "node", None)  # set by xdist's controller on a worker's report
+    if worker is not None:
+        groups = WORKER_SECONDS.setdefault(worker.gateway.id, {})
+        group = report.nodeid.rpartition("@")[2]  # --dist loadgroup ends each test id with @group
+        groups[group] = groups.get(group, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -65,6 +75,12 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("measured figures")
         for name, values in REPORTED_FIGURES:
             terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    if WORKER_SECONDS:
+        terminalreporter.section("seconds per worker and test group")
+        for worker, groups in sorted(WORKER_SECONDS.items()):
+            longest = sorted(groups.items(), key=lambda item: -item[1])
+            terminalreporter.write_line(f"{worker}: {sum(groups.values()):.0f} s in {len(groups)} groups; "
+                                        + ", ".join(f"{name} {seconds:.0f}" for name, seconds in longest[:12]))
 
 
 # `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup). A module's tests stay

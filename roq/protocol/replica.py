@@ -18,6 +18,8 @@ FOLLOW, FOLLOWING, COPY, COPIED, SEALED = "follow", "following", "copy", "copied
 GROUPS, DONE, ADOPT, ADOPTION, MARK, MARKED = "groups", "done", "adopt", "adoption", "mark", "marked"
 APPLIED, RECORDED = "applied", "recorded"
 FILL, FILLED = "fill", "filled"
+BROKEN = "broken"
+MAX_REASON = 1024  # characters of a `broken` reason
 FILL_ENDED, FILLED_ENDED = "fill_ended", "filled_ended"  # an earlier incarnation's store (section 6.5)
 MAX_STORED_AT_US = 1 << 53  # microseconds since the Unix epoch a stored frame may carry (year 285,000)
 MAX_COPY_FRAME = 1 << 30  # a copy carries at most exchange.fetch_max_bytes-sized pages; generous
@@ -137,6 +139,15 @@ class Mark:
     incarnation: str
     serial: int
     proof: bytes
+
+
+@dataclass(frozen=True)
+class Broken:
+    """The replica cannot store this incarnation's copy (its disk refused a write or an fsync): it
+    takes no page now and answers none `copied`; `reason` says why, for the primary's log."""
+    incarnation: str
+    reason: str
+    kind: str = BROKEN
 
 
 @dataclass(frozen=True)
@@ -293,6 +304,7 @@ REPLICA_REPLIES = Conversation(
     frame(COPIED, INCARNATION, Field("next_pos", Int()),
           build=lambda incarnation, next_pos: ReplicaReply(COPIED, incarnation, next_pos)),
     frame(SEALED, INCARNATION, build=lambda incarnation: ReplicaReply(SEALED, incarnation, 0)),
+    frame(BROKEN, INCARNATION, Field("reason", Str(0, MAX_REASON)), build=Broken),
     frame(MARKED, INCARNATION, Field("serial", Int(1)), build=Marked),
     frame(FILLED, INCARNATION, Field("next_pos", Int()), Field("end_pos", Int()), build=Filled),
     frame(FILLED_ENDED, INCARNATION, ENDED, Field("next_pos", Int()), Field("end_pos", Int()),
@@ -380,6 +392,10 @@ def encode_marked(incarnation: str, serial: int) -> bytes:
     return pack([MARKED, DATA_VERSION, incarnation, serial])
 
 
+def encode_broken(incarnation: str, reason: str) -> bytes:
+    return pack([BROKEN, DATA_VERSION, incarnation, reason[:MAX_REASON]])
+
+
 def encode_recorded(incarnation: str, command_id: str) -> bytes:
     return pack([RECORDED, DATA_VERSION, incarnation, command_id])
 
@@ -392,6 +408,9 @@ def encode_adoption(incarnation: str, ended: str, groups: list[GroupRecord], hig
                 + ([list(page)] if page is not None else []))
 
 
-def decode_replica_reply(frame: bytes) -> ReplicaReply | Adoption | Marked | Recorded | Filled:
-    reply: ReplicaReply | Adoption | Marked | Recorded | Filled = REPLICA_REPLIES.decode(unpack(frame, MAX_COPY_FRAME))
+ReplicaAnswer = ReplicaReply | Adoption | Marked | Recorded | Filled | Broken
+
+
+def decode_replica_reply(frame: bytes) -> ReplicaAnswer:
+    reply: ReplicaAnswer = REPLICA_REPLIES.decode(unpack(frame, MAX_COPY_FRAME))
     return reply

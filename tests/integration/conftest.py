@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -41,12 +43,21 @@ def two_gcm_cluster(zookeeper, tmp_path_factory: pytest.TempPathFactory,
                     request: pytest.FixtureRequest) -> Iterator[SharedCluster]:
     """Two GCMs and two HCMs shared by the tests of one module (one instance per module): each test
     uses queues of its own names."""
+    with shared_cluster(zookeeper, tmp_path_factory.mktemp("two-gcms"), request, gcms=2) as cluster:
+        yield cluster
+
+
+@contextmanager
+def shared_cluster(zookeeper, workdir: Path, request: pytest.FixtureRequest, *host_settings: str,
+                   gcms: int = 1) -> Iterator[SharedCluster]:
+    """A cluster (start_cluster) in a ZooKeeper root of its own, for the tests of a module; the
+    daemons' logs are printed if one of them failed."""
     config = fast_config(zookeeper.connect_string)
-    procs = Processes(config, tmp_path_factory.mktemp("two-gcms") / "daemons")
+    procs = Processes(config, workdir / "daemons")
     zk = start_client(config)
     failures = request.session.testsfailed
     try:
-        start_cluster(procs, zk, Paths(config.zk.root), gcms=2)
+        start_cluster(procs, zk, Paths(config.zk.root), *host_settings, gcms=gcms)
         yield SharedCluster(config, zk, Paths(config.zk.root), procs)
     finally:
         procs.stop_all()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import unavailable
+from tests.integration.conftest import SharedCluster, shared_cluster
 
 LOCAL = "local[2]"
 
@@ -74,3 +75,27 @@ def written_and_received(frame: Any, config: Any, zk: Any, queue: str, count: in
 def cluster(config, zk, paths, procs):
     from tests.integration.conftest import start_cluster
     return start_cluster(procs, zk, paths)
+
+
+@pytest.fixture(scope="module")
+def module_cluster(zookeeper, tmp_path_factory: pytest.TempPathFactory,
+                   request: pytest.FixtureRequest) -> Iterator[SharedCluster]:
+    """One GCM and two HCMs for the tests of a module (shared_cluster_fixtures). Room on the hosts
+    for every queue the module makes: 16 exchanges each, where fast_config's 4 would refuse the ninth."""
+    with shared_cluster(zookeeper, tmp_path_factory.mktemp("spark-module"), request, "hcm.capacity=16") as cluster:
+        yield cluster
+
+
+def shared_cluster_fixtures() -> tuple[Any, ...]:
+    """The fixtures config, zk, paths and cluster of a module whose tests share one cluster
+    (module_cluster: started once, each test with queues of its own names) instead of starting one
+    each: `config, zk, paths, cluster = shared_cluster_fixtures()` in the module."""
+
+    def field(name: str, attribute: str) -> Any:
+        @pytest.fixture(name=name)
+        def fixture(module_cluster: SharedCluster) -> Any:
+            return getattr(module_cluster, attribute)
+        return fixture
+
+    return tuple(field(name, attribute) for name, attribute in
+                 (("config", "config"), ("zk", "zk"), ("paths", "paths"), ("cluster", "procs")))

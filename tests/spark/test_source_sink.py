@@ -1,25 +1,22 @@
 """The `roq` source and sink the way Spark's Kafka source is used, on the shared local session and
-a real cluster: maxOffsetsPerTrigger in messages, positions JSON, `value` and `topic`, and the
-errors a user meets (unknown queue, nothing retained, missing columns, overwrite)."""
+one real cluster for the module: maxOffsetsPerTrigger in messages, positions JSON, `value` and
+`topic`, and the errors a user meets (unknown queue, nothing retained, missing columns, overwrite).
+startingTimestamp needs exchanges of its own: tests/spark/test_source_timestamp.py."""
 
 from __future__ import annotations
 
 import json
-import math
-import time
-from datetime import UTC, datetime
 
 import pytest
 
-from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
-from roq.state import read_live
 from tests.integration.conftest import create
-from tests.spark.conftest import sink
+from tests.spark.conftest import shared_cluster_fixtures, sink
 from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+config, zk, paths, cluster = shared_cluster_fixtures()  # one cluster for the module; each test its own queues
 
 
 def source(spark, config, queue: str, streaming: bool = False, **options: str):
@@ -73,32 +70,6 @@ def test_positions_json_reads_a_chosen_range_in_a_batch_and_a_stream(spark, conf
     assert sorted(r.sequence for r in spark.sql("select sequence from ranged").collect()) == [9, 10]
     with pytest.raises(Exception, match="startingOffsets names x7: not a running exchange of the queue"):
         source(spark, config, "ranged", startingOffsets='{"x7": -2}').load().count()
-
-
-def test_starting_timestamp_reads_what_was_stored_since_from_disk_and_memory(spark, config, zk, paths, procs):
-    from tests.integration.conftest import start_cluster
-    start_cluster(procs, zk, paths, "exchange.retention_bytes=200000")  # a memory tail of 200 KB
-    small = config.replace(client={"max_batch_bytes": 20_000})
-    with Admin(small) as admin:
-        admin.create_queue("timed", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
-    wait_until(lambda: read_live(zk, paths, "timed").get("x1"), timeout=20, message="x1 running")
-    body = b"x" * 2_000
-    with Publisher("timed", small) as pub:
-        for i in range(100):
-            pub.publish("t", i.to_bytes(4, "big") + body)
-        pub.flush(60)
-        since = time.time()
-        wait_until(lambda: time.time() > since + 0.05, message="the clock to move past the first messages")
-        for i in range(100, 600):
-            pub.publish("t", i.to_bytes(4, "big") + body)  # 1 MB: five memory tails after the time
-        pub.flush(60)
-    numbers = "cast(conv(hex(substring(payload, 1, 4)), 16, 10) as int) as n"
-    batch = source(spark, config, "timed", startingTimestamp=str(math.ceil(since * 1000))).load().selectExpr(numbers)
-    assert sorted(r.n for r in batch.collect()) == list(range(100, 600))
-    iso = datetime.fromtimestamp(since, UTC).isoformat().replace("+00:00", "Z")
-    run_available_now(spark, source(spark, config, "timed", True, startingTimestamp=iso), "timed")
-    got = spark.sql(f"select {numbers} from timed").collect()
-    assert sorted(r.n for r in got) == list(range(100, 600))
 
 
 def test_rows_carry_value_and_topic_and_a_schema_may_pick_columns(spark, config, zk, paths, cluster):

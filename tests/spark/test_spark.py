@@ -11,10 +11,11 @@ import pytest
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
 from tests.integration.conftest import create
-from tests.spark.conftest import written_and_received
+from tests.spark.conftest import shared_cluster_fixtures, written_and_received
 from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+config, zk, paths, cluster = shared_cluster_fixtures()  # one cluster for the module; each test its own queues
 
 
 def publish(config, zk, queue: str, first: int, count: int, prefer: str | None = None) -> str:

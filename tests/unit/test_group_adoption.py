@@ -175,6 +175,7 @@ def turn(fw: Forwarder, replica: Replica, *, killed_after_pump: bool = False) ->
     of this turn's acks)."""
     if replica.repl.poll(0):
         replica._drain_primary()
+    replica.groups.turn(replica._answer)
     assert fw.link is not None
     if fw.link.sock is not None and fw.link.sock.poll(0):
         fw.durability.drain_replica(fw.link.sock)
@@ -376,19 +377,22 @@ def each_unacked_once(ctx: zmq.Context, new: Forwarder, replica: Replica, proces
 def test_an_asker_in_pages_gets_no_whole_adoption_and_its_plan_is_worked_out_once() -> None:
     """The whole ask an exchange sends when its first page is slow (its fallback for a replica of
     before pages) is not answered once that asker asked for pages: no reply the size of the whole
-    backlog; a repeated (0, 0) reuses the plan; another asker's whole ask is answered."""
+    backlog; a repeated (0, 0) reuses the plan; another asker's whole ask is answered. A paged ask
+    is answered by `turn` once its plan is worked out (a step per loop turn)."""
     from exchange.replica_adoption import Adoptions
     adoptions, planned = Adoptions(), []
     import exchange.replica_adoption as module
-    real = module.adoption_plan
+    real = module.plan_steps
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         planned.append(1)
         return real(*args, **kwargs)
-    module.adoption_plan = counting
+    module.plan_steps = counting  # type: ignore[assignment]
     try:
         paged = protocol.Adopt("x1.000000002", "x1", b"p" * protocol.MIN_PROOF, (0, 0))
-        assert adoptions.answer(paged, {}, {}, {}, (), {}) is not None
+        assert adoptions.answer(paged, {}, {}, {}, (), {}, b"route") is None, "answered once worked out"
+        answered = adoptions.turn()
+        assert answered is not None and answered[0] == b"route"
         assert adoptions.answer(paged, {}, {}, {}, (), {}) is not None
         assert len(planned) == 1, "a repeated (0, 0) worked the plan out again"
         whole = protocol.Adopt("x1.000000002", "x1", b"p" * protocol.MIN_PROOF)
@@ -396,4 +400,4 @@ def test_an_asker_in_pages_gets_no_whole_adoption_and_its_plan_is_worked_out_onc
         other = protocol.Adopt("x1.000000003", "x1", b"p" * protocol.MIN_PROOF)
         assert adoptions.answer(other, {}, {}, {}, (), {}) is not None
     finally:
-        module.adoption_plan = real
+        module.plan_steps = real

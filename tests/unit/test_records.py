@@ -111,7 +111,9 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
                                                       "store_oldest_pos",
                                                       # disk copies and the state transfer to a new replica
                                                       "transfer_end", "transferred_to", "stored_bytes", "transferring",
-                                                      "adopted"}
+                                                      "adopted",
+                                                      # a start-up adoption of the groups (waiting, stalled)
+                                                      "adopting_groups", "adoption_stalled_s"}
     host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
     assert host.items() >= OLD_HOST_FIGURES.items()
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # a full disk

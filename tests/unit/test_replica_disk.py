@@ -9,6 +9,7 @@ sends makes the replica write outside its root.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,10 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exchange import tiered
+from exchange import replication, tiered
 from exchange.replica import MAX_COPIES, Replica, stored
 from exchange.replica_disk import MAX_ADOPTED, ReplicaDisk, safe_dir_name
+from exchange.replica_health import GIVE_UP_AFTER
 from exchange.replication import ReplicaLink
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits
@@ -174,6 +176,18 @@ def test_a_restart_adopts_at_most_the_newest_stores(tmp_path: Path) -> None:
         disk.close()
 
 
+def copy_until_the_disk_refuses(r: Replica, primary: zmq.Socket) -> None:
+    """Follow INC and copy pages of 10 frames of 2 KB until the replica's store refuses one."""
+    follow(r, primary)
+    first = 1
+    while r.disk.accepts(INC) and first < 2_000:
+        primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
+        first += 10
+        serve_a_while(r)
+        while primary.poll(0):
+            primary.recv()
+
+
 def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: zmq.Context, small_disk) -> None:
     disk = small_disk("replica", 1 << 20)
     filler = disk / "filler"
@@ -183,19 +197,15 @@ def test_a_store_whose_disk_refuses_writes_takes_no_page_until_it_has_room(ctx: 
     vouch(r, INC)
     try:
         primary = dealer(ctx, r.repl_endpoint)
-        follow(r, primary)
-        first = 1
-        while r.disk.accepts(INC) and first < 2_000:  # until the disk refuses a page
-            primary.send(protocol.encode_copy(INC, first, frames(INC, first, 10, size=2_000), proof(INC)))
-            first += 10
-            serve_a_while(r)
-            while primary.poll(0):
-                primary.recv()
+        copy_until_the_disk_refuses(r, primary)
         assert not r.disk.accepts(INC) and r.report()["storage_full"] == 1
         held = r.copies[INC].next_pos
         primary.send(protocol.encode_copy(INC, held, frames(INC, held, 10), proof(INC)))
         serve_a_while(r)
-        assert primary.poll(0) == 0, "a page the store cannot take is not answered"
+        assert primary.poll(0), "a page the store cannot take is answered"
+        answer = protocol.decode_replica_reply(primary.recv())
+        assert isinstance(answer, protocol.Broken) and "refusing writes" in answer.reason, answer
+        assert "No space left" in answer.reason
         assert r.copies[INC].next_pos == held, "nothing taken while the store refuses writes"
         filler.unlink()
         wait_until(lambda: r.disk.accepts(INC), timeout=5, message="the store to write again")  # retried every 0.5 s
@@ -281,13 +291,14 @@ class Primary:
     """A primary's segment store of `count` frames, its memory tail holding only the newest, and
     its ReplicaLink to a real replica over loopback; `cycle` moves one turn of each loop."""
 
-    def __init__(self, ctx: zmq.Context, directory: Path, replica: Replica, count: int) -> None:
+    def __init__(self, ctx: zmq.Context, directory: Path, replica: Replica, count: int, inc: str = INC) -> None:
         self.store = SegmentStore(directory, StoreLimits(segment_bytes=16 << 10, index_every=1 << 10))
         self.retention = Retention(60.0, 8_000)
+        self.inc = inc
         self.publish(count)
         assert self.retention.oldest > count // 2, "the memory tail holds only the newest frames"
         self.replica = replica
-        self.link = ReplicaLink(ctx, config(), self.retention, INC, X, proof(INC))
+        self.link = ReplicaLink(ctx, config(), self.retention, inc, X, proof(inc))
         self.link.page_bytes = self.link.transfer.page_bytes = 4_000
         self.link.transfer.store_of = lambda: self.store
         self.link.point_to(replica.repl_endpoint)
@@ -295,7 +306,7 @@ class Primary:
     def publish(self, count: int) -> None:
         for _ in range(count):
             pos = self.retention.next_pos
-            frame_body = body(INC, pos, 200)
+            frame_body = body(self.inc, pos, 200)
             self.store.append(stored_frame(pos, time.time(), TOPIC, frame_body, 1))
             self.retention.add(TOPIC, frame_body, 1)
         assert self.store.flush()
@@ -609,3 +620,263 @@ def test_an_adopted_store_that_ends_short_of_the_offer_is_transferred_again(tmp_
     assert disk.fill_ended(protocol.Fill(INC, 1, 100, frames, True, proof(INC), earlier)) == 100
     assert disk.adopted[earlier].end_pos == 100, "the short store was answered complete"
     disk.close()
+
+
+# ---------------------------------------------------------------- transfers that did not finish
+
+
+def transfer_page(inc: str, first: int, count: int, end: int, jump: bool, ended: str = "") -> protocol.Fill:
+    now_us = int(time.time() * 1e6)
+    frames = [[now_us, TOPIC, body(ended or inc, pos), 1] for pos in range(first, first + count)]
+    return protocol.Fill(INC2 if ended else inc, first, end, frames, jump, proof(INC2 if ended else inc), ended)
+
+
+def jumped_copy(disk: ReplicaDisk, jump: int, count: int) -> None:
+    """A copy of INC that started at `jump` (the primary's memory had moved on) and holds `count` frames."""
+    disk.open(INC, jump)
+    for pos in range(jump, jump + count):
+        disk.append(INC, pos, TOPIC, body(INC, pos), 1, {})
+    assert disk.flush(INC)
+
+
+def transfer_ended_whole(disk: ReplicaDisk, end: int, page: int = 7) -> list[int]:
+    """The restarted primary (INC2) offers INC's store, positions 1 to end-1, as fill_ended pages the
+    way exchange/replica_transfer.py sends them; returns the replica's answers."""
+    answers, first, jump = [], 1, True
+    for _ in range(1_000):
+        held = disk.fill_ended(transfer_page(INC, first, min(page, end - first), end, jump, ended=INC))
+        assert held is not None
+        answers.append(held)
+        if held >= end:
+            return answers
+        first, jump = (held, False) if held > 1 else (1, True)
+    raise AssertionError("the transfer never ended")
+
+
+@pytest.mark.parametrize("restarts", ["replica", "primary", "both"])
+def test_a_copy_whose_transfer_did_not_finish_takes_what_it_lacks_from_the_restarted_primary(
+        tmp_path: Path, restarts: str) -> None:
+    """Review finding 5: a copy that jumped to 40 and whose transfer of 1-39 stopped at 15 is not
+    answered complete by `fill_ended`: the restarted primary transfers 1-39 to it, in whatever order
+    the replica and the primary restarted, and it is then served whole, with no marker left."""
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    assert disk.fill(transfer_page(INC, 1, 14, 40, True)) == 15  # then the link broke
+    if restarts in ("replica", "both"):
+        disk.close()
+        disk = ReplicaDisk(root)
+        disk.start(ON_DISK)
+    disk.open(INC2)  # the primary's new incarnation follows (INC ended)
+    answers = transfer_ended_whole(disk, 60)
+    assert answers[0] < 60, "answered complete while positions 1-39 were never transferred"
+    stored = disk.store_of(INC)
+    assert stored is not None and (stored.first_pos, stored.end_pos) == (1, 60)
+    assert [frame.body for frame in stored.read(1, 60, 1 << 20).frames] == [body(INC, pos) for pos in range(1, 60)]
+    assert not (root / INC / "transfer.missing").exists() and not list(root.glob("*~base"))
+    disk.close()
+    again = ReplicaDisk(root)
+    again.start(ON_DISK)
+    assert again.missing == {} and again.fill_ended(transfer_page(INC, 1, 7, 60, True, ended=INC)) == 60
+    again.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"4", b"\xff\xfe", b"12x", b"-3", b"40"])
+def test_a_damaged_transfer_marker_still_says_the_store_lacks_what_lies_below(tmp_path: Path, content: bytes) -> None:
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.close()
+    (root / INC / "transfer.missing").write_bytes(content)
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    disk.open(INC2)
+    assert transfer_ended_whole(disk, 60)[0] < 60, "a damaged marker was taken as a whole store"
+    stored = disk.store_of(INC)
+    assert stored is not None and (stored.first_pos, stored.end_pos) == (1, 60)
+    disk.close()
+
+
+def test_a_primary_that_holds_nothing_below_the_jump_leaves_the_copy_as_it_is(tmp_path: Path) -> None:
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.open(INC2)
+    assert disk.fill_ended(transfer_page(INC, 45, 7, 60, True, ended=INC)) == 60
+    assert not (root / INC / "transfer.missing").exists()
+    assert INC in disk.in_sync
+    disk.close()
+
+
+def test_a_fresh_transfer_store_refuses_a_page_that_does_not_start_the_transfer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 6, the other half: a page in the middle of a transfer reaching a transfer store that
+    holds nothing (the first pages were lost, or the store was dropped) is refused with a log line
+    and not written (answered 1: send from your first position); the first page (jump) is taken."""
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 5)
+    earlier = f"{X}.earlier"
+    with caplog.at_level("WARNING", logger="exchange.replica_disk"):
+        assert disk.fill(transfer_page(INC, 20, 5, 40, False)) == 1
+        assert disk.fill_ended(protocol.Fill(INC, 30, 50, transfer_page(earlier, 30, 5, 50, False).frames, False,
+                                             proof(INC), earlier)) == 1
+    assert sum("refused a transfer page" in record.getMessage() for record in caplog.records) == 2
+    assert not list(root.glob("*~base/*.seg")), "nothing of a refused page is written"
+    assert disk.fill(transfer_page(INC, 3, 5, 40, True)) == 8  # the primary's first page (its store starts at 3)
+    assert disk.fill(transfer_page(INC, 8, 5, 40, False)) == 13
+    disk.close()
+
+
+def fill_up(path: Path) -> None:
+    """Write to `path` until its filesystem is full."""
+    with open(path, "wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_a_replica_whose_store_refuses_writes_says_broken_and_gives_way_to_a_restart(
+        ctx: zmq.Context, small_disk, caplog: pytest.LogCaptureFixture) -> None:
+    """Review finding 8: a full disk under the replica's store (a real tmpfs) does not stall its
+    primary's confirms in silence. The replica answers `broken` with the reason, the primary logs
+    it and confirms nothing more on its strength (held stays), while the disk stays full for
+    GIVE_UP_AFTER the replica process ends (exit STORAGE: its HCM starts it again); space freed
+    before that: the copy goes on and every frame reaches the replica's store."""
+    disk = small_disk("replica", 1 << 20)
+    filler = disk / "filler"
+    r = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=disk / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    retention = Retention(60.0, 16 << 20)
+    link = ReplicaLink(ctx, config(), retention, INC, X, proof(INC))
+    try:
+        link.point_to(r.repl_endpoint)
+
+        def turn(now: float) -> None:
+            link.pump(now)
+            serve_a_while(r)
+            assert link.sock is not None
+            while link.sock.poll(50):
+                link.on_reply(link.sock.recv())
+
+        def publish(count: int) -> None:
+            for _ in range(count):
+                retention.add(TOPIC, body(INC, retention.next_pos, 2_000), 1)
+
+        wait_until(lambda: turn(time.monotonic()) or link.following, timeout=5, message="the link to follow")
+        publish(20)
+        wait_until(lambda: turn(time.monotonic()) or link.held == retention.next_pos, timeout=5,
+                   message="the first frames to be held")
+        confirmed = link.held
+        fill_up(filler)
+        with caplog.at_level("ERROR"):
+            publish(200)
+            wait_until(lambda: turn(time.monotonic()) or bool(link.broken), timeout=10,
+                       message="the primary to hear that the replica's store refuses writes")
+        assert "No space left" in link.broken and link.held < retention.next_pos
+        assert any("cannot store our copy" in record.getMessage() for record in caplog.records)
+        assert any("refuses writes" in record.getMessage() for record in caplog.records)
+        assert link.held >= confirmed, "nothing confirmed before is taken back"
+        stuck = link.held
+        now = time.monotonic()
+        for step in range(1, 4):  # it asks again every RESYNC_AFTER and is told again
+            turn(now + step * (replication.RESYNC_AFTER + 0.1))
+        assert link.broken and link.held == stuck
+        refusing_since = min(r.health.refusing_since.values())
+        assert r.health.give_up(refusing_since + GIVE_UP_AFTER - 1, r.sealed) is None
+        assert "No space left" in (r.health.give_up(refusing_since + GIVE_UP_AFTER, r.sealed) or "")
+        filler.unlink()  # space freed before the replica gave up: it goes on
+        wait_until(lambda: turn(time.monotonic() + 10) or link.held == retention.next_pos, timeout=15,
+                   message="the copy to go on once the disk took writes again")
+        assert not link.broken and not r.health.refusing_since
+        r.disk.tick()
+        store = r.disk.store_of(INC)
+        assert store is not None and store.end_pos == retention.next_pos
+        assert [frame.body for frame in store.read(1, store.end_pos, 1 << 30).frames] == \
+            [body(INC, pos, 2_000) for pos in range(1, retention.next_pos)]
+    finally:
+        link.close()
+        r.close()
+
+
+def test_a_replica_that_gave_up_on_its_store_ends_its_loop_and_says_why(ctx: zmq.Context, small_disk) -> None:
+    disk = small_disk("replica", 256 << 10)
+    r = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=disk / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    try:
+        copy_until_the_disk_refuses(r, dealer(ctx, r.repl_endpoint))
+        assert not r.disk.accepts(INC) and r.health.refusing_since
+        r.health.refusing_since[INC] -= GIVE_UP_AFTER  # refusing for that long already
+        ticks: list[int] = []
+        r.run(lambda: len(ticks) > 50, lambda: ticks.append(1))
+        assert len(ticks) == 1 and "refusing writes" in r.gave_up and INC in r.gave_up
+    finally:
+        r.close()
+
+
+def test_a_transfer_cut_by_restarts_of_both_ends_is_completed_by_the_primary_s_next_incarnation(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """Finding 5 end to end, with the real link on both sides: the replica's copy of INC jumped to
+    the primary's memory tail and its transfer of the disk below was cut after a few pages; then the
+    replica process and the primary restarted (INC2, serving INC's store as an earlier one). The
+    replica's stored INC is transferred whole and served from position 1, not answered complete."""
+    root = tmp_path / "x1~r"
+    first = Primary(ctx, tmp_path / "primary", replica, 300)
+    deadline = time.monotonic() + 20
+    while not (INC in replica.disk.bases and replica.disk.bases[INC].end_pos > 20):
+        assert time.monotonic() < deadline, "the transfer did not start"
+        first.cycle()
+    while first.link.held < first.retention.next_pos:
+        first.cycle()
+    jump = replica.disk.starts[INC]
+    assert jump > 100 and INC not in replica.disk.in_sync, "the transfer was cut before it completed"
+    first.link.close()
+    replica.close()
+    again = restarted(ctx, root)
+    vouch(again, INC, INC2, running=INC2)
+    second = Primary(ctx, tmp_path / "primary2", again, 100, inc=INC2)
+    try:
+        second.link.ended_stores = lambda: {INC: first.store}
+        while second.link.ended_transfer is None or not second.link.ended_transfer.in_sync:
+            assert time.monotonic() < deadline + 20, "the earlier incarnation's offer was never answered complete"
+            second.cycle()
+        stored = again.disk.store_of(INC)
+        assert stored is not None and stored.first_pos == 1, "answered complete without positions 1 to the jump"
+        assert not (root / INC / "transfer.missing").exists()
+        subscriber = dealer(ctx, again.replay_endpoint)
+        assert fetch_all(again, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 301)]
+    finally:
+        second.link.close()
+        again.close()
+
+
+def test_a_transfer_store_lost_mid_transfer_is_filled_again_from_the_start_not_from_the_middle(
+        ctx: zmq.Context, replica: Replica, tmp_path: Path) -> None:
+    """Finding 6 with the real link: the replica's transfer store goes while pages are under way
+    (here: deleted under it). The next page, from the middle, is refused (not written), the primary
+    starts the transfer again at its store's first position, and the copy ends in sync from 1."""
+    primary = Primary(ctx, tmp_path / "primary", replica, 300)
+    deadline = time.monotonic() + 20
+    while not (INC in replica.disk.bases and replica.disk.bases[INC].end_pos > 40):
+        assert time.monotonic() < deadline, "the transfer did not start"
+        primary.cycle()
+    base = replica.disk.bases.pop(INC)
+    base.close()
+    shutil.rmtree(base.directory)
+    while not (primary.link.transfer.in_sync and INC in replica.disk.in_sync):
+        assert time.monotonic() < deadline, "the transfer did not complete"
+        primary.cycle()
+    while primary.link.held < primary.retention.next_pos:
+        primary.cycle()
+    stored = replica.disk.store_of(INC)
+    assert stored is not None and stored.first_pos == 1, "the transfer restarted in the middle"
+    subscriber = dealer(ctx, replica.replay_endpoint)
+    assert fetch_all(replica, subscriber, INC) == [body(INC, pos, 200) for pos in range(1, 301)]
