@@ -293,6 +293,7 @@ class ReplicaDisk:
         short = self.adopted.pop(ended, None)  # an adopted store that ended short: replaced
         if short is not None:
             short.close()
+        self.missing.pop(ended, None)  # what the short one lacked came with the whole transfer
         target = self.root / ended
         shutil.rmtree(target, ignore_errors=True)
         os.replace(base.directory, target)
