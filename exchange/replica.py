@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,18 +156,18 @@ class Replica:
                 continue
             reply = self.handle(route, request)
             if self.disk.sync_before_answer:
-                held.append((route, reply, request.incarnation if isinstance(request, protocol.Copy) else None))
+                held.append((route, reply, _writes_of(request)))
             else:
                 self._answer(route, reply)
         self._answer_synced(held)
 
-    def _answer_synced(self, held: list[tuple[bytes, bytes | None, str | None]]) -> None:
+    def _answer_synced(self, held: Sequence[tuple[bytes, bytes | None, str | None]]) -> None:
         """`exchange.store_sync = confirm`: a turn's answers leave, in order, once the stores its
-        copy pages wrote are fsync'ed (one sync per store: a group commit), so what the primary
-        confirms is on both disks; a page whose store refused the sync is not answered."""
+        copy pages and follows wrote are fsync'ed (one sync per store: a group commit), so what the
+        primary confirms is on both disks; a page or follow whose store refused it is answered broken."""
         if not held:
             return
-        refused = self.disk.sync_written()
+        refused = self.disk.sync_written() if self.disk.sync_before_answer else set()
         now = time.monotonic()
         for route, reply, copy_of in held:
             if copy_of is not None and copy_of in refused:
@@ -190,9 +190,9 @@ class Replica:
         self.trust.learn(primary)
 
     def _take_news(self) -> None:
-        for route, follow in self.trust.take_news():  # follows that waited for their digest
-            if self.trust.proof_holds(route, follow):
-                self._answer(route, self.handle(route, follow))
+        held = [(route, self.handle(route, follow), follow.incarnation)  # follows that waited for their digest
+                for route, follow in self.trust.take_news() if self.trust.proof_holds(route, follow)]
+        self._answer_synced(held)
 
     def proof_holds(self, route: bytes, request: ProofFrame) -> bool:
         """Does the frame carry its incarnation's copy secret (exchange/replica_trust.py)?"""
@@ -233,7 +233,8 @@ class Replica:
             self._new_copy(incarnation, 0)
             log.info("following %s", incarnation)
         copy = self.copies[incarnation]
-        if not self.disk.accepts(incarnation):  # what it holds is not all written: it vouches for nothing
+        # What it holds is not all written (with `confirm`: fsync'ed, before the answer): it vouches for nothing.
+        if not self.disk.accepts(incarnation) or not self.disk.flush(incarnation):
             return self.health.broken(incarnation, time.monotonic())
         self.health.took(incarnation)
         return protocol.encode_replica_reply(protocol.FOLLOWING, incarnation, copy.next_pos if len(copy) or
@@ -338,6 +339,12 @@ class Replica:
     def report(self) -> dict[str, int | bool]:
         return {"copies": len(self.copies), "retained_frames": sum(c.served_frames for c in self.copies.values()),
                 "retained_bytes": sum(c.bytes for c in self.copies.values()), **self.disk.report(), **self.counters}
+
+
+def _writes_of(request: ProofFrame) -> str | None:
+    """The copy whose store must be fsync'ed before the answer to `request` leaves (`confirm`):
+    a page's, and a follow's (its `following N` vouches for what the store holds)."""
+    return request.incarnation if isinstance(request, (protocol.Copy, protocol.Follow)) else None
 
 
 def stored(replica: Replica) -> list[str]:

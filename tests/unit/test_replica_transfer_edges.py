@@ -3,11 +3,27 @@ store adopted short, or emptied, or broken, answers to a restarted primary's `fi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+import zmq
+
+from exchange import replica_disk
+from exchange.replica import Replica
 from exchange.replica_disk import ReplicaDisk
-from tests.unit.test_replica_disk import ON_DISK, jumped_copy, transfer_ended_whole, transfer_page
-from tests.unit.test_replication import INC, body
+from roq import protocol
+from tests.unit import test_replication
+from tests.unit.test_replica_disk import (
+    ON_DISK,
+    copy_until_the_disk_refuses,
+    jumped_copy,
+    transfer_ended_whole,
+    transfer_page,
+)
+from tests.unit.test_replication import INC, X, body, config, dealer, follow, vouch
+
+ctx = test_replication.ctx  # the zmq.Context fixture
 
 
 def test_a_store_transferred_whole_over_an_unfinished_adopted_one_no_longer_lacks_anything(tmp_path: Path) -> None:
@@ -30,3 +46,36 @@ def test_a_store_transferred_whole_over_an_unfinished_adopted_one_no_longer_lack
     assert stored is not None and (stored.first_pos, stored.end_pos) == (1, 80)
     assert [frame.body for frame in stored.read(1, 80, 1 << 20).frames] == [body(INC, pos) for pos in range(1, 80)]
     disk.close()
+
+
+def test_with_store_sync_confirm_a_follow_vouches_only_for_what_the_store_fsynced(
+        ctx: zmq.Context, small_disk, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 42 finding 3: under `exchange.store_sync = confirm` a page refused by a full disk is
+    answered broken; once the disk has room again, the `following N` that answers the next follow
+    covers only frames the store fsync'ed (the primary confirms up to N), not frames just written
+    to the page cache."""
+    disk = small_disk("replica", 1 << 20)
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * (900 << 10))
+    r = Replica(ctx, config(store_sync="confirm"), X, "127.0.0.1", "127.0.0.1", store_root=disk / "x1~r")
+    r.disk.start(ON_DISK)
+    vouch(r, INC)
+    synced_through = [0]  # the copy's next_pos at the store's last fdatasync
+    real_fdatasync = os.fdatasync
+
+    def observed(fd: int) -> None:
+        real_fdatasync(fd)
+        synced_through[0] = r.copies[INC].next_pos
+    monkeypatch.setattr(os, "fdatasync", observed)
+    monkeypatch.setattr(replica_disk, "RETRY_EVERY", 0.0)  # a refused store is tried again at once
+    try:
+        primary = dealer(ctx, r.repl_endpoint)
+        copy_until_the_disk_refuses(r, primary)
+        held = r.copies[INC].next_pos
+        assert held > synced_through[0], "the refused page's frames wait in memory, unsynced"
+        filler.unlink()
+        answer = follow(r, primary)
+        assert answer.kind == protocol.FOLLOWING and answer.next_pos == held, answer
+        assert answer.next_pos <= synced_through[0], "following vouched for frames the store never fsync'ed"
+    finally:
+        r.close()
