@@ -107,17 +107,8 @@ class Replica:
         while not should_stop():
             self._take_news()
             for sock, _ in poller.poll(0 if self.groups.planning else POLL_MS):  # a plan: a step a turn
-                try:
-                    if sock is self.repl:
-                        self._drain_primary()
-                    else:
-                        self.replay.drain()
-                except zmq.ContextTerminated:
-                    raise
-                except Exception:  # a bug must not take the copies down
-                    self._count("internal_errors", 1)
-                    log.exception("unexpected error while handling a frame; going on")
-            self.groups.turn(self._answer)  # a step of an adoption plan, answered once worked out
+                self._guarded(self._drain_primary if sock is self.repl else self.replay.drain)
+            self._guarded(lambda: self.groups.turn(self._answer))  # a step of an adoption plan, answered once done
             now = time.monotonic()
             for copy in self.copies.values():
                 if copy.protect_from is not None and copy.bytes > self.pin_cap:
@@ -129,6 +120,15 @@ class Replica:
             if self.gave_up:
                 log.error("%s: ending this replica process so that its HCM starts it again", self.gave_up)
                 return
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except zmq.ContextTerminated:
+            raise
+        except Exception:  # a bug must not take the copies down
+            self._count("internal_errors", 1)
+            log.exception("unexpected error while handling a frame; going on")
 
     # ------------------------------------------------------------ from the primary
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from exchange.retention import Retention
+from exchange.segment_reader import ReadResult
 from exchange.segment_store import SegmentStore
 from roq import protocol
 from roq.errors import ProtocolError
@@ -76,7 +77,7 @@ def plan_steps(adopt: protocol.Adopt, copies: Mapping[str, Retention],
         _gone_below(store, lowest)
         at = max(lowest, store.first_pos)
         while at < min(copy.oldest, store.end_pos):  # the memory tail may move up meanwhile: read to it
-            page = store.read(at, min(copy.oldest, store.end_pos), READ_PAGE_BYTES)
+            page = _read(store, at, min(copy.oldest, store.end_pos), READ_PAGE_BYTES)
             if page.damaged:
                 log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
             for f in page.frames:
@@ -244,7 +245,7 @@ def frames_at(plan: Plan, positions: list[int], max_bytes: int) -> tuple[list[tu
                 size += len(body)
             i += 1
             continue
-        page = store.read(pos, min(positions[-1] + 1, copy.oldest), max(max_bytes - size, 1))
+        page = _read(store, pos, min(positions[-1] + 1, copy.oldest), max(max_bytes - size, 1))
         if page.damaged:
             log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
         wanted = set(positions[i:])
@@ -288,6 +289,17 @@ def _gone_below(store: SegmentStore, first: int) -> None:
                     "the rest, or a state transfer is under way): those messages are gone", store.first_pos, first)
 
 
+def _read(store: SegmentStore, first: int, end: int, max_bytes: int) -> ReadResult:
+    """A read of the copy's store; one that fails (its disk, or the store replaced under a plan
+    worked out over turns) passes the range over as damaged: the adoption is still answered."""
+    try:
+        return store.read(first, end, max_bytes)
+    except OSError as err:
+        log.warning("adoption: the copy's store %s cannot be read (%s): positions %d-%d passed over",
+                    store.directory, err, first, end - 1)
+        return ReadResult([], max(end, first), [(first, end)] if end > first else [])
+
+
 def stored_pages(store: SegmentStore, first: int, end: int) -> Iterator[list[tuple[int, bytes, bytes, int]]]:
     """(pos, topic, body, messages) of the frames the store holds at first <= pos < end (a group's
     backlog below the copy's memory tail), a page at a time. Positions its retention deleted are
@@ -295,7 +307,7 @@ def stored_pages(store: SegmentStore, first: int, end: int) -> Iterator[list[tup
     _gone_below(store, first)
     pos, end = max(first, store.first_pos), min(end, store.end_pos)
     while pos < end:
-        page = store.read(pos, end, READ_PAGE_BYTES)
+        page = _read(store, pos, end, READ_PAGE_BYTES)
         if page.damaged:
             log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
         yield [(f.pos, f.topic, f.body, f.messages) for f in page.frames]

@@ -4,14 +4,19 @@ store adopted short, or emptied, or broken, answers to a restarted primary's `fi
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 import zmq
 
-from exchange import replica_disk
+from exchange import replica_adoption, replica_disk
 from exchange.replica import Replica
 from exchange.replica_disk import ReplicaDisk
+from exchange.retention import Retention
+from exchange.segment_store import SegmentStore, StoreLimits
+from exchange.store_hooks import stored_frame
 from roq import protocol
 from tests.unit import test_replication
 from tests.unit.test_replica_disk import (
@@ -21,7 +26,7 @@ from tests.unit.test_replica_disk import (
     transfer_ended_whole,
     transfer_page,
 )
-from tests.unit.test_replication import INC, X, body, config, dealer, follow, vouch
+from tests.unit.test_replication import INC, TOPIC, X, body, config, dealer, follow, vouch
 
 ctx = test_replication.ctx  # the zmq.Context fixture
 
@@ -79,3 +84,38 @@ def test_with_store_sync_confirm_a_follow_vouches_only_for_what_the_store_fsynce
         assert answer.next_pos <= synced_through[0], "following vouched for frames the store never fsync'ed"
     finally:
         r.close()
+
+
+def test_an_adoption_whose_store_goes_mid_plan_is_still_answered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Review 42 finding 2: the store an adoption plan reads goes while the plan is worked out (a
+    transfer replaced it: closed, its directory removed) or its disk fails reads. The reads that
+    fail count as damaged ranges (logged, passed over): the plan ends and the ask that waits for it
+    is answered, where an OSError used to escape the loop turn (the replica crashed)."""
+    monkeypatch.setattr(replica_adoption, "READ_PAGE_BYTES", 200)  # a step per few frames
+    ended, asker = f"{X}.ended", f"{X}.asker"
+    store = SegmentStore(tmp_path / ended, StoreLimits(segment_bytes=4 << 10, index_every=256))
+    for pos in range(1, 60):
+        store.append(stored_frame(pos, time.time(), TOPIC, body(ended, pos), 1))
+    assert store.flush(sync=True)
+    copy = Retention(3_600.0, 1 << 30, first_pos=50)  # memory holds 50-59, the store 1-59
+    for pos in range(50, 60):
+        copy.add(TOPIC, body(ended, pos), 1, time.monotonic(), {})
+    record = protocol.GroupRecord("g", (TOPIC,), 30_000, 5, b"dead", 1, [])
+    adoptions = replica_adoption.Adoptions()
+    ask = protocol.Adopt(asker, X, b"", (0, 0))
+    assert adoptions.answer(ask, {ended: copy}, {ended: [record]}, {}, (), {ended: store}, b"route") is None
+    assert adoptions.turn() is None and adoptions.planning  # a first read of the store done
+    store.close()
+    shutil.rmtree(store.directory)
+    with caplog.at_level("WARNING", logger="exchange.replica_adoption"):
+        answered = None
+        for _ in range(1_000):
+            answered = adoptions.turn()
+            if not adoptions.planning:
+                break
+        assert answered is not None, "the ask waiting for the plan was never answered"
+        assert answered[0] == b"route" and protocol.decode_replica_reply(answered[1]).incarnation == asker
+        page = adoptions.answer(protocol.Adopt(asker, X, b"", (0, 1)), {}, {}, {}, (), {})
+    assert page is not None, "a page over the store that went was not answered"
+    assert any("cannot be read" in r.getMessage() for r in caplog.records)
