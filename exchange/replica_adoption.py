@@ -38,7 +38,11 @@ class Plan:
     high: dict[str, int]
     wanted: list[list[int]]  # each group's positions holding its pending messages, ascending
     copy: Retention
-    store: SegmentStore | None
+    stores: Mapping[str, SegmentStore]  # looked up at each read: a transfer may replace the store meanwhile
+
+    @property
+    def store(self) -> SegmentStore | None:
+        return self.stores.get(self.ended)
 
 
 def adoption_plan(adopt: protocol.Adopt, copies: Mapping[str, Retention],
@@ -69,14 +73,16 @@ def plan_steps(adopt: protocol.Adopt, copies: Mapping[str, Retention],
         return None
     copy, records = copies[ended], list(group_state[ended])
     lowest = min((needed_from(g) for g in records), default=copy.oldest)
-    store = (stores or {}).get(ended)
+    stores = stores or {}
+    store = stores.get(ended)
     index: list[tuple[int, bytes, int]] = []
     high: dict[str, int] = {}
     at = lowest
     if store is not None:
         _gone_below(store, lowest)
         at = max(lowest, store.first_pos)
-        while at < min(copy.oldest, store.end_pos):  # the memory tail may move up meanwhile: read to it
+        # The memory tail may move up meanwhile: read to it; the store is looked up again at each step.
+        while (store := stores.get(ended)) is not None and at < min(copy.oldest, store.end_pos):
             page = _read(store, at, min(copy.oldest, store.end_pos), READ_PAGE_BYTES)
             if page.damaged:
                 log.warning("adoption: damaged records in the copy's store at %s; passed over", page.damaged)
@@ -96,7 +102,7 @@ def plan_steps(adopt: protocol.Adopt, copies: Mapping[str, Retention],
         yield
         groups.append(_final(record, done.get(record.name, []), index, copy.next_pos))
     wanted = [sorted({p[0] for p in g.pending}) for g in groups]
-    return Plan(ended, groups, high, wanted, copy, store)
+    return Plan(ended, groups, high, wanted, copy, stores)
 
 
 def _index(index: list[tuple[int, bytes, int]], high: dict[str, int], pos: int, topic: bytes, body: bytes,

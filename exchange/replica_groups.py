@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads, write_whole
@@ -125,8 +125,7 @@ class HeldGroups:
         earlier process of this replica left (`disk.adopted`) with its group file; None for a paged
         adoption being worked out: `turn` answers it to `route` once it is."""
         stored = stored_groups(disk.adopted, copies, self.state, self.done)
-        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied,
-                                     {**disk.adopted, **disk.stores}, route)
+        return self.adoptions.answer(adopt, stored | copies, self.state, self.done, applied, ServedStores(disk), route)
 
     @property
     def planning(self) -> bool:
@@ -138,6 +137,26 @@ class HeldGroups:
         answered = self.adoptions.turn()
         if answered is not None:
             answer(*answered)
+
+
+class ServedStores(Mapping[str, SegmentStore]):
+    """The store serving each incarnation (`disk.store_of`) as it is at each read: an adoption plan
+    worked out over turns must not read one a transfer replaced (closed, its files moved)."""
+
+    def __init__(self, disk: ReplicaDisk) -> None:
+        self.disk = disk
+
+    def __getitem__(self, incarnation: str) -> SegmentStore:
+        store = self.disk.store_of(incarnation)
+        if store is None:
+            raise KeyError(incarnation)
+        return store
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**self.disk.adopted, **self.disk.stores})
+
+    def __len__(self) -> int:
+        return len({**self.disk.adopted, **self.disk.stores})
 
 
 class GroupFiles:

@@ -14,6 +14,7 @@ import zmq
 from exchange import replica_adoption, replica_disk
 from exchange.replica import Replica
 from exchange.replica_disk import ReplicaDisk
+from exchange.replica_groups import ServedStores
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits
 from exchange.store_hooks import stored_frame
@@ -119,3 +120,38 @@ def test_an_adoption_whose_store_goes_mid_plan_is_still_answered(
         page = adoptions.answer(protocol.Adopt(asker, X, b"", (0, 1)), {}, {}, {}, (), {})
     assert page is not None, "a page over the store that went was not answered"
     assert any("cannot be read" in r.getMessage() for r in caplog.records)
+
+
+def test_an_adoption_plan_reads_the_store_a_transfer_put_in_place_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 42 finding 2, the other half: the plan looks the copy's store up by name at each read.
+    Here the adopted store of INC (40-59, its transfer unfinished) is replaced, mid-plan, by the
+    restarted primary's whole transfer (1-79): the plan goes on in the new store and its groups'
+    backlog is every position from where it began to 79, none passed over as unreadable."""
+    monkeypatch.setattr(replica_adoption, "READ_PAGE_BYTES", 200)
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.close()
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    asker = f"{X}.asker"
+    record = protocol.GroupRecord("g", (TOPIC,), 30_000, 5, b"dead", 1, [])
+    copy = Retention(3_600.0, 1 << 30, first_pos=80)  # nothing in memory: all on disk
+    adoptions = replica_adoption.Adoptions()
+    ask = protocol.Adopt(asker, X, b"", (0, 0))
+    assert adoptions.answer(ask, {INC: copy}, {INC: [record]}, {}, (), ServedStores(disk), b"route") is None
+    assert adoptions.turn() is None and adoptions.planning
+    transfer_ended_whole(disk, 80)  # the adopted store is replaced by the whole one
+    answered = None
+    for _ in range(1_000):
+        answered = adoptions.turn()
+        if not adoptions.planning:
+            break
+    assert answered is not None
+    adoption = protocol.decode_replica_reply(answered[1])
+    assert isinstance(adoption, protocol.Adoption)
+    positions = {pos for pos, _, _, _ in adoption.groups[0].pending}
+    assert set(range(40, 80)) <= positions, f"backlog passed over: {sorted(set(range(40, 80)) - positions)}"
+    disk.close()
