@@ -218,6 +218,9 @@ class ReplicaDisk:
         fill.end_pos). A first page (`jump`) at or past `below`: the primary holds nothing of what
         we lack, the store stays as it is."""
         tail = self.stores.get(name) or self.adopted[name]
+        if tail.state is StoreState.BROKEN:  # a transfer could never join it: none is taken (0)
+            log.warning("%s: its store broke (%s); no transfer of what lies below %d is taken", name, tail.error, below)
+            return 0
         if fill.jump and fill.first_pos >= below:
             log.info("%s: the primary holds nothing below position %d; its store stays as it is", name, below)
             self._now_whole(name, tail)

@@ -16,7 +16,7 @@ from exchange.replica import Replica
 from exchange.replica_disk import ReplicaDisk
 from exchange.replica_groups import ServedStores
 from exchange.retention import Retention
-from exchange.segment_store import SegmentStore, StoreLimits
+from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import stored_frame
 from roq import protocol
 from tests.unit import test_replication
@@ -27,7 +27,7 @@ from tests.unit.test_replica_disk import (
     transfer_ended_whole,
     transfer_page,
 )
-from tests.unit.test_replication import INC, TOPIC, X, body, config, dealer, follow, vouch
+from tests.unit.test_replication import INC, INC2, TOPIC, X, body, config, dealer, follow, vouch
 
 ctx = test_replication.ctx  # the zmq.Context fixture
 
@@ -154,4 +154,36 @@ def test_an_adoption_plan_reads_the_store_a_transfer_put_in_place_meanwhile(
     assert isinstance(adoption, protocol.Adoption)
     positions = {pos for pos, _, _, _ in adoption.groups[0].pending}
     assert set(range(40, 80)) <= positions, f"backlog passed over: {sorted(set(range(40, 80)) - positions)}"
+    disk.close()
+
+
+def test_an_ended_copy_whose_retention_emptied_its_store_is_answered_whole(tmp_path: Path) -> None:
+    """Review 42 finding 6, the retention half: the ended copy of INC jumped to 40 and its
+    retention then deleted everything it held; a transfer of what lay below 40 is answered
+    complete once it reaches 40 (nothing is served below an empty store), not left unanswered."""
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.open(INC2)
+    disk.tick(now=time.time() + 10 * 3_600)  # past the retention of every frame
+    stored = disk.store_of(INC)
+    assert stored is not None and stored.first_pos == stored.end_pos == 60
+    assert transfer_ended_whole(disk, 60)[-1] == 60
+    disk.close()
+
+
+def test_an_ended_copy_whose_store_broke_answers_that_it_takes_no_transfer(tmp_path: Path) -> None:
+    """Review 42 finding 6: the ended copy's store broke (an fsync failed: it takes nothing more), so
+    the transfer of what lies below its start can never join it: the offer is answered 0 (none is
+    taken here) at once, and the primary goes on to its other stores, instead of no answer ever."""
+    root = tmp_path / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    jumped_copy(disk, 40, 20)
+    disk.open(INC2)
+    broken = disk.stores[INC]
+    broken.state, broken.error = StoreState.BROKEN, OSError(5, "Input/output error")  # as a failed fsync leaves it
+    assert disk.fill_ended(transfer_page(INC, 1, 7, 60, True, ended=INC)) == 0
+    assert not list(root.glob("*~base/*.seg")), "a transfer that can never join was written"
     disk.close()
