@@ -208,9 +208,9 @@ class ReplicaDisk:
         if ended in self.stores:
             return None if ended in self.in_sync else self.starts.get(ended)
         store = self.adopted.get(ended)
-        if store is None or store.end_pos < end:
+        if store is None or store.end_pos < end or ended not in self.missing:
             return None
-        return self.missing.get(ended)
+        return max(self.missing[ended], store.first_pos)  # its retention may have deleted its start since
 
     def _fill_below(self, name: str, fill: protocol.Fill, below: int) -> int | None:
         """A `fill_ended` page for a store of ours that lacks what lies below `below`: written to

@@ -18,6 +18,7 @@ from exchange.replica_groups import ServedStores
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import stored_frame
+from exchange.transfer_marker import write_missing
 from roq import protocol
 from tests.unit import test_replication
 from tests.unit.test_replica_disk import (
@@ -27,7 +28,7 @@ from tests.unit.test_replica_disk import (
     transfer_ended_whole,
     transfer_page,
 )
-from tests.unit.test_replication import INC, INC2, TOPIC, X, body, config, dealer, follow, vouch
+from tests.unit.test_replication import INC, INC2, TOPIC, X, body, config, dealer, follow, proof, vouch
 
 ctx = test_replication.ctx  # the zmq.Context fixture
 
@@ -186,4 +187,42 @@ def test_an_ended_copy_whose_store_broke_answers_that_it_takes_no_transfer(tmp_p
     broken.state, broken.error = StoreState.BROKEN, OSError(5, "Input/output error")  # as a failed fsync leaves it
     assert disk.fill_ended(transfer_page(INC, 1, 7, 60, True, ended=INC)) == 0
     assert not list(root.glob("*~base/*.seg")), "a transfer that can never join was written"
+    disk.close()
+
+
+def test_a_transfer_joins_an_adopted_store_where_it_starts_now_not_where_it_started(tmp_path: Path) -> None:
+    """Review 42 finding 7: an adopted store of INC that lacks what lies below 40 (its transfer did
+    not finish) and whose retention then deleted its oldest segments (40 to about 50) takes the
+    restarted primary's transfer up to where it starts now: served whole, no hole where retention
+    deleted its start."""
+    root = tmp_path / "x1~r"
+    store = SegmentStore(root / INC, StoreLimits(segment_bytes=4 << 10, index_every=256))
+    old, now = time.time() - 2 * 3_600, time.time()
+    for pos in range(40, 60):  # bodies of about 500 bytes: several segments
+        store.append(stored_frame(pos, old if pos < 50 else now, TOPIC, body(INC, pos, 500), 1))
+    assert store.flush(sync=True)
+    store.close()
+    write_missing(root / INC, 40)
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    assert disk.missing == {INC: 40}
+    disk.tick()
+    adopted = disk.store_of(INC)
+    assert adopted is not None and 40 < adopted.first_pos < 60, "retention deleted no segment or all of them"
+    start = adopted.first_pos
+    disk.open(INC2)
+    answers, first, jump = [], 1, True
+    for _ in range(100):  # the restarted primary's store of INC: 1-59, bodies as this one's
+        now_us = int(time.time() * 1e6)
+        frames = [[now_us, TOPIC, body(INC, pos, 500), 1] for pos in range(first, min(first + 7, 60))]
+        held = disk.fill_ended(protocol.Fill(INC2, first, 60, frames, jump, proof(INC2), INC))
+        assert held is not None
+        answers.append(held)
+        if held >= 60:
+            break
+        first, jump = held, False
+    stored = disk.store_of(INC)
+    assert stored is not None
+    got = [frame.pos for frame in stored.read(1, 60, 1 << 22).frames]
+    assert got == list(range(1, 60)), f"a hole from {start}: {sorted(set(range(1, 60)) - set(got))}"
     disk.close()
