@@ -45,6 +45,7 @@ root.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -94,6 +95,7 @@ class ReplicaDisk:
         self.adopted: dict[str, SegmentStore] = {}  # stores an earlier process of this replica wrote
         self.missing: dict[str, int] = {}  # adopted stores that lack what lies below this position
         self.purged: set[str] = set()  # earlier incarnations a purge dropped: no transfer brings them back
+        self._marker_due: dict[str, int] = {}  # copies whose transfer marker a full disk refused
         self._retry_at = 0.0
 
     def start(self, policy: StoragePolicy | None) -> None:
@@ -149,15 +151,28 @@ class ReplicaDisk:
         if first_pos <= 1:
             self.in_sync.add(incarnation)
         else:
-            try:  # before the first frame: a restart must know the store is not whole
-                write_missing(store.directory, first_pos)
-            except OSError as err:
-                log.error("cannot note the transfer due below position %d of %s (%s): its store takes nothing",
-                          first_pos, incarnation, err)
-                store.state, store.error = StoreState.BROKEN, err
+            self._marker_due[incarnation] = first_pos  # before the first frame: a restart must know
+            self._note_transfer_due(incarnation, store)
         log.info("copy of %s stored at %s: %s", incarnation, self.root / incarnation, self.policy.describe())
 
+    def _note_transfer_due(self, incarnation: str, store: SegmentStore) -> bool:
+        """The marker of a copy begun at a jump (transfer_marker.py): its store takes nothing before."""
+        try:
+            write_missing(store.directory, self._marker_due[incarnation])
+        except OSError as err:
+            full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+            if store.state is StoreState.OK:  # once, not at each retry
+                log.error("cannot note the transfer due below position %d of %s (%s): its store takes nothing%s",
+                          self._marker_due[incarnation], incarnation, err, " until its disk has room" if full else "")
+            store.state, store.error = StoreState.FULL if full else StoreState.BROKEN, err
+            self._retry_at = time.monotonic() + RETRY_EVERY
+            if full:
+                return False  # refusing writes (the full-disk tolerance); `accepts` tries again
+        del self._marker_due[incarnation]  # written, or broken for good: nothing to retry
+        return store.state is not StoreState.BROKEN
+
     def drop(self, incarnation: str) -> None:
+        self._marker_due.pop(incarnation, None)
         self.starts.pop(incarnation, None)
         self.missing.pop(incarnation, None)
         self.in_sync.discard(incarnation)
@@ -165,7 +180,6 @@ class ReplicaDisk:
             store = stores.pop(incarnation, None)
             if store is not None:
                 _delete(store)
-
 
     # -- state transfer --------------------------------------------------------------------------
 
@@ -349,6 +363,9 @@ class ReplicaDisk:
         store = self.stores.get(incarnation)
         if store is None:
             return True
+        if incarnation in self._marker_due and (
+                time.monotonic() < self._retry_at or not self._note_transfer_due(incarnation, store)):
+            return False
         if store.state is StoreState.FULL and time.monotonic() >= self._retry_at:
             self._flush(store)
         return store.state is StoreState.OK and store.pending_bytes <= MAX_PENDING_BYTES

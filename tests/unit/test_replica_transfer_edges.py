@@ -18,12 +18,13 @@ from exchange.replica_groups import ServedStores
 from exchange.retention import Retention
 from exchange.segment_store import SegmentStore, StoreLimits, StoreState
 from exchange.store_hooks import stored_frame
-from exchange.transfer_marker import write_missing
+from exchange.transfer_marker import read_missing, write_missing
 from roq import protocol
 from tests.unit import test_replication
 from tests.unit.test_replica_disk import (
     ON_DISK,
     copy_until_the_disk_refuses,
+    fill_up,
     jumped_copy,
     transfer_ended_whole,
     transfer_page,
@@ -225,4 +226,27 @@ def test_a_transfer_joins_an_adopted_store_where_it_starts_now_not_where_it_star
     assert stored is not None
     got = [frame.pos for frame in stored.read(1, 60, 1 << 22).frames]
     assert got == list(range(1, 60)), f"a hole from {start}: {sorted(set(range(1, 60)) - set(got))}"
+    disk.close()
+
+
+def test_a_transfer_marker_refused_by_a_full_disk_is_written_once_there_is_room(
+        small_disk, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 42, the minor finding: a copy that starts at a jump on a full disk cannot note the
+    transfer due below it (transfer_marker.py). That is a full disk, not a broken one: its store
+    takes no page (`refusing writes`, the full-disk tolerance) until the marker is written, and
+    once the disk has room it is, and pages are taken again."""
+    monkeypatch.setattr(replica_disk, "RETRY_EVERY", 0.0)
+    mount = small_disk("replica", 1 << 20)
+    root = mount / "x1~r"
+    disk = ReplicaDisk(root)
+    disk.start(ON_DISK)
+    fill_up(mount / "filler")
+    disk.open(INC, 40)
+    assert disk.stores[INC].state is not StoreState.BROKEN, "a full disk counted as a broken one"
+    assert not disk.accepts(INC) and "refusing writes" in disk.problem(INC)
+    disk.tick()  # a flush with nothing to write goes through: the marker is still due
+    assert not disk.accepts(INC)
+    (mount / "filler").unlink()
+    assert disk.accepts(INC)
+    assert read_missing(root / INC) == 40
     disk.close()
