@@ -207,7 +207,8 @@ def test_a_stream_loses_nothing_when_an_exchange_restarts_and_earliest_reads_the
     assert query.exception() is None, query.exception()
     rows = spark.read.parquet(str(tmp_path / "data"))
     numbers = "cast(conv(hex(payload), 16, 10) as int) as n"
-    assert sorted(r.n for r in rows.selectExpr(numbers).collect()) == list(range(800)), "every message once"
+    got = sorted(r.n for r in rows.selectExpr(numbers).collect())
+    assert got == list(range(800)), f"every message once, got {len(got)} rows ({len(set(got))} distinct)"
     assert rows.select("publisher", "sequence").distinct().count() == 800
     assert sorted(r.n for r in source(spark, config, "restarts").load().selectExpr(numbers).collect()) == \
         list(range(800)), "a batch from earliest reads the ended incarnation too"
