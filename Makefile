@@ -4,10 +4,10 @@
 demo: setup
 	.venv/bin/roq demo
 
-# Two workers (tests/conftest.py says which tests share one, and which start first), then the `solo`
+# Three workers (tests/conftest.py says which tests share one, and which start first), then the `solo`
 # tests alone: they measure times. Both runs report; the target fails if either failed.
-# `make test WORKERS=3` tries another count (the summary's "seconds per worker" shows the balance).
-WORKERS ?= 2
+# `make test WORKERS=2` tries another count (the summary's "seconds per worker" shows the balance).
+WORKERS ?= 3
 test: setup-test lint docker-images deploy-images bench-servers
 	.venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not solo"; parallel=$$?; \
 	.venv/bin/python -m pytest -m solo; solo=$$?; \

@@ -151,6 +151,7 @@ class Forwarder:
                         replicated_to=link.held if link is not None else 0, next_pos=retention.next_pos,
                         transfer_end=link.transfer.end if link is not None else 0,
                         transferred_to=link.transfer.acked if link is not None else 0,
+                        replica_error=link.broken if link is not None else "",
                         adopting_groups=self.group_sync.adoption.waiting_groups,
                         adoption_stalled_s=round(self.group_sync.adoption.stalled_for(time.monotonic()), 1),
                         consumers=self.consumers.lags(retention), groups=self.groups.stats(),

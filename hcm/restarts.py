@@ -7,7 +7,8 @@ Flapping (like circus's `max_retry`): every exit the HCM did not ask for is a cr
 code (`Exit.CONFIG` included), a signal, or a kill for not becoming ready or for hanging; except
 `Exit.ENDED`, an exchange whose replica sealed its incarnation (the cluster saw it end: it starts
 again at once), and `Exit.STORAGE`, an exchange whose journal's disk broke for good and that ended
-its incarnation to start afresh (exchange/storage.py): it is restarted with the same backoff but
+its incarnation to start afresh (exchange/storage.py), or a replica whose store refused writes
+for 30 s (exchange/replica_health.py): it is restarted with the same backoff but
 never counts towards FAILED (a disk is not a bug in the exchange, and the leader moves exchanges
 off a host whose disk refuses). An exchange that crashes more than `hcm.max_restarts` times within
 `hcm.restart_window` seconds (so was restarted `max_restarts` times already) is marked failed: one
@@ -54,9 +55,10 @@ class RestartPolicy:
             return
         if code == Exit.STORAGE:
             self._restart_later(child, now, uptime)
-            log.warning("exchange %s/%s ended its incarnation after %.1fs: its journal's disk failed (exit %d, "
-                        "not counted as a crash); restarting in %.1fs", *child.key, uptime, code,
-                        child.next_start - now)
+            what = ("replica %s/%s gave up on its store's disk" if child.is_replica
+                    else "exchange %s/%s ended its incarnation: its journal's disk failed")
+            log.warning(what + " after %.1fs (exit %d, not counted as a crash); restarting in %.1fs",
+                        *child.key, uptime, code, child.next_start - now)
             return
         child.crashes = tuple(t for t in child.crashes if now - t < self.hcm.restart_window) + (now,)
         if len(child.crashes) > self.hcm.max_restarts:

@@ -186,6 +186,9 @@ class ExchangeStats(Record):
     # and how far the replica holds it.
     transfer_end: int = 0
     transferred_to: int = 0
+    # Why our replica says it cannot store our copy (its `broken` answer, protocol 6.2): acks wait meanwhile,
+    # and the replica restarts itself after 30 s; "" while it stores.
+    replica_error: str = ""
     # A start-up adoption of the groups an earlier incarnation left (exchange/group_adopt.py): groups
     # whose backlog has not all come from the replica yet, and seconds since its last page came.
     adopting_groups: int = 0

@@ -83,13 +83,13 @@ def pytest_terminal_summary(terminalreporter):
                                         + ", ".join(f"{name} {seconds:.0f}" for name, seconds in longest[:12]))
 
 
-# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup). A module's tests stay
+# `make test` runs the suite on three workers (pytest-xdist, --dist loadgroup). A module's tests stay
 # together (they share its cluster); the tests that drive a Docker engine (marker `docker`) share one
 # worker, as do those that need the Spark session (one JVM), so neither runs twice at once.
 ENGINE, SPARK = "engine", "spark"
 # Groups start longest first (`--no-loadscope-reorder` keeps the order of the items): the engine's
 # (a quarter of an hour), then Spark's, then the modules that start clusters, the unit tests last.
-# Short groups then fill the end, and both workers finish near each other.
+# Short groups then fill the end, and the workers finish near each other.
 START_FIRST, START_LAST = {ENGINE: 0, SPARK: 1}, {"unit": 3}
 
 

@@ -113,7 +113,8 @@ def test_the_wire_maps_keep_the_keys_old_readers_know() -> None:
                                                       "transfer_end", "transferred_to", "stored_bytes", "transferring",
                                                       "adopted",
                                                       # a start-up adoption of the groups (waiting, stalled)
-                                                      "adopting_groups", "adoption_stalled_s"}
+                                                      "adopting_groups", "adoption_stalled_s",
+                                                      "replica_error"}
     host = HostStats.from_dict(OLD_HOST_FIGURES).to_dict()
     assert host.items() >= OLD_HOST_FIGURES.items()
     assert set(host) - set(OLD_HOST_FIGURES) == {"data_free_bytes", "data_total_bytes"}  # a full disk
