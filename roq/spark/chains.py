@@ -68,18 +68,21 @@ def holds_frames(copy: StreamEnd) -> bool:
     return copy.pos >= copy.oldest
 
 
-def step(xid: str, start: dict[str, Any], running: dict[str, Any], copies: Copies,
-         fail_on_loss: bool) -> dict[str, Any]:
+def step(xid: str, start: dict[str, Any] | None, running: dict[str, Any], copies: Copies,
+         fail_on_loss: bool) -> dict[str, Any] | None:
     """The next end offset of an exchange whose start offset is in an ended incarnation: the end
     of that incarnation's copy until the start reaches it, then the next ended incarnation served
     that holds frames (from its first), then the running incarnation `running` (from its first
-    frame). A copy that may come back keeps the start where it is (nothing read this trigger); one
-    served nowhere is a loss unless the start had reached its end (`ended`)."""
-    inc = start["inc"]
+    frame). A start that does not name the exchange (it did not answer when the query started)
+    reads it from the beginning, as the running incarnation is read then: from the oldest copy.
+    A copy that may come back keeps the start where it is (None: none yet), nothing read this
+    trigger; one served nowhere is a loss unless the start had reached its end (`ended`)."""
     chain = copies.of(xid)
     names = [copy.inc for copy in chain]
-    if inc in names:
-        at = names.index(inc)
+    if start is None:
+        later = chain
+    elif start["inc"] in names:
+        at = names.index(start["inc"])
         if (start["pos"], start.get("msgs", 0)) < (chain[at].pos, 0):
             return copy_end(chain[at])
         later = chain[at + 1:]
@@ -93,8 +96,9 @@ def step(xid: str, start: dict[str, Any], running: dict[str, Any], copies: Copie
     for copy in later:
         if holds_frames(copy):
             return copy_end(copy)
-    # Not past a copy that may come back to the running incarnation: it would be skipped.
-    return dict(start) if xid in copies.waiting else dict(running)
+    if xid in copies.waiting:  # not past a copy that may come back: it would be skipped
+        return None if start is None else dict(start)
+    return dict(running)
 
 
 def earliest(xid: str, running: StreamEnd, copies: Copies) -> dict[str, Any]:

@@ -12,6 +12,7 @@ columns, offsets and guarantees: docs/spark.md.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -46,6 +47,7 @@ from roq.spark.options import (
 COLUMNS = (("topic", "string"), ("payload", "binary"), ("value", "binary"), ("publisher", "string"),
            ("sequence", "bigint"), ("exchange", "string"), ("timestamp", "timestamp"),
            ("headers", "array<struct<key:string,value:binary>>"))
+log = logging.getLogger(__name__)
 NAMES = tuple(name for name, _ in COLUMNS)
 SCHEMA = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
 
@@ -267,11 +269,16 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
         latest = {xid: dict(entry) for xid, entry in (self.target or self._latest()).items()}
         if not start:
             return latest
-        moved = {xid for xid, entry in start.items() if xid in latest and entry["inc"] != latest[xid]["inc"]}
-        if moved:  # offsets in ended incarnations: their copies' rest first (roq.spark.chains)
+        # Offsets in ended incarnations, exchanges new to the query: ended copies first (roq.spark.chains).
+        moved = {xid for xid in latest if xid not in start or start[xid]["inc"] != latest[xid]["inc"]}
+        if moved:
             copies = self.queue.copies()
             for xid in moved:
-                latest[xid] = step(xid, start[xid], latest[xid], copies, self.opts.fail_on_loss)
+                entry = step(xid, start.get(xid), latest[xid], copies, self.opts.fail_on_loss)
+                if entry is None:
+                    del latest[xid]
+                else:
+                    latest[xid] = entry
         for xid, entry in start.items():
             # An exchange that did not answer keeps its offset: dropping it would re-read it from scratch.
             latest.setdefault(xid, dict(entry))
@@ -310,7 +317,20 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
         return limited
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ExchangeRange]:
-        return plan_ranges(start, end, self.opts)
+        return plan_ranges(start, self._served_now(end), self.opts)
+
+    def _served_now(self, end: dict[str, Any]) -> dict[str, Any]:
+        """`end` with each incarnation's replay endpoint as it is now: a batch planned before an
+        exchange restarted, or logged before the query was restarted from its checkpoint, names an
+        endpoint that may be gone while the incarnation is served elsewhere (its copy)."""
+        try:
+            served = {e.inc: e.replay for e in self.ends().values()}
+            if any(entry["inc"] not in served for entry in end.values()):
+                served |= {c.inc: c.replay for chain in self.queue.copies().ended.values() for c in chain}
+        except Exception as exc:  # noqa: BLE001 - the cluster not answering now: the logged endpoints
+            log.warning("could not ask where the queue's incarnations are served now (%s)", exc)
+            return end
+        return {xid: {**entry, "replay": served.get(entry["inc"], entry["replay"])} for xid, entry in end.items()}
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # retention is time/size bounded on the exchanges; nothing to release

@@ -53,27 +53,32 @@ def read(ranges: list, streams: dict[str, StreamEnd]) -> list[tuple[str, int]]:
 def test_a_stream_in_an_ended_incarnation_reads_its_rest_then_the_later_ones_each_frame_once(chain, data) -> None:
     ended, running = chain
     streams = {s.inc: s for s in [*ended, running]}
-    begin = data.draw(st.sampled_from([*ended, running]), label="the stream's offset is in")
-    start = offset(begin.inc, data.draw(st.integers(begin.oldest - 1, begin.pos), label="at"), 0, begin.replay)
-    expected = frames(begin, start["pos"])
-    for later in ended[ended.index(begin) + 1:] if begin in ended else []:
-        expected |= frames(later, 0)
-    if begin is not running:
-        expected |= frames(running, 0)
+    begin = data.draw(st.sampled_from([None, *ended, running]), label="the stream's offset is in")
+    if begin is None:  # the exchange did not answer when the query started: from the beginning
+        start: dict | None = None
+        expected = set().union(*(frames(s, 0) for s in streams.values()))
+    else:
+        start = offset(begin.inc, data.draw(st.integers(begin.oldest - 1, begin.pos), label="at"), 0, begin.replay)
+        expected = frames(begin, start["pos"])
+        for later in ended[ended.index(begin) + 1:] if begin in ended else []:
+            expected |= frames(later, 0)
+        if begin is not running:
+            expected |= frames(running, 0)
     latest = offset(running.inc, running.pos, 0, running.replay)
     copies = Copies({"x1": tuple(ended)})
     got: list[tuple[str, int]] = []
     for _ in range(200):  # each turn a micro-batch; the offsets are all a restart from the checkpoint keeps
-        if start["inc"] == running.inc and start["pos"] == running.pos:
+        if start is not None and start["inc"] == running.inc and start["pos"] == running.pos:
             break
-        end = latest if start["inc"] == running.inc else step("x1", start, latest, copies, True)
+        end = latest if start is not None and start["inc"] == running.inc else step("x1", start, latest, copies, True)
+        assert end is not None
         cap = data.draw(st.integers(1, 40), label="maxFramesPerTrigger")
         after, _ = _start_of(start, end["inc"])
         if end["pos"] > after + cap:
             end = offset(end["inc"], after + cap, 0, end["replay"])
-        got += read(plan_ranges({"x1": start}, {"x1": end}, OPTS), streams)
+        got += read(plan_ranges({"x1": start} if start else {}, {"x1": end}, OPTS), streams)
         names = [c.inc for c in copies.of("x1")]
-        if start.get("ended") and start["inc"] in names and data.draw(st.booleans(), label="retention drops it"):
+        if start and start.get("ended") and start["inc"] in names and data.draw(st.booleans(), label="dropped"):
             copies = Copies({"x1": copies.of("x1")[names.index(start["inc"]) + 1:]})  # oldest first
         start = end
     assert sorted(got) == sorted(expected) and len(got) == len(set(got)), "every frame served, once"
@@ -92,6 +97,7 @@ def test_an_ended_incarnation_served_nowhere_fails_the_query_or_is_skipped() -> 
     assert step("x1", start, latest, Copies(waiting=frozenset({"x1"})), True) == start
     drained = {**start, "ended": True}
     assert step("x1", drained, latest, Copies(waiting=frozenset({"x1"})), True) == drained, "not past it"
+    assert step("x1", None, latest, Copies(waiting=frozenset({"x1"})), True) is None  # a query's first: wait too
     # Read to its end before its copy went: nothing lost.
     assert step("x1", {**start, "ended": True}, latest, Copies(), True) == latest
 

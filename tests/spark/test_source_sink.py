@@ -228,3 +228,37 @@ def test_an_ended_incarnation_served_nowhere_fails_the_stream_or_is_skipped(spar
         "served any more" in str(failed.exception())
     assert to_parquet(spark, config, "forgetful", tmp_path, failOnDataLoss="false").exception() is None
     assert spark.read.parquet(str(tmp_path / "data")).count() == 17  # logged and skipped: the new incarnation read
+
+
+def test_a_running_stream_reads_across_an_exchange_restart_every_message_once(
+        spark, config, zk, paths, cluster, tmp_path):
+    """The same without stopping the query: its offset is in the killed incarnation, part of it
+    read, when the exchange restarts. A micro-batch whose task was fetching from the killed process
+    fails the query (a 10 s fetch time-out, docs/spark.md); restarted from its checkpoint, it reads
+    the rest from the copy. Either way: every message once."""
+    from tests.integration.test_disk_retention import stored_all
+    with Admin(config) as admin:
+        admin.create_queue("crossing", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
+    wait_until(lambda: read_live(zk, paths, "crossing").get("x1"), timeout=20, message="x1 running")
+    query = (source(spark, config, "crossing", True, startingOffsets="earliest", maxOffsetsPerTrigger="40").load()
+             .writeStream.format("parquet").option("path", str(tmp_path / "data"))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        numbered(config, "crossing", 0, 100)
+        wait_until(lambda: query.exception() is not None or query.lastProgress and query.lastProgress["numInputRows"],
+                   timeout=60, message="a first micro-batch")
+        numbered(config, "crossing", 100, 300)
+        wait_until(lambda: stored_all(zk, paths, "crossing", 400), timeout=30, message="the store to write 400")
+        killed(zk, paths, "crossing")
+        numbered(config, "crossing", 400, 300)
+        wait_until(lambda: query.exception() is not None or spark.read.parquet(str(tmp_path / "data")).count() >= 700,
+                   timeout=120, message="700 rows, or the query failed")
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        assert "did not answer a fetch" in str(query.exception()), query.exception()
+    assert to_parquet(spark, config, "crossing", tmp_path).exception() is None  # from its checkpoint
+    got = sorted(r.n for r in spark.read.parquet(str(tmp_path / "data"))
+                 .selectExpr("cast(conv(hex(payload), 16, 10) as int) as n").collect())
+    assert got == list(range(700)), f"every message once, got {len(got)} rows ({len(set(got))} distinct)"
