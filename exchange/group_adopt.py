@@ -106,7 +106,7 @@ class GroupAdoption:
         self._asked: tuple[int, int] | None = None  # the page asked for last (None: nothing yet)
         self._asked_at = 0.0
         self._tries = 0
-        self._whole_asked = False
+        self._whole_asked = -1  # the link's follows when the whole adoption was asked last (-1: never)
         self._last_page = 0.0  # when the last page came (the stall figure counts from it)
         self._stall_logged = 0.0
         self._follows = 0  # the link's follows when we last asked: a new follow is asked at once
@@ -144,19 +144,22 @@ class GroupAdoption:
 
     def _ask_again(self, now: float) -> None:
         assert self.link is not None and self._asked is not None
-        if self._under_way is None and not self._whole_asked:
-            self._whole_asked = self.link.ask_adoption(None)  # a replica of before pages refused the page
         if self._under_way is None and now > self._deadline and not self.link.following:
             self._give_up()  # no replica answers at all: none holds groups we could adopt
             return
-        if now < self._asked_at + self._wait and self.link.follows == self._follows:
-            return  # backing off (a new follow, the replica back, is asked at once)
-        self._tries += 1
-        if self._under_way is not None:
-            self._log_stall(now)
-        if self.link.ask_adoption(self._asked):
-            self._follows = self.link.follows
-        self._asked_at = now
+        if now >= self._asked_at + self._wait or self.link.follows != self._follows:
+            self._tries += 1  # else backing off (a new follow, the replica back, is asked at once)
+            if self._under_way is not None:
+                self._log_stall(now)
+            if self.link.ask_adoption(self._asked):
+                self._follows = self.link.follows
+            self._asked_at = now
+        if self._under_way is None and self._whole_asked != self.link.follows:
+            # A replica of before pages drops the paged ask: asked whole, again at each new follow (its
+            # answer may have been lost with its restart). Asked after the page: a replica in pages
+            # then works the plan out and leaves the whole ask unanswered.
+            if self.link.ask_adoption(None):
+                self._whole_asked = self.link.follows
 
     @property
     def _wait(self) -> float:
