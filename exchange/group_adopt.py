@@ -56,7 +56,8 @@ class _Adopting:
 def page_lie(reply: protocol.Adoption, first: protocol.Adoption) -> str:
     """Why a paged answer cannot be true ("": it can), `first` being the adoption's first answer
     (the group states): a page must move forward, stay within the groups, and hold only frames of
-    its group's pending messages, ascending, above `after` and below the group's end (`upto`)."""
+    its group, ascending, above `after` and below the group's end (`upto`). Frames of messages not
+    pending in `first` are no lie (see `not_pending`)."""
     assert reply.page is not None
     group, after, next_group, next_after = reply.page
     count = len(first.groups)
@@ -67,7 +68,6 @@ def page_lie(reply: protocol.Adoption, first: protocol.Adoption) -> str:
     if group >= count:
         return "" if not reply.frames else f"frames of group {group} of {count}"
     record = first.groups[group]
-    pending = {p[0] for p in record.pending}
     last = next_after if next_group == group else record.upto - 1
     if next_group == group and next_after >= record.upto:
         return f"the next page starts at {next_after}, beyond the group's end {record.upto}"
@@ -75,9 +75,21 @@ def page_lie(reply: protocol.Adoption, first: protocol.Adoption) -> str:
     if positions != sorted(set(positions)):
         return "frames not ascending"
     for pos in positions:
-        if not after < pos <= last or (pos not in pending and not record.is_pending_whole(pos)):
-            return f"a frame at {pos}, not a pending message of group {group} after {after}"
+        if not after < pos <= last:
+            return f"a frame at {pos}, not a message of group {group} after {after}"
     return ""
+
+
+def not_pending(reply: protocol.Adoption, first: protocol.Adoption) -> set[int]:
+    """The positions of a true page's frames that are no pending message of its group in `first`.
+    A replica whose host crashed mid-adoption plans again from its group files, synced on its tick:
+    acks it had then lost, so more pending, and it answers the same page so on every ask."""
+    assert reply.page is not None
+    if reply.page[0] >= len(first.groups):
+        return set()
+    record = first.groups[reply.page[0]]
+    pending = {p[0] for p in record.pending}
+    return {pos for pos, _, _ in reply.frames if pos not in pending and not record.is_pending_whole(pos)}
 
 
 class GroupAdoption:
@@ -94,7 +106,7 @@ class GroupAdoption:
         self._asked: tuple[int, int] | None = None  # the page asked for last (None: nothing yet)
         self._asked_at = 0.0
         self._tries = 0
-        self._whole_asked = False
+        self._whole_asked = -1  # the link's follows when the whole adoption was asked last (-1: never)
         self._last_page = 0.0  # when the last page came (the stall figure counts from it)
         self._stall_logged = 0.0
         self._follows = 0  # the link's follows when we last asked: a new follow is asked at once
@@ -132,19 +144,22 @@ class GroupAdoption:
 
     def _ask_again(self, now: float) -> None:
         assert self.link is not None and self._asked is not None
-        if self._under_way is None and not self._whole_asked:
-            self._whole_asked = self.link.ask_adoption(None)  # a replica of before pages refused the page
         if self._under_way is None and now > self._deadline and not self.link.following:
             self._give_up()  # no replica answers at all: none holds groups we could adopt
             return
-        if now < self._asked_at + self._wait and self.link.follows == self._follows:
-            return  # backing off (a new follow, the replica back, is asked at once)
-        self._tries += 1
-        if self._under_way is not None:
-            self._log_stall(now)
-        if self.link.ask_adoption(self._asked):
-            self._follows = self.link.follows
-        self._asked_at = now
+        if now >= self._asked_at + self._wait or self.link.follows != self._follows:
+            self._tries += 1  # else backing off (a new follow, the replica back, is asked at once)
+            if self._under_way is not None:
+                self._log_stall(now)
+            if self.link.ask_adoption(self._asked):
+                self._follows = self.link.follows
+            self._asked_at = now
+        if self._under_way is None and self._whole_asked != self.link.follows:
+            # A replica of before pages drops the paged ask: asked whole, again at each new follow (its
+            # answer may have been lost with its restart). Asked after the page: a replica in pages
+            # then works the plan out and leaves the whole ask unanswered.
+            if self.link.ask_adoption(None):
+                self._whole_asked = self.link.follows
 
     @property
     def _wait(self) -> float:
@@ -200,8 +215,13 @@ class GroupAdoption:
         self.pages += 1
         self._last_page = now
         if group < len(under_way.groups):
-            self._forward_group(under_way, group, {pos: (topic, body) for pos, topic, body in reply.frames},
-                                more=next_group == group)
+            dropped = not_pending(reply, under_way.first)
+            if dropped:  # taken without them: dropping the page would ask the same one for ever
+                log.warning("adoption: the replica's page %s holds %d frames that are no pending message of "
+                            "group %d (its group state older than the one it answered first): left out",
+                            self._asked, len(dropped), group)
+            self._forward_group(under_way, group, {pos: (topic, body) for pos, topic, body in reply.frames
+                                                   if pos not in dropped}, more=next_group == group)
         if next_group >= len(under_way.groups):
             self._end()
             return

@@ -2,7 +2,8 @@
 
 Options (roq.spark.options) follow Spark's Kafka source. Reading: an offset is, per exchange, its
 incarnation and a stream position (plus `msgs`, the messages already read of the next frame), so
-any range can be read again from retention; one partition per exchange and micro-batch, fetched
+any range can be read again from retention (an ended incarnation still served is read to its end
+before the exchange's later ones: roq.spark.chains); one partition per exchange and micro-batch, fetched
 from the exchange's replay endpoint (no ZooKeeper on executors), one row per message. Writing:
 each task publishes its rows with a `roq.client.Publisher` and returns only once all are
 confirmed, so a batch commits only after its messages are; only appending exists. The options,
@@ -11,6 +12,7 @@ columns, offsets and guarantees: docs/spark.md.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,6 +30,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from roq.spark.chains import Copies, at_time, earliest, offset, segments, step
 from roq.spark.exchanges import QueueView, StreamEnd, fetch_deliveries, walk_messages
 from roq.spark.options import (
     EARLIEST,
@@ -44,6 +47,7 @@ from roq.spark.options import (
 COLUMNS = (("topic", "string"), ("payload", "binary"), ("value", "binary"), ("publisher", "string"),
            ("sequence", "bigint"), ("exchange", "string"), ("timestamp", "timestamp"),
            ("headers", "array<struct<key:string,value:binary>>"))
+log = logging.getLogger(__name__)
 NAMES = tuple(name for name, _ in COLUMNS)
 SCHEMA = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
 
@@ -80,15 +84,10 @@ def register(spark: Any) -> None:
 # ---------------------------------------------------------------- offsets
 
 
-def offset(inc: str, pos: int, msgs: int, replay: str) -> dict[str, Any]:
-    entry: dict[str, Any] = {"inc": inc, "pos": pos, "replay": replay}
-    if msgs:
-        entry["msgs"] = msgs
-    return entry
-
-
-def resolve(spec: Positions, ends: dict[str, StreamEnd], option: str, default: str) -> dict[str, dict[str, Any]]:
-    """The offset `spec` (startingOffsets, endingOffsets) means now, for each running exchange."""
+def resolve(spec: Positions, ends: dict[str, StreamEnd], option: str, default: str,
+            copies: Copies | None = None) -> dict[str, dict[str, Any]]:
+    """The offset `spec` (startingOffsets, endingOffsets) means now, for each running exchange;
+    `earliest` is in the oldest ended incarnation still served (`copies`), if any."""
     named = spec if isinstance(spec, dict) else {}
     unknown = sorted(set(named) - set(ends))
     if unknown:
@@ -99,7 +98,7 @@ def resolve(spec: Positions, ends: dict[str, StreamEnd], option: str, default: s
     for xid, end in ends.items():
         want = named.get(xid, fallback)
         if want == EARLIEST:
-            offsets[xid] = offset(end.inc, end.oldest - 1, 0, end.replay)
+            offsets[xid] = earliest(xid, end, copies or Copies())
         elif isinstance(want, Position):
             inc = want.inc or end.inc
             if inc == end.inc and (want.pos, want.msgs) > (end.pos, 0):
@@ -167,6 +166,20 @@ def plan_ranges(start: dict[str, Any], end: dict[str, Any], opts: SourceOptions,
     return parts
 
 
+def plan_batch(start: dict[str, Any], end: dict[str, Any], opts: SourceOptions, copies: Copies,
+               lenient: frozenset[str] = frozenset(), before: dict[str, int] | None = None) -> list[ExchangeRange]:
+    """A batch read: per exchange, a partition per incarnation with something to read, the ended
+    ones still served first (roq.spark.chains.segments)."""
+    parts = []
+    for xid, last in sorted(end.items()):
+        fail = opts.fail_on_loss and xid not in lenient
+        for seg in segments(xid, start.get(xid) or offset(last["inc"], 0, 0, last["replay"]), last, copies, fail,
+                            before):
+            parts.append(ExchangeRange(xid, seg.replay, seg.inc, seg.after, seg.skip, seg.upto, seg.take,
+                                       opts.topics, fail, tuple(sorted(opts.connection.items()))))
+    return parts
+
+
 def read_range(part: ExchangeRange) -> Iterator[tuple[Any, ...]]:
     """The messages of one exchange range, fetched page by page from its retention."""
     last = part.upto + (1 if part.take else 0)
@@ -211,13 +224,23 @@ class _Reader:
     def ends(self) -> dict[str, StreamEnd]:
         return self.queue.positions()
 
-    def starts(self, ends: dict[str, StreamEnd], default: str) -> dict[str, dict[str, Any]]:
-        """The first offset: startingOffsets, or each exchange's last frame stored before
-        startingTimestamp (one that did not say: its oldest frame)."""
+    def starts(self, ends: dict[str, StreamEnd], default: str,
+               copies: Copies) -> tuple[dict[str, dict[str, Any]], dict[str, int] | None]:
+        """The first offset: startingOffsets (`earliest`: in the oldest incarnation still served),
+        or where startingTimestamp lies in the incarnations still served (one that did not say:
+        from its oldest frame); with the latter, the last position before it per incarnation."""
         if self.opts.starting_at is None:
-            return resolve(self.opts.starting, ends, "startingOffsets", default)
-        before = self.queue.positions_at(ends, self.opts.starting_at)
-        return {xid: offset(end.inc, before.get(xid, end.oldest - 1), 0, end.replay) for xid, end in ends.items()}
+            return resolve(self.opts.starting, ends, "startingOffsets", default, copies), None
+        before = self.queue.positions_at(self.opts.starting_at)
+        return {xid: at_time(xid, end, copies, before) for xid, end in ends.items()}, before
+
+    def copies_for_start(self, default: str) -> Copies:
+        """Ended incarnations matter to a start only from earliest or a time: asked only then."""
+        spec = self.opts.starting
+        named = spec.values() if isinstance(spec, dict) else (spec,)
+        if self.opts.starting_at is not None or EARLIEST in named or (isinstance(spec, dict) and default == EARLIEST):
+            return self.queue.copies()
+        return Copies()
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         if not isinstance(partition, ExchangeRange):
@@ -234,7 +257,7 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
         self.target: dict[str, Any] | None = None  # Trigger.AvailableNow: what was there when it started
 
     def initialOffset(self) -> dict[str, Any]:
-        return self.starts(self.ends(), LATEST)
+        return self.starts(self.ends(), LATEST, self.copies_for_start(LATEST))[0]
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_offsets) if self.opts.max_offsets else ReadAllAvailable()
@@ -246,6 +269,16 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
         latest = {xid: dict(entry) for xid, entry in (self.target or self._latest()).items()}
         if not start:
             return latest
+        # Offsets in ended incarnations, exchanges new to the query: ended copies first (roq.spark.chains).
+        moved = {xid for xid in latest if xid not in start or start[xid]["inc"] != latest[xid]["inc"]}
+        if moved:
+            copies = self.queue.copies()
+            for xid in moved:
+                entry = step(xid, start.get(xid), latest[xid], copies, self.opts.fail_on_loss)
+                if entry is None:
+                    del latest[xid]
+                else:
+                    latest[xid] = entry
         for xid, entry in start.items():
             # An exchange that did not answer keeps its offset: dropping it would re-read it from scratch.
             latest.setdefault(xid, dict(entry))
@@ -253,7 +286,7 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
             for xid, entry in latest.items():
                 after, _ = _start_of(start.get(xid), entry["inc"])
                 if entry["pos"] > after + self.opts.max_frames:
-                    entry.update(pos=after + self.opts.max_frames, msgs=0)
+                    latest[xid] = offset(entry["inc"], after + self.opts.max_frames, 0, entry["replay"])
         if isinstance(limit, ReadMaxRows):
             latest = self._limit_messages(start, latest, limit.max_rows)
         return latest
@@ -278,12 +311,26 @@ class RoqStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableN
             end = StreamEnd(entry["inc"], entry["pos"], 0, entry["replay"])
             pos, msgs, taken = walk_messages(xid, end, after, skip, entry["pos"], allowance, self.opts.topics,
                                              self.opts.connection)
-            limited[xid] = offset(entry["inc"], pos, msgs, entry["replay"])
+            if (pos, msgs) != (entry["pos"], 0):  # stopped short: no longer a copy's end
+                limited[xid] = offset(entry["inc"], pos, msgs, entry["replay"])
             carried = allowance - taken
         return limited
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ExchangeRange]:
-        return plan_ranges(start, end, self.opts)
+        return plan_ranges(start, self._served_now(end), self.opts)
+
+    def _served_now(self, end: dict[str, Any]) -> dict[str, Any]:
+        """`end` with each incarnation's replay endpoint as it is now: a batch planned before an
+        exchange restarted, or logged before the query was restarted from its checkpoint, names an
+        endpoint that may be gone while the incarnation is served elsewhere (its copy)."""
+        try:
+            served = {e.inc: e.replay for e in self.ends().values()}
+            if any(entry["inc"] not in served for entry in end.values()):
+                served |= {c.inc: c.replay for chain in self.queue.copies().ended.values() for c in chain}
+        except Exception as exc:  # noqa: BLE001 - the cluster not answering now: the logged endpoints
+            log.warning("could not ask where the queue's incarnations are served now (%s)", exc)
+            return end
+        return {xid: {**entry, "replay": served.get(entry["inc"], entry["replay"])} for xid, entry in end.items()}
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # retention is time/size bounded on the exchanges; nothing to release
@@ -301,15 +348,16 @@ class RoqBatchReader(_Reader, DataSourceReader):
     def partitions(self) -> list[ExchangeRange]:
         try:
             ends = self.ends()
-            start = self.starts(ends, EARLIEST)
+            copies = self.queue.copies()
+            start, before = self.starts(ends, EARLIEST, copies)
         finally:
             self.queue.close()  # a batch asks once
         end = resolve(self.opts.ending, ends, "endingOffsets", LATEST)
         # The oldest frames may leave the retention before the tasks run: not a loss when reading from earliest.
         starting = self.opts.starting if self.opts.starting_at is None else LATEST  # a time is no "earliest"
-        earliest = frozenset(x for x in ends if (starting.get(x, EARLIEST) if isinstance(starting, dict)
-                                                 else starting) == EARLIEST)
-        return plan_ranges(start, end, self.opts, earliest)
+        from_earliest = frozenset(x for x in ends if (starting.get(x, EARLIEST) if isinstance(starting, dict)
+                                                      else starting) == EARLIEST)
+        return plan_batch(start, end, self.opts, copies, from_earliest, before)
 
 
 # ---------------------------------------------------------------- writing

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from roq.client.subscriber.from_time import earlier_incarnations, taken_before
+from roq.spark.chains import Copies
 from roq.spark.options import config_from
 
 log = logging.getLogger(__name__)
@@ -54,17 +56,32 @@ class QueueView:
                     ends[xid] = answer
         return ends
 
-    def positions_at(self, ends: dict[str, StreamEnd], at: float) -> dict[str, int]:
-        """Per exchange of `ends`, the last frame stored before Unix time `at` (startingTimestamp),
-        asked with `position_at` (protocol 5.6); one that does not answer, or answers for another
-        incarnation, is left out (read from its oldest frame)."""
+    def positions_at(self, at: float) -> dict[str, int]:
+        """Per incarnation, running or ended and still served, the last position stored before Unix
+        time `at` (startingTimestamp), asked with `position_at` (protocol 5.6) as the Subscriber
+        does; one that did not answer is left out (read from its oldest frame)."""
         config = config_from(self.conn)
-        before = {}
-        for xid, end in ends.items():
-            pos = ask_position_at(end, at, config)
-            if pos is not None:
-                before[xid] = pos - 1
-        return before
+        topology = self._checked(config)
+        return taken_before(config, topology.snapshot, at, lambda: dict(topology.replicas))
+
+    def copies(self) -> Copies:
+        """The queue's ended incarnations still served, per exchange oldest first, each with where
+        its copy ends (a `position` request naming it, at the replica or the running exchange that
+        lists it: roq.client.subscriber.from_time.earlier_incarnations)."""
+        config = config_from(self.conn)
+        topology = self._checked(config)
+        live, replicas = topology.snapshot(), dict(topology.replicas)
+        ended: dict[str, list[StreamEnd]] = {}
+        # A replicated exchange whose replica is not running: its copies may come back.
+        waiting = {xid for xid, data in live.items() if data.get("replicas") == 2 and xid not in replicas}
+        for xid, inc, where in earlier_incarnations(live, replicas):
+            endpoint = (live[where].get("replay") if where in live else where) or ""
+            copy = ask_position(endpoint, config, inc) if endpoint else None
+            if copy is None:
+                waiting.add(xid)  # sealing (`running`), busy: asked again at the next trigger
+            else:
+                ended.setdefault(xid, []).append(copy)
+        return Copies({xid: tuple(chain) for xid, chain in ended.items()}, frozenset(waiting))
 
     def check(self) -> None:
         """QueueNotFoundError unless the queue exists: the sink checks on the driver, before any task."""
@@ -95,12 +112,15 @@ class QueueView:
         return {"conn": self.conn, "queue": self.queue, "client": None}
 
 
-def ask_position(endpoint: str, config: Any) -> StreamEnd | None:
+def ask_position(endpoint: str, config: Any, incarnation: str = "") -> StreamEnd | None:
+    """Where the running stream at `endpoint` stands, or with `incarnation`, where that ended
+    incarnation's stored copy ends (protocol 5.2; a replica seals it). None: no usable answer
+    (none in time, `running`, `unknown_incarnation`)."""
     from roq import protocol
     sock = _socket(config)
     try:
         sock.connect(endpoint)
-        sock.send(protocol.encode_position_request(1))
+        sock.send(protocol.encode_position_request(1, (), incarnation))
         if not sock.poll(FETCH_TIMEOUT_MS):
             log.warning("exchange at %s did not answer a position request", endpoint)
             return None
@@ -108,30 +128,9 @@ def ask_position(endpoint: str, config: Any) -> StreamEnd | None:
             answer = protocol.decode_replay_reply(sock.recv(), protocol.MAX_CONTROL_FRAME)
         except protocol.ProtocolError:  # ReplayRefused included
             return None
-        if not isinstance(answer, protocol.StreamPosition):
+        if not isinstance(answer, protocol.StreamPosition) or incarnation not in ("", answer.incarnation):
             return None
         return StreamEnd(answer.incarnation, answer.next_pos - 1, answer.oldest, endpoint)
-    finally:
-        sock.close(linger=0)
-
-
-def ask_position_at(end: StreamEnd, at: float, config: Any) -> int | None:
-    """The first position of `end`'s incarnation stored at or after Unix time `at` (None: no answer)."""
-    from roq import protocol
-    sock = _socket(config)
-    try:
-        sock.connect(end.replay)
-        sock.send(protocol.encode_position_at_request(1, at, end.inc))
-        if not sock.poll(FETCH_TIMEOUT_MS):
-            log.warning("exchange at %s did not answer a position_at request", end.replay)
-            return None
-        try:
-            answer = protocol.decode_replay_reply(sock.recv(), protocol.MAX_CONTROL_FRAME)
-        except protocol.ProtocolError:  # ReplayRefused included
-            return None
-        if not isinstance(answer, protocol.TimePosition) or answer.incarnation != end.inc:
-            return None
-        return answer.pos
     finally:
         sock.close(linger=0)
 

@@ -168,7 +168,7 @@ def _position(value: Any, where: str) -> str | Position:
     if not isinstance(value, dict):
         raise OptionError(f"{where}: a position is \"earliest\", \"latest\", -2, -1 or "
                           f"{{\"inc\": ..., \"pos\": ...}}, got {json.dumps(value)}")
-    extra = sorted(set(value) - {"inc", "pos", "msgs", "replay"})  # replay: as copied from a checkpoint
+    extra = sorted(set(value) - {"inc", "pos", "msgs", "replay", "ended"})  # as copied from a checkpoint
     if extra:
         raise OptionError(f"{where}: unknown field {', '.join(extra)} (fields: inc, pos, msgs)")
     pos, msgs, inc = value.get("pos"), value.get("msgs", 0), value.get("inc")

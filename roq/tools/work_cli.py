@@ -20,7 +20,6 @@ holds back to the other members at once, not after the ack timeout.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import os
@@ -31,8 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from roq.client.envelope import headers_json, text_line
 from roq.client.group_member import GroupMember, WorkMessage
@@ -44,7 +43,7 @@ RECEIVE_SLICE = 0.2  # s between two looks at a closed pipe or the idle timeout 
 REAP_SLICE = 0.02  # s a message is waited for while commands run with room for more (then they are reaped)
 STOP_GRACE = 5.0  # s running commands get after SIGTERM before SIGKILL
 KILL_WAIT = 5.0  # s a SIGKILLed group gets to disappear (only a process stuck in the kernel takes long)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops the member: held while a command starts
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops the member: only noted while exec_share runs
 # Waiting for the reader to take a line out of the pipe: spin (yielding the CPU) this many times,
 # then sleep from 1 ms doubling up to 20 ms between looks.
 SPINS = 200
@@ -185,10 +184,12 @@ def exec_share(member: GroupMember, command: str, concurrency: int, count: int, 
     stops it, the commands still running are stopped and their messages nacked."""
     running: list[Run] = []
     done = threading.Event()
+    gate = _StopGate(done)
     settled = 0
     idle_since = time.monotonic()
     try:
-        while True:
+        gate.install()
+        while not gate.stopped:
             done.clear()  # before reaping: a command ending from now on wakes the wait below
             settled += _reap(running)
             wanted = not count or settled + len(running) < count
@@ -197,8 +198,7 @@ def exec_share(member: GroupMember, command: str, concurrency: int, count: int, 
             if wanted and len(running) < concurrency:
                 msg = member.receive(timeout=REAP_SLICE if running else RECEIVE_SLICE)
                 if msg is not None:
-                    with _stops_held():  # a stop after the fork finds the command in `running`
-                        running.append(Run(command, msg, message_env(msg, member.queue, member.group), done))
+                    running.append(Run(command, msg, message_env(msg, member.queue, member.group), done))
                     continue
             if running:
                 idle_since = time.monotonic()
@@ -207,9 +207,53 @@ def exec_share(member: GroupMember, command: str, concurrency: int, count: int, 
             elif timeout and time.monotonic() - idle_since >= timeout:
                 break
     finally:
-        with _stops_held():  # a second SIGTERM or Ctrl-C does not cut the stop short
+        try:
             settled += _stop(running)
+        finally:
+            gate.restore()  # then a stop that came meanwhile reaches the handler it was meant for
     return settled
+
+
+class _StopGate:
+    """SIGTERM and Ctrl-C while exec_share runs, taken by handlers installed once for all of it
+    that only note the stop (and wake the loop): no exception ever cuts exec_share short between a
+    command's fork and its entry in `running`, nor before _stop (a command would run on after the
+    member said it stopped). restore() then delivers the stop to the handler it would have reached.
+    (Not by blocking the signals: the commands would inherit the mask and ignore our SIGTERM.)"""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+        self.held: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.held)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # handlers are the main thread's: a caller on another thread stops it its own way
+        for signum in STOP_SIGNALS:  # noted one by one: restore() undoes however many there are
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._note)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.held.append(signum)
+        self._wake.set()
+
+    def restore(self) -> None:
+        self._put_back(list(self._previous.items()))
+        for signum in dict.fromkeys(self.held):
+            signal.raise_signal(signum)
+
+    def _put_back(self, handlers: list[tuple[int, Any]]) -> None:
+        """Each in a `finally` of the next: a stop raised by a handler put back skips none of the others."""
+        if handlers:
+            (signum, handler), rest = handlers[0], handlers[1:]
+            try:
+                self._put_back(rest)
+            finally:
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
 def _reap(running: list[Run]) -> int:
@@ -220,32 +264,12 @@ def _reap(running: list[Run]) -> int:
     return len(finished)
 
 
-@contextlib.contextmanager
-def _stops_held() -> Iterator[None]:
-    """Hold a SIGTERM or Ctrl-C that comes during the block, then deliver it to the handler it would
-    have reached. A command is started by a fork: a stop between it and the command's entry in
-    `running` would leave the command unseen by _stop, running on after the member said it stopped.
-    (Not by blocking the signals: the command would inherit the mask and ignore our SIGTERM.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers are the main thread's: a caller on another thread stops it its own way
-        return
-    held: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, _: held.append(signum)) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
-    for signum in dict.fromkeys(held):
-        signal.raise_signal(signum)
-
-
 def _stop(running: list[Run]) -> int:
     """SIGTERM to the groups of the commands still running, SIGKILL to those still running after
     STOP_GRACE, and wait until none runs; then ack the commands that exited 0. The others are not
     nacked: the exchange would hand them straight back to this member (counting a delivery) before
     its leave; the leave gives them to the other members, counting once."""
-    groups = [run.proc.pid for run in running if run.code is None]
+    groups = [run.proc.pid for run in running]  # a shell that exited may have left processes in its group
     for pgid in process_groups.stop_groups(groups, STOP_GRACE, KILL_WAIT):
         print(f"roq: process group {pgid} of an --exec command still runs after SIGKILL", file=sys.stderr)
     for run in running:

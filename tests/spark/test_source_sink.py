@@ -6,11 +6,15 @@ startingTimestamp needs exchanges of its own: tests/spark/test_source_timestamp.
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
+from roq.client.admin import Admin
 from roq.client.publisher import Publisher
 from roq.client.subscriber import Subscriber
+from roq.state import read_live
 from tests.integration.conftest import create
 from tests.spark.conftest import shared_cluster_fixtures, sink
 from tests.support.helpers import wait_until
@@ -149,3 +153,112 @@ def test_the_sink_takes_value_and_a_default_topic_and_refuses_what_it_cannot_do(
         sink(right, config, "valuesink").mode("overwrite").save()
     with pytest.raises(Exception, match="queue 'nowhere' does not exist"):
         sink(right, config, "nowhere").mode("append").save()
+
+
+def numbered(config, queue: str, first: int, count: int) -> None:
+    with Publisher(queue, config) as pub:
+        for i in range(first, first + count):
+            pub.publish("t", i.to_bytes(4, "big"))
+        pub.flush(30)
+
+
+def to_parquet(spark, config, queue: str, out, **options: str):
+    """One availableNow run of a stream from `queue` into Parquet, checkpointed next to it; the query."""
+    query = (source(spark, config, queue, True, **options).load().writeStream.format("parquet")
+             .option("path", str(out / "data")).option("checkpointLocation", str(out / "checkpoint"))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    except Exception:  # noqa: BLE001 - a query that failed: its exception() says why
+        pass
+    assert not query.isActive, "the query ended"
+    return query
+
+
+def killed(zk, paths, queue: str) -> tuple[str, dict]:
+    """SIGKILL the queue's x1; its ended incarnation and the new one's live data, once its HCM restarted it."""
+    live = read_live(zk, paths, queue)["x1"]
+    os.kill(live["pid"], signal.SIGKILL)
+    wait_until(lambda: read_live(zk, paths, queue).get("x1", {}).get("incarnation") not in (None, live["incarnation"]),
+               timeout=30, message="a new incarnation")
+    after = read_live(zk, paths, queue)["x1"]
+    if after["host"] != live["host"]:
+        pytest.skip("the leader moved the exchange to the other host: its store stayed behind")
+    return live["incarnation"], after
+
+
+def test_a_stream_loses_nothing_when_an_exchange_restarts_and_earliest_reads_the_ended_incarnation(
+        spark, config, zk, paths, cluster, tmp_path):
+    """A disk-retained queue: the stream's offset is in the killed incarnation, whose rest its
+    successor serves from the store (`archived`): read once, before the new incarnation's frames."""
+    from tests.integration.test_disk_retention import stored_all
+    with Admin(config) as admin:
+        admin.create_queue("restarts", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
+    wait_until(lambda: read_live(zk, paths, "restarts").get("x1"), timeout=20, message="x1 running")
+    numbered(config, "restarts", 0, 300)
+    query = to_parquet(spark, config, "restarts", tmp_path, startingOffsets="earliest", maxOffsetsPerTrigger="120")
+    assert query.exception() is None, query.exception()
+    numbered(config, "restarts", 300, 200)  # while the query is stopped; the publisher gone before the kill
+    wait_until(lambda: stored_all(zk, paths, "restarts", 500), timeout=30, message="the store to write 500")
+    ended, live = killed(zk, paths, "restarts")
+    assert ended in live.get("archived", []), "the killed incarnation's store is served"
+    numbered(config, "restarts", 500, 300)  # to the new incarnation
+    query = to_parquet(spark, config, "restarts", tmp_path, maxOffsetsPerTrigger="120")  # from its checkpoint
+    assert query.exception() is None, query.exception()
+    rows = spark.read.parquet(str(tmp_path / "data"))
+    numbers = "cast(conv(hex(payload), 16, 10) as int) as n"
+    got = sorted(r.n for r in rows.selectExpr(numbers).collect())
+    assert got == list(range(800)), f"every message once, got {len(got)} rows ({len(set(got))} distinct)"
+    assert rows.select("publisher", "sequence").distinct().count() == 800
+    assert sorted(r.n for r in source(spark, config, "restarts").load().selectExpr(numbers).collect()) == \
+        list(range(800)), "a batch from earliest reads the ended incarnation too"
+
+
+def test_an_ended_incarnation_served_nowhere_fails_the_stream_or_is_skipped(spark, config, zk, paths, cluster,
+                                                                             tmp_path):
+    """A memory-only queue without a journal: nothing serves the killed incarnation, so whatever it
+    held after the stream's offset (the source cannot tell whether it held anything) is gone."""
+    create(config, zk, paths, "forgetful", 1)
+    numbered(config, "forgetful", 0, 10)
+    assert to_parquet(spark, config, "forgetful", tmp_path, startingOffsets="earliest").exception() is None
+    ended, _ = killed(zk, paths, "forgetful")
+    numbered(config, "forgetful", 10, 7)
+    failed = to_parquet(spark, config, "forgetful", tmp_path)
+    assert failed.exception() is not None and f"exchange x1: incarnation {ended} has ended and no copy of it is " \
+        "served any more" in str(failed.exception())
+    assert to_parquet(spark, config, "forgetful", tmp_path, failOnDataLoss="false").exception() is None
+    assert spark.read.parquet(str(tmp_path / "data")).count() == 17  # logged and skipped: the new incarnation read
+
+
+def test_a_running_stream_reads_across_an_exchange_restart_every_message_once(
+        spark, config, zk, paths, cluster, tmp_path):
+    """The same without stopping the query: its offset is in the killed incarnation, part of it
+    read, when the exchange restarts. A micro-batch whose task was fetching from the killed process
+    fails the query (a 10 s fetch time-out, docs/spark.md); restarted from its checkpoint, it reads
+    the rest from the copy. Either way: every message once."""
+    from tests.integration.test_disk_retention import stored_all
+    with Admin(config) as admin:
+        admin.create_queue("crossing", exchanges=1, retention=3_600.0, retention_bytes=1 << 30)
+    wait_until(lambda: read_live(zk, paths, "crossing").get("x1"), timeout=20, message="x1 running")
+    query = (source(spark, config, "crossing", True, startingOffsets="earliest", maxOffsetsPerTrigger="40").load()
+             .writeStream.format("parquet").option("path", str(tmp_path / "data"))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        numbered(config, "crossing", 0, 100)
+        wait_until(lambda: query.exception() is not None or query.lastProgress and query.lastProgress["numInputRows"],
+                   timeout=60, message="a first micro-batch")
+        numbered(config, "crossing", 100, 300)
+        wait_until(lambda: stored_all(zk, paths, "crossing", 400), timeout=30, message="the store to write 400")
+        killed(zk, paths, "crossing")
+        numbered(config, "crossing", 400, 300)
+        wait_until(lambda: query.exception() is not None or spark.read.parquet(str(tmp_path / "data")).count() >= 700,
+                   timeout=120, message="700 rows, or the query failed")
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        assert "did not answer a fetch" in str(query.exception()), query.exception()
+    assert to_parquet(spark, config, "crossing", tmp_path).exception() is None  # from its checkpoint
+    got = sorted(r.n for r in spark.read.parquet(str(tmp_path / "data"))
+                 .selectExpr("cast(conv(hex(payload), 16, 10) as int) as n").collect())
+    assert got == list(range(700)), f"every message once, got {len(got)} rows ({len(set(got))} distinct)"

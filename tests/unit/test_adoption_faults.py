@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -250,6 +251,59 @@ def test_a_page_that_lies_is_dropped_with_a_clear_line_and_changes_nothing(
     replica.close()
 
 
+def with_a_frame_not_pending(frame: bytes, first: protocol.Adoption) -> bytes:
+    """A page with one frame more, within its range but of no message pending in `first` (what a
+    replica restarted on group files older than its first answer sends), or unchanged if none fits."""
+    reply = protocol.decode_replica_reply(frame)
+    assert isinstance(reply, protocol.Adoption) and reply.page is not None
+    group, after, next_group, next_after = reply.page
+    if group >= len(first.groups):
+        return frame
+    record = first.groups[group]
+    last = next_after if next_group == group else record.upto - 1
+    taken = {p[0] for p in record.pending} | {pos for pos, _, _ in reply.frames}
+    free = [pos for pos in range(after + 1, last + 1) if pos not in taken and not record.is_pending_whole(pos)]
+    if not free:
+        return frame
+    body = protocol.encode_delivery(X, "x1.gone", 1, [], "p-9", 0, [999], [b"acked"])
+    frames = sorted([*reply.frames, (free[0], TOPIC, body)])
+    return protocol.encode_adoption(reply.incarnation, reply.ended, reply.groups, reply.high, frames,
+                                    reply.applied, reply.page)
+
+
+def test_pages_holding_messages_acked_since_the_first_answer_adopt_every_cursor(
+        ctx: zmq.Context, fast_pages: None, caplog: pytest.LogCaptureFixture) -> None:
+    """Every page after the first holds, as well, a frame of a message its group had acked when the
+    replica answered first (its group files synced on its tick, its host crashed mid-adoption): the
+    frame is left out with a line, the rest taken (before: the whole page was dropped as a lie, and
+    the same page came back on every ask: the adoption never ended)."""
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1")
+    cursors, publisher = left_behind(ctx, replica)
+    new = starting(ctx, replica)
+    wire = Wire(new, replica)
+    wire.pages(1)
+    first = new.group_sync.adoption._under_way.first  # type: ignore[union-attr]
+    tampered = 0
+    deadline = time.monotonic() + WAIT
+    with caplog.at_level(logging.WARNING, logger="exchange.group_adopt"):
+        while new.group_sync.adopting:
+            assert time.monotonic() < deadline, "the adoption stalled on pages holding acked messages"
+            wire.replica_turn(), wire.take()
+            if wire.held:
+                page = wire.held.pop(0)
+                changed = with_a_frame_not_pending(page, first)
+                tampered += changed != page
+                assert new.link is not None
+                new.link.on_reply(changed)
+            wire.exchange_turn()
+    assert tampered > 0, "no page had room for a frame not pending"
+    assert pending_seqs(new) == cursors
+    assert any("no pending message" in r.getMessage() for r in caplog.records)
+    new.close()
+    publisher.close()
+    replica.close()
+
+
 class FaultyAdoption(RuleBasedStateMachine):
     """One adoption, its pages lost, repeated, reordered, the replica silent for a while: at the
     end every group holds exactly its cursor. Built anew for each example."""
@@ -368,6 +422,18 @@ def test_a_plan_over_many_groups_is_worked_out_in_steps_while_the_replica_answer
         replica.close()
 
 
+def followed_anew(ctx: zmq.Context, fw: Forwarder, store_root: Path,
+                  made: Callable[[Replica], Replica] = lambda replica: replica) -> Replica:
+    """A replica started again on the disk at `store_root` (`made` as it is), followed by `fw`."""
+    again = made(Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=store_root))
+    again.disk.start(ON_DISK)
+    again.learn_primary({"incarnation": fw.incarnation, "copy_digest": protocol.copy_digest(fw.copy_secret)})
+    again._take_news()
+    assert fw.link is not None
+    fw.link.point_to(again.repl_endpoint)
+    return again
+
+
 def test_a_replica_restarted_on_its_disk_mid_adoption_answers_the_page_asked(
         ctx: zmq.Context, fast_pages: None, tmp_path: Path) -> None:
     """The replica's process dies after two pages and a new one starts on its disk (its copies'
@@ -379,13 +445,44 @@ def test_a_replica_restarted_on_its_disk_mid_adoption_answers_the_page_asked(
     new = starting(ctx, replica)
     Wire(new, replica).pages(2)
     replica.close()
-    again = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path)
-    again.disk.start(ON_DISK)
-    again.learn_primary({"incarnation": new.incarnation, "copy_digest": protocol.copy_digest(new.copy_secret)})
-    again._take_news()
-    assert new.link is not None
-    new.link.point_to(again.repl_endpoint)
+    again = followed_anew(ctx, new, tmp_path)
     adopted(new, again)
+    assert pending_seqs(new) == cursors
+    new.close()
+    publisher.close()
+    again.close()
+
+
+def test_a_replica_of_before_pages_restarted_after_the_whole_ask_is_asked_whole_again(
+        ctx: zmq.Context, fast_pages: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica of before pages (here: a real replica that answers only an unpaged `adopt`)
+    restarts on its disk after the exchange asked for the whole adoption, the answer lost: the
+    exchange asks whole again once it follows the new one, and every group ends with exactly its
+    cursor (before: the whole ask was sent once only, every paged ask dropped, the adoption never
+    ended: the replica follows, so the exchange never gave up)."""
+    monkeypatch.setattr(group_adopt, "ADOPT_TIMEOUT", 10 * WAIT)  # no giving up while the replica restarts
+
+    def of_before_pages(replica: Replica) -> Replica:
+        answer = replica.groups.answer
+        monkeypatch.setattr(replica.groups, "answer",
+                            lambda adopt, *held, **kw: answer(adopt, *held, **kw) if adopt.page is None else None)
+        return replica
+
+    replica = Replica(ctx, config(), X, "127.0.0.1", "127.0.0.1", store_root=tmp_path)
+    replica.disk.start(ON_DISK)
+    cursors, publisher = left_behind(ctx, replica)
+    new = starting(ctx, of_before_pages(replica))
+    wire = Wire(new, replica)
+    deadline = time.monotonic() + WAIT
+    while not wire.held:  # the whole answer, lost with the replica's restart
+        assert time.monotonic() < deadline, "no whole adoption answered"
+        wire.replica_turn(), wire.take(), wire.exchange_turn()
+    reply = protocol.decode_replica_reply(wire.held[0])
+    assert isinstance(reply, protocol.Adoption) and reply.page is None
+    replica.close()
+    again = followed_anew(ctx, new, tmp_path, of_before_pages)
+    adopted(new, again)
+    assert new.group_sync.adoption.pages == 0, "taken whole"
     assert pending_seqs(new) == cursors
     new.close()
     publisher.close()

@@ -3,16 +3,23 @@ as delivered once the reader took it out of the pipe, never while it waits in th
 
 from __future__ import annotations
 
+import _signal
 import json
 import os
+import signal
+import sys
 import threading
 from pathlib import Path
+from types import FrameType, SimpleNamespace
+from typing import Any
 
 import pytest
 
 from roq.client.group_member import WorkMessage
 from roq.config import MESSAGE_ENV, load_config
+from roq.tools import process_groups, work_cli
 from roq.tools.work_cli import LineOut, message_env
+from tests.support.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -85,3 +92,58 @@ def test_exec_options_are_checked_before_anything_connects(args: list[str], says
     from roq.cli import main
     result = CliRunner().invoke(main, ["--set", "zk.hosts=127.0.0.1:1", "subscribe", "q", *args])
     assert result.exit_code == 2 and says in result.output
+
+
+def test_the_stop_signals_a_command_whose_shell_exited_and_what_it_left_running(tmp_path: Path) -> None:
+    """A command's shell exited (not reaped by the loop yet) leaving a process in its group: the
+    stop signals the group all the same and waits until nothing of it runs (before: only the groups
+    of shells still running were stopped; the sleep ran on after the member said it stopped)."""
+    entry = [7, 2, 1, b"jobs", "pub-1", 0, [41], [b"a"], 0, b""]
+    msg = WorkMessage(None, entry, 0, "x1", "x1.ab")  # type: ignore[arg-type]
+    child = tmp_path / "child"
+    run = work_cli.Run(f"sleep 60 & echo $! > {child}; exit 3", msg, dict(os.environb), threading.Event())
+    try:
+        wait_until(lambda: run.code is not None and child.exists() and child.read_text().strip(), timeout=10,
+                   message="the shell exited, its sleep started")
+        assert process_groups.running(run.proc.pid), "the sleep runs on in the shell's group"
+        assert work_cli._stop([run]) == 1
+        assert not process_groups.running(run.proc.pid), "the stop left the sleep running"
+    finally:
+        process_groups.signal_group(run.proc.pid, signal.SIGKILL)
+
+
+class Stopped(Exception):
+    """What the caller's SIGTERM handler raises."""
+
+
+def test_a_sigterm_while_the_stop_handlers_go_in_leaves_ctrl_c_as_it_was() -> None:
+    """A real SIGTERM right after the first of exec_share's stop handlers went in (a profile hook
+    raises it there): the stop reaches the caller and Ctrl-C is handled as before exec_share (before:
+    it struck between the two installs, and Ctrl-C stayed with a handler that only held it, for good)."""
+    idle = SimpleNamespace(receive=lambda timeout: None, queue="q", group="g")
+    ctrl_c = signal.getsignal(signal.SIGINT)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        raise Stopped
+
+    raised: list[int] = []
+
+    def after_the_first_install(_frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_return" and arg is _signal.signal and not raised:  # signal.signal's own call
+            raised.append(1)
+            signal.raise_signal(signal.SIGTERM)
+
+    term = signal.signal(signal.SIGTERM, stop)
+    try:
+        sys.setprofile(after_the_first_install)
+        try:
+            with pytest.raises(Stopped):
+                work_cli.exec_share(idle, "true", 1, 0, 0.05)  # type: ignore[arg-type]
+        finally:
+            sys.setprofile(None)
+        assert raised, "the SIGTERM was raised"
+        assert signal.getsignal(signal.SIGINT) is ctrl_c, "Ctrl-C no longer reaches its handler"
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGINT, ctrl_c)
