@@ -339,6 +339,9 @@ def test_backup_of_a_missing_cluster_is_refused_and_a_write_is_atomic(
     procs = Processes(config, tmp_path_factory.mktemp("gcm"))
     try:
         procs.start("gcm", "gcm-0")
+        probe = tmp_path_factory.mktemp("probe") / "roq.json"  # the GCM elected and answering (CI: it was not yet)
+        wait_until(lambda: roq(config_file, "backup", str(probe)).returncode == 0, timeout=30,
+                   message="the GCM leader answers")
         backup_with_no_queue(config_file, target, tmp_path)
     finally:
         procs.stop_all()
