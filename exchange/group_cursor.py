@@ -39,7 +39,7 @@ from zlib import crc32
 
 import msgpack
 
-from exchange.journal_format import fsync_directory
+from exchange.journal_format import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -205,21 +205,6 @@ def checked(record: Any) -> list[Any]:
             raise ValueError(f"cursor record {kind!r}: a field out of type or range")
     return record
 
-
-def write_whole(path: Path, data: bytes) -> None:
-    """`path` replaced by `data` atomically (a temporary file, fsync, rename, fsync of the
-    directory): a crash leaves the old or the new file, both whole. OSError: the old one stands."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    fsync_directory(path.parent)  # the rename itself survives a power cut
 
 
 class GroupCursor:

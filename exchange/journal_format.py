@@ -90,15 +90,23 @@ def read_segment(path: Path, first_pos: int) -> tuple[list[ArchivedFrame], str |
 
 def write_purge_mark(incarnation_dir: Path, upto: int) -> None:
     """The file `purged` of an incarnation's directory, made durable before it replaces the last one."""
-    temporary = incarnation_dir / (PURGE_MARK + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    write_whole(incarnation_dir / PURGE_MARK, b"%d\n" % upto)
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """`path` replaced by `data` atomically (a temporary file, fsync, rename, fsync of the
+    directory): a crash leaves the old or the new file, both whole. OSError: the old one stands."""
+    tmp = path.with_suffix(".tmp")
     try:
-        write_all(fd, memoryview(b"%d\n" % upto))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, incarnation_dir / PURGE_MARK)
-    fsync_directory(incarnation_dir)
+        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags | os.O_CLOEXEC, 0o600)) as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    fsync_directory(path.parent)  # the rename itself survives a power cut
 
 
 def read_purge_mark(incarnation_dir: Path) -> int:

@@ -29,7 +29,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads, write_whole
+from exchange.group_cursor import COMPACT_RATIO, COMPACT_SLACK_BYTES, framed, payloads
+from exchange.journal_format import write_whole
 from exchange.replica_adoption import Adoptions, needed_from
 from exchange.replica_disk import ReplicaDisk
 from exchange.retention import Retention

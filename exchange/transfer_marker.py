@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exchange.journal_format import fsync_directory, make_private_dir, missing_dirs
+from exchange.journal_format import fsync_directory, make_private_dir, missing_dirs, write_whole
 
 MISSING_FILE = "transfer.missing"
 TORN = 0  # read_missing: a marker is there but its position cannot be read
@@ -27,15 +27,7 @@ def write_missing(directory: Path, below: int) -> None:
     """Note durably that the store in `directory` lacks the positions below `below` (raises OSError)."""
     for level in missing_dirs(directory):  # 0700, each made durable in its parent, as a store's own
         make_private_dir(level)
-    temporary = directory / (MISSING_FILE + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, str(below).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, directory / MISSING_FILE)
-    fsync_directory(directory)
+    write_whole(directory / MISSING_FILE, str(below).encode())
 
 
 def read_missing(directory: Path) -> int | None:
