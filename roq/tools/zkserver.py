@@ -14,15 +14,16 @@ ansible/roles/zookeeper/templates/zoo.cfg.j2, does the same).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 from roq.errors import RoqError
+from roq.tools.process_groups import stop_groups
 
 DEBIAN_HOME = Path("/usr/share/zookeeper")
 
@@ -147,40 +148,8 @@ class ZooKeeperServer:
 
 
 def stop_process_group(pid: int, grace: float = 5.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace`."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _group_alive(pid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie leader still counts as alive to killpg; reap it if it is ours.
-    try:
-        pid, _ = os.waitpid(pgid, os.WNOHANG)
-        if pid == pgid:
-            return _group_alive_after_reap(pgid)
-    except ChildProcessError:
-        pass
-    return True
-
-
-def _group_alive_after_reap(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace` (roq/tools/process_groups.py:
+    zombies count as gone); its leader reaped if it is our child."""
+    stop_groups([pid], grace, kill_wait=grace)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
