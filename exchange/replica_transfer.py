@@ -8,14 +8,15 @@ the store a page at a time, at most FILL_WINDOW pages unanswered, sent only whil
 leave room, so memory stays bounded and confirms never wait for it. The replica writes them to a
 store of its own and answers `filled next_pos`; at `end` (where its copy starts) the replica is
 in sync. A silent replica gets the pages again from where it last answered; a page it cannot
-place (a gap) is answered with where it is, and the transfer goes on from there. The same class
+place (a gap) is answered with where it is, and the transfer goes on from there. After either
+sign of loss one page is out at a time, and the window doubles back with each answer that moves
+on: a full window resent into a loss that recurs with it would never get its first page through. The same class
 sends a store of an earlier incarnation whole (`fill_ended`: exchange/replication.py offers each).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -47,7 +48,9 @@ class TransferOut:
         self.acked = 0  # the replica holds the transfer up to here
         self._jump = False  # the next page starts a new transfer at the replica
         self._out: deque[int] = deque()  # end position of each page not yet answered
-        self._asked = 0.0
+        self._asked = 0.0  # when the oldest page out was sent, or an answer last came (pump's clock)
+        self._heard = False  # an answer came since the last pump
+        self.window = FILL_WINDOW  # pages out at most: 1 after a loss, doubling with each answer
         self.filled_frames = 0
 
     @property
@@ -64,7 +67,7 @@ class TransferOut:
             self.end = 0
             return
         self.first = max(wanted_from, store.first_pos)
-        self.end, self.next, self.acked, self._jump = end, self.first, 0, True
+        self.end, self.next, self.acked, self._jump, self.window = end, self.first, 0, True, FILL_WINDOW
         log.info("state transfer to the replica: positions %d-%d from our segment store", self.next, end - 1)
 
     def start_whole(self) -> None:
@@ -75,18 +78,21 @@ class TransferOut:
             self.end = 0
             return
         self.first = self.next = store.first_pos
-        self.end, self.acked, self._jump = store.end_pos, 0, True
+        self.end, self.acked, self._jump, self.window = store.end_pos, 0, True, FILL_WINDOW
         log.info("state transfer of %s to the replica: positions %d-%d", self.ended, self.first, self.end - 1)
 
     def pump(self, now: float, send: Callable[[bytes], bool], room: bool) -> None:
         """Send what fits in the window while the copy leaves `room`; send again if silent."""
         if self.end == 0:
             return
+        if self._heard:
+            self._heard, self._asked = False, now
         if self._out and now - self._asked > RESEND_AFTER:
             self._out.clear()
+            self.window = 1
             self.next, self._jump = (self.acked, False) if self.acked else (self.first, True)
         store = self.store_of()
-        while room and store is not None and len(self._out) < FILL_WINDOW and self.next < self.end:
+        while room and store is not None and len(self._out) < self.window and self.next < self.end:
             page = self._page(store)
             if page is None:
                 return
@@ -128,12 +134,13 @@ class TransferOut:
     def on_filled(self, reply: protocol.Filled) -> None:
         if self.end == 0 or reply.end_pos != self.end or reply.ended != self.ended:
             return
-        self._asked = time.monotonic()
+        self._heard = True
         if reply.next_pos == 0:
             log.warning("the replica takes no state transfer toward position %d", self.end)
             self.end = 0
             return
         self.filled_frames += max(0, reply.next_pos - max(self.acked, 1))
+        moved_on = reply.next_pos > self.acked
         self.acked = max(self.acked, reply.next_pos)
         if reply.next_pos >= self.end:
             log.info("state transfer complete: the replica holds our store up to position %d", self.end - 1)
@@ -143,7 +150,9 @@ class TransferOut:
         expected = self._out[0] if self._out else self.next
         if reply.next_pos < expected:  # a page it could not place: go on from where it is
             self._out.clear()
-            self.next = reply.next_pos
+            self.next, self.window = reply.next_pos, 1
             return
+        if moved_on:
+            self.window = min(FILL_WINDOW, self.window * 2)
         while self._out and self._out[0] <= reply.next_pos:
             self._out.popleft()
