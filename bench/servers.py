@@ -15,17 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from roq.tools.ports import free_port
+
 PACKAGES = {"nats": "nats-server", "redis": "redis-server", "rabbitmq": "rabbitmq-server",
             "nats-jetstream": "nats-server", "rabbitmq-quorum": "rabbitmq-server"}
 BINARIES = {"nats": "/usr/sbin/nats-server", "redis": "/usr/bin/redis-server",
             "rabbitmq": "/usr/lib/rabbitmq/bin/rabbitmq-server"}
 BINARIES.update({"nats-jetstream": BINARIES["nats"], "rabbitmq-quorum": BINARIES["rabbitmq"]})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ensure_installed(systems: list[str]) -> None:

@@ -44,6 +44,7 @@ from gcm.fence import RequestContext, serving
 from roq.client.wake import WakePipe
 from roq.config import Config
 from roq.errors import (
+    ConfigError,
     ForbiddenError,
     ProtocolError,
     RoqError,
@@ -150,7 +151,13 @@ class ControlServer:
         self.gatekeeper.guard(self._socket, "control")
         listening(self._socket)
         if port:
-            self._socket.bind(f"tcp://{bind_host}:{port}")
+            try:
+                self._socket.bind(f"tcp://{bind_host}:{port}")
+            except zmq.ZMQError as exc:
+                self._context.destroy(linger=0)
+                raise ConfigError(f"the control API cannot listen on {bind_host}:{port} ({exc.strerror}): "
+                                  "another process holds the port, or gcm.bind names no address of this "
+                                  "host; set gcm.port (or ROQ_SEEDS) to a free one") from None
         else:
             port = self._socket.bind_to_random_port(f"tcp://{bind_host}")
         self.endpoint = f"tcp://{advertise_host}:{port}"

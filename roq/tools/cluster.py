@@ -37,7 +37,8 @@ from typing import Any
 
 from roq.config import Config, load_config
 from roq.errors import ConfigError, RoqError, UnavailableError, UserError
-from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, free_port, stop_process_group
+from roq.tools.ports import free_port
+from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, stop_process_group
 
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "config.toml"

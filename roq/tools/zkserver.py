@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from roq.errors import RoqError
+from roq.tools.ports import free_port
 from roq.tools.process_groups import stop_groups
 
 DEBIAN_HOME = Path("/usr/share/zookeeper")
@@ -45,12 +46,6 @@ def find_zookeeper() -> Path:
         "ZooKeeper is not installed: run `apt-get install zookeeper` (or set ZOOKEEPER_HOME); "
         "`make demo` and `make test` install it for you"
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def four_letter(host: str, port: int, word: str = "ruok", timeout: float = 1.0) -> str:

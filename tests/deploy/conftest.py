@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from roq.tools.zkserver import free_port
+from roq.tools.ports import free_port
 from tests.conftest import unavailable
 from tests.support.helpers import wait_until
 

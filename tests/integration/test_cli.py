@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roq.tools.zkserver import free_port
+from roq.tools.ports import free_port
 from tests.support.helpers import record_figures, wait_until
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 
 from roq.client.admin import Admin
 from roq.state import read_live
-from roq.tools.zkserver import free_port
+from roq.tools.ports import free_port
 from tests.integration.conftest import create, start_cluster
 from tests.integration.test_cli import assert_one_line_error, assert_usage_error, config_file, roq
 from tests.support.helpers import record_figures, wait_until
@@ -162,6 +162,23 @@ def test_piped_listings_are_whole(tmp_path, config, zk, paths, procs):
     assert bench.returncode == 0, bench.stderr[-2000:]
     assert json.loads(bench.stdout)["received"] == 2000
     assert "p99.9 µs" in bench.stderr and "…" not in bench.stderr, bench.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_gcm_whose_port_is_taken_says_so_and_exits_with_the_config_code(config, zk, paths, procs):
+    """CI saw another process's ephemeral bind take a GCM's port: the GCM must say which port and
+    what to do, without a traceback, and exit with Exit.CONFIG (not a retryable code)."""
+    from roq.errors import Exit
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        port = holder.getsockname()[1]
+        gcm = procs.start("gcm", "gcm-taken", f"gcm.port={port}")
+        code = gcm.wait(timeout=45)
+    log = procs.logs["gcm-taken"].read_text(errors="replace")
+    assert code == Exit.CONFIG, log
+    assert f"cannot listen on 127.0.0.1:{port}" in log and "Traceback" not in log, log
+    assert not zk.get_children(paths.election), "it never stood for election"
 
 
 # ---------------------------------------------------------------- outside a cluster

@@ -322,7 +322,7 @@ def test_permissions_survive_a_backup_and_restore(cluster: Cluster, tmp_path: Pa
     assert document["version"] == 2 and set(document["permissions"]["keys"]) == {"pub", "sub", "worker"}
 
     # An empty cluster under another root: one GCM is enough to restore into.
-    from roq.tools.zkserver import free_port
+    from roq.tools.ports import free_port
     other = cluster.config.replace(zk={"root": cluster.config.zk.root + "-restored"},
                                    cluster={"seeds": f"tcp://127.0.0.1:{free_port()}"})  # its own GCM
     procs = Processes(other, tmp_path / "restored")

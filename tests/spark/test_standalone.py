@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
-from roq.tools.zkserver import free_port, stop_process_group
+from roq.tools.ports import free_port
+from roq.tools.zkserver import stop_process_group
 from tests.conftest import unavailable
 from tests.integration.conftest import create
 from tests.spark.conftest import written_and_received

@@ -102,7 +102,7 @@ def fast_config(zk_hosts: str, root: str | None = None) -> Config:
     """Timing knobs shrunk so failures are noticed in about a second; seeds for the test's GCMs;
     then the environment's client and exchange settings (ENV_KNOB_SECTIONS)."""
     from roq.config import load_config
-    from roq.tools.zkserver import free_port
+    from roq.tools.ports import free_port
     seeds = ",".join(f"tcp://127.0.0.1:{free_port('127.0.0.1')}" for _ in range(SEED_GCMS))
     knobs = {name: value for name, value in os.environ.items() if name.startswith(ENV_KNOB_SECTIONS)}
     return load_config(env=knobs, base=_fast_defaults(seeds, zk_hosts, root))

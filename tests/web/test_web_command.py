@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from roq.cli import main
 from roq.errors import Exit
-from roq.tools.zkserver import free_port
+from roq.tools.ports import free_port
 from tests.support.helpers import record_figures, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
