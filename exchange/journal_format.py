@@ -98,7 +98,7 @@ def write_whole(path: Path, data: bytes) -> None:
     directory): a crash leaves the old or the new file, both whole. OSError: the old one stands."""
     tmp = path.with_suffix(".tmp")
     try:
-        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags | os.O_CLOEXEC, 0o600)) as out:
+        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, 0o600)) as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ from typing import Any
 
 from roq.config import Config, load_config
 from roq.errors import ConfigError, RoqError, UnavailableError, UserError
-from roq.tools.ports import free_port
+from roq.tools.ports import bindable, free_port
 from roq.tools.zkserver import ZooKeeperServer, find_zookeeper, stop_process_group
 
 STATE_FILE = "cluster.json"
@@ -223,11 +222,8 @@ class LocalCluster:
             return None
         try:
             host, port = previous.zk.hosts.split(",")[0].rsplit(":", 1)
-            with socket.socket() as probe:  # as ZooKeeper binds: a port in TIME_WAIT is free to it
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((host, int(port)))
-            return int(port)
-        except (OSError, ValueError):
+            return int(port) if bindable(host, int(port)) else None
+        except ValueError:
             return None
 
     def _spawn(self, role: str, name: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     below = _ephemeral_start()
     for _ in range(TRIES if below > LOWEST else 0):
         port = random.randrange(LOWEST, below)
-        if _bindable(host, port):
+        if bindable(host, port):
             return port
     with socket.socket() as sock:  # no room below the range (or all taken): the kernel's pick
         sock.bind((host, 0))
@@ -37,10 +37,13 @@ def _ephemeral_start() -> int:
         return 32_768  # Linux's default
 
 
-def _bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int) -> bool:
+    """`port` free on `host` to a listener as ZeroMQ and ZooKeeper bind one (SO_REUSEADDR: a port
+    whose last connections linger in TIME_WAIT is free to them)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
+        except (OSError, OverflowError):
             return False
     return True
